@@ -1,0 +1,64 @@
+"""The Megatron-LM command-line flags that reproduce a `megatron`-space plan."""
+from __future__ import annotations
+
+from .errors import UserError
+from .plan import Plan
+
+
+def megatron_flags(plan: Plan) -> list[str]:
+    """Flags for Megatron-LM's pretrain_gpt.py, in the order a launch script lists them."""
+    if plan.space != "megatron":
+        raise UserError("only megatron-space plans map onto stock Megatron-LM flags")
+    layout = plan.embedding
+    flags = [
+        "--tensor-model-parallel-size", str(layout.tp),
+        "--pipeline-model-parallel-size", str(plan.pipeline_parallel),
+        "--micro-batch-size", str(plan.local_micro_batch(layout)),
+        "--global-batch-size", str(plan.global_batch_size),
+    ]
+    flags += _pipeline_split_flags(plan)
+    flags += _recompute_flags(plan)
+    if layout.sp:
+        flags.append("--sequence-parallel")
+    if layout.zero >= 1:
+        flags.append("--use-distributed-optimizer")
+    return flags
+
+
+def _pipeline_split_flags(plan: Plan) -> list[str]:
+    """Megatron splits the layers left after the first/last overrides evenly over the middle stages."""
+    if plan.virtual_stages > 1:
+        return ["--num-layers-per-virtual-pipeline-stage", str(len(plan.chunks[0].layers))]
+    counts = plan.stage_layer_counts()
+    if len(set(counts)) == 1:
+        return []
+    middle = counts[1] if plan.pipeline_parallel > 2 else None
+    flags = []
+    if counts[0] != middle:
+        flags += ["--decoder-first-pipeline-num-layers", str(counts[0])]
+    if counts[-1] != middle:
+        flags += ["--decoder-last-pipeline-num-layers", str(counts[-1])]
+    return flags
+
+
+def _recompute_flags(plan: Plan) -> list[str]:
+    kinds = [s.recompute for s in plan.layer_strategies]
+    if "selective" in kinds:
+        return ["--recompute-granularity", "selective"]
+    full_per_chunk = [sum(s.recompute == "full" for s in c.layers) for c in plan.chunks]
+    if not any(full_per_chunk):
+        return []
+    if all(n == len(c.layers) for n, c in zip(full_per_chunk, plan.chunks)):
+        return ["--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"]
+    _check_block_recompute(plan, full_per_chunk)
+    return ["--recompute-granularity", "full", "--recompute-method", "block",
+            "--recompute-num-layers", str(full_per_chunk[0])]
+
+
+def _check_block_recompute(plan: Plan, full_per_chunk: list[int]) -> None:
+    """Megatron's block method recomputes the first N layers of every chunk."""
+    n = full_per_chunk[0]
+    for chunk, count in zip(plan.chunks, full_per_chunk):
+        expected = tuple(["full"] * min(n, len(chunk.layers)) + ["none"] * max(0, len(chunk.layers) - n))
+        if tuple(s.recompute for s in chunk.layers) != expected:
+            raise UserError("full recomputation must cover the first N layers of every chunk to map onto Megatron's block method")

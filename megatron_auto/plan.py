@@ -1,0 +1,253 @@
+"""Plan: the one type that the search returns and a person may write by hand.
+
+A plan lays the model's layers out in `pipeline_parallel * virtual_stages`
+chunks, in model order; chunk c runs on pipeline stage c % pipeline_parallel
+(Megatron's interleaved assignment). Every layer carries its own strategy; a
+plan in the `megatron` space uses one TP/DP/SP/ZeRO layout for all layers.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from . import serde
+from .errors import UserError
+from .specs.model import ModelSpec, _check_version
+
+PLAN_SCHEMA_VERSION = 1
+RECOMPUTE_KINDS = ("none", "selective", "full")
+SPACES = ("megatron", "hybrid")
+SCHEDULES = ("1f1b", "gpipe")
+
+
+@dataclass(frozen=True)
+class LayerStrategy:
+    """How one layer (or the embedding and LM head) is laid out on its stage's GPUs."""
+
+    tp: int = 1
+    """Tensor-parallel degree (Megatron column/row split)."""
+    dp: int = 1
+    """Data-parallel degree; tp * dp equals the GPUs of the stage."""
+    zero: int = 0
+    """Sharding of the data-parallel replicas: 0 none, 1 optimizer states (Megatron's
+    distributed optimizer), 2 also gradients, 3 also parameters (FSDP)."""
+    sp: bool = False
+    """Megatron sequence parallelism in the TP group (needs tp > 1)."""
+    recompute: str = "none"
+    """Activation recomputation: none, selective (attention core) or full (whole layer)."""
+
+    def __post_init__(self) -> None:
+        if self.tp < 1 or self.dp < 1:
+            raise ValueError(f"tp and dp must be at least 1, got tp={self.tp} dp={self.dp}")
+        if self.zero not in (0, 1, 2, 3):
+            raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero}")
+        if self.recompute not in RECOMPUTE_KINDS:
+            raise ValueError(f"recompute must be one of {RECOMPUTE_KINDS}, got {self.recompute!r}")
+        if self.sp and self.tp == 1:
+            raise ValueError("sequence parallelism needs tp > 1")
+
+    @property
+    def gpus(self) -> int:
+        return self.tp * self.dp
+
+    def layout(self) -> tuple[int, int, int, bool]:
+        """What decides where the layer's tensors live; recompute does not."""
+        return (self.tp, self.dp, self.zero, self.sp)
+
+    def short(self) -> str:
+        """Compact label for tables, e.g. `tp4·dp2·z1·sp·rc=full`."""
+        parts = [f"tp{self.tp}", f"dp{self.dp}"]
+        if self.zero:
+            parts.append(f"z{self.zero}")
+        if self.sp:
+            parts.append("sp")
+        if self.recompute != "none":
+            parts.append(f"rc={self.recompute}")
+        return "·".join(parts)
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A run of consecutive layers that one pipeline stage holds (a virtual stage)."""
+
+    layers: tuple[LayerStrategy, ...]
+    """One strategy per layer, in model order."""
+
+
+@dataclass(frozen=True)
+class TimeBreakdown:
+    """Where one iteration's time goes on the critical stage, in seconds."""
+
+    compute_s: float = 0.0
+    recompute_s: float = 0.0
+    tp_comm_s: float = 0.0
+    dp_comm_s: float = 0.0
+    pp_comm_s: float = 0.0
+    bubble_s: float = 0.0
+    transition_s: float = 0.0
+    optimizer_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What the cost model expects of the plan."""
+
+    iteration_time_s: float
+    tflops_per_gpu: float
+    peak_memory_gib: float
+    memory_budget_gib: float
+    fits: bool
+    stage_memory_gib: tuple[float, ...]
+    stage_time_s: tuple[float, ...]
+    breakdown: TimeBreakdown
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A complete parallel layout of one training job."""
+
+    space: str
+    """`megatron` (stock Megatron-Core can run it) or `hybrid` (per-layer layouts)."""
+    world_size: int
+    """GPUs (ranks) in the job."""
+    pipeline_parallel: int
+    """Pipeline stages, p."""
+    global_batch_size: int
+    """Samples per iteration, B."""
+    num_micro_batches: int
+    """Micro-batches per iteration, m; each layer's ranks see B / (m * dp) samples each."""
+    chunks: tuple[Chunk, ...]
+    """p * v chunks in model order; chunk c runs on stage c % p."""
+    embedding: LayerStrategy = LayerStrategy()
+    """Layout of the word embedding (first stage) and LM head (last stage)."""
+    virtual_stages: int = 1
+    """Chunks per stage, v (Megatron's virtual pipeline size); v > 1 interleaves."""
+    schedule: str = "1f1b"
+    """Pipeline schedule: 1f1b (interleaved when v > 1) or gpipe."""
+    model: Optional[ModelSpec] = None
+    """The model the plan was made for; checked against the runtime's flags."""
+    cluster: str = ""
+    """Name of the cluster (preset or file) the plan was made for."""
+    prediction: Optional[Prediction] = None
+    """The cost model's estimate, when the plan came from the search."""
+    schema_version: int = PLAN_SCHEMA_VERSION
+    """Version of this record's layout."""
+
+    def __post_init__(self) -> None:
+        _check_version(self.schema_version, PLAN_SCHEMA_VERSION, "plan")
+        for check in PLAN_VALIDATORS:
+            check(self)
+
+    @property
+    def layer_strategies(self) -> tuple[LayerStrategy, ...]:
+        return tuple(s for chunk in self.chunks for s in chunk.layers)
+
+    @property
+    def num_layers(self) -> int:
+        return sum(len(chunk.layers) for chunk in self.chunks)
+
+    @property
+    def gpus_per_stage(self) -> int:
+        return self.world_size // self.pipeline_parallel
+
+    def stage_chunks(self, stage: int) -> tuple[Chunk, ...]:
+        return self.chunks[stage::self.pipeline_parallel]
+
+    def stage_layer_counts(self) -> tuple[int, ...]:
+        return tuple(sum(len(c.layers) for c in self.stage_chunks(s)) for s in range(self.pipeline_parallel))
+
+    def local_micro_batch(self, strategy: LayerStrategy) -> int:
+        """Samples each rank of a layer with this strategy processes per micro-batch."""
+        return self.global_batch_size // (self.num_micro_batches * strategy.dp)
+
+    def is_uniform_layout(self) -> bool:
+        return len({s.layout() for s in self.layer_strategies} | {self.embedding.layout()}) == 1
+
+
+def _check_space_and_schedule(plan: Plan) -> None:
+    if plan.space not in SPACES:
+        raise ValueError(f"space must be one of {SPACES}, got {plan.space!r}")
+    if plan.schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {plan.schedule!r}")
+    if plan.virtual_stages > 1 and (plan.schedule != "1f1b" or plan.pipeline_parallel < 2):
+        raise ValueError("virtual stages need the 1f1b schedule and at least 2 pipeline stages")
+
+
+def _check_chunk_count(plan: Plan) -> None:
+    if plan.pipeline_parallel < 1 or plan.virtual_stages < 1:
+        raise ValueError("pipeline_parallel and virtual_stages must be at least 1")
+    expected = plan.pipeline_parallel * plan.virtual_stages
+    if len(plan.chunks) != expected:
+        raise ValueError(f"plan has {len(plan.chunks)} chunks; pipeline_parallel x virtual_stages = {expected}")
+    if any(not chunk.layers for chunk in plan.chunks):
+        raise ValueError("every chunk needs at least one layer")
+
+
+def _check_world_size(plan: Plan) -> None:
+    if plan.world_size % plan.pipeline_parallel:
+        raise ValueError(f"world size {plan.world_size} is not divisible by pipeline_parallel {plan.pipeline_parallel}")
+    for index, strategy in enumerate(plan.layer_strategies + (plan.embedding,)):
+        if strategy.gpus != plan.gpus_per_stage:
+            where = "embedding" if index == plan.num_layers else f"layer {index}"
+            raise ValueError(f"{where}: tp x dp = {strategy.gpus}, but each stage has {plan.gpus_per_stage} GPUs")
+
+
+def _check_batch_split(plan: Plan) -> None:
+    if plan.num_micro_batches < 1 or plan.global_batch_size % plan.num_micro_batches:
+        raise ValueError(f"global batch {plan.global_batch_size} is not divisible into {plan.num_micro_batches} micro-batches")
+    per_micro_batch = plan.global_batch_size // plan.num_micro_batches
+    for strategy in set(plan.layer_strategies + (plan.embedding,)):
+        if per_micro_batch % strategy.dp:
+            raise ValueError(f"a micro-batch of {per_micro_batch} samples does not split over dp={strategy.dp}")
+
+
+def _check_model_match(plan: Plan) -> None:
+    if plan.model is None:
+        return
+    if plan.model.num_layers != plan.num_layers:
+        raise ValueError(f"plan places {plan.num_layers} layers but the model has {plan.model.num_layers}")
+    for strategy in set(plan.layer_strategies):
+        heads = plan.model.layers[0]
+        if heads.num_attention_heads % strategy.tp or heads.num_query_groups % strategy.tp:
+            raise ValueError(f"tp={strategy.tp} does not divide the attention heads ({heads.num_attention_heads}) and query groups ({heads.num_query_groups})")
+
+
+def _check_megatron_space(plan: Plan) -> None:
+    if plan.space != "megatron":
+        return
+    if not plan.is_uniform_layout():
+        raise ValueError("a megatron-space plan uses one TP/DP/ZeRO/SP layout for all layers")
+    if plan.embedding.zero not in (0, 1):
+        raise ValueError("stock Megatron shards at most the optimizer state (zero 0 or 1)")
+    kinds = {s.recompute for s in plan.layer_strategies}
+    if "selective" in kinds and len(kinds) > 1:
+        raise ValueError("stock Megatron recomputes selectively on all layers or on none")
+    if plan.virtual_stages > 1 and len({len(c.layers) for c in plan.chunks}) > 1:
+        raise ValueError("with virtual stages, stock Megatron needs equal chunks")
+    counts = plan.stage_layer_counts()
+    if plan.virtual_stages == 1 and len(set(counts[1:-1])) > 1:
+        raise ValueError("stock Megatron lets only the first and last stage differ in layer count")
+
+
+PLAN_VALIDATORS = (
+    _check_space_and_schedule, _check_chunk_count, _check_world_size,
+    _check_batch_split, _check_model_match, _check_megatron_space,
+)
+
+
+def save_plan(plan: Plan, path: str | Path) -> None:
+    """Write the canonical JSON (byte-identical for equal plans); written whole or not at all."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(serde.dumps(plan))
+    tmp.replace(path)
+
+
+def load_plan(path: str | Path) -> Plan:
+    """Read a plan file, raising UserError on anything malformed."""
+    data = serde.read_json(path, "plan")
+    if isinstance(data, dict) and data.get("schema_version", PLAN_SCHEMA_VERSION) != PLAN_SCHEMA_VERSION:
+        raise UserError(f"plan file '{path}' has schema_version {data['schema_version']!r}; "
+                        f"this megatron-auto reads version {PLAN_SCHEMA_VERSION}")
+    return serde.from_dict(Plan, data, f"plan '{Path(path).name}'")

@@ -1,0 +1,94 @@
+"""JSON round-tripping for the frozen dataclass trees of specs, profiles and plans.
+
+Each record is a frozen dataclass whose fields are ints, floats, strings, bools,
+None, nested records, or tuples of those. `to_dict` writes every field;
+`from_dict` rejects unknown keys, fills in defaults and checks the types, so a
+malformed file fails with one clear `UserError` instead of a `KeyError` later.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import typing
+from pathlib import Path
+from typing import Any, TypeVar
+
+from .errors import UserError
+
+T = TypeVar("T")
+
+
+def to_dict(record: Any) -> Any:
+    """Plain JSON-ready data for a record, recursing into records and tuples."""
+    if dataclasses.is_dataclass(record) and not isinstance(record, type):
+        return {f.name: to_dict(getattr(record, f.name)) for f in dataclasses.fields(record)}
+    if isinstance(record, (tuple, list)):
+        return [to_dict(item) for item in record]
+    return record
+
+
+def dumps(record: Any) -> str:
+    """Canonical JSON text: sorted keys, fixed indent, so equal records give equal bytes."""
+    return json.dumps(to_dict(record), indent=2, sort_keys=True) + "\n"
+
+
+def from_dict(cls: type[T], data: Any, where: str = "") -> T:
+    """Build `cls` from parsed JSON, raising UserError on any mismatch."""
+    where = where or cls.__name__
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected a JSON object, got {type(data).__name__}")
+    hints = typing.get_type_hints(cls)
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise UserError(f"{where}: unknown key(s) {', '.join(unknown)}")
+    kwargs = {}
+    for name, field in fields.items():
+        if name in data:
+            kwargs[name] = _convert(hints[name], data[name], f"{where}.{name}")
+        elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+            raise UserError(f"{where}: missing required key '{name}'")
+    try:
+        return cls(**kwargs)
+    except (TypeError, ValueError) as error:
+        raise UserError(f"{where}: {error}") from None
+
+
+def _convert(hint: Any, value: Any, where: str) -> Any:
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin is typing.Union:
+        if value is None and type(None) in args:
+            return None
+        return _convert(next(a for a in args if a is not type(None)), value, where)
+    if origin is tuple:
+        if not isinstance(value, list):
+            raise UserError(f"{where}: expected a list, got {type(value).__name__}")
+        return tuple(_convert(args[0], item, f"{where}[{i}]") for i, item in enumerate(value))
+    if dataclasses.is_dataclass(hint):
+        return from_dict(hint, value, where)
+    return _check_scalar(hint, value, where)
+
+
+def _check_scalar(hint: Any, value: Any, where: str) -> Any:
+    if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    if hint in (str, bool) and isinstance(value, hint):
+        return value
+    if hint is typing.Any:
+        return value
+    raise UserError(f"{where}: expected {getattr(hint, '__name__', hint)}, got {value!r}")
+
+
+def read_json(path: str | Path, what: str) -> Any:
+    """Parse a JSON file, turning missing files and bad syntax into UserError."""
+    try:
+        text = Path(path).read_text()
+    except OSError as error:
+        raise UserError(f"cannot read {what} file '{path}': {error.strerror}") from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UserError(f"{what} file '{path}' is not valid JSON: {error.msg} at line {error.lineno}") from None

@@ -1,0 +1,9 @@
+"""Typed, versioned descriptions of the model, the cluster and the training run."""
+from .cluster import ClusterSpec, ComputeEfficiency, GpuSpec, LinkSpec, load_cluster
+from .model import LayerSpec, ModelSpec, load_model
+from .training import TrainingSpec
+
+__all__ = [
+    "ClusterSpec", "ComputeEfficiency", "GpuSpec", "LinkSpec", "load_cluster",
+    "LayerSpec", "ModelSpec", "load_model", "TrainingSpec",
+]

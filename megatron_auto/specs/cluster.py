@@ -1,0 +1,116 @@
+"""ClusterSpec: nodes of identical accelerators joined by two tiers of links."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import serde
+from ..errors import UserError
+from .model import _check_version
+
+CLUSTER_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class GpuSpec:
+    """One accelerator (or, for cpu-gloo, one CPU process)."""
+
+    name: str
+    """Marketing name, for the report."""
+    memory_bytes: int
+    """Device memory."""
+    peak_flops: float
+    """Dense 16-bit tensor FLOP/s from the datasheet (fp32 FLOP/s for CPU processes)."""
+    memory_bandwidth_bytes_per_s: float
+    """HBM (or DRAM share) bandwidth, for memory-bound element-wise kernels."""
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    """One tier of the network, as seen by one GPU."""
+
+    bandwidth_bytes_per_s: float
+    """Datasheet bandwidth per GPU, one direction."""
+    latency_s: float
+    """Start-up latency of one collective step."""
+    efficiency: float = 0.8
+    """Fraction of the datasheet bandwidth that collectives reach (bus bandwidth / peak)."""
+
+    @property
+    def effective_bandwidth(self) -> float:
+        return self.bandwidth_bytes_per_s * self.efficiency
+
+
+@dataclass(frozen=True)
+class ComputeEfficiency:
+    """Achievable fraction of peak for a GEMM, as a function of its shape.
+
+    A GEMM of shape (m, k, n) reaches `max_fraction * prod(d / (d + half_dim))`
+    of peak over its three dimensions: large tiles saturate, and sharding a
+    dimension by TP pulls it toward `half_dim`, where it costs half. See
+    docs/cost_model.md for the calibration against Megatron SC21 Table 1.
+    """
+
+    max_fraction: float
+    """Ceiling of achieved/peak for very large GEMMs."""
+    half_dim: float
+    """GEMM dimension at which that dimension alone halves the efficiency."""
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """num_nodes x gpus_per_node identical GPUs; TP/SP traffic prefers the intra-node tier."""
+
+    name: str
+    """Preset name or the user's label."""
+    num_nodes: int
+    """Nodes in the job."""
+    gpus_per_node: int
+    """GPUs in one node, joined by the intra-node tier."""
+    gpu: GpuSpec
+    """The accelerator."""
+    intra_node: LinkSpec
+    """NVLink/NVSwitch (or shared memory for CPU processes)."""
+    inter_node: LinkSpec
+    """InfiniBand (per GPU)."""
+    compute: ComputeEfficiency
+    """GEMM efficiency model, calibrated per GPU type."""
+    framework_overhead_bytes: int = 0
+    """Memory the framework holds regardless of the plan (CUDA context, NCCL buffers, allocator slack)."""
+    schema_version: int = CLUSTER_SCHEMA_VERSION
+    """Version of this record's layout."""
+
+    def __post_init__(self) -> None:
+        _check_version(self.schema_version, CLUSTER_SCHEMA_VERSION, "cluster spec")
+        if self.num_nodes <= 0 or self.gpus_per_node <= 0:
+            raise ValueError("num_nodes and gpus_per_node must be positive")
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.gpus_per_node
+
+    def with_nodes(self, num_nodes: int) -> "ClusterSpec":
+        from dataclasses import replace
+
+        if num_nodes <= 0:
+            raise UserError(f"--num-nodes must be positive, got {num_nodes}")
+        return replace(self, num_nodes=num_nodes)
+
+    def link_for_group(self, group_size: int, stride: int = 1) -> LinkSpec:
+        """The slowest tier a group of `group_size` ranks, `stride` apart, crosses."""
+        span = (group_size - 1) * stride + 1
+        return self.intra_node if span <= self.gpus_per_node else self.inter_node
+
+
+def load_cluster(name_or_path: str, num_nodes: int | None = None) -> ClusterSpec:
+    """A preset by name, or a JSON cluster file; `num_nodes` overrides the node count."""
+    from .presets import CLUSTER_PRESETS
+
+    if name_or_path in CLUSTER_PRESETS:
+        cluster = CLUSTER_PRESETS[name_or_path]
+    elif name_or_path.endswith(".json") or Path(name_or_path).exists():
+        data = serde.read_json(name_or_path, "cluster")
+        cluster = serde.from_dict(ClusterSpec, data, f"cluster '{Path(name_or_path).name}'")
+    else:
+        raise UserError(f"unknown cluster preset '{name_or_path}'; choose one of: {', '.join(CLUSTER_PRESETS)} or give a .json file")
+    return cluster.with_nodes(num_nodes) if num_nodes is not None else cluster

@@ -1,0 +1,173 @@
+"""ModelSpec: a GPT/LLaMA-style decoder described layer by layer.
+
+A model file may use Megatron's own flag names (the compact form), e.g.
+`{"num_layers": 96, "hidden_size": 12288, "num_attention_heads": 96,
+"seq_length": 2048, "vocab_size": 51200}`, or list its layers (the rich form,
+what `to_dict` writes), so that models whose layers differ can be described.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import serde
+from ..errors import UserError
+
+MODEL_SCHEMA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One transformer decoder layer (self-attention + MLP)."""
+
+    hidden_size: int
+    """Width of the residual stream, h."""
+    num_attention_heads: int
+    """Query heads, a."""
+    num_query_groups: int
+    """Key/value heads (GQA groups); equal to the heads for plain multi-head attention."""
+    ffn_hidden_size: int
+    """Inner width of the MLP."""
+    swiglu: bool = False
+    """Gated SwiGLU MLP (three weight matrices) instead of GeLU (two)."""
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}")
+        if self.num_attention_heads % self.num_query_groups:
+            raise ValueError(f"num_attention_heads {self.num_attention_heads} is not divisible by num_query_groups {self.num_query_groups}")
+
+    @property
+    def kv_channels(self) -> int:
+        """Width of one attention head."""
+        return self.hidden_size // self.num_attention_heads
+
+    @property
+    def num_parameters(self) -> int:
+        """Weights and biases of the layer (Megatron's layout: QKV, proj, MLP, two norms)."""
+        h, kv = self.hidden_size, self.kv_channels
+        qkv_out = (self.num_attention_heads + 2 * self.num_query_groups) * kv
+        attention = h * qkv_out + qkv_out + h * h + h
+        mlp_in = self.ffn_hidden_size * (2 if self.swiglu else 1)
+        mlp = h * mlp_in + mlp_in + self.ffn_hidden_size * h + h
+        return attention + mlp + 4 * h
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A decoder-only language model: embedding, layers, final norm, LM head."""
+
+    name: str
+    """Preset name or a label of the user's choosing."""
+    layers: tuple[LayerSpec, ...]
+    """The decoder layers in order."""
+    seq_length: int
+    """Tokens per sample, s."""
+    vocab_size: int
+    """Vocabulary size, V (padded by the runtime as Megatron pads it)."""
+    untie_embeddings_and_output_weights: bool = False
+    """True when the LM head has its own weight matrix."""
+    schema_version: int = MODEL_SCHEMA_VERSION
+    """Version of this record's layout."""
+
+    def __post_init__(self) -> None:
+        _check_version(self.schema_version, MODEL_SCHEMA_VERSION, "model spec")
+        _check_positive(self, "seq_length", "vocab_size")
+        if not self.layers:
+            raise ValueError("a model needs at least one layer")
+        if len({layer.hidden_size for layer in self.layers}) != 1:
+            raise ValueError("all layers must share one hidden_size (the residual stream)")
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.layers[0].hidden_size
+
+    @property
+    def embedding_parameters(self) -> int:
+        """Word plus learned position embeddings (V*h + s*h)."""
+        return self.vocab_size * self.hidden_size + self.seq_length * self.hidden_size
+
+    @property
+    def num_parameters(self) -> int:
+        head = self.vocab_size * self.hidden_size if self.untie_embeddings_and_output_weights else 0
+        final_norm = 2 * self.hidden_size
+        return self.embedding_parameters + sum(l.num_parameters for l in self.layers) + final_norm + head
+
+    def is_uniform(self) -> bool:
+        return len(set(self.layers)) == 1
+
+
+def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_heads: int,
+                  seq_length: int, vocab_size: int, *, ffn_hidden_size: int | None = None,
+                  num_query_groups: int | None = None, swiglu: bool = False,
+                  untie_embeddings_and_output_weights: bool = False) -> ModelSpec:
+    """A model whose layers are all alike, from Megatron's flag values."""
+    layer = LayerSpec(
+        hidden_size=hidden_size,
+        num_attention_heads=num_attention_heads,
+        num_query_groups=num_query_groups or num_attention_heads,
+        ffn_hidden_size=ffn_hidden_size or 4 * hidden_size,
+        swiglu=swiglu,
+    )
+    return ModelSpec(name=name, layers=(layer,) * num_layers, seq_length=seq_length,
+                     vocab_size=vocab_size,
+                     untie_embeddings_and_output_weights=untie_embeddings_and_output_weights)
+
+
+_COMPACT_KEYS = {
+    "num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size",
+    "ffn_hidden_size", "num_query_groups", "swiglu", "untie_embeddings_and_output_weights",
+    "name", "schema_version", "max_position_embeddings",
+}
+
+
+def model_from_dict(data: dict, label: str = "model") -> ModelSpec:
+    """Accept both the rich form (with `layers`) and Megatron's compact form."""
+    if not isinstance(data, dict):
+        raise UserError(f"{label}: expected a JSON object")
+    if isinstance(data.get("layers"), list):
+        return serde.from_dict(ModelSpec, {"name": label, **data}, label)
+    unknown = sorted(set(data) - _COMPACT_KEYS)
+    if unknown:
+        raise UserError(f"{label}: unknown key(s) {', '.join(unknown)}")
+    missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size") if k not in data]
+    if missing:
+        raise UserError(f"{label}: missing required key(s) {', '.join(missing)}")
+    _check_version(data.get("schema_version", MODEL_SCHEMA_VERSION), MODEL_SCHEMA_VERSION, label, UserError)
+    kwargs = {k: v for k, v in data.items() if k not in ("name", "schema_version", "max_position_embeddings")}
+    for key, value in kwargs.items():
+        expected = bool if key in ("swiglu", "untie_embeddings_and_output_weights") else int
+        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+            raise UserError(f"{label}.{key}: expected {expected.__name__}, got {value!r}")
+    try:
+        return uniform_model(data.get("name", label), **kwargs)
+    except ValueError as error:
+        raise UserError(f"{label}: {error}") from None
+
+
+def load_model(name_or_path: str) -> ModelSpec:
+    """A preset by name, or a JSON model file (compact or rich form)."""
+    from .presets import MODEL_PRESETS
+
+    if name_or_path in MODEL_PRESETS:
+        return MODEL_PRESETS[name_or_path]
+    if not name_or_path.endswith(".json") and not Path(name_or_path).exists():
+        raise UserError(f"unknown model preset '{name_or_path}'; choose one of: {', '.join(MODEL_PRESETS)} or give a .json file")
+    return model_from_dict(serde.read_json(name_or_path, "model"), Path(name_or_path).stem)
+
+
+def _check_positive(record: object, *names: str) -> None:
+    for name in names:
+        value = getattr(record, name)
+        if not isinstance(value, int) or value <= 0:
+            raise ValueError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _check_version(version: object, current: int, what: str, error: type = ValueError) -> None:
+    if version != current:
+        raise error(f"{what} has schema_version {version!r}; this megatron-auto reads version {current}")

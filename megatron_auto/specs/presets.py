@@ -1,0 +1,90 @@
+"""Shipped presets: the models of the Megatron papers and LLaMA, and three clusters.
+
+GPT-3 shapes: Narayanan et al. SC21, Table 1 (s=2048, V=51200, 4h MLP, GeLU, tied
+embeddings). LLaMA shapes: Touvron et al. 2023 (LLaMA 2) and Meta's LLaMA 3
+model card (SwiGLU, GQA, untied head). Hardware figures: shared/reference/hardware.md.
+"""
+from __future__ import annotations
+
+from .cluster import ClusterSpec, ComputeEfficiency, GpuSpec, LinkSpec
+from .model import ModelSpec, uniform_model
+
+GIB = 1024**3
+
+# name: (layers, hidden, heads) from SC21 Table 1.
+_GPT3_SHAPES = {
+    "gpt3-1.7b": (24, 2304, 24),
+    "gpt3-3.6b": (30, 3072, 32),
+    "gpt3-7.5b": (36, 4096, 32),
+    "gpt3-18.4b": (40, 6144, 48),
+    "gpt3-39.1b": (48, 8192, 64),
+    "gpt3-76.1b": (60, 10240, 80),
+    "gpt3-145.6b": (80, 12288, 96),
+    "gpt3-175b": (96, 12288, 96),
+    "gpt3-310b": (96, 16384, 128),
+    "gpt3-530b": (105, 20480, 128),
+    "gpt3-1t": (128, 25600, 160),
+}
+
+# name: (layers, hidden, heads, kv groups, ffn, seq, vocab)
+_LLAMA_SHAPES = {
+    "llama2-7b": (32, 4096, 32, 32, 11008, 4096, 32000),
+    "llama2-13b": (40, 5120, 40, 40, 13824, 4096, 32000),
+    "llama2-70b": (80, 8192, 64, 8, 28672, 4096, 32000),
+    "llama3-8b": (32, 4096, 32, 8, 14336, 8192, 128256),
+}
+
+
+def _model_presets() -> dict[str, ModelSpec]:
+    presets = {
+        name: uniform_model(name, layers, hidden, heads, seq_length=2048, vocab_size=51200)
+        for name, (layers, hidden, heads) in _GPT3_SHAPES.items()
+    }
+    for name, (layers, hidden, heads, groups, ffn, seq, vocab) in _LLAMA_SHAPES.items():
+        presets[name] = uniform_model(name, layers, hidden, heads, seq, vocab, ffn_hidden_size=ffn,
+                                      num_query_groups=groups, swiglu=True,
+                                      untie_embeddings_and_output_weights=True)
+    # Tiny models for tests and CPU runs.
+    presets["tiny-gpt"] = uniform_model("tiny-gpt", 4, 64, 4, seq_length=32, vocab_size=128)
+    presets["tiny-gpt-8l"] = uniform_model("tiny-gpt-8l", 8, 128, 8, seq_length=64, vocab_size=512)
+    presets["tiny-llama"] = uniform_model("tiny-llama", 4, 64, 4, seq_length=32, vocab_size=128,
+                                          ffn_hidden_size=176, num_query_groups=2, swiglu=True,
+                                          untie_embeddings_and_output_weights=True)
+    return presets
+
+
+MODEL_PRESETS: dict[str, ModelSpec] = _model_presets()
+
+# One GEMM-efficiency model per GPU type; the A100 constants are fitted once to
+# all five rows of SC21 Table 1 by tools/calibrate_a100.py (docs/cost_model.md).
+A100_COMPUTE = ComputeEfficiency(max_fraction=0.62, half_dim=96.0)
+# No public per-configuration table ships for H100 here: same shape law, with the
+# ceiling scaled by the ratio of large-GEMM efficiency H100/A100 (~0.72/0.85).
+H100_COMPUTE = ComputeEfficiency(max_fraction=0.62 * 0.72 / 0.85, half_dim=128.0)
+
+CLUSTER_PRESETS: dict[str, ClusterSpec] = {
+    "dgx-a100-80gb": ClusterSpec(
+        name="dgx-a100-80gb", num_nodes=1, gpus_per_node=8,
+        gpu=GpuSpec("A100-SXM4-80GB", 80 * GIB, 312e12, 2.0e12),
+        intra_node=LinkSpec(300e9, 5e-6, efficiency=0.78),   # NVLink 3, 300 GB/s each way
+        inter_node=LinkSpec(25e9, 10e-6, efficiency=0.85),   # 1x HDR 200 Gb/s per GPU
+        compute=A100_COMPUTE, framework_overhead_bytes=3 * GIB,
+    ),
+    "dgx-h100-80gb": ClusterSpec(
+        name="dgx-h100-80gb", num_nodes=1, gpus_per_node=8,
+        gpu=GpuSpec("H100-SXM5-80GB", 80 * GIB, 989e12, 3.35e12),
+        intra_node=LinkSpec(450e9, 5e-6, efficiency=0.78),   # NVLink 4, 450 GB/s each way
+        inter_node=LinkSpec(50e9, 10e-6, efficiency=0.85),   # 1x NDR 400 Gb/s per GPU
+        compute=H100_COMPUTE, framework_overhead_bytes=3 * GIB,
+    ),
+    # Up to 8 gloo processes on this 2-core, 24 GiB machine; `megatron-auto
+    # profile-cluster` replaces these analytic guesses with measurements.
+    "cpu-gloo": ClusterSpec(
+        name="cpu-gloo", num_nodes=1, gpus_per_node=8,
+        gpu=GpuSpec("cpu-process", 2 * GIB, 20e9, 5e9),
+        intra_node=LinkSpec(1e9, 50e-6, efficiency=1.0),
+        inter_node=LinkSpec(1e9, 50e-6, efficiency=1.0),
+        compute=ComputeEfficiency(max_fraction=0.5, half_dim=16.0),
+        framework_overhead_bytes=256 * 1024**2,
+    ),
+}

@@ -1,0 +1,53 @@
+"""TrainingSpec: batch, precision and the byte counts of mixed-precision Adam."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .model import _check_version
+
+TRAINING_SCHEMA_VERSION = 1
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class TrainingSpec:
+    """What the user fixes before any parallelism is chosen."""
+
+    global_batch_size: int
+    """Samples per iteration, B."""
+    precision: str = "bf16"
+    """bf16, fp16 or fp32: the type of weights and activations in the forward pass."""
+    param_bytes: int = 2
+    """Bytes per model weight as the forward pass reads it."""
+    grad_bytes: int = 4
+    """Bytes per gradient: Megatron accumulates into fp32 main_grad buffers."""
+    optimizer_bytes: int = 12
+    """Bytes of Adam state per parameter: fp32 master copy, momentum and variance.
+    (Megatron-LM docs/distrib_optimizer: 18 bytes/param = 2 + 4 + 12 without sharding.)"""
+    memory_budget_bytes: int = 0
+    """Usable memory per GPU; 0 means the GPU's memory."""
+    schema_version: int = TRAINING_SCHEMA_VERSION
+    """Version of this record's layout."""
+
+    def __post_init__(self) -> None:
+        _check_version(self.schema_version, TRAINING_SCHEMA_VERSION, "training spec")
+        if self.global_batch_size <= 0:
+            raise ValueError(f"global batch size must be positive, got {self.global_batch_size}")
+        if self.precision not in ("bf16", "fp16", "fp32"):
+            raise ValueError(f"precision must be bf16, fp16 or fp32, got {self.precision!r}")
+        if self.memory_budget_bytes < 0:
+            raise ValueError("memory budget must not be negative")
+
+    @property
+    def activation_bytes(self) -> int:
+        """Bytes per activation element (2 in 16-bit training, as Korthikanti et al. assume)."""
+        return 4 if self.precision == "fp32" else 2
+
+    def budget_for(self, gpu_memory_bytes: int) -> int:
+        return self.memory_budget_bytes or gpu_memory_bytes
+
+    @classmethod
+    def fp32(cls, global_batch_size: int, memory_budget_bytes: int = 0) -> "TrainingSpec":
+        """Full fp32 training, as on CPU: 4-byte weights and grads, 8 bytes of Adam moments."""
+        return cls(global_batch_size=global_batch_size, precision="fp32", param_bytes=4,
+                   grad_bytes=4, optimizer_bytes=8, memory_budget_bytes=memory_budget_bytes)
