@@ -1,0 +1,47 @@
+"""What the user pins down before the search fills in the rest.
+
+The command line's explicit Megatron flags (`--tensor-model-parallel-size` and
+friends given beside `--auto-parallel`) become these constraints.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ..plan import Plan
+
+
+@dataclass(frozen=True)
+class SearchConstraints:
+    """Each field left at None is the search's to choose."""
+
+    tp: Optional[int] = None
+    """Tensor-parallel degree of every layer."""
+    pp: Optional[int] = None
+    """Pipeline-parallel degree."""
+    dp: Optional[int] = None
+    """Data-parallel degree of every layer."""
+    micro_batch_size: Optional[int] = None
+    """Samples per micro-batch per data-parallel replica."""
+    virtual_stages: Optional[int] = None
+    """Chunks per pipeline stage."""
+    sequence_parallel: Optional[bool] = None
+    """Force Megatron sequence parallelism on or off."""
+    distributed_optimizer: Optional[bool] = None
+    """Force Megatron's distributed optimizer (ZeRO-1) on or off."""
+    recompute: Optional[str] = None
+    """Force one recomputation kind on every layer: none, selective or full."""
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The best plan and how the search got there."""
+
+    plan: Plan
+    """The fastest plan that fits, with its prediction filled in."""
+    search_time_s: float
+    """Wall-clock seconds the search took."""
+    candidates_evaluated: int
+    """Configurations scored by the cost model."""
+    pruning: tuple[tuple[str, int], ...] = field(default=())
+    """(decision-tree rule, candidates it removed), in the order the rules ran."""
