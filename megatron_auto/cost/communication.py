@@ -1,0 +1,104 @@
+"""Communication time of each parallel dimension, in seconds.
+
+Rank order inside a stage is Megatron's: TP ranks are adjacent, DP ranks are
+`tp` apart, pipeline stages are `world / pp` apart (Megatron-Core RankGenerator
+order tp-cp-dp-pp), so each group's slowest link follows from its span.
+"""
+from __future__ import annotations
+
+from ..plan import LayerStrategy
+from ..specs.cluster import ClusterSpec
+from ..specs.training import TrainingSpec
+from .collectives import all_gather_time, all_reduce_time, p2p_time, reduce_scatter_time
+
+
+def tp_comm_time(hidden: int, seq: int, samples: int, strategy: LayerStrategy,
+                 cluster: ClusterSpec, activation_bytes: int) -> float:
+    """TP traffic of one layer, one micro-batch, forward plus backward.
+
+    Two all-reduces of the bsh activation in forward and two in backward
+    (Narayanan et al. SC21, Sec. 3.3); SP swaps each for an all-gather plus a
+    reduce-scatter of the same volume (Korthikanti et al., Sec. 4.2.2). Full
+    recompute replays the forward's two.
+    """
+    t = strategy.tp
+    if t == 1:
+        return 0.0
+    link = cluster.link_for_group(t)
+    bytes_ = seq * samples * hidden * activation_bytes
+    one = (all_gather_time(bytes_, t, link) + reduce_scatter_time(bytes_, t, link)) if strategy.sp \
+        else all_reduce_time(bytes_, t, link)
+    collectives = 4 + (2 if strategy.recompute == "full" else 0)
+    return collectives * one
+
+
+def dp_comm_time(num_params: float, strategy: LayerStrategy, cluster: ClusterSpec,
+                 training: TrainingSpec) -> float:
+    """Once-per-iteration gradient traffic of ZeRO 0-2 for `num_params` weights.
+
+    ZeRO 0: all-reduce of the gradients; ZeRO 1-2 (Megatron's distributed
+    optimizer): reduce-scatter of the gradients and all-gather of the updated
+    weights. Gradients travel in the weights' type (Megatron-Core DDP default
+    grad_reduce_in_fp32=False). ZeRO 3 pays per micro-batch instead.
+    """
+    d = strategy.dp
+    if d == 1 or strategy.zero >= 3:
+        return 0.0
+    link = cluster.link_for_group(d, stride=strategy.tp)
+    bytes_ = num_params / strategy.tp * training.param_bytes
+    if strategy.zero == 0:
+        return all_reduce_time(bytes_, d, link)
+    return reduce_scatter_time(bytes_, d, link) + all_gather_time(bytes_, d, link)
+
+
+def zero3_comm_time(num_params: float, strategy: LayerStrategy, cluster: ClusterSpec,
+                    training: TrainingSpec, recompute_full: bool) -> float:
+    """Per-micro-batch ZeRO-3 traffic: all-gather the weights for forward and again for
+    backward (and for the recompute pass), reduce-scatter the gradients
+    (Rajbhandari et al. 2020, Sec. 7.2.2: 1.5x the all-reduce volume)."""
+    d = strategy.dp
+    if d == 1 or strategy.zero < 3:
+        return 0.0
+    link = cluster.link_for_group(d, stride=strategy.tp)
+    bytes_ = num_params / strategy.tp * training.param_bytes
+    gathers = 3 if recompute_full else 2
+    return gathers * all_gather_time(bytes_, d, link) + reduce_scatter_time(bytes_, d, link)
+
+
+def transition_time(before: LayerStrategy, after: LayerStrategy, hidden: int, seq: int,
+                    micro_batch_samples: int, cluster: ClusterSpec, activation_bytes: int) -> float:
+    """Redistributing one micro-batch's activations between two layouts, forward plus backward.
+
+    Moving to a larger DP degree slices the batch locally in forward and
+    all-gathers the activation gradient in backward; moving to a smaller one
+    all-gathers in forward and slices in backward. Either way one all-gather of
+    the narrower layout's samples crosses a group of dp_max / dp_min ranks. An SP
+    change at equal TP all-gathers (or slices) the sequence over the TP group.
+    """
+    if before.layout()[:2] == after.layout()[:2] and before.sp == after.sp:
+        return 0.0
+    lo, hi = sorted((before.dp, after.dp))
+    if lo != hi:
+        group = hi // lo
+        samples = micro_batch_samples // lo
+        link = cluster.link_for_group(group, stride=min(before.tp, after.tp))
+        return all_gather_time(seq * samples * hidden * activation_bytes, group, link)
+    samples = micro_batch_samples // before.dp
+    link = cluster.link_for_group(before.tp)
+    return all_gather_time(seq * samples * hidden * activation_bytes, before.tp, link)
+
+
+def pipeline_p2p_time(hidden: int, seq: int, micro_batch_samples: int, gpus_per_stage: int,
+                      pipeline_parallel: int, cluster: ClusterSpec, activation_bytes: int) -> float:
+    """One stage boundary, one micro-batch: activation forward plus gradient backward.
+
+    Each GPU of the sender holds b/dp samples split 1/t over TP (SC21's
+    scatter/gather optimisation; Megatron-Core sends SP-sharded tensors), so each
+    sends 1/n of the micro-batch's bsh activation whatever its layout.
+    """
+    if pipeline_parallel == 1:
+        return 0.0
+    stride = cluster.world_size // pipeline_parallel
+    link = cluster.intra_node if stride < cluster.gpus_per_node else cluster.inter_node
+    bytes_ = seq * micro_batch_samples * hidden * activation_bytes / gpus_per_stage
+    return 2 * p2p_time(bytes_, link)

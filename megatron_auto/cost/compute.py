@@ -1,0 +1,80 @@
+"""Compute time of a layer on one shard: GEMMs at a shape-dependent efficiency,
+plus memory-bound element-wise kernels at HBM speed.
+
+The GEMM efficiency law is ours (docs/cost_model.md): each of the three GEMM
+dimensions d contributes a factor d / (d + half_dim), so large tiles saturate at
+`max_fraction` of peak and sharding a dimension by TP costs efficiency. Its two
+constants are fitted once per GPU type (tools/calibrate_compute.py).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..specs.cluster import ClusterSpec, ComputeEfficiency
+from ..specs.model import LayerSpec
+from .flops import ATTENTION_CORE_GEMMS, Gemm, layer_gemms
+
+# Element-wise kernels reach about this share of HBM bandwidth (typical of fused
+# Megatron kernels; STREAM-like copies reach 80-90%).
+ELEMENTWISE_BANDWIDTH_FRACTION = 0.7
+
+
+def gemm_efficiency(gemm: Gemm, model: ComputeEfficiency) -> float:
+    """Fraction of peak FLOP/s a GEMM of this shape reaches."""
+    fraction = model.max_fraction
+    for dim in (gemm.m, gemm.k, gemm.n):
+        fraction *= dim / (dim + model.half_dim)
+    return fraction
+
+
+def gemm_time(gemm: Gemm, cluster: ClusterSpec) -> float:
+    """Seconds for one forward GEMM."""
+    return gemm.flops / (cluster.gpu.peak_flops * gemm_efficiency(gemm, cluster.compute))
+
+
+def elementwise_elements(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool) -> float:
+    """Elements read plus written by the forward pass's non-GEMM kernels on one shard.
+
+    Per token: two LayerNorms (read+write h each: 4h), two bias-dropout-adds
+    (read 2h, write h, 1-byte mask ~ h/2: 7h), the MLP activation (read+write f,
+    or read 2f write f for SwiGLU) and the fused scale-mask-softmax-dropout over
+    a*s scores (read, write, mask: 2.5as). h-wide work is split by TP only with SP.
+    """
+    hidden_split = tp if sp else 1
+    hidden_terms = 11 * layer.hidden_size / hidden_split
+    activation = (3 if layer.swiglu else 2) * layer.ffn_hidden_size / tp
+    softmax = 2.5 * layer.num_attention_heads * seq / tp
+    return samples * seq * (hidden_terms + activation + softmax)
+
+
+@dataclass(frozen=True)
+class ComputeTimes:
+    """Seconds of one micro-batch through one layer on one shard."""
+
+    forward_s: float
+    backward_s: float
+    attention_core_forward_s: float
+
+
+def layer_compute_times(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool,
+                        cluster: ClusterSpec, activation_bytes: int) -> ComputeTimes:
+    """Forward, backward (2x the forward GEMMs: dgrad + wgrad, SC21 Sec. 5.1)."""
+    gemms = layer_gemms(layer, seq, samples, tp)
+    gemm_seconds = [gemm_time(g, cluster) for g in gemms]
+    bandwidth = cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
+    elementwise = elementwise_elements(layer, seq, samples, tp, sp) * activation_bytes / bandwidth
+    softmax_share = 2.5 * layer.num_attention_heads * seq / tp
+    softmax_seconds = samples * seq * softmax_share * activation_bytes / bandwidth
+    forward = sum(gemm_seconds) + elementwise
+    core = sum(gemm_seconds[i] for i in ATTENTION_CORE_GEMMS) + softmax_seconds
+    return ComputeTimes(forward_s=forward, backward_s=2.0 * forward, attention_core_forward_s=core)
+
+
+def recompute_time(times: ComputeTimes, recompute: str) -> float:
+    """Extra seconds per micro-batch: a second forward (full) or of the attention core
+    (selective), per Korthikanti et al. 2022, Sec. 4-5."""
+    if recompute == "full":
+        return times.forward_s
+    if recompute == "selective":
+        return times.attention_core_forward_s
+    return 0.0

@@ -1,0 +1,65 @@
+"""The word embedding (first stage) and the LM head with its loss (last stage)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..plan import LayerStrategy
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.training import TrainingSpec
+from .communication import dp_comm_time, tp_comm_time
+from .compute import gemm_time
+from .flops import Gemm
+from .memory import embedding_activation_bytes, logits_activation_bytes, model_state_bytes
+
+
+@dataclass(frozen=True)
+class PartCost:
+    micro_batch_s: float
+    backward_s: float
+    tp_comm_s: float
+    dp_comm_per_iteration_s: float
+    state_bytes: float
+    activation_bytes: float
+    transient_bytes: float = 0.0
+
+
+@dataclass(frozen=True)
+class EmbeddingCost:
+    embedding: PartCost
+    head: PartCost
+
+
+@lru_cache(maxsize=4096)
+def embedding_cost(model: ModelSpec, strategy: LayerStrategy, samples: int, cluster: ClusterSpec,
+                   training: TrainingSpec, pipeline_parallel: int) -> EmbeddingCost:
+    """Vocab-parallel embedding and LM head (Megatron: VocabParallelEmbedding, a
+    column-parallel output layer, vocab-parallel cross entropy). With tied weights
+    and p > 1 the last stage keeps its own copy of the word embedding (SC21 Sec. 3)."""
+    s, h, vocab = model.seq_length, model.hidden_size, model.vocab_size
+    word = training.activation_bytes
+    # One collective each: the embedding's output all-reduce in forward, the LM
+    # head's input-gradient all-reduce in backward (tp_comm_time counts a layer's four).
+    one_collective = tp_comm_time(h, s, samples, _no_recompute(strategy), cluster, word) / 4
+    embedding = PartCost(
+        micro_batch_s=one_collective, backward_s=0.0, tp_comm_s=one_collective,
+        dp_comm_per_iteration_s=dp_comm_time(model.embedding_parameters, strategy, cluster, training),
+        state_bytes=model_state_bytes(model.embedding_parameters, strategy, training),
+        activation_bytes=embedding_activation_bytes(model, samples, strategy, word),
+    )
+    logits = gemm_time(Gemm(samples * s, h, vocab // strategy.tp), cluster)
+    head_params = vocab * h if (pipeline_parallel > 1 or model.untie_embeddings_and_output_weights) else 0
+    head = PartCost(
+        micro_batch_s=3 * logits + one_collective, backward_s=2 * logits, tp_comm_s=one_collective,
+        dp_comm_per_iteration_s=dp_comm_time(head_params, strategy, cluster, training),
+        state_bytes=model_state_bytes(head_params, strategy, training),
+        activation_bytes=logits_activation_bytes(model, samples, strategy),
+    )
+    return EmbeddingCost(embedding=embedding, head=head)
+
+
+def _no_recompute(strategy: LayerStrategy) -> LayerStrategy:
+    from dataclasses import replace
+
+    return replace(strategy, recompute="none")

@@ -1,0 +1,165 @@
+"""estimate_plan: the cost model's prediction for a whole Plan."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..errors import UserError
+from ..plan import Chunk, LayerStrategy, Plan, Prediction, TimeBreakdown
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.training import GIB, TrainingSpec
+from .communication import pipeline_p2p_time, transition_time
+from .embedding import EmbeddingCost, embedding_cost
+from .flops import model_flops_per_iteration
+from .layer_cost import LayerCost, layer_cost
+from .memory import in_flight_micro_batches
+from .pipeline import bubble_time, exposed_dp_time, pipeline_time
+
+__all__ = ["estimate_plan", "model_flops_per_iteration", "StageCost", "stage_costs"]
+
+
+@dataclass
+class StageCost:
+    """Sums over one pipeline stage's chunks, per micro-batch unless noted."""
+
+    micro_batch_s: float = 0.0
+    compute_s: float = 0.0
+    recompute_s: float = 0.0
+    tp_comm_s: float = 0.0
+    pp_comm_s: float = 0.0
+    transition_s: float = 0.0
+    backward_s: float = 0.0
+    dp_comm_per_iteration_s: float = 0.0
+    last_bucket_s: float = 0.0
+    state_bytes: float = 0.0
+    activation_bytes: float = 0.0
+    transient_bytes: float = 0.0
+    optimizer_s: float = 0.0
+    layer_dp_comm: list = field(default_factory=list)
+
+    def add_layer(self, cost: LayerCost) -> None:
+        self.micro_batch_s += cost.micro_batch_s
+        self.compute_s += cost.forward_s + cost.backward_s + cost.zero3_exposed_s
+        self.recompute_s += cost.recompute_s
+        self.tp_comm_s += cost.tp_comm_s
+        self.backward_s += cost.backward_s
+        self.dp_comm_per_iteration_s += cost.dp_comm_per_iteration_s
+        self.layer_dp_comm.append(cost.dp_comm_per_iteration_s)
+        self.state_bytes += cost.state_bytes
+        self.activation_bytes += cost.activation_bytes
+        self.transient_bytes = max(self.transient_bytes, cost.transient_bytes)
+
+    def add_seconds(self, seconds: float, kind: str) -> None:
+        self.micro_batch_s += seconds
+        setattr(self, kind, getattr(self, kind) + seconds)
+
+
+def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> None:
+    """Named cross-checks between a plan and the job it is scored for."""
+    if plan.world_size != cluster.world_size:
+        raise UserError(f"plan is for {plan.world_size} GPUs but the cluster has {cluster.world_size} "
+                        f"({cluster.num_nodes} nodes x {cluster.gpus_per_node})")
+    if plan.num_layers != model.num_layers:
+        raise UserError(f"plan places {plan.num_layers} layers but model '{model.name}' has {model.num_layers}")
+    if plan.global_batch_size != training.global_batch_size:
+        raise UserError(f"plan is for global batch {plan.global_batch_size}, not {training.global_batch_size}")
+    for strategy in set(plan.layer_strategies):
+        layer = model.layers[0]
+        if layer.num_attention_heads % strategy.tp or layer.num_query_groups % strategy.tp:
+            raise UserError(f"tp={strategy.tp} does not divide the {layer.num_attention_heads} attention heads "
+                            f"and {layer.num_query_groups} query groups of '{model.name}'")
+
+
+def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[StageCost]:
+    """Per-stage sums of layer, transition, p2p, embedding and LM-head costs."""
+    stages = [StageCost() for _ in range(plan.pipeline_parallel)]
+    word = training.activation_bytes
+    micro_samples = plan.global_batch_size // plan.num_micro_batches
+    p2p = pipeline_p2p_time(model.hidden_size, model.seq_length, micro_samples, plan.gpus_per_stage,
+                            plan.pipeline_parallel, cluster, word)
+    layer_index = 0
+    for chunk_index, chunk in enumerate(plan.chunks):
+        stage = stages[chunk_index % plan.pipeline_parallel]
+        previous = None  # across a stage boundary the p2p transfer does the re-layout
+        for strategy in chunk.layers:
+            spec = model.layers[layer_index]
+            stage.add_layer(layer_cost(spec, strategy, plan.local_micro_batch(strategy), model.seq_length, cluster, training))
+            if previous is not None:
+                stage.add_seconds(transition_time(previous, strategy, model.hidden_size, model.seq_length,
+                                                  micro_samples, cluster, word), "transition_s")
+            previous, layer_index = strategy, layer_index + 1
+        if chunk_index < len(plan.chunks) - 1:
+            stage.add_seconds(p2p, "pp_comm_s")
+    _add_embedding_and_head(plan, model, cluster, training, stages)
+    for stage in stages:
+        stage.optimizer_s = _optimizer_step_time(stage.state_bytes, cluster, training)
+    return stages
+
+
+def _add_embedding_and_head(plan: Plan, model: ModelSpec, cluster: ClusterSpec,
+                            training: TrainingSpec, stages: list[StageCost]) -> None:
+    samples = plan.local_micro_batch(plan.embedding)
+    first, last = stages[0], stages[(len(plan.chunks) - 1) % plan.pipeline_parallel]
+    costs = embedding_cost(model, plan.embedding, samples, cluster, training, plan.pipeline_parallel)
+    for stage, part in ((first, costs.embedding), (last, costs.head)):
+        stage.micro_batch_s += part.micro_batch_s
+        stage.compute_s += part.micro_batch_s - part.tp_comm_s
+        stage.tp_comm_s += part.tp_comm_s
+        stage.backward_s += part.backward_s
+        stage.dp_comm_per_iteration_s += part.dp_comm_per_iteration_s
+        stage.layer_dp_comm.insert(0, part.dp_comm_per_iteration_s)
+        stage.state_bytes += part.state_bytes
+        stage.transient_bytes = max(stage.transient_bytes, part.transient_bytes)
+
+
+def _optimizer_step_time(state_bytes: float, cluster: ClusterSpec, training: TrainingSpec) -> float:
+    """Adam is memory-bound: it reads and writes every byte of model state once (x2)."""
+    return 2.0 * state_bytes / cluster.gpu.memory_bandwidth_bytes_per_s
+
+
+def stage_memory_bytes(plan: Plan, stage_index: int, stage: StageCost, model: ModelSpec,
+                       cluster: ClusterSpec, training: TrainingSpec) -> float:
+    """Peak bytes on one GPU of a stage: states, in-flight activations, transients, overhead."""
+    in_flight = in_flight_micro_batches(stage_index, plan.pipeline_parallel, plan.num_micro_batches,
+                                        plan.virtual_stages, plan.schedule)
+    activations = stage.activation_bytes
+    costs = embedding_cost(model, plan.embedding, plan.local_micro_batch(plan.embedding), cluster,
+                           training, plan.pipeline_parallel)
+    head_stage = (len(plan.chunks) - 1) % plan.pipeline_parallel
+    if stage_index == 0:
+        activations += costs.embedding.activation_bytes
+    logits = costs.head.activation_bytes if stage_index == head_stage else 0.0
+    return (stage.state_bytes + in_flight * activations + logits + stage.transient_bytes
+            + cluster.framework_overhead_bytes)
+
+
+def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> Prediction:
+    """Iteration time, TFLOP/s per GPU and per-stage memory of `plan`."""
+    check_plan_fits_job(plan, model, cluster, training)
+    stages = stage_costs(plan, model, cluster, training)
+    m, v = plan.num_micro_batches, plan.virtual_stages
+    times = [s.micro_batch_s for s in stages]
+    tail = [exposed_dp_time(s.dp_comm_per_iteration_s, s.backward_s, s.layer_dp_comm[0] if s.layer_dp_comm else 0.0)
+            + s.optimizer_s for s in stages]
+    iteration = pipeline_time(times, m, v) + max(tail)
+    memory = [stage_memory_bytes(plan, i, s, model, cluster, training) for i, s in enumerate(stages)]
+    budget = training.budget_for(cluster.gpu.memory_bytes)
+    critical = max(range(len(stages)), key=lambda i: times[i])
+    return Prediction(
+        iteration_time_s=iteration,
+        tflops_per_gpu=model_flops_per_iteration(model, plan.global_batch_size) / iteration / plan.world_size / 1e12,
+        peak_memory_gib=max(memory) / GIB,
+        memory_budget_gib=budget / GIB,
+        fits=max(memory) <= budget,
+        stage_memory_gib=tuple(b / GIB for b in memory),
+        stage_time_s=tuple(m * t for t in times),
+        breakdown=_breakdown(stages[critical], m, bubble_time(times, m, v), tail[critical]),
+    )
+
+
+def _breakdown(stage: StageCost, m: int, bubble: float, tail: float) -> TimeBreakdown:
+    return TimeBreakdown(
+        compute_s=m * stage.compute_s, recompute_s=m * stage.recompute_s, tp_comm_s=m * stage.tp_comm_s,
+        dp_comm_s=tail - stage.optimizer_s, pp_comm_s=m * stage.pp_comm_s, bubble_s=bubble,
+        transition_s=m * stage.transition_s, optimizer_s=stage.optimizer_s,
+    )

@@ -1,0 +1,66 @@
+"""FLOP counts of a decoder layer, split into the GEMMs that run on one TP shard.
+
+Counts follow Narayanan et al. SC21 (arXiv 2104.04473), Sec. 5.1: a GEMM of
+(m x k) @ (k x n) costs 2mkn FLOPs; a GPT layer's forward pass costs
+24bsh^2 + 4bs^2h. GQA and SwiGLU generalise the QKV and MLP shapes.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from ..specs.model import LayerSpec, ModelSpec
+
+
+@dataclass(frozen=True)
+class Gemm:
+    """One matrix product of the forward pass on one shard: batch x (m x k) @ (k x n)."""
+
+    m: int
+    k: int
+    n: int
+    batch: int = 1
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.batch * self.m * self.k * self.n
+
+
+def layer_gemms(layer: LayerSpec, tokens_per_sample: int, samples: int, tp: int) -> tuple[Gemm, ...]:
+    """The forward GEMMs of one layer on one of `tp` shards, for `samples` sequences."""
+    s, h, d = tokens_per_sample, layer.hidden_size, layer.kv_channels
+    tokens = samples * s
+    qkv_width = (layer.num_attention_heads + 2 * layer.num_query_groups) * d
+    heads_per_shard = samples * layer.num_attention_heads // tp
+    mlp_in_width = layer.ffn_hidden_size * (2 if layer.swiglu else 1)
+    return (
+        Gemm(tokens, h, qkv_width // tp),               # QKV projection (column parallel)
+        Gemm(s, d, s, batch=heads_per_shard),           # Q @ K^T per head
+        Gemm(s, s, d, batch=heads_per_shard),           # softmax(QK^T) @ V per head
+        Gemm(tokens, h // tp, h),                       # output projection (row parallel)
+        Gemm(tokens, h, mlp_in_width // tp),            # fc1 (and gate for SwiGLU)
+        Gemm(tokens, layer.ffn_hidden_size // tp, h),   # fc2
+    )
+
+
+ATTENTION_CORE_GEMMS = (1, 2)  # indices in layer_gemms: what selective recompute re-runs
+
+
+def layer_forward_flops(layer: LayerSpec, tokens_per_sample: int, samples: int = 1) -> float:
+    """Forward FLOPs of one whole (unsharded) layer; 24bsh^2 + 4bs^2h for GPT."""
+    return sum(g.flops for g in layer_gemms(layer, tokens_per_sample, samples, tp=1))
+
+
+def logits_forward_flops(model: ModelSpec, samples: int = 1) -> float:
+    """Forward FLOPs of the LM head: 2bshV (SC21 Sec. 5.1)."""
+    return 2.0 * samples * model.seq_length * model.hidden_size * model.vocab_size
+
+
+@lru_cache(maxsize=1024)
+def model_flops_per_iteration(model: ModelSpec, global_batch_size: int) -> float:
+    """Model FLOPs of one iteration, forward plus backward (3x forward), without recompute.
+
+    For GPT this equals 72Bslh^2(1 + s/6h + V/12lh), SC21 eq. (3) less the recompute pass.
+    """
+    layers = sum(layer_forward_flops(l, model.seq_length, global_batch_size) for l in model.layers)
+    return 3.0 * (layers + logits_forward_flops(model, global_batch_size))

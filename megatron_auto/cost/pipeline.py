@@ -1,0 +1,34 @@
+"""Pipeline schedule time from per-stage micro-batch times.
+
+For balanced stages of time T, 1F1B and GPipe take (m + p - 1) T and the
+interleaved schedule (m + (p - 1) / v) T (Narayanan et al. SC21, Sec. 2.2:
+bubble fraction (p - 1) / m, reduced v-fold by interleaving). For unequal stages
+the steady state runs at the slowest stage and the fill and drain walk every
+stage once: m T_max + (sum T - T_max) / v (Galvatron-BMW's pipeline cost, with
+SC21's 1/v for interleaving).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def pipeline_time(stage_times: Sequence[float], num_micro_batches: int, virtual_stages: int = 1) -> float:
+    """Seconds for all micro-batches to pass forward and backward through all stages."""
+    slowest = max(stage_times)
+    fill_and_drain = (sum(stage_times) - slowest) / virtual_stages
+    return num_micro_batches * slowest + fill_and_drain
+
+
+def bubble_time(stage_times: Sequence[float], num_micro_batches: int, virtual_stages: int = 1) -> float:
+    """Idle seconds of the slowest stage: the schedule's time beyond m x T_max."""
+    return pipeline_time(stage_times, num_micro_batches, virtual_stages) - num_micro_batches * max(stage_times)
+
+
+def exposed_dp_time(dp_comm_s: float, overlap_window_s: float, last_bucket_s: float) -> float:
+    """Gradient traffic left after overlapping with one micro-batch's backward.
+
+    Megatron-Core's DDP (overlap_grad_reduce) launches each bucket's reduction as
+    its gradients complete during the last micro-batch's backward; the bucket of
+    the stage's first layer completes last and cannot hide.
+    """
+    return max(dp_comm_s - overlap_window_s, last_bucket_s, 0.0)

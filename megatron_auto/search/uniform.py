@@ -1,0 +1,127 @@
+"""Plans with one layout for every layer: what Megatron's own flags describe."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional, Sequence
+
+from ..cost.estimate import estimate_plan
+from ..errors import UserError
+from ..plan import Chunk, LayerStrategy, Plan
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.training import TrainingSpec
+
+
+@dataclass(frozen=True)
+class UniformConfig:
+    """Megatron's parallelism flags, as numbers."""
+
+    tp: int
+    pp: int
+    micro_batch_size: int
+    virtual_stages: int = 1
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = False
+    recompute: str = "none"
+    recompute_num_layers: Optional[int] = None
+    """With full recompute: recompute the first N layers of every chunk (block method); None means all."""
+    stage_layers: Optional[tuple[int, ...]] = None
+    """Layers per stage; None splits evenly."""
+
+
+def even_split(num_layers: int, parts: int) -> Optional[tuple[int, ...]]:
+    return (num_layers // parts,) * parts if num_layers % parts == 0 else None
+
+
+def megatron_uneven_splits(num_layers: int, pp: int) -> list[tuple[int, ...]]:
+    """Every split stock Megatron expresses: first and last stage free, the middle even."""
+    if pp == 1:
+        return [(num_layers,)]
+    splits = []
+    for first in range(1, num_layers):
+        for last in range(1, num_layers - first + 1):
+            middle = num_layers - first - last
+            if pp == 2:
+                if middle == 0:
+                    splits.append((first, last))
+            elif middle > 0 and middle % (pp - 2) == 0:
+                splits.append((first,) + (middle // (pp - 2),) * (pp - 2) + (last,))
+    return splits
+
+
+def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                       config: UniformConfig) -> Plan:
+    """The Plan that Megatron runs for these flags; UserError when they cannot work."""
+    world = cluster.world_size
+    tp, pp, v = config.tp, config.pp, config.virtual_stages
+    if world % (tp * pp):
+        raise UserError(f"tp x pp = {tp * pp} does not divide the {world} GPUs")
+    dp = world // (tp * pp)
+    per_step = config.micro_batch_size * dp
+    if training.global_batch_size % per_step:
+        raise UserError(f"global batch {training.global_batch_size} is not divisible by micro-batch "
+                        f"{config.micro_batch_size} x dp {dp}")
+    stage_layers = config.stage_layers or even_split(model.num_layers, pp)
+    if stage_layers is None or len(stage_layers) != pp or sum(stage_layers) != model.num_layers:
+        raise UserError(f"{model.num_layers} layers do not split over {pp} pipeline stages as given")
+    if v > 1 and (len(set(stage_layers)) > 1 or stage_layers[0] % v):
+        raise UserError(f"{model.num_layers} layers do not split into {pp} x {v} equal virtual stages")
+    strategy = LayerStrategy(tp=tp, dp=dp, zero=1 if config.distributed_optimizer else 0,
+                             sp=config.sequence_parallel and tp > 1)
+    chunks = _chunks(stage_layers, v, strategy, config)
+    try:
+        return Plan(space="megatron", world_size=world, pipeline_parallel=pp,
+                    global_batch_size=training.global_batch_size,
+                    num_micro_batches=training.global_batch_size // per_step, chunks=chunks,
+                    embedding=strategy, virtual_stages=v, model=model, cluster=cluster.name)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+
+
+def _chunks(stage_layers: Sequence[int], v: int, strategy: LayerStrategy, config: UniformConfig) -> tuple[Chunk, ...]:
+    sizes = [n // v for n in stage_layers] if v > 1 else list(stage_layers)
+    order = [sizes[c % len(sizes)] for c in range(len(sizes) * v)]
+    chunks = []
+    for size in order:
+        layers = []
+        for i in range(size):
+            kind = config.recompute
+            if kind == "full" and config.recompute_num_layers is not None and i >= config.recompute_num_layers:
+                kind = "none"
+            layers.append(replace(strategy, recompute=kind))
+        chunks.append(Chunk(tuple(layers)))
+    return tuple(chunks)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig,
+                      choose_micro_batch: bool, choose_virtual_stages: bool) -> Plan:
+    """`config` with its micro-batch size and/or virtual stages replaced by the fastest valid choice.
+
+    Fitting plans beat non-fitting ones; among each, the lower predicted time wins.
+    """
+    dp = cluster.world_size // (config.tp * config.pp)
+    micro_batches = divisors(training.global_batch_size // dp) if choose_micro_batch else [config.micro_batch_size]
+    stage_layers = config.stage_layers or even_split(model.num_layers, config.pp) or ()
+    virtual = [1]
+    if choose_virtual_stages and config.pp > 1 and len(set(stage_layers)) == 1:
+        virtual = [v for v in divisors(stage_layers[0])]
+    elif not choose_virtual_stages:
+        virtual = [config.virtual_stages]
+    best, best_key = None, None
+    for mbs in micro_batches:
+        for v in virtual:
+            try:
+                plan = build_uniform_plan(model, cluster, training, replace(config, micro_batch_size=mbs, virtual_stages=v))
+            except UserError:
+                continue
+            prediction = estimate_plan(plan, model, cluster, training)
+            key = (not prediction.fits, prediction.iteration_time_s)
+            if best_key is None or key < best_key:
+                best, best_key = replace(plan, prediction=prediction), key
+    if best is None:
+        raise UserError("no micro-batch size / virtual-stage count makes these flags valid")
+    return best
