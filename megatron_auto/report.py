@@ -1,0 +1,140 @@
+"""Human-readable tables of a Plan: layout, per-stage predictions, Megatron flags.
+
+Pure string building: the command line prints these, the library never does.
+"""
+from __future__ import annotations
+
+from dataclasses import fields
+
+from .errors import UserError
+from .megatron_flags import megatron_flags
+from .plan import Chunk, LayerStrategy, Plan, Prediction
+
+__all__ = ["plan_table", "strategy_runs", "stage_lines", "prediction_lines"]
+
+
+def strategy_runs(strategies: tuple[LayerStrategy, ...], first_layer: int) -> list[tuple[int, int, LayerStrategy]]:
+    """(first, last, strategy) for each run of equal consecutive strategies; layer numbers are global."""
+    runs: list[tuple[int, int, LayerStrategy]] = []
+    for offset, strategy in enumerate(strategies):
+        index = first_layer + offset
+        if runs and runs[-1][2] == strategy and runs[-1][1] == index - 1:
+            runs[-1] = (runs[-1][0], index, strategy)
+        else:
+            runs.append((index, index, strategy))
+    return runs
+
+
+def _layer_range(first: int, last: int) -> str:
+    return str(first) if first == last else f"{first}-{last}"
+
+
+def _chunk_starts(plan: Plan) -> list[int]:
+    """Global index of the first layer of each chunk."""
+    starts, total = [], 0
+    for chunk in plan.chunks:
+        starts.append(total)
+        total += len(chunk.layers)
+    return starts
+
+
+def _stage_runs(plan: Plan, stage: int, starts: list[int]) -> list[tuple[LayerStrategy, list[str]]]:
+    """The stage's layer ranges grouped by strategy, in order of first appearance."""
+    groups: dict[LayerStrategy, list[str]] = {}
+    for chunk_index in range(stage, len(plan.chunks), plan.pipeline_parallel):
+        chunk: Chunk = plan.chunks[chunk_index]
+        for first, last, strategy in strategy_runs(chunk.layers, starts[chunk_index]):
+            groups.setdefault(strategy, []).append(_layer_range(first, last))
+    return list(groups.items())
+
+
+def _stage_header(plan: Plan, stage: int) -> str:
+    count = plan.stage_layer_counts()[stage]
+    header = f"  stage {stage}: {count} layer{'s' if count != 1 else ''}"
+    if plan.virtual_stages > 1:
+        chunks = range(stage, len(plan.chunks), plan.pipeline_parallel)
+        header += f" in chunks {', '.join(map(str, chunks))}"
+    prediction = plan.prediction
+    if prediction is not None:
+        memory = prediction.stage_memory_gib[stage]
+        mark = "" if memory <= prediction.memory_budget_gib else "  OVER BUDGET"
+        header += (f"; busy {prediction.stage_time_s[stage]:.3f} s/iter; "
+                   f"memory {memory:.2f} / {prediction.memory_budget_gib:.2f} GiB{mark}")
+    return header
+
+
+def stage_lines(plan: Plan) -> list[str]:
+    """Per stage: its predicted time and memory, then its layer runs with their strategies."""
+    starts = _chunk_starts(plan)
+    lines = []
+    for stage in range(plan.pipeline_parallel):
+        lines.append(_stage_header(plan, stage))
+        for strategy, ranges in _stage_runs(plan, stage, starts):
+            plural = "s" if len(ranges) > 1 or "-" in ranges[0] else ""
+            lines.append(f"    layer{plural} {', '.join(ranges)}: {strategy.short()}")
+    return lines
+
+
+def _header_lines(plan: Plan) -> list[str]:
+    model = plan.model.name if plan.model is not None else "(not recorded)"
+    micro_batch = plan.local_micro_batch(plan.embedding)
+    lines = [
+        f"plan ({plan.space} space) for model {model} on {plan.world_size} GPUs"
+        + (f" of cluster {plan.cluster}" if plan.cluster else ""),
+        f"  pipeline parallel   {plan.pipeline_parallel}  ({plan.gpus_per_stage} GPUs per stage)",
+        f"  global batch size   {plan.global_batch_size}",
+        f"  micro-batch size    {micro_batch} per data-parallel rank "
+        f"({plan.global_batch_size // plan.num_micro_batches} samples per micro-batch)",
+        f"  micro-batches       {plan.num_micro_batches}",
+        f"  virtual stages      {plan.virtual_stages}",
+        f"  schedule            {plan.schedule}" + (" (interleaved)" if plan.virtual_stages > 1 else ""),
+        f"  embedding / head    {plan.embedding.short()}",
+    ]
+    return lines
+
+
+def _number(value: float) -> str:
+    """One decimal for ordinary values, three significant digits for tiny ones (CPU runs)."""
+    return f"{value:.1f}" if abs(value) >= 1 or value == 0 else f"{value:.3g}"
+
+
+def prediction_lines(prediction: Prediction) -> list[str]:
+    """The cost model's summary: time, throughput, memory, and the critical stage's breakdown."""
+    lines = [
+        "prediction",
+        f"  iteration time      {prediction.iteration_time_s:.3f} s",
+        f"  TFLOP/s per GPU     {_number(prediction.tflops_per_gpu)}",
+        f"  peak memory         {prediction.peak_memory_gib:.2f} GiB of {prediction.memory_budget_gib:.2f} GiB budget",
+        f"  fits                {'yes' if prediction.fits else 'NO'}",
+        "  time breakdown (critical stage)",
+    ]
+    total = prediction.iteration_time_s or 1.0
+    for field in fields(prediction.breakdown):
+        seconds = getattr(prediction.breakdown, field.name)
+        label = field.name[:-2].replace("_", " ")
+        lines.append(f"    {label:<14} {seconds:9.3f} s  {100.0 * seconds / total:5.1f}%")
+    return lines
+
+
+def _flag_lines(plan: Plan) -> list[str]:
+    if plan.space != "megatron":
+        return ["megatron-lm flags", "  (none: per-layer layouts need the megatron-auto runtime)"]
+    try:
+        flags = megatron_flags(plan)
+    except UserError as error:
+        return ["megatron-lm flags", f"  (not expressible: {error})"]
+    pairs, index = [], 0
+    while index < len(flags):
+        takes_value = index + 1 < len(flags) and not flags[index + 1].startswith("--")
+        pairs.append(" ".join(flags[index:index + 2]) if takes_value else flags[index])
+        index += 2 if takes_value else 1
+    return ["megatron-lm flags", "  " + " \\\n  ".join(pairs)]
+
+
+def plan_table(plan: Plan) -> str:
+    """The whole plan as text: header, stages, prediction (if any), Megatron flags."""
+    sections = [_header_lines(plan), ["stages"] + stage_lines(plan)]
+    if plan.prediction is not None:
+        sections.append(prediction_lines(plan.prediction))
+    sections.append(_flag_lines(plan))
+    return "\n\n".join("\n".join(section) for section in sections) + "\n"
