@@ -1,0 +1,103 @@
+"""Save and resume through Megatron-Core distributed checkpointing.
+
+Tensors are saved as global ShardedTensors (keys name global layers), and the
+distributed optimizer uses the `fully_reshardable` format, so a checkpoint
+written under one TP/PP/DP layout and world size loads under any other.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from ..errors import UserError
+
+logger = logging.getLogger(__name__)
+
+TRACKER = "latest_checkpointed_iteration.txt"
+OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where a loaded checkpoint leaves the run."""
+
+    iteration: int
+    consumed_samples: int
+
+
+def iteration_dir(root: str, iteration: int) -> str:
+    return os.path.join(root, f"iter_{iteration:07d}")
+
+
+def _model_state(model: list) -> dict:
+    """Chunk state dicts under Megatron-LM's keys (`model`, or `model0`, `model1`, ... with virtual stages)."""
+    if len(model) == 1:
+        return {"model": model[0].module.sharded_state_dict()}
+    return {f"model{i}": chunk.module.sharded_state_dict() for i, chunk in enumerate(model)}
+
+
+def _full_state(model: list, optimizer, scheduler, iteration: int, consumed: int, with_optimizer: bool,
+                is_loading: bool) -> dict:
+    state = _model_state(model)
+    if with_optimizer:
+        merged = {k: v for part in state.values() for k, v in part.items()}
+        state["optimizer"] = optimizer.sharded_state_dict(merged, is_loading=is_loading,
+                                                          metadata=OPTIMIZER_METADATA)
+        state["opt_param_scheduler"] = scheduler.state_dict()
+    state["iteration"] = iteration
+    state["consumed_samples"] = consumed
+    return state
+
+
+def save_checkpoint(root: str, model: list, optimizer, scheduler, iteration: int, consumed: int) -> str:
+    """Write `root/iter_XXXXXXX` on all ranks and point the tracker file at it."""
+    from megatron.core import dist_checkpointing
+
+    path = iteration_dir(root, iteration)
+    if torch.distributed.get_rank() == 0:
+        os.makedirs(path, exist_ok=True)
+    torch.distributed.barrier()
+    state = _full_state(model, optimizer, scheduler, iteration, consumed, with_optimizer=True, is_loading=False)
+    dist_checkpointing.save(state, path)
+    torch.distributed.barrier()
+    if torch.distributed.get_rank() == 0:
+        with open(os.path.join(root, TRACKER), "w") as tracker:
+            tracker.write(str(iteration))
+    torch.distributed.barrier()
+    logger.info("saved checkpoint at iteration %d to %s", iteration, path)
+    return path
+
+
+def latest_iteration(root: str) -> int:
+    """The iteration the tracker file names; UserError when the directory holds no checkpoint."""
+    try:
+        with open(os.path.join(root, TRACKER)) as tracker:
+            return int(tracker.read().strip())
+    except (OSError, ValueError):
+        raise UserError(f"--load {root}: no {TRACKER} there (not a megatron-auto checkpoint directory)") from None
+
+
+def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: bool = False) -> Resumed:
+    """Load the latest checkpoint in `root` into this layout's model (and optimizer, scheduler)."""
+    from megatron.core import dist_checkpointing
+
+    iteration = latest_iteration(root)
+    path = iteration_dir(root, iteration)
+    template = _full_state(model, optimizer, scheduler, 0, 0, with_optimizer=not weights_only, is_loading=True)
+    loaded = dist_checkpointing.load(template, path)
+    if len(model) == 1:
+        model[0].module.load_state_dict(loaded["model"])
+    else:
+        for i, chunk in enumerate(model):
+            chunk.module.load_state_dict(loaded[f"model{i}"])
+    if weights_only:
+        optimizer.reload_model_params()
+        logger.info("loaded weights of iteration %d from %s", iteration, path)
+        return Resumed(iteration=0, consumed_samples=0)
+    optimizer.load_state_dict(loaded["optimizer"])
+    scheduler.load_state_dict(loaded["opt_param_scheduler"])
+    logger.info("resumed from iteration %d of %s", loaded["iteration"], path)
+    return Resumed(iteration=int(loaded["iteration"]), consumed_samples=int(loaded["consumed_samples"]))

@@ -1,0 +1,110 @@
+"""Megatron-Core configuration records for one run: transformer, DDP and optimizer.
+
+Pure constructors: they build Megatron's config dataclasses from the model spec,
+the layout and the settings, and touch no process group.
+"""
+from __future__ import annotations
+
+import torch
+
+from ..errors import UserError
+from ..specs.model import ModelSpec
+from .layout import MegatronLayout
+from .settings import TrainSettings
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def padded_vocab_size(vocab_size: int, settings: TrainSettings, tensor_parallel: int) -> int:
+    """Megatron's padding: up to a multiple of make_vocab_size_divisible_by x TP."""
+    multiple = settings.make_vocab_size_divisible_by * tensor_parallel
+    return -(-vocab_size // multiple) * multiple
+
+
+def check_layout(layout: MegatronLayout) -> None:
+    """Cross-field checks Megatron would otherwise fail on deep inside model construction."""
+    if layout.sequence_parallel and layout.tensor_parallel == 1:
+        raise UserError("--sequence-parallel needs --tensor-model-parallel-size > 1")
+    if layout.virtual_stages > 1 and layout.pipeline_parallel < 2:
+        raise UserError("virtual pipeline stages need --pipeline-model-parallel-size >= 2")
+
+
+def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: TrainSettings, backend: str):
+    """The TransformerConfig of a GPT model under `layout`."""
+    from megatron.core.transformer import TransformerConfig
+
+    check_layout(layout)
+    layer = model.layers[0]
+    dtype = DTYPES[settings.precision]
+    on_gloo = backend == "gloo"
+    return TransformerConfig(
+        num_layers=model.num_layers,
+        hidden_size=layer.hidden_size,
+        num_attention_heads=layer.num_attention_heads,
+        num_query_groups=layer.num_query_groups,
+        ffn_hidden_size=layer.ffn_hidden_size,
+        gated_linear_unit=layer.swiglu,
+        activation_func=torch.nn.functional.silu if layer.swiglu else torch.nn.functional.gelu,
+        hidden_dropout=settings.hidden_dropout,
+        attention_dropout=settings.attention_dropout,
+        init_method_std=settings.init_method_std,
+        tensor_model_parallel_size=layout.tensor_parallel,
+        pipeline_model_parallel_size=layout.pipeline_parallel,
+        virtual_pipeline_model_parallel_size=layout.virtual_stages if layout.virtual_stages > 1 else None,
+        num_layers_in_first_pipeline_stage=layout.first_stage_layers,
+        num_layers_in_last_pipeline_stage=layout.last_stage_layers,
+        sequence_parallel=layout.sequence_parallel,
+        recompute_granularity=layout.recompute_granularity,
+        recompute_method=layout.recompute_method,
+        recompute_num_layers=layout.recompute_num_layers,
+        params_dtype=dtype,
+        pipeline_dtype=dtype,
+        bf16=settings.precision == "bf16",
+        fp16=settings.precision == "fp16",
+        # Identical initial weights for every TP degree: the master weight is drawn on the CPU, then split.
+        use_cpu_initialization=True,
+        # Over gloo, batched p2p gives wrong interleaved-schedule results (patches/vpp_batched_p2p_guard.py).
+        batch_p2p_comm=not on_gloo,
+        deallocate_pipeline_outputs=True,
+        # The fused kernels need apex/TE/CUDA; the local spec runs on plain torch.
+        gradient_accumulation_fusion=False,
+        bias_activation_fusion=False,
+        masked_softmax_fusion=False,
+        bias_dropout_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+    )
+
+
+def ddp_config(layout: MegatronLayout):
+    """Megatron DDP: fp32 gradient buffers, optionally sharded by the distributed optimizer."""
+    from megatron.core.distributed import DistributedDataParallelConfig
+
+    return DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=layout.distributed_optimizer,
+        check_for_nan_in_grad=False,
+    )
+
+
+def optimizer_config(layout: MegatronLayout, settings: TrainSettings):
+    """Adam with Megatron's mixed-precision handling and gradient clipping."""
+    from megatron.core.optimizer import OptimizerConfig
+
+    return OptimizerConfig(
+        optimizer="adam",
+        lr=settings.lr,
+        min_lr=settings.min_lr,
+        weight_decay=settings.weight_decay,
+        adam_beta1=settings.adam_beta1,
+        adam_beta2=settings.adam_beta2,
+        adam_eps=settings.adam_eps,
+        clip_grad=settings.clip_grad,
+        bf16=settings.precision == "bf16",
+        fp16=settings.precision == "fp16",
+        params_dtype=DTYPES[settings.precision],
+        use_distributed_optimizer=layout.distributed_optimizer,
+        initial_loss_scale=2.0**16 if settings.precision == "fp16" else None,
+        log_num_zeros_in_grad=False,
+    )

@@ -1,0 +1,84 @@
+"""Process groups: torch.distributed from the torchrun environment, then Megatron's groups.
+
+Gloo on CPU, NCCL on CUDA. Every group gets an explicit timeout so a rank that
+dies makes the others fail instead of hang.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+
+from .layout import MegatronLayout
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DeviceInfo:
+    """Where this process computes and how it talks to the others."""
+
+    device: torch.device
+    backend: str
+    """gloo or nccl."""
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.device.type == "cuda"
+
+
+def detect_device() -> DeviceInfo:
+    """The local CUDA device (LOCAL_RANK) with NCCL, or the CPU with gloo."""
+    if torch.cuda.is_available():
+        local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local_rank)
+        return DeviceInfo(torch.device("cuda", local_rank), "nccl")
+    return DeviceInfo(torch.device("cpu"), "gloo")
+
+
+def init_distributed(timeout_s: float) -> DeviceInfo:
+    """Join the job that torchrun (or a test launcher) describes in RANK/WORLD_SIZE/MASTER_*."""
+    info = detect_device()
+    if not torch.distributed.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29500")
+        torch.distributed.init_process_group(
+            backend=info.backend,
+            rank=int(os.environ.get("RANK", "0")),
+            world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            timeout=timedelta(seconds=timeout_s),
+        )
+    return info
+
+
+def initialize_parallel(layout: MegatronLayout, timeout_s: float) -> None:
+    """Megatron's TP/PP/DP groups for `layout` (destroying any previous ones)."""
+    from megatron.core import parallel_state
+
+    world = torch.distributed.get_world_size()
+    if layout.world_size != world:
+        raise ValueError(f"layout needs {layout.world_size} ranks, the job has {world}")
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=layout.tensor_parallel,
+        pipeline_model_parallel_size=layout.pipeline_parallel,
+        virtual_pipeline_model_parallel_size=layout.virtual_stages if layout.virtual_stages > 1 else None,
+        distributed_timeout_minutes=max(1, round(timeout_s / 60)),
+        create_gloo_process_groups=False,
+    )
+    logger.debug("rank %d: tp=%d pp=%d dp=%d vp=%d", torch.distributed.get_rank(), layout.tensor_parallel,
+                 layout.pipeline_parallel, layout.data_parallel, layout.virtual_stages)
+
+
+def shutdown() -> None:
+    """Tear down Megatron's groups and the default group."""
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -1,0 +1,86 @@
+"""The Megatron-Core layout of a `megatron`-space plan, read off its Megatron-LM flags.
+
+`megatron_auto.megatron_flags` is the one mapping from a Plan to Megatron's
+parallelism flags; the runtime parses those flags back instead of re-deriving
+them, so `--auto-parallel` and the same plan typed as manual flags give the same
+Megatron-Core configuration by construction. No torch here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import UserError
+from ..megatron_flags import megatron_flags
+from ..plan import Plan
+
+
+@dataclass(frozen=True)
+class MegatronLayout:
+    """Megatron-Core's parallel settings for one run."""
+
+    tensor_parallel: int
+    pipeline_parallel: int
+    data_parallel: int
+    micro_batch_size: int
+    """Samples per micro-batch per data-parallel replica."""
+    num_micro_batches: int
+    global_batch_size: int
+    virtual_stages: int = 1
+    """Model chunks per pipeline stage (Megatron's virtual pipeline size)."""
+    first_stage_layers: Optional[int] = None
+    last_stage_layers: Optional[int] = None
+    recompute_granularity: Optional[str] = None
+    """None, selective or full."""
+    recompute_method: Optional[str] = None
+    """uniform or block (full recomputation only)."""
+    recompute_num_layers: Optional[int] = None
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = False
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
+
+
+def _parse_flags(flags: list[str]) -> dict[str, object]:
+    """`--name value` pairs and bare `--switch`es into a dict keyed by the flag's Python name."""
+    values: dict[str, object] = {}
+    index = 0
+    while index < len(flags):
+        name = flags[index].lstrip("-").replace("-", "_")
+        if index + 1 < len(flags) and not flags[index + 1].startswith("--"):
+            values[name] = flags[index + 1]
+            index += 2
+        else:
+            values[name] = True
+            index += 1
+    return values
+
+
+def layout_from_plan(plan: Plan) -> MegatronLayout:
+    """The Megatron layout of a megatron-space plan; UserError for a hybrid plan."""
+    if plan.space != "megatron":
+        raise UserError(f"the Megatron-Core runtime runs megatron-space plans; this plan is {plan.space!r}")
+    flags = _parse_flags(megatron_flags(plan))
+
+    def number(name: str) -> Optional[int]:
+        return int(flags[name]) if name in flags else None
+
+    per_virtual_stage = number("num_layers_per_virtual_pipeline_stage")
+    return MegatronLayout(
+        tensor_parallel=int(flags["tensor_model_parallel_size"]),
+        pipeline_parallel=int(flags["pipeline_model_parallel_size"]),
+        data_parallel=plan.embedding.dp,
+        micro_batch_size=int(flags["micro_batch_size"]),
+        num_micro_batches=plan.num_micro_batches,
+        global_batch_size=int(flags["global_batch_size"]),
+        virtual_stages=plan.virtual_stages if per_virtual_stage else 1,
+        first_stage_layers=number("decoder_first_pipeline_num_layers"),
+        last_stage_layers=number("decoder_last_pipeline_num_layers"),
+        recompute_granularity=flags.get("recompute_granularity"),  # type: ignore[arg-type]
+        recompute_method=flags.get("recompute_method"),  # type: ignore[arg-type]
+        recompute_num_layers=number("recompute_num_layers"),
+        sequence_parallel=bool(flags.get("sequence_parallel", False)),
+        distributed_optimizer=bool(flags.get("use_distributed_optimizer", False)),
+    )

@@ -1,0 +1,97 @@
+"""The Plan that Megatron-LM's explicit parallelism flags describe (no torch).
+
+Without `--auto-parallel`, pretrain_gpt.py turns the user's flags into this
+Plan, so both paths run through the same Plan -> Megatron-Core code.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+from ..errors import UserError
+from ..plan import Chunk, LayerStrategy, Plan
+from ..specs.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class ManualParallelism:
+    """Megatron-LM's parallelism flags."""
+
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    micro_batch_size: int = 1
+    global_batch_size: Optional[int] = None
+    """None means micro_batch_size x data-parallel size (one micro-batch)."""
+    layers_per_virtual_stage: Optional[int] = None
+    first_stage_layers: Optional[int] = None
+    last_stage_layers: Optional[int] = None
+    recompute_granularity: Optional[str] = None
+    recompute_method: Optional[str] = None
+    recompute_num_layers: Optional[int] = None
+    sequence_parallel: bool = False
+    distributed_optimizer: bool = False
+
+
+def stage_layer_counts(num_layers: int, pp: int, first: Optional[int], last: Optional[int]) -> list[int]:
+    """Megatron's split: first/last overrides, the rest evenly over the remaining stages."""
+    counts: list[Optional[int]] = [None] * pp
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last if pp > 1 else counts[-1]
+    free = [i for i, c in enumerate(counts) if c is None]
+    rest = num_layers - sum(c for c in counts if c is not None)
+    if free and (rest < 0 or rest % len(free)):
+        raise UserError(f"{num_layers} layers do not split evenly over the {len(free)} remaining pipeline stages")
+    for i in free:
+        counts[i] = rest // len(free)
+    if sum(counts) != num_layers:  # type: ignore[arg-type]
+        raise UserError(f"pipeline stages hold {sum(counts)} layers, the model has {num_layers}")  # type: ignore[arg-type]
+    return counts  # type: ignore[return-value]
+
+
+def _recompute_kinds(flags: ManualParallelism, chunk_sizes: list[int]) -> list[list[str]]:
+    """Per-chunk, per-layer recompute kinds; Megatron's block method covers the first N layers of a chunk."""
+    granularity = flags.recompute_granularity
+    if granularity in (None, "none"):
+        return [["none"] * n for n in chunk_sizes]
+    if granularity == "selective":
+        return [["selective"] * n for n in chunk_sizes]
+    if granularity != "full":
+        raise UserError(f"--recompute-granularity must be full or selective, got {granularity!r}")
+    if flags.recompute_method == "block":
+        count = flags.recompute_num_layers or 0
+        return [["full"] * min(count, n) + ["none"] * max(0, n - count) for n in chunk_sizes]
+    return [["full"] * n for n in chunk_sizes]
+
+
+def plan_from_flags(model: ModelSpec, world_size: int, flags: ManualParallelism) -> Plan:
+    """The megatron-space Plan of these flags on `world_size` ranks."""
+    tp, pp = flags.tensor_parallel, flags.pipeline_parallel
+    if world_size % (tp * pp):
+        raise UserError(f"world size {world_size} is not divisible by TP x PP = {tp * pp}")
+    dp = world_size // (tp * pp)
+    global_batch = flags.global_batch_size or flags.micro_batch_size * dp
+    if global_batch % (flags.micro_batch_size * dp):
+        raise UserError(f"global batch {global_batch} is not divisible by micro batch x DP = {flags.micro_batch_size * dp}")
+    if flags.layers_per_virtual_stage:
+        per_chunk = flags.layers_per_virtual_stage
+        if model.num_layers % (per_chunk * pp):
+            raise UserError(f"{model.num_layers} layers do not split into chunks of {per_chunk} over {pp} stages")
+        chunk_sizes = [per_chunk] * (model.num_layers // per_chunk)
+        virtual = len(chunk_sizes) // pp
+    else:
+        chunk_sizes = stage_layer_counts(model.num_layers, pp, flags.first_stage_layers, flags.last_stage_layers)
+        virtual = 1
+    zero = 1 if flags.distributed_optimizer else 0
+    chunks = tuple(
+        Chunk(tuple(LayerStrategy(tp=tp, dp=dp, zero=zero, sp=flags.sequence_parallel, recompute=kind)
+                    for kind in kinds))
+        for kinds in _recompute_kinds(flags, chunk_sizes))
+    try:
+        return Plan(space="megatron", world_size=world_size, pipeline_parallel=pp, global_batch_size=global_batch,
+                    num_micro_batches=global_batch // (flags.micro_batch_size * dp), chunks=chunks,
+                    embedding=LayerStrategy(tp=tp, dp=dp, zero=zero, sp=flags.sequence_parallel),
+                    virtual_stages=virtual, model=model, cluster="manual")
+    except ValueError as error:
+        raise UserError(f"the parallelism flags do not form a valid plan: {error}") from None

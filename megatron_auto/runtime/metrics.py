@@ -1,0 +1,68 @@
+"""Throughput arithmetic and Megatron-style log lines."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..specs.model import ModelSpec
+
+
+def model_flops_per_iteration(model: ModelSpec, global_batch_size: int, padded_vocab: int) -> float:
+    """Model FLOPs of one iteration, forward + backward, excluding recomputation.
+
+    Narayanan et al. SC21, eq. (3) without the recompute pass: per layer and
+    token, 2 FLOPs per matmul weight plus 4*s*h for the attention scores and
+    values; 2*h*V for the logits; backward is twice the forward. For GPT this is
+    72*B*s*l*h^2 * (1 + s/(6h) + V/(12*l*h)).
+    """
+    s = model.seq_length
+    forward_per_token = 0.0
+    for layer in model.layers:
+        h, kv = layer.hidden_size, layer.kv_channels
+        qkv_out = (layer.num_attention_heads + 2 * layer.num_query_groups) * kv
+        mlp_in = layer.ffn_hidden_size * (2 if layer.swiglu else 1)
+        matmul_weights = h * qkv_out + h * h + h * mlp_in + layer.ffn_hidden_size * h
+        forward_per_token += 2 * matmul_weights + 4 * s * h
+    forward_per_token += 2 * model.hidden_size * padded_vocab
+    return 3.0 * forward_per_token * s * global_batch_size
+
+
+@dataclass(frozen=True)
+class IterationLog:
+    """The numbers of one Megatron-style log line."""
+
+    iteration: int
+    train_iters: int
+    consumed_samples: int
+    elapsed_s: float
+    """Mean seconds per iteration over the logging interval."""
+    learning_rate: float
+    global_batch_size: int
+    loss: float
+    grad_norm: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    skipped: int = 0
+
+
+def format_iteration(log: IterationLog) -> str:
+    """`iteration N/ M | ... | lm loss: X.XXXXXXE+00 | ...`, as Megatron-LM's training_log writes it."""
+    return (
+        f" iteration {log.iteration:8d}/{log.train_iters:8d} |"
+        f" consumed samples: {log.consumed_samples:12d} |"
+        f" elapsed time per iteration (ms): {log.elapsed_s * 1000:.1f} |"
+        f" throughput per GPU (TFLOP/s/GPU): {log.tflops_per_gpu:.4f} |"
+        f" tokens per second: {log.tokens_per_s:.1f} |"
+        f" learning rate: {log.learning_rate:.6E} |"
+        f" global batch size: {log.global_batch_size:5d} |"
+        f" lm loss: {log.loss:.6E} |"
+        f" grad norm: {log.grad_norm:.6f} |"
+        f" number of skipped iterations: {log.skipped:3d} |"
+    )
+
+
+def format_eval(iteration: int, loss: float) -> str:
+    """Megatron's validation line."""
+    import math
+
+    ppl = math.exp(min(20.0, loss))
+    return f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | lm loss PPL: {ppl:.6E} |"

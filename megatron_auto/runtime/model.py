@@ -1,0 +1,83 @@
+"""GPT model chunks on the local (or Transformer Engine) layer spec, wrapped in Megatron DDP."""
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from ..specs.model import ModelSpec
+from .layout import MegatronLayout
+from .settings import TrainSettings
+
+logger = logging.getLogger(__name__)
+
+
+def transformer_engine_available() -> bool:
+    """True when Transformer Engine imports (then its fused layer spec is used)."""
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:  # any import failure means "not usable here"
+        return False
+    return torch.cuda.is_available()
+
+
+def layer_spec(model: ModelSpec):
+    """Transformer Engine's layer spec when TE imports on a GPU host, else Megatron-Core's local spec."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if transformer_engine_available():
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
+    return gpt_layer_specs.get_gpt_layer_local_spec()
+
+
+def set_random_seed(seed: int) -> None:
+    """Megatron-LM's seeding: one seed per pipeline stage, plus the tensor-parallel RNG tracker."""
+    from megatron.core import parallel_state, tensor_parallel
+
+    stage_seed = seed + 100 * parallel_state.get_pipeline_model_parallel_rank()
+    torch.manual_seed(stage_seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(stage_seed)
+
+
+def build_chunks(model: ModelSpec, layout: MegatronLayout, settings: TrainSettings, config,
+                 padded_vocab: int, device: torch.device) -> list[torch.nn.Module]:
+    """This rank's GPTModel chunks (one per virtual stage), on `device`."""
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.models.gpt import GPTModel
+
+    spec = layer_spec(model)
+    chunks = []
+    virtual = layout.virtual_stages > 1
+    for vp_stage in range(layout.virtual_stages):
+        stage = vp_stage if virtual else None
+        chunk = GPTModel(
+            config=config,
+            transformer_layer_spec=spec,
+            vocab_size=padded_vocab,
+            max_sequence_length=settings.max_position_embeddings or model.seq_length,
+            pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=not virtual, vp_stage=stage),
+            post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=not virtual, vp_stage=stage),
+            share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
+            position_embedding_type="learned_absolute",
+            vp_stage=stage,
+        )
+        for param in chunk.parameters():
+            tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+        chunks.append(chunk.to(device))
+    return chunks
+
+
+def wrap_ddp(chunks: list[torch.nn.Module], config, ddp_config) -> list[torch.nn.Module]:
+    """Megatron DDP around each chunk; only the first chunk's buffers are bucketed (Megatron-LM's rule)."""
+    from megatron.core.distributed import DistributedDataParallel
+
+    return [
+        DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
+                                disable_bucketing=index > 0)
+        for index, chunk in enumerate(chunks)
+    ]
+
+
+def count_parameters(chunks: list[torch.nn.Module]) -> int:
+    """Parameters held by this rank (shared embeddings counted where they live)."""
+    return sum(p.numel() for chunk in chunks for p in chunk.parameters())

@@ -1,0 +1,169 @@
+"""A training session: a Plan, the model and settings in; Megatron-Core objects built and run.
+
+`build_session` does everything that needs process groups (call it on every
+rank after `distributed.init_distributed`); `train` runs the loop and logs
+Megatron-style lines on the last rank.
+"""
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from ..plan import Plan
+from ..specs.model import ModelSpec
+from . import checkpoint, config as configs, data, distributed, metrics
+from . import model as models
+from .layout import MegatronLayout, layout_from_plan
+from .settings import TrainSettings
+from .step import StepResult, eval_step, train_step
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Session:
+    """The live objects of one run on this rank."""
+
+    plan: Plan
+    layout: MegatronLayout
+    model_spec: ModelSpec
+    settings: TrainSettings
+    device: torch.device
+    model: list
+    optimizer: Any
+    scheduler: Any
+    source: Any
+    slicer: data.BatchSlicer
+    padded_vocab: int
+    iteration: int = 0
+    history: list = field(default_factory=list)
+    """StepResult of every iteration run in this session."""
+
+
+def _scheduler(optimizer, settings: TrainSettings, global_batch_size: int):
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    decay_iters = settings.lr_decay_iters or settings.train_iters
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0 if settings.lr_warmup_iters else settings.lr, max_lr=settings.lr,
+        min_lr=settings.min_lr, lr_warmup_steps=settings.lr_warmup_iters * global_batch_size,
+        lr_decay_steps=decay_iters * global_batch_size, lr_decay_style=settings.lr_decay_style,
+        start_wd=settings.weight_decay, end_wd=settings.weight_decay,
+        wd_incr_steps=decay_iters * global_batch_size, wd_incr_style="constant")
+
+
+def _attach_sync_functions(transformer_config, model: list) -> None:
+    """What the schedules call around gradient accumulation (Megatron-LM's setup_model_and_optimizer)."""
+    from megatron.core.distributed import finalize_model_grads
+
+    transformer_config.no_sync_func = [chunk.no_sync for chunk in model]
+    if len(model) == 1:
+        transformer_config.no_sync_func = transformer_config.no_sync_func[0]
+    transformer_config.finalize_model_grads_func = finalize_model_grads
+
+
+def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, backend: str,
+                  device: torch.device) -> Session:
+    """Process groups, model chunks, DDP, optimizer and schedule for `plan` on this rank."""
+    from megatron.core import parallel_state
+    from megatron.core.optimizer import get_megatron_optimizer
+
+    layout = layout_from_plan(plan)
+    distributed.initialize_parallel(layout, settings.timeout_s)
+    models.set_random_seed(settings.seed)
+    padded_vocab = configs.padded_vocab_size(settings.data.vocab_size, settings, layout.tensor_parallel)
+    tconfig = configs.transformer_config(model_spec, layout, settings, backend)
+    chunks = models.build_chunks(model_spec, layout, settings, tconfig, padded_vocab, device)
+    model = models.wrap_ddp(chunks, tconfig, configs.ddp_config(layout))
+    optimizer = get_megatron_optimizer(configs.optimizer_config(layout, settings), model,
+                                       use_gloo_process_groups=False)
+    _attach_sync_functions(tconfig, model)
+    if optimizer.config.fp16:
+        tconfig.grad_scale_func = optimizer.scale_loss
+    source = data.open_source(settings.data.data_path, settings.data.vocab_size, model_spec.seq_length,
+                              settings.seed, settings.data.split_eval_fraction)
+    slicer = data.BatchSlicer(layout, parallel_state.get_data_parallel_rank())
+    return Session(plan, layout, model_spec, settings, device, model, optimizer,
+                   _scheduler(optimizer, settings, layout.global_batch_size), source, slicer, padded_vocab)
+
+
+def resume(session: Session, path: Optional[str] = None) -> None:
+    """Load `path` (default: settings.load) into the session."""
+    root = path or session.settings.load
+    resumed = checkpoint.load_checkpoint(root, session.model, session.optimizer, session.scheduler,
+                                         weights_only=session.settings.finetune)
+    session.iteration = resumed.iteration
+
+
+def run_iteration(session: Session) -> StepResult:
+    """Train on the next global batch."""
+    iterators = data.iterators_for_chunks(session.source, session.slicer, session.iteration, session.device)
+    result = train_step(session.model, session.optimizer, session.scheduler, iterators, session.layout,
+                        session.model_spec.seq_length, session.device)
+    session.iteration += 1
+    session.history.append(result)
+    return result
+
+
+def evaluate(session: Session) -> float:
+    """Mean loss over `eval_iters` held-out global batches."""
+    losses = []
+    for index in range(session.settings.eval_iters):
+        iterators = data.iterators_for_chunks(session.source, session.slicer, index, session.device, split="eval")
+        losses.append(eval_step(session.model, iterators, session.layout, session.model_spec.seq_length,
+                                session.device))
+    return sum(losses) / len(losses)
+
+
+def is_logging_rank() -> bool:
+    """The last rank: it sits on the last pipeline stage, where the losses are."""
+    return torch.distributed.get_rank() == torch.distributed.get_world_size() - 1
+
+
+def _log_iteration(session: Session, result: StepResult, elapsed_s: float, flops: float) -> None:
+    layout = session.layout
+    tokens = layout.global_batch_size * session.model_spec.seq_length
+    world = torch.distributed.get_world_size()
+    line = metrics.format_iteration(metrics.IterationLog(
+        iteration=session.iteration, train_iters=session.settings.train_iters,
+        consumed_samples=session.iteration * layout.global_batch_size, elapsed_s=elapsed_s,
+        learning_rate=session.optimizer.param_groups[0]["lr"], global_batch_size=layout.global_batch_size,
+        loss=result.loss, grad_norm=result.grad_norm, tokens_per_s=tokens / elapsed_s,
+        tflops_per_gpu=flops / elapsed_s / world / 1e12, skipped=int(result.skipped)))
+    logger.info(line)
+
+
+def _maybe_save(session: Session, last: bool) -> None:
+    settings = session.settings
+    if not settings.save:
+        return
+    periodic = settings.save_interval and session.iteration % settings.save_interval == 0
+    if periodic or last:
+        checkpoint.save_checkpoint(settings.save, session.model, session.optimizer, session.scheduler,
+                                   session.iteration, session.iteration * session.layout.global_batch_size)
+
+
+def train(session: Session) -> list[StepResult]:
+    """Run from session.iteration to train_iters (or exit_interval), logging, evaluating and saving."""
+    settings = session.settings
+    stop = min(settings.train_iters, settings.exit_interval or settings.train_iters)
+    flops = metrics.model_flops_per_iteration(session.model_spec, session.layout.global_batch_size,
+                                              session.padded_vocab)
+    results = []
+    while session.iteration < stop:
+        start = time.perf_counter()
+        result = run_iteration(session)
+        elapsed = time.perf_counter() - start
+        results.append(result)
+        if is_logging_rank() and session.iteration % max(1, settings.log_interval) == 0:
+            _log_iteration(session, result, elapsed, flops)
+        if settings.eval_interval and session.iteration % settings.eval_interval == 0:
+            loss = evaluate(session)
+            if is_logging_rank():
+                logger.info(metrics.format_eval(session.iteration, loss))
+        _maybe_save(session, last=session.iteration == stop)
+    return results

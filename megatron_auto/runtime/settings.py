@@ -1,0 +1,74 @@
+"""TrainSettings: everything about a run that is not the model or its parallel layout.
+
+Field names follow Megatron-LM's flags (`--lr` -> `lr`, `--train-iters` -> `train_iters`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """Where the training tokens come from."""
+
+    data_path: Optional[str] = None
+    """Prefix of a Megatron indexed dataset (`PREFIX.bin` / `PREFIX.idx`); None means mock data."""
+    vocab_size: int = 256
+    """Token ids the tokenizer produces (including its end-of-document id)."""
+    split_eval_fraction: float = 0.05
+    """Share of the indexed dataset's samples held out for evaluation."""
+
+
+@dataclass(frozen=True)
+class TrainSettings:
+    """Optimiser, schedule, precision, logging and checkpoint settings of one run."""
+
+    train_iters: int = 10
+    """Iterations to run (including those a resumed checkpoint already did)."""
+    lr: float = 1e-3
+    """Peak learning rate."""
+    min_lr: float = 0.0
+    """Learning rate at the end of the decay."""
+    lr_decay_style: str = "constant"
+    """constant, linear, cosine or inverse-square-root (Megatron's names)."""
+    lr_warmup_iters: int = 0
+    """Iterations of linear warm-up."""
+    lr_decay_iters: Optional[int] = None
+    """Iterations over which the rate decays; None means train_iters."""
+    weight_decay: float = 0.01
+    """Adam weight decay."""
+    clip_grad: float = 1.0
+    """Gradient-norm clipping threshold (0 disables clipping)."""
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    precision: str = "fp32"
+    """fp32, bf16 or fp16."""
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    init_method_std: float = 0.02
+    """Standard deviation of the normal weight initialisation."""
+    seed: int = 1234
+    make_vocab_size_divisible_by: int = 128
+    """Megatron pads the vocabulary to a multiple of this times the TP degree."""
+    max_position_embeddings: Optional[int] = None
+    """Learned position embeddings; None means the sequence length."""
+    log_interval: int = 1
+    eval_interval: int = 0
+    """Evaluate every this many iterations (0: never)."""
+    eval_iters: int = 1
+    save: Optional[str] = None
+    """Checkpoint directory to write."""
+    load: Optional[str] = None
+    """Checkpoint directory to resume from."""
+    save_interval: int = 0
+    """Save every this many iterations (0: only at the end when `save` is set)."""
+    exit_interval: int = 0
+    """Stop after this iteration (0: run to train_iters); for tests of resumption."""
+    finetune: bool = False
+    """With `load`: take only the weights (no optimizer state, iteration restarts at 0)."""
+    timeout_s: float = 300.0
+    """Timeout of every process-group collective, so a dead rank cannot hang the job."""
+    data: DataSettings = DataSettings()
+    """Training data."""

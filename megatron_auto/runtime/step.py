@@ -1,0 +1,89 @@
+"""One training or evaluation iteration through Megatron-Core's pipeline schedules."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from .layout import MegatronLayout
+
+
+@dataclass(frozen=True)
+class StepResult:
+    """What one iteration reports (loss is the token-weighted mean over the global batch)."""
+
+    loss: float
+    grad_norm: float
+    skipped: bool = False
+
+
+def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
+    """Megatron-LM's GPT loss: summed token loss, token count, and a [sum, count] pair to report."""
+    losses = output_tensor.float().view(-1)
+    mask = loss_mask.view(-1).float()
+    loss = torch.sum(losses * mask)
+    num_tokens = mask.sum().clone().detach().to(torch.int)
+    report = torch.cat([loss.clone().detach().view(1), num_tokens.float().view(1)])
+    return loss, num_tokens, {"lm loss": report}
+
+
+def forward_step(data_iterator, model):
+    """The schedule's forward step: run one micro-batch through this chunk."""
+    batch = next(data_iterator)
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    return output, partial(loss_func, batch["loss_mask"])
+
+
+def reduce_reported_loss(losses: list[dict], device: torch.device) -> float:
+    """Token-weighted mean of the last stage's micro-batch losses over the data-parallel group."""
+    from megatron.core import parallel_state
+
+    if not losses:
+        return float("nan")
+    total = torch.stack([entry["lm loss"] for entry in losses]).sum(dim=0).to(device)
+    torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
+    return float(total[0] / total[1])
+
+
+def run_schedule(model: list, iterators, layout: MegatronLayout, seq_length: int, forward_only: bool):
+    """Megatron's forward-backward function for this layout (1F1B, interleaved or none)."""
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    return get_forward_backward_func()(
+        forward_step_func=forward_step,
+        data_iterator=iterators,
+        model=model,
+        num_microbatches=layout.num_micro_batches,
+        seq_length=seq_length,
+        micro_batch_size=layout.micro_batch_size,
+        decoder_seq_length=seq_length,
+        forward_only=forward_only,
+    )
+
+
+def train_step(model: list, optimizer, scheduler, iterators, layout: MegatronLayout,
+               seq_length: int, device: torch.device) -> StepResult:
+    """Zero grads, run the schedule, step the optimizer and the learning-rate schedule."""
+    for chunk in model:
+        chunk.train()
+        chunk.zero_grad_buffer()
+    optimizer.zero_grad()
+    losses = run_schedule(model, iterators, layout, seq_length, forward_only=False)
+    update_successful, grad_norm, _ = optimizer.step()
+    if update_successful:
+        scheduler.step(increment=layout.global_batch_size)
+    return StepResult(loss=reduce_reported_loss(losses, device),
+                      grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
+                      skipped=not update_successful)
+
+
+def eval_step(model: list, iterators, layout: MegatronLayout, seq_length: int, device: torch.device) -> float:
+    """Forward-only loss of one global batch."""
+    for chunk in model:
+        chunk.eval()
+    with torch.no_grad():
+        losses = run_schedule(model, iterators, layout, seq_length, forward_only=True)
+    for chunk in model:
+        chunk.train()
+    return reduce_reported_loss(losses, device)

@@ -1,0 +1,75 @@
+"""Rewrite one megatron-core function from its own source, with checked replacements.
+
+Not a patch itself: patches use `rewrite_function` when the CUDA assumption sits
+inside an expression (e.g. `param.type() == 'torch.cuda.FloatTensor'`) that no
+module-level substitution can reach. Every replacement states how often its old
+text must occur, so a changed upstream fails at apply time instead of silently
+running the unpatched code.
+"""
+from __future__ import annotations
+
+import inspect
+import textwrap
+from dataclasses import dataclass
+from typing import Any
+
+
+class PatchTargetChanged(RuntimeError):
+    """The megatron-core code a patch rewrites no longer looks as the patch expects."""
+
+
+@dataclass(frozen=True)
+class Replacement:
+    """Replace `old` by `new`, which must occur exactly `count` times."""
+
+    old: str
+    new: str
+    count: int = 1
+
+
+def _raw_function(owner: Any, name: str) -> tuple[Any, Any]:
+    """(function, wrapper kind) of `owner.name`, unwrapping staticmethod/classmethod."""
+    raw = owner.__dict__.get(name) if hasattr(owner, "__dict__") else None
+    if raw is None:
+        raise PatchTargetChanged(f"{getattr(owner, '__name__', owner)}.{name} no longer exists")
+    if isinstance(raw, (staticmethod, classmethod)):
+        return raw.__func__, type(raw)
+    return raw, None
+
+
+def patched_source(owner: Any, name: str, replacements: tuple[Replacement, ...]) -> str:
+    """The rewritten source text of `owner.name`, checking every replacement's count."""
+    func, _ = _raw_function(owner, name)
+    source = textwrap.dedent(inspect.getsource(func))
+    where = f"{func.__module__}.{func.__qualname__}"
+    for rep in replacements:
+        found = source.count(rep.old)
+        if found != rep.count:
+            raise PatchTargetChanged(f"{where}: expected {rep.count} occurrence(s) of {rep.old!r}, found {found}")
+        source = source.replace(rep.old, rep.new)
+    return source
+
+
+def rewrite_function(owner: Any, name: str, replacements: tuple[Replacement, ...],
+                     rebind: tuple[Any, ...] = ()) -> Any:
+    """Install the rewritten `owner.name` and return it; `rebind` lists modules that imported it by name."""
+    func, wrapper = _raw_function(owner, name)
+    if getattr(func, "__megatron_auto_patched__", False):
+        return func
+    source = patched_source(owner, name, replacements)
+    # Compile inside a closure that defines __class__ so zero-argument super() keeps working.
+    body = textwrap.indent(source, "    ")
+    outer = f"def __megatron_auto_outer__(__class__):\n{body}\n    return {func.__name__}\n"
+    namespace: dict[str, Any] = {}
+    exec(compile(outer, f"<patched {func.__module__}.{func.__qualname__}>", "exec"), func.__globals__, namespace)
+    new = namespace["__megatron_auto_outer__"](owner if inspect.isclass(owner) else None)
+    new.__qualname__ = func.__qualname__
+    new.__module__ = func.__module__
+    new.__megatron_auto_patched__ = True
+    new.__wrapped_original__ = func
+    setattr(owner, name, wrapper(new) if wrapper else new)
+    for module in rebind:
+        if module.__dict__.get(name) is not func:
+            raise PatchTargetChanged(f"{module.__name__}.{name} is not the function imported from {func.__module__}")
+        setattr(module, name, new)
+    return new
