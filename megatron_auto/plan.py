@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import serde
+from .serde import CachedHash
 from .errors import UserError
 from .specs.model import ModelSpec, _check_version
 
@@ -22,7 +23,7 @@ SCHEDULES = ("1f1b", "gpipe")
 
 
 @dataclass(frozen=True)
-class LayerStrategy:
+class LayerStrategy(CachedHash):
     """How one layer (or the embedding and LM head) is laid out on its stage's GPUs."""
 
     tp: int = 1

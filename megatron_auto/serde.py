@@ -92,3 +92,20 @@ def read_json(path: str | Path, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise UserError(f"{what} file '{path}' is not valid JSON: {error.msg} at line {error.lineno}") from None
+
+
+class CachedHash:
+    """Mixin for frozen records used as cache keys: hash the fields once.
+
+    The cost model memoises on (layer, strategy, cluster, training); re-hashing
+    a 96-layer ModelSpec on every lookup dominated the search's run time.
+    """
+
+    __slots__ = ()
+
+    def __hash__(self) -> int:
+        cached = self.__dict__.get("_cached_hash")
+        if cached is None:
+            cached = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
+            object.__setattr__(self, "_cached_hash", cached)
+        return cached

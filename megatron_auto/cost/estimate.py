@@ -28,26 +28,33 @@ class StageCost:
     tp_comm_s: float = 0.0
     pp_comm_s: float = 0.0
     transition_s: float = 0.0
-    backward_s: float = 0.0
-    dp_comm_per_iteration_s: float = 0.0
-    last_bucket_s: float = 0.0
+    exposed_dp_s: float = 0.0
+    """Per iteration: gradient traffic not hidden behind the last micro-batch's backward."""
+    optimizer_s: float = 0.0
+    """Per iteration: the Adam step over this stage's model states."""
     state_bytes: float = 0.0
     activation_bytes: float = 0.0
     transient_bytes: float = 0.0
-    optimizer_s: float = 0.0
-    layer_dp_comm: list = field(default_factory=list)
+    units: int = 0
+    """Layers (and embedding/head parts) added so far."""
 
-    def add_layer(self, cost: LayerCost) -> None:
-        self.micro_batch_s += cost.micro_batch_s
-        self.compute_s += cost.forward_s + cost.backward_s + cost.zero3_exposed_s
-        self.recompute_s += cost.recompute_s
-        self.tp_comm_s += cost.tp_comm_s
-        self.backward_s += cost.backward_s
-        self.dp_comm_per_iteration_s += cost.dp_comm_per_iteration_s
-        self.layer_dp_comm.append(cost.dp_comm_per_iteration_s)
-        self.state_bytes += cost.state_bytes
-        self.activation_bytes += cost.activation_bytes
+    def add_layer(self, cost: LayerCost, count: int = 1) -> None:
+        """Add `count` consecutive layers of identical cost."""
+        self.micro_batch_s += count * cost.micro_batch_s
+        self.compute_s += count * (cost.forward_s + cost.backward_s + cost.zero3_exposed_s)
+        self.recompute_s += count * cost.recompute_s
+        self.tp_comm_s += count * cost.tp_comm_s
+        self.add_dp_comm(cost.dp_comm_per_iteration_s, cost.backward_s, count)
+        self.state_bytes += count * cost.state_bytes
+        self.activation_bytes += count * cost.activation_bytes
         self.transient_bytes = max(self.transient_bytes, cost.transient_bytes)
+
+    def add_dp_comm(self, dp_comm_s: float, backward_s: float, count: int = 1) -> None:
+        """Exposed gradient traffic of `count` units (see cost.pipeline.exposed_dp_time)."""
+        hidden = exposed_dp_time(dp_comm_s, backward_s)
+        first = dp_comm_s if self.units == 0 else hidden
+        self.exposed_dp_s += first + (count - 1) * hidden
+        self.units += count
 
     def add_seconds(self, seconds: float, kind: str) -> None:
         self.micro_batch_s += seconds
@@ -77,44 +84,60 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
     micro_samples = plan.global_batch_size // plan.num_micro_batches
     p2p = pipeline_p2p_time(model.hidden_size, model.seq_length, micro_samples, plan.gpus_per_stage,
                             plan.pipeline_parallel, cluster, word)
+    embedding = embedding_cost(model, plan.embedding, plan.local_micro_batch(plan.embedding), cluster,
+                               training, plan.pipeline_parallel)
+    _add_part(stages[0], embedding.embedding)
     layer_index = 0
     for chunk_index, chunk in enumerate(plan.chunks):
         stage = stages[chunk_index % plan.pipeline_parallel]
         previous = None  # across a stage boundary the p2p transfer does the re-layout
-        for strategy in chunk.layers:
-            spec = model.layers[layer_index]
-            stage.add_layer(layer_cost(spec, strategy, plan.local_micro_batch(strategy), model.seq_length, cluster, training))
+        for spec, strategy, count in _runs(model.layers[layer_index:layer_index + len(chunk.layers)], chunk.layers):
+            stage.add_layer(layer_cost(spec, strategy, plan.local_micro_batch(strategy), model.seq_length,
+                                       cluster, training), count)
             if previous is not None:
                 stage.add_seconds(transition_time(previous, strategy, model.hidden_size, model.seq_length,
                                                   micro_samples, cluster, word), "transition_s")
-            previous, layer_index = strategy, layer_index + 1
+            previous = strategy
+        layer_index += len(chunk.layers)
         if chunk_index < len(plan.chunks) - 1:
             stage.add_seconds(p2p, "pp_comm_s")
-    _add_embedding_and_head(plan, model, cluster, training, stages)
+    _add_part(stages[(len(plan.chunks) - 1) % plan.pipeline_parallel], embedding.head)
     for stage in stages:
-        stage.optimizer_s = _optimizer_step_time(stage.state_bytes, cluster, training)
+        stage.optimizer_s = optimizer_step_time(stage.state_bytes, cluster)
     return stages
 
 
-def _add_embedding_and_head(plan: Plan, model: ModelSpec, cluster: ClusterSpec,
-                            training: TrainingSpec, stages: list[StageCost]) -> None:
-    samples = plan.local_micro_batch(plan.embedding)
-    first, last = stages[0], stages[(len(plan.chunks) - 1) % plan.pipeline_parallel]
-    costs = embedding_cost(model, plan.embedding, samples, cluster, training, plan.pipeline_parallel)
-    for stage, part in ((first, costs.embedding), (last, costs.head)):
-        stage.micro_batch_s += part.micro_batch_s
-        stage.compute_s += part.micro_batch_s - part.tp_comm_s
-        stage.tp_comm_s += part.tp_comm_s
-        stage.backward_s += part.backward_s
-        stage.dp_comm_per_iteration_s += part.dp_comm_per_iteration_s
-        stage.layer_dp_comm.insert(0, part.dp_comm_per_iteration_s)
-        stage.state_bytes += part.state_bytes
-        stage.transient_bytes = max(stage.transient_bytes, part.transient_bytes)
+def _runs(specs, strategies):
+    """Group consecutive layers with equal spec and strategy: (spec, strategy, count)."""
+    runs: list[list] = []
+    for spec, strategy in zip(specs, strategies):
+        if runs and runs[-1][0] == spec and runs[-1][1] == strategy:
+            runs[-1][2] += 1
+        else:
+            runs.append([spec, strategy, 1])
+    return runs
 
 
-def _optimizer_step_time(state_bytes: float, cluster: ClusterSpec, training: TrainingSpec) -> float:
+def _add_part(stage: StageCost, part) -> None:
+    """The embedding (before the first layer) or the LM head (after the last)."""
+    stage.micro_batch_s += part.micro_batch_s
+    stage.compute_s += part.micro_batch_s - part.tp_comm_s
+    stage.tp_comm_s += part.tp_comm_s
+    stage.add_dp_comm(part.dp_comm_per_iteration_s, part.backward_s)
+    stage.state_bytes += part.state_bytes
+    stage.transient_bytes = max(stage.transient_bytes, part.transient_bytes)
+
+
+def optimizer_step_time(state_bytes: float, cluster: ClusterSpec) -> float:
     """Adam is memory-bound: it reads and writes every byte of model state once (x2)."""
     return 2.0 * state_bytes / cluster.gpu.memory_bandwidth_bytes_per_s
+
+
+def stage_time_per_micro_batch(stage: StageCost, num_micro_batches: int) -> float:
+    """A stage's pipeline slot: its micro-batch work plus its once-per-iteration
+    gradient sync and optimizer step spread over the m micro-batches, so that the
+    steady state (m x the slowest slot) carries the slowest stage's tail in full."""
+    return stage.micro_batch_s + (stage.exposed_dp_s + stage.optimizer_s) / num_micro_batches
 
 
 def stage_memory_bytes(plan: Plan, stage_index: int, stage: StageCost, model: ModelSpec,
@@ -138,10 +161,8 @@ def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: 
     check_plan_fits_job(plan, model, cluster, training)
     stages = stage_costs(plan, model, cluster, training)
     m, v = plan.num_micro_batches, plan.virtual_stages
-    times = [s.micro_batch_s for s in stages]
-    tail = [exposed_dp_time(s.dp_comm_per_iteration_s, s.backward_s, s.layer_dp_comm[0] if s.layer_dp_comm else 0.0)
-            + s.optimizer_s for s in stages]
-    iteration = pipeline_time(times, m, v) + max(tail)
+    times = [stage_time_per_micro_batch(s, m) for s in stages]
+    iteration = pipeline_time(times, m, v)
     memory = [stage_memory_bytes(plan, i, s, model, cluster, training) for i, s in enumerate(stages)]
     budget = training.budget_for(cluster.gpu.memory_bytes)
     critical = max(range(len(stages)), key=lambda i: times[i])
@@ -153,13 +174,13 @@ def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: 
         fits=max(memory) <= budget,
         stage_memory_gib=tuple(b / GIB for b in memory),
         stage_time_s=tuple(m * t for t in times),
-        breakdown=_breakdown(stages[critical], m, bubble_time(times, m, v), tail[critical]),
+        breakdown=_breakdown(stages[critical], m, bubble_time(times, m, v)),
     )
 
 
-def _breakdown(stage: StageCost, m: int, bubble: float, tail: float) -> TimeBreakdown:
+def _breakdown(stage: StageCost, m: int, bubble: float) -> TimeBreakdown:
     return TimeBreakdown(
         compute_s=m * stage.compute_s, recompute_s=m * stage.recompute_s, tp_comm_s=m * stage.tp_comm_s,
-        dp_comm_s=tail - stage.optimizer_s, pp_comm_s=m * stage.pp_comm_s, bubble_s=bubble,
+        dp_comm_s=stage.exposed_dp_s, pp_comm_s=m * stage.pp_comm_s, bubble_s=bubble,
         transition_s=m * stage.transition_s, optimizer_s=stage.optimizer_s,
     )

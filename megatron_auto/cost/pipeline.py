@@ -24,11 +24,12 @@ def bubble_time(stage_times: Sequence[float], num_micro_batches: int, virtual_st
     return pipeline_time(stage_times, num_micro_batches, virtual_stages) - num_micro_batches * max(stage_times)
 
 
-def exposed_dp_time(dp_comm_s: float, overlap_window_s: float, last_bucket_s: float) -> float:
-    """Gradient traffic left after overlapping with one micro-batch's backward.
+def exposed_dp_time(dp_comm_s: float, backward_s: float) -> float:
+    """Gradient traffic of one layer left over after its overlap with backward.
 
-    Megatron-Core's DDP (overlap_grad_reduce) launches each bucket's reduction as
-    its gradients complete during the last micro-batch's backward; the bucket of
-    the stage's first layer completes last and cannot hide.
+    Megatron-Core's DDP (overlap_grad_reduce) reduces each layer's bucket while
+    the backward of the layers below it runs; for a stack of like layers that
+    window is one layer's backward per bucket. The bucket finished last (the
+    stage's first unit) has no window: callers charge it in full.
     """
-    return max(dp_comm_s - overlap_window_s, last_bucket_s, 0.0)
+    return max(dp_comm_s - backward_s, 0.0)

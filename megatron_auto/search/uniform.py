@@ -81,16 +81,13 @@ def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
 def _chunks(stage_layers: Sequence[int], v: int, strategy: LayerStrategy, config: UniformConfig) -> tuple[Chunk, ...]:
     sizes = [n // v for n in stage_layers] if v > 1 else list(stage_layers)
     order = [sizes[c % len(sizes)] for c in range(len(sizes) * v)]
-    chunks = []
-    for size in order:
-        layers = []
-        for i in range(size):
-            kind = config.recompute
-            if kind == "full" and config.recompute_num_layers is not None and i >= config.recompute_num_layers:
-                kind = "none"
-            layers.append(replace(strategy, recompute=kind))
-        chunks.append(Chunk(tuple(layers)))
-    return tuple(chunks)
+    recomputed = replace(strategy, recompute=config.recompute)
+    plain = replace(strategy, recompute="none")
+    limit = config.recompute_num_layers if config.recompute == "full" else None
+    return tuple(
+        Chunk(tuple(recomputed if limit is None or i < limit else plain for i in range(size)))
+        for size in order
+    )
 
 
 def divisors(n: int) -> list[int]:

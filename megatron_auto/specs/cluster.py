@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import serde
+from ..serde import CachedHash
 from ..errors import UserError
 from .model import _check_version
 
@@ -58,7 +59,7 @@ class ComputeEfficiency:
 
 
 @dataclass(frozen=True)
-class ClusterSpec:
+class ClusterSpec(CachedHash):
     """num_nodes x gpus_per_node identical GPUs; TP/SP traffic prefers the intra-node tier."""
 
     name: str

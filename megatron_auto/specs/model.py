@@ -11,13 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from .. import serde
+from ..serde import CachedHash
 from ..errors import UserError
 
 MODEL_SCHEMA_VERSION = 1
 
 
 @dataclass(frozen=True)
-class LayerSpec:
+class LayerSpec(CachedHash):
     """One transformer decoder layer (self-attention + MLP)."""
 
     hidden_size: int
@@ -55,7 +56,7 @@ class LayerSpec:
 
 
 @dataclass(frozen=True)
-class ModelSpec:
+class ModelSpec(CachedHash):
     """A decoder-only language model: embedding, layers, final norm, LM head."""
 
     name: str

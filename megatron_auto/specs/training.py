@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..serde import CachedHash
+
 from .model import _check_version
 
 TRAINING_SCHEMA_VERSION = 1
@@ -10,7 +12,7 @@ GIB = 1024**3
 
 
 @dataclass(frozen=True)
-class TrainingSpec:
+class TrainingSpec(CachedHash):
     """What the user fixes before any parallelism is chosen."""
 
     global_batch_size: int

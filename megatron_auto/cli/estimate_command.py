@@ -1,0 +1,95 @@
+"""`megatron-auto estimate`: predict the time and memory of Megatron flags or of a plan file."""
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import replace
+
+from ..cost.estimate import estimate_plan
+from ..errors import UserError
+from ..plan import Plan, load_plan
+from ..report import plan_table
+from ..search.uniform import UniformConfig, best_uniform_plan, build_uniform_plan
+from ..specs import ClusterSpec, load_model
+from .job import fit_cluster_to_world, load_cluster_arg, load_job, training_spec
+from .output import print_json, summary, write_plan
+
+LAYOUT_FLAGS = ("tp", "pp", "dp", "micro_batch_size", "virtual_stages", "recompute",
+                "sequence_parallel", "distributed_optimizer")
+
+
+def check_dp(args: argparse.Namespace, cluster: ClusterSpec) -> None:
+    """--tp x --pp must divide the world, and --dp, when given, must be what is left."""
+    world = cluster.world_size
+    if world % (args.tp * args.pp):
+        raise UserError(f"tp {args.tp} x pp {args.pp} = {args.tp * args.pp} does not divide the "
+                        f"world size {world} ({cluster.num_nodes} node(s) x {cluster.gpus_per_node} GPUs)")
+    if args.dp is not None and args.dp != world // (args.tp * args.pp):
+        raise UserError(f"--dp {args.dp} does not match the world size: {world} GPUs / "
+                        f"(tp {args.tp} x pp {args.pp}) = {world // (args.tp * args.pp)}")
+
+
+def config_from_args(args: argparse.Namespace) -> UniformConfig:
+    return UniformConfig(
+        tp=args.tp, pp=args.pp, micro_batch_size=args.micro_batch_size or 1,
+        virtual_stages=args.virtual_stages or 1, sequence_parallel=bool(args.sequence_parallel),
+        distributed_optimizer=bool(args.distributed_optimizer), recompute=args.recompute or "none",
+    )
+
+
+def estimate_flags(args: argparse.Namespace) -> tuple[Plan, list[str]]:
+    """The plan Megatron runs for --tp/--pp/...; picks micro-batch and virtual stages when absent."""
+    if args.tp is None or args.pp is None:
+        raise UserError("estimate needs --tp and --pp (or --plan FILE)")
+    model, cluster, training = load_job(args)
+    check_dp(args, cluster)
+    config = config_from_args(args)
+    plan = build_uniform_plan(model, cluster, training, config)  # surfaces the specific reason it cannot work
+    picked = [name for name, value in (("micro_batch_size", args.micro_batch_size),
+                                       ("virtual_stages", args.virtual_stages)) if value is None]
+    if picked:
+        plan = best_uniform_plan(model, cluster, training, config, choose_micro_batch="micro_batch_size" in picked,
+                                 choose_virtual_stages="virtual_stages" in picked)
+    else:
+        plan = replace(plan, prediction=estimate_plan(plan, model, cluster, training))
+    return plan, picked
+
+
+def estimate_file(args: argparse.Namespace) -> Plan:
+    """Score a plan file; model and cluster from the flags or from what the plan records."""
+    given = [f"--{name.replace('_', '-')}" for name in LAYOUT_FLAGS if getattr(args, name) is not None]
+    if given:
+        raise UserError(f"{', '.join(given)} cannot be combined with --plan (the plan fixes the layout)")
+    plan = load_plan(args.plan)
+    if args.model is not None:
+        model = load_model(args.model)
+    elif plan.model is not None:
+        model = plan.model
+    else:
+        raise UserError(f"plan file '{args.plan}' does not record its model; give --model")
+    cluster_name = args.cluster or plan.cluster
+    if not cluster_name:
+        raise UserError(f"plan file '{args.plan}' does not record its cluster; give --cluster")
+    cluster = load_cluster_arg(cluster_name, args.num_nodes, args.gpus_per_node)
+    cluster = fit_cluster_to_world(cluster, plan.world_size, args)
+    training = training_spec(args, cluster.name, args.global_batch_size or plan.global_batch_size)
+    return replace(plan, prediction=estimate_plan(plan, model, cluster, training))
+
+
+def _picked_line(plan: Plan, picked: list[str]) -> str:
+    values = {"micro_batch_size": f"micro-batch size {plan.local_micro_batch(plan.embedding)}",
+              "virtual_stages": f"virtual stages {plan.virtual_stages}"}
+    return "picked " + " and ".join(values[name] for name in picked) + " (the fastest that fits)\n"
+
+
+def run_estimate(args: argparse.Namespace) -> int:
+    if args.plan is not None:
+        plan, picked = estimate_file(args), []
+    else:
+        plan, picked = estimate_flags(args)
+    write_plan(plan, args.out)
+    if args.json:
+        print_json({**summary(plan), "picked": {name: summary(plan)[name] for name in picked}})
+    else:
+        sys.stdout.write((_picked_line(plan, picked) + "\n" if picked else "") + plan_table(plan))
+    return 0

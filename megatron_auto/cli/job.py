@@ -1,0 +1,53 @@
+"""Turning command-line arguments into the model, cluster and training specs."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from typing import Optional
+
+from ..errors import UserError
+from ..specs import ClusterSpec, ModelSpec, TrainingSpec, load_cluster, load_model
+from ..specs.training import GIB
+
+CPU_CLUSTER_PRESET = "cpu-gloo"
+
+
+def load_cluster_arg(name: str, num_nodes: Optional[int], gpus_per_node: Optional[int]) -> ClusterSpec:
+    """The cluster, with --num-nodes and --gpus-per-node applied."""
+    cluster = load_cluster(name, num_nodes)
+    if gpus_per_node is not None:
+        cluster = replace(cluster, gpus_per_node=gpus_per_node)
+    return cluster
+
+
+def fit_cluster_to_world(cluster: ClusterSpec, world_size: int, args: argparse.Namespace) -> ClusterSpec:
+    """For scoring a plan: size the cluster to the plan's GPUs unless the user fixed the size."""
+    if args.num_nodes is not None:
+        return cluster
+    per_node = cluster.gpus_per_node
+    if world_size % per_node == 0:
+        return replace(cluster, num_nodes=world_size // per_node)
+    if world_size < per_node and args.gpus_per_node is None:
+        return replace(cluster, num_nodes=1, gpus_per_node=world_size)
+    raise UserError(f"the plan's {world_size} GPUs do not fill whole nodes of {per_node}; "
+                    f"give --num-nodes and --gpus-per-node")
+
+
+def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size: int) -> TrainingSpec:
+    """Batch, precision and memory budget; fp32 is the default on the CPU cluster."""
+    precision = args.precision or ("fp32" if cluster_name == CPU_CLUSTER_PRESET else "bf16")
+    budget = int(args.memory_budget_gib * GIB) if args.memory_budget_gib else 0
+    if precision == "fp32":
+        return TrainingSpec.fp32(global_batch_size, memory_budget_bytes=budget)
+    return TrainingSpec(global_batch_size=global_batch_size, precision=precision, memory_budget_bytes=budget)
+
+
+def load_job(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:
+    """--model, --cluster (+ --num-nodes/--gpus-per-node), --global-batch-size and friends."""
+    for flag, value in (("--model", args.model), ("--cluster", args.cluster),
+                        ("--global-batch-size", args.global_batch_size)):
+        if value is None:
+            raise UserError(f"{flag} is required")
+    model = load_model(args.model)
+    cluster = load_cluster_arg(args.cluster, args.num_nodes, args.gpus_per_node)
+    return model, cluster, training_spec(args, cluster.name, args.global_batch_size)

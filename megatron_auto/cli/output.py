@@ -1,0 +1,61 @@
+"""What the commands print and write: JSON summaries and plan files."""
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any, Optional
+
+from .. import serde
+from ..errors import UserError
+from ..megatron_flags import megatron_flags
+from ..plan import Plan, save_plan
+
+
+def flags_or_none(plan: Plan) -> Optional[list[str]]:
+    """Megatron-LM flags for a megatron-space plan, None when stock Megatron cannot run it."""
+    if plan.space != "megatron":
+        return None
+    try:
+        return megatron_flags(plan)
+    except UserError:
+        return None
+
+
+def summary(plan: Plan) -> dict[str, Any]:
+    """The contract's keys (iteration_time_s, tflops_per_gpu, peak_memory_gib, fits) and the layout."""
+    prediction = plan.prediction
+    if prediction is None:
+        raise ValueError("summary() needs a plan with a prediction")
+    return {
+        "iteration_time_s": prediction.iteration_time_s,
+        "tflops_per_gpu": prediction.tflops_per_gpu,
+        "peak_memory_gib": prediction.peak_memory_gib,
+        "memory_budget_gib": prediction.memory_budget_gib,
+        "fits": prediction.fits,
+        "stage_memory_gib": list(prediction.stage_memory_gib),
+        "stage_time_s": list(prediction.stage_time_s),
+        "breakdown": serde.to_dict(prediction.breakdown),
+        "space": plan.space,
+        "world_size": plan.world_size,
+        "pipeline_parallel": plan.pipeline_parallel,
+        "micro_batch_size": plan.local_micro_batch(plan.embedding),
+        "num_micro_batches": plan.num_micro_batches,
+        "virtual_stages": plan.virtual_stages,
+        "megatron_flags": flags_or_none(plan),
+        "plan": serde.to_dict(plan),
+    }
+
+
+def print_json(data: dict[str, Any]) -> None:
+    """One JSON object on stdout, keys sorted so equal results print equal bytes."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def write_plan(plan: Plan, path: Optional[str]) -> None:
+    """Write the plan atomically, or do nothing when no --out was given."""
+    if path is None:
+        return
+    try:
+        save_plan(plan, path)
+    except OSError as error:
+        raise UserError(f"cannot write plan file '{path}': {error.strerror or error}") from None

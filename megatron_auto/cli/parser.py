@@ -1,0 +1,130 @@
+"""Argument parsing: the contract of docs/DESIGN.md, with one-line usage errors."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn, Optional
+
+from ..plan import RECOMPUTE_KINDS, SPACES
+
+PRECISIONS = ("bf16", "fp16", "fp32")
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line on stderr and exit status 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a positive number, got {text!r}")
+    return value
+
+
+def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
+    """--model, --cluster, --num-nodes, --global-batch-size and the memory/precision knobs."""
+    parser.add_argument("--model", required=required, metavar="PRESET|FILE.json",
+                        help="model preset name or JSON file (Megatron's names suffice)")
+    parser.add_argument("--cluster", required=required, metavar="PRESET|FILE.json",
+                        help="cluster preset name or JSON file")
+    parser.add_argument("--num-nodes", type=positive_int, metavar="N",
+                        help="nodes in the job (overrides the cluster's)")
+    parser.add_argument("--gpus-per-node", type=positive_int, metavar="N",
+                        help="GPUs (processes) per node (overrides the cluster's)")
+    parser.add_argument("--global-batch-size", type=positive_int, required=required, metavar="G",
+                        help="samples per iteration")
+    parser.add_argument("--memory-budget-gib", type=positive_float, metavar="X",
+                        help="usable memory per GPU in GiB (default: the GPU's memory)")
+    parser.add_argument("--precision", choices=PRECISIONS,
+                        help="training precision (default: fp32 on the cpu-gloo cluster, else bf16)")
+
+
+def add_layout_arguments(parser: argparse.ArgumentParser, tp_pp_required: bool) -> None:
+    """Megatron's parallelism flags: --tp, --pp, --dp, micro-batch, virtual stages, recompute."""
+    parser.add_argument("--tp", type=positive_int, required=tp_pp_required, metavar="T",
+                        help="tensor-parallel degree")
+    parser.add_argument("--pp", type=positive_int, required=tp_pp_required, metavar="P",
+                        help="pipeline-parallel degree")
+    parser.add_argument("--dp", type=positive_int, metavar="D",
+                        help="data-parallel degree; must equal world / (tp x pp)")
+    parser.add_argument("--micro-batch-size", type=positive_int, metavar="M",
+                        help="samples per micro-batch per data-parallel rank (default: the best)")
+    parser.add_argument("--virtual-stages", type=positive_int, metavar="V",
+                        help="chunks per pipeline stage (default: the best)")
+    parser.add_argument("--recompute", choices=RECOMPUTE_KINDS,
+                        help="activation recomputation of every layer")
+    parser.add_argument("--sequence-parallel", action="store_true", default=None,
+                        help="Megatron sequence parallelism (needs tp > 1)")
+    parser.add_argument("--distributed-optimizer", action="store_true", default=None,
+                        help="Megatron's distributed optimizer (ZeRO-1)")
+
+
+def add_output_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument("--out", metavar="plan.json", help="write the plan to this file")
+
+
+def _plan_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("plan", allow_abbrev=False, help="search for the fastest plan that fits",
+                                 description="Search for the fastest plan that fits in memory.")
+    add_job_arguments(parser)
+    parser.add_argument("--space", choices=SPACES, default="megatron",
+                        help="megatron: what stock Megatron-Core runs; hybrid: per-layer layouts")
+    add_layout_arguments(parser, tp_pp_required=False)
+    add_output_arguments(parser)
+    parser.add_argument("--verbose", action="store_true", help="log the search's progress and pruning")
+
+
+def _estimate_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "estimate", allow_abbrev=False, help="predict the time and memory of given flags or a plan file",
+        description="Predict time and memory of Megatron flags (--tp/--pp/...) or of a plan file (--plan).")
+    parser.add_argument("--plan", metavar="FILE", help="score this plan file instead of --tp/--pp flags")
+    add_job_arguments(parser, required=False)
+    add_layout_arguments(parser, tp_pp_required=False)
+    add_output_arguments(parser)
+
+
+def _show_parser(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser("show", allow_abbrev=False, help="print a plan file as a table",
+                                 description="Print a plan file as a human-readable table.")
+    parser.add_argument("plan", metavar="plan.json", help="plan file")
+    parser.add_argument("--json", action="store_true", help="print the plan's canonical JSON instead")
+
+
+def build_parser() -> OneLineParser:
+    parser = OneLineParser(prog="megatron-auto", allow_abbrev=False,
+                           description="Automatic hybrid parallelism for Megatron-Core.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    commands = parser.add_subparsers(dest="command", metavar="{plan,estimate,show}", required=True,
+                                     parser_class=OneLineParser)
+    _plan_parser(commands)
+    _estimate_parser(commands)
+    _show_parser(commands)
+    return parser
+
+
+def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
+    return build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+
+
+def _version() -> str:
+    from .. import __version__
+
+    return __version__

@@ -1,0 +1,52 @@
+"""`megatron-auto plan`: search for the fastest plan that fits, print it, write it."""
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import replace
+
+from ..cost.estimate import estimate_plan
+from ..report import plan_table
+from ..search.constraints import SearchConstraints
+from .job import load_job
+from .output import print_json, summary, write_plan
+from .progress import ProgressBar
+
+logger = logging.getLogger(__name__)
+
+
+def constraints_from_args(args: argparse.Namespace) -> SearchConstraints:
+    """The layout flags the user pinned; everything left out is the search's to choose."""
+    return SearchConstraints(
+        tp=args.tp, pp=args.pp, dp=args.dp, micro_batch_size=args.micro_batch_size,
+        virtual_stages=args.virtual_stages, sequence_parallel=args.sequence_parallel,
+        distributed_optimizer=args.distributed_optimizer, recompute=args.recompute,
+    )
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    model, cluster, training = load_job(args)
+    from ..search import search_plan  # after the inputs are checked: the search is the heavy import
+
+    constraints = constraints_from_args(args)
+    logger.info("searching the %s space for %s on %d GPUs (%s)", args.space, model.name,
+                cluster.world_size, cluster.name)
+    with ProgressBar("searching") as progress:
+        result = search_plan(model, cluster, training, space=args.space, constraints=constraints,
+                             progress=progress)
+    plan = result.plan
+    if plan.prediction is None:
+        plan = replace(plan, prediction=estimate_plan(plan, model, cluster, training))
+    for rule, removed in result.pruning:
+        logger.info("pruning rule %-40s removed %d candidates", rule, removed)
+    write_plan(plan, args.out)
+    if args.json:
+        print_json({**summary(plan), "search_time_s": result.search_time_s,
+                    "candidates_evaluated": result.candidates_evaluated,
+                    "pruning": [[rule, removed] for rule, removed in result.pruning]})
+    else:
+        sys.stdout.write(plan_table(plan))
+        sys.stderr.write(f"searched {result.candidates_evaluated} candidates in {result.search_time_s:.2f} s"
+                         + (f"; wrote {args.out}" if args.out else "") + "\n")
+    return 0

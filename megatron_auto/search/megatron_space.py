@@ -1,0 +1,135 @@
+"""Search over what stock Megatron-Core runs: one TP/DP/SP/ZeRO layout for all layers.
+
+The outer loop walks (tp, pp) and the recomputation choice; for each it picks
+the fastest micro-batch size, virtual-stage count and pipeline split
+(`best_uniform_plan`). For full recomputation, memory falls and time rises with
+the number of recomputed layers per chunk, so the fewest layers that fit are
+found by bisection.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable, Iterator, Optional
+
+from ..errors import UserError
+from ..plan import Plan
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.training import TrainingSpec
+from .constraints import SearchConstraints
+from .uniform import UniformConfig, best_uniform_plan, divisors, even_split, megatron_uneven_splits
+
+
+@dataclass
+class SpaceStats:
+    """Counters the search reports."""
+
+    evaluated: int = 0
+    pruning: dict = None
+
+    def __post_init__(self) -> None:
+        self.pruning = self.pruning or {}
+
+    def drop(self, rule: str, count: int = 1) -> None:
+        self.pruning[rule] = self.pruning.get(rule, 0) + count
+
+
+def parallel_degrees(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                     constraints: SearchConstraints, stats: SpaceStats) -> Iterator[tuple[int, int]]:
+    """(tp, pp) pairs that survive the decision tree's global rules."""
+    world = cluster.world_size
+    layer = model.layers[0]
+    for tp in divisors(world):
+        for pp in divisors(world // tp):
+            dp = world // (tp * pp)
+            if (constraints.tp not in (None, tp) or constraints.pp not in (None, pp)
+                    or constraints.dp not in (None, dp)):
+                stats.drop("constraints")
+            elif layer.num_attention_heads % tp or layer.num_query_groups % tp:
+                stats.drop("tp-divides-heads")
+            elif tp > cluster.gpus_per_node:
+                stats.drop("tp-within-node")
+            elif pp > model.num_layers:
+                stats.drop("pp-at-most-layers")
+            elif training.global_batch_size % dp:
+                stats.drop("batch-splits-over-dp")
+            else:
+                yield tp, pp
+
+
+def recompute_choices(constraints: SearchConstraints) -> list[str]:
+    return [constraints.recompute] if constraints.recompute else ["none", "selective", "full"]
+
+
+def stage_splits(model: ModelSpec, pp: int) -> list[Optional[tuple[int, ...]]]:
+    """The even split (when it exists) and Megatron's uneven first/last splits near it."""
+    splits: list[Optional[tuple[int, ...]]] = []
+    if even_split(model.num_layers, pp):
+        splits.append(None)
+    average = model.num_layers / pp
+    for split in megatron_uneven_splits(model.num_layers, pp):
+        if split != even_split(model.num_layers, pp) and abs(split[0] - average) <= 2 and abs(split[-1] - average) <= 2:
+            splits.append(split)
+    return splits
+
+
+def _key(plan: Plan) -> tuple[bool, float]:
+    return (not plan.prediction.fits, plan.prediction.iteration_time_s)
+
+
+def search_megatron(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                    constraints: SearchConstraints, progress: Callable[[float], None] | None = None,
+                    stats: SpaceStats | None = None) -> tuple[Optional[Plan], SpaceStats]:
+    """The fastest megatron-space plan (or the smallest non-fitting one if none fits)."""
+    stats = stats or SpaceStats()
+    pairs = list(parallel_degrees(model, cluster, training, constraints, stats))
+    best: Optional[Plan] = None
+    for index, (tp, pp) in enumerate(pairs):
+        for plan in _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats):
+            if best is None or _key(plan) < _key(best):
+                best = plan
+        if progress:
+            progress((index + 1) / len(pairs))
+    return best, stats
+
+
+def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats) -> Iterator[Plan]:
+    dp = cluster.world_size // (tp * pp)
+    sp = tp > 1 if constraints.sequence_parallel is None else constraints.sequence_parallel and tp > 1
+    distributed = dp > 1 if constraints.distributed_optimizer is None else constraints.distributed_optimizer
+    for split in stage_splits(model, pp):
+        base = UniformConfig(tp=tp, pp=pp, micro_batch_size=constraints.micro_batch_size or 1,
+                             virtual_stages=constraints.virtual_stages or 1, sequence_parallel=sp,
+                             distributed_optimizer=distributed, stage_layers=split)
+        for recompute in recompute_choices(constraints):
+            plan = _best_for_recompute(model, cluster, training, constraints, replace(base, recompute=recompute), stats)
+            if plan is not None:
+                yield plan
+
+
+def _best_for_recompute(model, cluster, training, constraints, config: UniformConfig, stats) -> Optional[Plan]:
+    def evaluate(num_layers: Optional[int]) -> Optional[Plan]:
+        stats.evaluated += 1
+        try:
+            return best_uniform_plan(model, cluster, training, replace(config, recompute_num_layers=num_layers),
+                                     choose_micro_batch=constraints.micro_batch_size is None,
+                                     choose_virtual_stages=constraints.virtual_stages is None)
+        except UserError:
+            stats.drop("invalid-flags")
+            return None
+
+    if config.recompute != "full":
+        return evaluate(None)
+    every = evaluate(None)
+    if every is None or not every.prediction.fits:
+        return every
+    chunk = min(len(c.layers) for c in every.chunks)
+    low, high, best = 0, chunk, every   # invariant: `high` layers per chunk fit
+    while low + 1 < high:
+        middle = (low + high) // 2
+        plan = evaluate(middle)
+        if plan is not None and plan.prediction.fits:
+            high, best = middle, (plan if _key(plan) < _key(best) else best)
+        else:
+            low = middle
+    return best

@@ -1,0 +1,86 @@
+"""The per-layer strategy space of one pipeline stage, pruned by a decision tree.
+
+The tree (after Galvatron, Miao et al. VLDB 2023, Sec. 4.2) walks the raw
+choices (tp, zero, sp, recompute) of a stage of n GPUs and applies its rules in
+order; `prune_strategies` records how many candidates each rule removed.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ..plan import RECOMPUTE_KINDS, LayerStrategy
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from .constraints import SearchConstraints
+from .uniform import divisors
+
+
+@dataclass(frozen=True)
+class Rule:
+    """One decision-tree rule: a name, why it is safe, and the test that drops a candidate."""
+
+    name: str
+    reason: str
+    drops: Callable[[LayerStrategy, "StageContext"], bool]
+
+
+@dataclass(frozen=True)
+class StageContext:
+    gpus: int
+    cluster: ClusterSpec
+    model: ModelSpec
+    constraints: SearchConstraints
+    micro_batch_samples: int
+    """Samples in one micro-batch across the whole stage (B / m)."""
+
+
+def _heads_divisible(s: LayerStrategy, ctx: StageContext) -> bool:
+    return any(l.num_attention_heads % s.tp or l.num_query_groups % s.tp for l in ctx.model.layers)
+
+
+RULES = (
+    Rule("tp-divides-heads", "Megatron splits whole attention heads and query groups over TP",
+         _heads_divisible),
+    Rule("batch-splits-over-dp", "each DP rank needs a whole number of samples per micro-batch",
+         lambda s, ctx: ctx.micro_batch_samples % s.dp != 0),
+    Rule("tp-within-node", "TP all-reduces every layer; across nodes it runs 12x slower (SC21 Sec. 5.4)",
+         lambda s, ctx: s.tp > ctx.cluster.gpus_per_node),
+    Rule("sp-with-tp", "with TP, SP moves the same bytes and stores and computes less (Korthikanti Sec. 4.2.2)",
+         lambda s, ctx: s.tp > 1 and not s.sp),
+    Rule("no-zero2", "Megatron-Core's DDP keeps a full gradient buffer; the runtime has no ZeRO-2 layout",
+         lambda s, ctx: s.zero == 2),
+    Rule("zero-needs-dp", "with dp = 1 there is nothing to shard: ZeRO 1 and 3 equal plain DP",
+         lambda s, ctx: s.dp == 1 and s.zero > 0),
+    Rule("constraints", "the user's explicit flags pin these choices", lambda s, ctx: _violates(s, ctx.constraints)),
+)
+
+
+def _violates(s: LayerStrategy, c: SearchConstraints) -> bool:
+    return ((c.tp is not None and s.tp != c.tp)
+            or (c.dp is not None and s.dp != c.dp)
+            or (c.sequence_parallel is not None and s.tp > 1 and s.sp != c.sequence_parallel)
+            or (c.distributed_optimizer is not None and s.dp > 1 and (s.zero == 1) != c.distributed_optimizer)
+            or (c.recompute is not None and s.recompute != c.recompute))
+
+
+def raw_strategies(gpus: int) -> list[LayerStrategy]:
+    """Every (tp, zero, sp, recompute) for a stage of `gpus` GPUs, before pruning."""
+    out = []
+    for tp in divisors(gpus):
+        for zero in (0, 1, 2, 3):
+            for sp in ((False, True) if tp > 1 else (False,)):
+                for recompute in RECOMPUTE_KINDS:
+                    out.append(LayerStrategy(tp=tp, dp=gpus // tp, zero=zero, sp=sp, recompute=recompute))
+    return out
+
+
+def prune_strategies(ctx: StageContext) -> tuple[list[LayerStrategy], list[tuple[str, int]]]:
+    """The surviving candidates and, per rule, how many it removed."""
+    candidates = raw_strategies(ctx.gpus)
+    removed = []
+    for rule in RULES:
+        kept = [s for s in candidates if not rule.drops(s, ctx)]
+        removed.append((rule.name, len(candidates) - len(kept)))
+        candidates = kept
+    return candidates, removed
