@@ -50,6 +50,9 @@ RULES = (
          lambda s, ctx: s.tp > 1 and not s.sp),
     Rule("no-zero2", "Megatron-Core's DDP keeps a full gradient buffer; the runtime has no ZeRO-2 layout",
          lambda s, ctx: s.zero == 2),
+    Rule("distributed-optimizer-over-dp", "with dp > 1, ZeRO-1's reduce-scatter + all-gather move what the "
+         "all-reduce moves and the optimizer states shrink d-fold: plain DP is dominated",
+         lambda s, ctx: s.dp > 1 and s.zero == 0 and ctx.constraints.distributed_optimizer is not False),
     Rule("zero-needs-dp", "with dp = 1 there is nothing to shard: ZeRO 1 and 3 equal plain DP",
          lambda s, ctx: s.dp == 1 and s.zero > 0),
     Rule("constraints", "the user's explicit flags pin these choices", lambda s, ctx: _violates(s, ctx.constraints)),

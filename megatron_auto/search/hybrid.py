@@ -1,0 +1,155 @@
+"""Galvatron's space: a strategy per layer, searched by DP under the memory budget.
+
+Outer loop: pipeline degree p and micro-batch size (samples per micro-batch).
+Per stage: the decision tree prunes the strategies, the layer DP (dp_kernel)
+finds the fastest strategies for every stage length within the memory left after
+the stage's fixed parts, once per ceiling on the transient memory. Then the
+partition step balances the stages (partition.py). Virtual stages are searched
+in the megatron space, whose best plan the hybrid search also considers.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import numpy as np
+
+from ..cost.estimate import estimate_plan
+from ..plan import Chunk, LayerStrategy, Plan
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.training import TrainingSpec
+from .constraints import SearchConstraints
+from .dp_kernel import backtrack, layer_dp
+from .megatron_space import SpaceStats
+from .partition import best_partition
+from .space import StageContext, prune_strategies
+from .tables import LayerTables, StageFixed, layer_tables, stage_fixed
+from .uniform import divisors
+
+DEFAULT_MEMORY_UNITS = 128
+
+
+@dataclass(frozen=True)
+class HybridOptions:
+    memory_units: int = DEFAULT_MEMORY_UNITS
+    """Granularity of the DP's memory axis: the budget is split into this many units."""
+    max_stage_factor: float = 2.0
+    """A stage holds at most this many times the average layers per stage (plus one)."""
+
+
+def pipeline_degrees(model: ModelSpec, cluster: ClusterSpec, constraints: SearchConstraints) -> list[int]:
+    return [p for p in divisors(cluster.world_size)
+            if p <= model.num_layers and constraints.pp in (None, p)]
+
+
+def micro_batch_sizes(training: TrainingSpec, pp: int, gpus: int) -> list[int]:
+    """Samples per micro-batch (across a stage): at least p micro-batches, so that
+    no stage idles for more than half the iteration, when the batch allows it."""
+    sizes = [q for q in divisors(training.global_batch_size) if training.global_batch_size // q >= pp]
+    return sizes or [1]
+
+
+def embedding_layout(strategies: list[LayerStrategy]) -> LayerStrategy:
+    """Embedding and LM head take the widest TP of the space (vocab-parallel; logits take 4sbV/t)."""
+    widest = max(strategies, key=lambda s: (s.tp, s.zero == 1, -s.zero))
+    return LayerStrategy(tp=widest.tp, dp=widest.dp, zero=min(widest.zero, 1), sp=widest.sp)
+
+
+def _stage_span_times(tables: LayerTables, fixed: StageFixed, budget: float, max_len: int, unit: float,
+                      uniform: bool, num_layers: int):
+    """[L, max_len+1] best seconds per micro-batch for the stage at each start and length,
+    plus the transient ceiling that achieved each entry."""
+    spans = np.full((num_layers, max_len + 1), np.inf)
+    ceilings = np.zeros((num_layers, max_len + 1))
+    starts = [0] if uniform else range(num_layers)
+    for start in starts:
+        rows = slice(start, min(num_layers, start + max_len))
+        for ceiling in np.unique(tables.transient[rows]):
+            best = _run_stage_dp(tables, fixed, budget, rows, unit, ceiling)
+            if best is None:
+                continue
+            lengths = np.arange(1, best.size + 1)
+            better = best < spans[start, lengths]
+            spans[start, lengths[better]] = best[better]
+            ceilings[start, lengths[better]] = ceiling
+    if uniform:
+        for start in range(1, num_layers):
+            width = min(max_len, num_layers - start)
+            spans[start, :width + 1] = spans[0, :width + 1]
+            ceilings[start, :width + 1] = ceilings[0, :width + 1]
+    return spans, ceilings
+
+
+def _stage_arrays(tables: LayerTables, fixed: StageFixed, rows: slice, unit: float, ceiling: float):
+    time = np.where(tables.transient[rows] <= ceiling, tables.time[rows], np.inf)
+    if fixed.first_layer_is_first_unit:
+        time = time.copy()
+        time[0] += tables.first_extra[rows][0]
+    memory = tables.state[rows] + fixed.in_flight * tables.activation[rows]
+    return time, np.ceil(memory / unit).astype(np.int64)
+
+
+def _run_stage_dp(tables, fixed, budget, rows, unit, ceiling, want_result=False):
+    available = budget - fixed.memory - ceiling
+    if available < 0:
+        return None
+    time, units = _stage_arrays(tables, fixed, rows, unit, ceiling)
+    result = layer_dp(time, units, tables.transition, int(available // unit))
+    return (result, units) if want_result else result.best_time + fixed.time
+
+
+def _plan_for(model, cluster, training, constraints, options, pp, samples, stats) -> Optional[Plan]:
+    """The best hybrid plan with `pp` stages and `samples` per micro-batch, or None."""
+    gpus = cluster.world_size // pp
+    context = StageContext(gpus, cluster, model, constraints, samples)
+    strategies, removed = prune_strategies(context)
+    for rule, count in removed:
+        stats.drop(rule, count)
+    if not strategies:
+        return None
+    m = training.global_batch_size // samples
+    tables = layer_tables(model, cluster, training, strategies, samples, m)
+    embedding = embedding_layout(strategies)
+    budget = training.budget_for(cluster.gpu.memory_bytes)
+    unit = budget / options.memory_units
+    max_len = min(model.num_layers - pp + 1, int(options.max_stage_factor * math.ceil(model.num_layers / pp)) + 1)
+    fixed = [stage_fixed(model, cluster, training, embedding, s, pp, samples, m) for s in range(pp)]
+    spans = [_stage_span_times(tables, f, budget, max_len, unit, model.is_uniform(), model.num_layers) for f in fixed]
+    stats.evaluated += pp * len(strategies)
+    partition = best_partition([times for times, _ in spans], model.num_layers, m)
+    if partition is None:
+        return None
+    chunks = []
+    for s, (start, length) in enumerate(zip(partition.starts, partition.lengths)):
+        ceiling = spans[s][1][start, length]
+        rows = slice(start, start + length)
+        result, units = _run_stage_dp(tables, fixed[s], budget, rows, unit, ceiling, want_result=True)
+        picks = backtrack(result, units, length)
+        chunks.append(Chunk(tuple(tables.strategies[j] for j in picks)))
+    plan = Plan(space="hybrid", world_size=cluster.world_size, pipeline_parallel=pp,
+                global_batch_size=training.global_batch_size, num_micro_batches=m, chunks=tuple(chunks),
+                embedding=embedding, model=model, cluster=cluster.name)
+    return plan
+
+
+def search_hybrid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, constraints: SearchConstraints,
+                  progress: Callable[[float], None] | None = None, stats: SpaceStats | None = None,
+                  options: HybridOptions = HybridOptions()) -> tuple[Optional[Plan], SpaceStats]:
+    """The fastest fitting per-layer plan with v = 1 (None if nothing fits)."""
+    stats = stats or SpaceStats()
+    work = [(pp, q) for pp in pipeline_degrees(model, cluster, constraints)
+            for q in micro_batch_sizes(training, pp, cluster.world_size // pp)]
+    best: Optional[Plan] = None
+    for index, (pp, samples) in enumerate(work):
+        plan = _plan_for(model, cluster, training, constraints, options, pp, samples, stats)
+        if plan is not None:
+            from dataclasses import replace
+
+            plan = replace(plan, prediction=estimate_plan(plan, model, cluster, training))
+            if plan.prediction.fits and (best is None or plan.prediction.iteration_time_s < best.prediction.iteration_time_s):
+                best = plan
+        if progress:
+            progress((index + 1) / len(work))
+    return best, stats

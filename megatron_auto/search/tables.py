@@ -1,0 +1,94 @@
+"""Dense cost tables for the per-layer DP: time[L,S], mem[L,S], transition[S,S].
+
+Every entry comes from the same cost functions `estimate_plan` sums, so a plan
+the DP scores at T seconds is estimated at T seconds too.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..cost.communication import pipeline_p2p_time, transition_time
+from ..cost.embedding import embedding_cost
+from ..cost.estimate import StageCost, _add_part, optimizer_step_time
+from ..cost.layer_cost import layer_cost
+from ..cost.memory import in_flight_micro_batches
+from ..cost.pipeline import exposed_dp_time
+from ..plan import LayerStrategy
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.training import TrainingSpec
+
+
+@dataclass(frozen=True)
+class LayerTables:
+    """Per-layer, per-strategy costs for one (pp, micro-batch) pair; S strategies."""
+
+    strategies: tuple[LayerStrategy, ...]
+    time: np.ndarray
+    """[L, S] seconds per micro-batch, with the layer's gradient sync and optimizer step / m."""
+    first_extra: np.ndarray
+    """[L, S] extra seconds when the layer is its stage's first unit (its bucket cannot hide)."""
+    state: np.ndarray
+    """[L, S] bytes of weights, gradients and optimizer states."""
+    activation: np.ndarray
+    """[L, S] bytes of activations per micro-batch in flight."""
+    transient: np.ndarray
+    """[L, S] bytes alive only while the layer runs."""
+    transition: np.ndarray
+    """[S, S] seconds per micro-batch to move from layout i to layout j."""
+
+
+def layer_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, strategies: list[LayerStrategy],
+                 micro_batch_samples: int, num_micro_batches: int) -> LayerTables:
+    shape = (model.num_layers, len(strategies))
+    time, first, state, act, transient = (np.zeros(shape) for _ in range(5))
+    m = num_micro_batches
+    for l, spec in enumerate(model.layers):
+        for j, strategy in enumerate(strategies):
+            c = layer_cost(spec, strategy, micro_batch_samples // strategy.dp, model.seq_length, cluster, training)
+            hidden = exposed_dp_time(c.dp_comm_per_iteration_s, c.backward_s)
+            time[l, j] = c.micro_batch_s + (hidden + optimizer_step_time(c.state_bytes, cluster)) / m
+            first[l, j] = (c.dp_comm_per_iteration_s - hidden) / m
+            state[l, j], act[l, j], transient[l, j] = c.state_bytes, c.activation_bytes, c.transient_bytes
+    transition = np.array([[transition_time(a, b, model.hidden_size, model.seq_length, micro_batch_samples,
+                                            cluster, training.activation_bytes) for b in strategies] for a in strategies])
+    return LayerTables(tuple(strategies), time, first, state, act, transient, transition)
+
+
+@dataclass(frozen=True)
+class StageFixed:
+    """What a stage pays whatever its layers' strategies: embedding/head, p2p, overhead."""
+
+    time: float
+    """Seconds per micro-batch (with the parts' gradient sync and optimizer step / m)."""
+    memory: float
+    """Bytes."""
+    in_flight: float
+    """Micro-batches whose activations the stage holds at its peak."""
+    first_layer_is_first_unit: bool
+    """False on stage 0, where the embedding's bucket is the one that cannot hide."""
+
+
+def stage_fixed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, embedding: LayerStrategy,
+                stage: int, pp: int, micro_batch_samples: int, num_micro_batches: int) -> StageFixed:
+    """Mirror of estimate.stage_costs for the non-layer parts of stage `stage` (v = 1, 1F1B)."""
+    parts = embedding_cost(model, embedding, micro_batch_samples // embedding.dp, cluster, training, pp)
+    acc = StageCost()
+    if stage == 0:
+        _add_part(acc, parts.embedding)
+    if stage < pp - 1:
+        acc.micro_batch_s += pipeline_p2p_time(model.hidden_size, model.seq_length, micro_batch_samples,
+                                               cluster.world_size // pp, pp, cluster, training.activation_bytes)
+    head = StageCost(units=1)
+    if stage == pp - 1:
+        _add_part(head, parts.head)
+    in_flight = in_flight_micro_batches(stage, pp, num_micro_batches, 1, "1f1b")
+    exposed = acc.exposed_dp_s + head.exposed_dp_s
+    optimizer = optimizer_step_time(acc.state_bytes + head.state_bytes, cluster)
+    memory = (acc.state_bytes + head.state_bytes + cluster.framework_overhead_bytes
+              + (in_flight * parts.embedding.activation_bytes if stage == 0 else 0.0)
+              + (parts.head.activation_bytes if stage == pp - 1 else 0.0))
+    return StageFixed(time=acc.micro_batch_s + head.micro_batch_s + (exposed + optimizer) / num_micro_batches,
+                      memory=memory, in_flight=in_flight, first_layer_is_first_unit=stage > 0)
