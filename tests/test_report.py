@@ -32,7 +32,7 @@ def test_megatron_plan_table_has_layout_prediction_and_exact_flags():
     assert "    layers 1-3: tp2·dp1·sp\n" in table and "    layer 7: tp2·dp1·sp\n" in table
     assert f"iteration time      {plan.prediction.iteration_time_s:.3f} s" in table
     assert "--decoder-first-pipeline-num-layers 1" in table and "--sequence-parallel" in table
-    assert table.count("memory ") == 4 and "fits                yes" in table
+    assert table.count("; memory ") == 4 and "fits                yes" in table
 
 
 def test_interleaved_stage_lists_its_chunks_and_layers():
