@@ -69,9 +69,9 @@ def add_layout_arguments(parser: argparse.ArgumentParser, tp_pp_required: bool) 
                         help="chunks per pipeline stage (default: the best)")
     parser.add_argument("--recompute", choices=RECOMPUTE_KINDS,
                         help="activation recomputation of every layer")
-    parser.add_argument("--sequence-parallel", action="store_true", default=None,
+    parser.add_argument("--sequence-parallel", action=argparse.BooleanOptionalAction, default=None,
                         help="Megatron sequence parallelism (needs tp > 1)")
-    parser.add_argument("--distributed-optimizer", action="store_true", default=None,
+    parser.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction, default=None,
                         help="Megatron's distributed optimizer (ZeRO-1)")
 
 
