@@ -10,7 +10,7 @@ in the megatron space, whose best plan the hybrid search also considers.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import numpy as np
@@ -37,6 +37,8 @@ class HybridOptions:
     """Granularity of the DP's memory axis: the budget is split into this many units."""
     max_stage_factor: float = 2.0
     """A stage holds at most this many times the average layers per stage (plus one)."""
+    tune_embedding: bool = True
+    """Re-plan the winner with each TP degree for the embedding and head."""
 
 
 def pipeline_degrees(model: ModelSpec, cluster: ClusterSpec, constraints: SearchConstraints) -> list[int]:
@@ -51,10 +53,12 @@ def micro_batch_sizes(training: TrainingSpec, pp: int, gpus: int) -> list[int]:
     return sizes or [1]
 
 
-def embedding_layout(strategies: list[LayerStrategy]) -> LayerStrategy:
-    """Embedding and LM head take the widest TP of the space (vocab-parallel; logits take 4sbV/t)."""
-    widest = max(strategies, key=lambda s: (s.tp, s.zero == 1, -s.zero))
-    return LayerStrategy(tp=widest.tp, dp=widest.dp, zero=min(widest.zero, 1), sp=widest.sp)
+def embedding_layout(strategies: list[LayerStrategy], tp: Optional[int] = None) -> LayerStrategy:
+    """Embedding and LM head layout: by default the widest TP of the space (vocab-parallel;
+    logits take 4sbV/t), else the given TP; ZeRO-1 when the space uses it."""
+    pool = [s for s in strategies if tp is None or s.tp == tp] or strategies
+    chosen = max(pool, key=lambda s: (s.tp, s.zero == 1, -s.zero))
+    return LayerStrategy(tp=chosen.tp, dp=chosen.dp, zero=min(chosen.zero, 1), sp=chosen.sp)
 
 
 def _stage_span_times(tables: LayerTables, fixed: StageFixed, budget: float, max_len: int, unit: float,
@@ -96,26 +100,36 @@ def _run_stage_dp(tables, fixed, budget, rows, unit, ceiling, want_result=False)
     if available < 0:
         return None
     time, units = _stage_arrays(tables, fixed, rows, unit, ceiling)
-    result = layer_dp(time, units, tables.transition, int(available // unit))
+    result = layer_dp(time, units, tables.transition, int(available // unit), keep_choices=want_result)
     return (result, units) if want_result else result.best_time + fixed.time
 
 
-def _plan_for(model, cluster, training, constraints, options, pp, samples, stats) -> Optional[Plan]:
+def _lower_bound(tables: LayerTables, fixed: list[StageFixed], m: int) -> float:
+    """No plan with these tables beats this: (m - 1) max T + sum T >= sum T (m - 1 + p) / p,
+    and sum T >= each layer's fastest strategy plus the stages' fixed parts (memory ignored)."""
+    total = float(tables.time.min(axis=1).sum()) + sum(f.time for f in fixed)
+    return total * (m - 1 + len(fixed)) / len(fixed)
+
+
+def _plan_for(model, cluster, training, constraints, options, pp, samples, stats,
+              embedding_tp: Optional[int] = None, incumbent: float = math.inf) -> Optional[Plan]:
     """The best hybrid plan with `pp` stages and `samples` per micro-batch, or None."""
     gpus = cluster.world_size // pp
-    context = StageContext(gpus, cluster, model, constraints, samples)
-    strategies, removed = prune_strategies(context)
+    strategies, removed = prune_strategies(StageContext(gpus, cluster, model, constraints, samples))
     for rule, count in removed:
         stats.drop(rule, count)
     if not strategies:
         return None
     m = training.global_batch_size // samples
     tables = layer_tables(model, cluster, training, strategies, samples, m)
-    embedding = embedding_layout(strategies)
+    embedding = embedding_layout(strategies, embedding_tp)
+    fixed = [stage_fixed(model, cluster, training, embedding, s, pp, samples, m) for s in range(pp)]
+    if _lower_bound(tables, fixed, m) >= incumbent:
+        stats.drop("lower-bound", len(strategies))
+        return None
     budget = training.budget_for(cluster.gpu.memory_bytes)
     unit = budget / options.memory_units
     max_len = min(model.num_layers - pp + 1, int(options.max_stage_factor * math.ceil(model.num_layers / pp)) + 1)
-    fixed = [stage_fixed(model, cluster, training, embedding, s, pp, samples, m) for s in range(pp)]
     spans = [_stage_span_times(tables, f, budget, max_len, unit, model.is_uniform(), model.num_layers) for f in fixed]
     stats.evaluated += pp * len(strategies)
     partition = best_partition([times for times, _ in spans], model.num_layers, m)
@@ -123,33 +137,50 @@ def _plan_for(model, cluster, training, constraints, options, pp, samples, stats
         return None
     chunks = []
     for s, (start, length) in enumerate(zip(partition.starts, partition.lengths)):
-        ceiling = spans[s][1][start, length]
         rows = slice(start, start + length)
-        result, units = _run_stage_dp(tables, fixed[s], budget, rows, unit, ceiling, want_result=True)
-        picks = backtrack(result, units, length)
-        chunks.append(Chunk(tuple(tables.strategies[j] for j in picks)))
-    plan = Plan(space="hybrid", world_size=cluster.world_size, pipeline_parallel=pp,
+        result, units = _run_stage_dp(tables, fixed[s], budget, rows, unit, spans[s][1][start, length], want_result=True)
+        chunks.append(Chunk(tuple(tables.strategies[j] for j in backtrack(result, units, length))))
+    return Plan(space="hybrid", world_size=cluster.world_size, pipeline_parallel=pp,
                 global_batch_size=training.global_batch_size, num_micro_batches=m, chunks=tuple(chunks),
                 embedding=embedding, model=model, cluster=cluster.name)
-    return plan
+
+
+def _scored(plan: Optional[Plan], model, cluster, training) -> Optional[Plan]:
+    if plan is None:
+        return None
+    plan = replace(plan, prediction=estimate_plan(plan, model, cluster, training))
+    return plan if plan.prediction.fits else None
 
 
 def search_hybrid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, constraints: SearchConstraints,
                   progress: Callable[[float], None] | None = None, stats: SpaceStats | None = None,
-                  options: HybridOptions = HybridOptions()) -> tuple[Optional[Plan], SpaceStats]:
-    """The fastest fitting per-layer plan with v = 1 (None if nothing fits)."""
+                  options: HybridOptions = HybridOptions(), incumbent: float = math.inf) -> tuple[Optional[Plan], SpaceStats]:
+    """The fastest fitting per-layer plan with v = 1 that beats `incumbent` seconds (None if none)."""
     stats = stats or SpaceStats()
     work = [(pp, q) for pp in pipeline_degrees(model, cluster, constraints)
             for q in micro_batch_sizes(training, pp, cluster.world_size // pp)]
     best: Optional[Plan] = None
     for index, (pp, samples) in enumerate(work):
-        plan = _plan_for(model, cluster, training, constraints, options, pp, samples, stats)
-        if plan is not None:
-            from dataclasses import replace
-
-            plan = replace(plan, prediction=estimate_plan(plan, model, cluster, training))
-            if plan.prediction.fits and (best is None or plan.prediction.iteration_time_s < best.prediction.iteration_time_s):
-                best = plan
+        bound = min(incumbent, best.prediction.iteration_time_s if best else math.inf)
+        plan = _scored(_plan_for(model, cluster, training, constraints, options, pp, samples, stats,
+                                 incumbent=bound), model, cluster, training)
+        if plan is not None and plan.prediction.iteration_time_s < bound:
+            best = plan
         if progress:
             progress((index + 1) / len(work))
+    if options.tune_embedding:
+        best = _best_embedding(best, model, cluster, training, constraints, options, stats)
     return best, stats
+
+
+def _best_embedding(best, model, cluster, training, constraints, options, stats) -> Optional[Plan]:
+    """Re-plan the winning (p, micro-batch) with each TP degree for the embedding and head."""
+    if best is None:
+        return None
+    samples = training.global_batch_size // best.num_micro_batches
+    for tp in sorted({s.tp for s in best.layer_strategies}):
+        plan = _scored(_plan_for(model, cluster, training, constraints, options, best.pipeline_parallel,
+                                 samples, stats, embedding_tp=tp), model, cluster, training)
+        if plan is not None and plan.prediction.iteration_time_s < best.prediction.iteration_time_s:
+            best = plan
+    return best

@@ -1,0 +1,56 @@
+"""Search: the fastest plan that fits, in the `megatron` or the `hybrid` space."""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import Callable, Optional
+
+from ..errors import UserError
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.training import GIB, TrainingSpec
+from .constraints import SearchConstraints, SearchResult
+from .hybrid import search_hybrid
+from .megatron_space import SpaceStats, search_megatron
+
+__all__ = ["search_plan", "SearchConstraints", "SearchResult"]
+log = logging.getLogger(__name__)
+
+
+def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, space: str = "megatron",
+                constraints: SearchConstraints = SearchConstraints(),
+                progress: Optional[Callable[[float], None]] = None) -> SearchResult:
+    """The fastest plan that fits; UserError with the least memory any plan needs when none fits.
+
+    The hybrid space contains the megatron space, so its search starts from the
+    megatron-space optimum and keeps a per-layer plan only when it is faster.
+    """
+    if space not in ("megatron", "hybrid"):
+        raise UserError(f"unknown search space '{space}'; choose megatron or hybrid")
+    started = time.perf_counter()
+    stats = SpaceStats()
+    share = 0.3 if space == "hybrid" else 1.0
+    best, stats = search_megatron(model, cluster, training, constraints,
+                                  (lambda f: progress(share * f)) if progress else None, stats)
+    megatron_time = best.prediction.iteration_time_s if best is not None and best.prediction.fits else math.inf
+    if space == "hybrid":
+        hybrid, stats = search_hybrid(model, cluster, training, constraints,
+                                      (lambda f: progress(share + (1 - share) * f)) if progress else None,
+                                      stats, incumbent=megatron_time)
+        if hybrid is not None and hybrid.prediction.iteration_time_s < megatron_time:
+            best = hybrid
+    if best is None or not best.prediction.fits:
+        raise UserError(_infeasible_message(best, training, cluster))
+    elapsed = time.perf_counter() - started
+    log.info("search took %.2f s over %d candidates", elapsed, stats.evaluated)
+    return SearchResult(plan=best, search_time_s=elapsed, candidates_evaluated=stats.evaluated,
+                        pruning=tuple(sorted(stats.pruning.items())))
+
+
+def _infeasible_message(best, training: TrainingSpec, cluster: ClusterSpec) -> str:
+    budget = training.budget_for(cluster.gpu.memory_bytes) / GIB
+    if best is None:
+        return f"no valid plan exists for this model, batch and {cluster.world_size} GPUs"
+    return (f"no plan fits in {budget:.1f} GiB per GPU; the least memory any plan needs is "
+            f"{best.prediction.peak_memory_gib:.1f} GiB")

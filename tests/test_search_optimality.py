@@ -1,0 +1,118 @@
+"""The search is optimal within its space: brute force over small instances agrees."""
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from megatron_auto.cost.estimate import estimate_plan
+from megatron_auto.errors import UserError
+from megatron_auto.plan import Chunk, Plan
+from megatron_auto.search import search_plan
+from megatron_auto.search.constraints import SearchConstraints
+from megatron_auto.search.hybrid import HybridOptions, embedding_layout, micro_batch_sizes, search_hybrid
+from megatron_auto.search.megatron_space import search_megatron
+from megatron_auto.search.space import StageContext, prune_strategies
+from megatron_auto.search.uniform import UniformConfig, build_uniform_plan, divisors, megatron_uneven_splits
+from megatron_auto.specs.model import uniform_model
+from megatron_auto.specs.presets import CLUSTER_PRESETS
+from megatron_auto.specs.training import GIB, TrainingSpec
+
+MODEL = uniform_model("opt-test", 4, 512, 8, seq_length=512, vocab_size=4096)
+CLUSTER = replace(CLUSTER_PRESETS["dgx-a100-80gb"], num_nodes=1, gpus_per_node=4, framework_overhead_bytes=0)
+
+
+def _brute_force_hybrid(training, constraints):
+    best = None
+    for pp in (p for p in divisors(CLUSTER.world_size) if p <= MODEL.num_layers):
+        gpus = CLUSTER.world_size // pp
+        for samples in micro_batch_sizes(training, pp, gpus):
+            strategies, _ = prune_strategies(StageContext(gpus, CLUSTER, MODEL, constraints, samples))
+            if not strategies:
+                continue
+            embedding = embedding_layout(strategies)
+            for lengths in _compositions(MODEL.num_layers, pp):
+                for assignment in itertools.product(strategies, repeat=MODEL.num_layers):
+                    chunks, start = [], 0
+                    for n in lengths:
+                        chunks.append(Chunk(tuple(assignment[start:start + n])))
+                        start += n
+                    plan = Plan(space="hybrid", world_size=CLUSTER.world_size, pipeline_parallel=pp,
+                                global_batch_size=training.global_batch_size,
+                                num_micro_batches=training.global_batch_size // samples,
+                                chunks=tuple(chunks), embedding=embedding, model=MODEL)
+                    prediction = estimate_plan(plan, MODEL, CLUSTER, training)
+                    if prediction.fits and (best is None or prediction.iteration_time_s < best):
+                        best = prediction.iteration_time_s
+    return best
+
+
+def _compositions(total, parts):
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(1, total - parts + 2):
+        for rest in _compositions(total - first, parts - 1):
+            yield (first,) + rest
+
+
+@pytest.mark.parametrize("budget_gib", [0.1, 0.12, 0.16, 0.25, 40.0])
+def test_hybrid_dp_equals_brute_force(budget_gib):
+    training = TrainingSpec(global_batch_size=8, memory_budget_bytes=int(budget_gib * GIB))
+    options = HybridOptions(memory_units=8192, tune_embedding=False)
+    # Brute force is |S|^L per partition: pin the recomputation kind to keep |S| at 5.
+    for recompute in ("none", "full"):
+        pinned = SearchConstraints(recompute=recompute)
+        found, _ = search_hybrid(MODEL, CLUSTER, training, pinned, options=options)
+        expected = _brute_force_hybrid(training, pinned)
+        if expected is None:
+            assert found is None
+        else:
+            assert found is not None
+            assert found.prediction.iteration_time_s == pytest.approx(expected, rel=1e-9)
+
+
+def _brute_force_megatron(training):
+    best = None
+    world = CLUSTER.world_size
+    for tp, pp in itertools.product(divisors(world), divisors(world)):
+        if world % (tp * pp) or MODEL.layers[0].num_attention_heads % tp or pp > MODEL.num_layers:
+            continue
+        dp = world // (tp * pp)
+        for mbs in divisors(training.global_batch_size):
+            for split in megatron_uneven_splits(MODEL.num_layers, pp):
+                for v in divisors(split[0]):
+                    for sp, dist, kind in itertools.product((False, True), (False, True), ("none", "selective", "full")):
+                        for n in ([None] + list(range(1, split[0] // v)) if kind == "full" else [None]):
+                            config = UniformConfig(tp, pp, mbs, v, sp, dist, kind, n, split)
+                            try:
+                                plan = build_uniform_plan(MODEL, CLUSTER, training, config)
+                            except UserError:
+                                continue
+                            prediction = estimate_plan(plan, MODEL, CLUSTER, training)
+                            if prediction.fits and (best is None or prediction.iteration_time_s < best):
+                                best = prediction.iteration_time_s
+    return best
+
+
+@pytest.mark.parametrize("budget_gib", [0.1, 0.14, 0.18, 0.22, 40.0])
+def test_megatron_space_equals_brute_force(budget_gib):
+    training = TrainingSpec(global_batch_size=8, memory_budget_bytes=int(budget_gib * GIB))
+    found, _ = search_megatron(MODEL, CLUSTER, training, SearchConstraints())
+    expected = _brute_force_megatron(training)
+    assert expected is not None
+    assert found.prediction.fits
+    assert found.prediction.iteration_time_s == pytest.approx(expected, rel=1e-9)
+
+
+def test_hybrid_never_worse_than_megatron():
+    for budget in (0.1, 0.12, 0.16, 0.25, 40.0):
+        training = TrainingSpec(global_batch_size=8, memory_budget_bytes=int(budget * GIB))
+        megatron = search_plan(MODEL, CLUSTER, training, "megatron").plan
+        hybrid = search_plan(MODEL, CLUSTER, training, "hybrid").plan
+        assert hybrid.prediction.iteration_time_s <= megatron.prediction.iteration_time_s
+
+
+def test_infeasible_budget_reports_minimum():
+    training = TrainingSpec(global_batch_size=8, memory_budget_bytes=int(0.01 * GIB))
+    with pytest.raises(UserError, match="least memory any plan needs"):
+        search_plan(MODEL, CLUSTER, training, "hybrid")
