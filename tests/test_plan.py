@@ -238,3 +238,15 @@ def test_flags_reject_hybrid_and_non_block_recompute():
                chunks=(Chunk((none, none, none, full)), Chunk((none, none, none, full))), embedding=S22)
     with pytest.raises(UserError, match="block method"):
         megatron_flags(odd)
+
+
+def test_interleaving_needs_micro_batches_in_multiples_of_pp():
+    # BUG PIN: megatron-core 0.16.1 (pipeline_parallel/schedules.py) runs the interleaved
+    # schedule in groups of microbatch_group_size_per_vp_stage = p micro-batches and raises
+    # unless p <= m and m % p == 0. Here p=4, v=2 with m=2 and m=6.
+    two = LayerStrategy(tp=1, dp=2)
+    with pytest.raises(ValueError, match="micro-batches"):
+        manual((1, 1, 1, 1, 1, 1, 1, 1), two, pp=4, virtual_stages=2, m=2)
+    with pytest.raises(ValueError, match="micro-batches"):
+        manual((1, 1, 1, 1, 1, 1, 1, 1), two, pp=4, virtual_stages=2, batch=24, m=6)
+    assert manual((1, 1, 1, 1, 1, 1, 1, 1), two, pp=4, virtual_stages=2, m=8).num_micro_batches == 8
