@@ -173,6 +173,9 @@ def _check_space_and_schedule(plan: Plan) -> None:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {plan.schedule!r}")
     if plan.virtual_stages > 1 and (plan.schedule != "1f1b" or plan.pipeline_parallel < 2):
         raise ValueError("virtual stages need the 1f1b schedule and at least 2 pipeline stages")
+    if plan.virtual_stages > 1 and plan.num_micro_batches % plan.pipeline_parallel:
+        raise ValueError(f"interleaving needs the micro-batches ({plan.num_micro_batches}) in multiples of "
+                         f"pipeline_parallel ({plan.pipeline_parallel}), as Megatron-Core's schedule does")
 
 
 def _check_chunk_count(plan: Plan) -> None:

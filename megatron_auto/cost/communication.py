@@ -38,17 +38,19 @@ def dp_comm_time(num_params: float, strategy: LayerStrategy, cluster: ClusterSpe
 
     ZeRO 0: all-reduce of the gradients; ZeRO 1-2 (Megatron's distributed
     optimizer): reduce-scatter of the gradients and all-gather of the updated
-    weights. Gradients travel in the weights' type (Megatron-Core DDP default
-    grad_reduce_in_fp32=False). ZeRO 3 pays per micro-batch instead.
+    weights. Gradients travel in their own type (Megatron-LM reduces in fp32
+    under bf16: arguments.py, "bfloat16 requires gradient accumulation and
+    all-reduce to be done in fp32"); weights in theirs. ZeRO 3 pays per micro-batch.
     """
     d = strategy.dp
     if d == 1 or strategy.zero >= 3:
         return 0.0
     link = cluster.link_for_group(d, stride=strategy.tp)
-    bytes_ = num_params / strategy.tp * training.param_bytes
+    local = num_params / strategy.tp
     if strategy.zero == 0:
-        return all_reduce_time(bytes_, d, link)
-    return reduce_scatter_time(bytes_, d, link) + all_gather_time(bytes_, d, link)
+        return all_reduce_time(local * training.grad_bytes, d, link)
+    return (reduce_scatter_time(local * training.grad_bytes, d, link)
+            + all_gather_time(local * training.param_bytes, d, link))
 
 
 def zero3_comm_time(num_params: float, strategy: LayerStrategy, cluster: ClusterSpec,
@@ -98,7 +100,8 @@ def pipeline_p2p_time(hidden: int, seq: int, micro_batch_samples: int, gpus_per_
     """
     if pipeline_parallel == 1:
         return 0.0
-    stride = cluster.world_size // pipeline_parallel
-    link = cluster.intra_node if stride < cluster.gpus_per_node else cluster.inter_node
+    # With more than one node some stage boundary crosses nodes, and the
+    # steady state runs at the pace of the slowest boundary.
+    link = cluster.intra_node if cluster.num_nodes == 1 else cluster.inter_node
     bytes_ = seq * micro_batch_samples * hidden * activation_bytes / gpus_per_stage
     return 2 * p2p_time(bytes_, link)

@@ -56,7 +56,7 @@ def _model_presets() -> dict[str, ModelSpec]:
 MODEL_PRESETS: dict[str, ModelSpec] = _model_presets()
 
 # One GEMM-efficiency model per GPU type; the A100 constants are fitted once to
-# all five rows of SC21 Table 1 by tools/calibrate_a100.py (docs/cost_model.md).
+# all five rows of SC21 Table 1 by tools/calibrate_compute.py (docs/cost_model.md).
 A100_COMPUTE = ComputeEfficiency(max_fraction=0.70, half_dim=96.0)
 # No public per-configuration table ships for H100 here: same shape law, with the
 # ceiling scaled by the ratio of large-GEMM efficiency H100/A100 (cuBLAS reaches ~74% of peak on H100, ~87% on A100).
