@@ -147,6 +147,14 @@ def test_estimate_plan_takes_model_and_cluster_from_flags(tmp_path):
     assert CONTRACT_KEYS <= scored.keys()
 
 
+def test_estimate_plan_asks_for_the_cluster_when_its_name_is_no_preset(tmp_path, model_file, cluster_file):
+    path = tmp_path / "plan.json"
+    ok("estimate", "--model", str(model_file), "--cluster", str(cluster_file), "--global-batch-size", "8",
+       "--tp", "2", "--pp", "2", "--out", str(path))
+    assert_user_error(run_cli("estimate", "--plan", str(path)), "'two-by-two'", "give --cluster")
+    assert ok_json("estimate", "--plan", str(path), "--cluster", str(cluster_file))["world_size"] == 4
+
+
 def test_estimate_plan_sizes_the_cluster_to_the_plan(tmp_path):
     path = tmp_path / "plan.json"
     ok("estimate", "--model", "gpt3-175b", "--cluster", "dgx-a100-80gb", "--num-nodes", "128",

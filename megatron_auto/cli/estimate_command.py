@@ -70,7 +70,12 @@ def estimate_file(args: argparse.Namespace) -> Plan:
     cluster_name = args.cluster or plan.cluster
     if not cluster_name:
         raise UserError(f"plan file '{args.plan}' does not record its cluster; give --cluster")
-    cluster = load_cluster_arg(cluster_name, args.num_nodes, args.gpus_per_node)
+    try:
+        cluster = load_cluster_arg(cluster_name, args.num_nodes, args.gpus_per_node)
+    except UserError as error:
+        if args.cluster:
+            raise
+        raise UserError(f"the plan's cluster '{cluster_name}' cannot be loaded ({error}); give --cluster") from None
     cluster = fit_cluster_to_world(cluster, plan.world_size, args)
     training = training_spec(args, cluster.name, args.global_batch_size or plan.global_batch_size)
     return replace(plan, prediction=estimate_plan(plan, model, cluster, training))
