@@ -42,6 +42,34 @@ def test_layer_dp_matches_exhaustive_search_on_random_tables():
                 assert value == pytest.approx(expected)
 
 
+def test_layout_grouped_transitions_give_the_same_optimum():
+    rng = np.random.default_rng(11)
+    for _ in range(80):
+        layers, layouts = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+        groups = np.concatenate([np.arange(layouts), rng.integers(0, layouts, int(rng.integers(0, 3)))])
+        layout_cost = rng.random((layouts, layouts)) * 0.5
+        transition = layout_cost[groups][:, groups]
+        time = rng.random((layers, groups.size))
+        mem = rng.integers(0, 8, (layers, groups.size))
+        budget = int(rng.integers(0, 20))
+        grouped = layer_dp(time, mem, transition, budget, groups=groups)
+        plain = layer_dp(time, mem, transition, budget)
+        np.testing.assert_allclose(grouped.best_time, plain.best_time)
+        for k in range(1, layers + 1):
+            if np.isfinite(plain.best_time[k - 1]):
+                picks = backtrack(grouped, mem, k)
+                value = sum(time[i, c] for i, c in enumerate(picks)) + sum(
+                    transition[picks[i - 1], picks[i]] for i in range(1, k))
+                assert value == pytest.approx(plain.best_time[k - 1])
+                assert sum(mem[i, c] for i, c in enumerate(picks)) <= budget
+
+
+def test_groups_must_describe_the_transitions():
+    transition = np.array([[0.0, 1.0], [2.0, 0.0]])
+    with pytest.raises(ValueError, match="depend on the layouts"):
+        layer_dp(np.zeros((1, 2)), np.zeros((1, 2), dtype=int), transition, 3, groups=np.array([0, 0]))
+
+
 def test_layer_dp_rejects_mismatched_shapes():
     with pytest.raises(ValueError, match="transition must be"):
         layer_dp(np.zeros((2, 3)), np.zeros((2, 3), dtype=int), np.zeros((2, 2)), 4)

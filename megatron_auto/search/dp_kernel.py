@@ -37,38 +37,86 @@ def _check_shapes(time: np.ndarray, mem: np.ndarray, transition: np.ndarray) -> 
 
 
 def layer_dp(time: np.ndarray, mem: np.ndarray, transition: np.ndarray, budget_units: int,
-             keep_choices: bool = True) -> LayerDPResult:
+             keep_choices: bool = True, groups: np.ndarray | None = None) -> LayerDPResult:
     """Minimal-time strategy per layer under `budget_units`, for every prefix length.
 
-    With keep_choices=False only best_time is filled (about twice as fast): the
-    search scores many stages and backtracks only the chosen ones.
+    `groups[s]` optionally names the layout of strategy s when the transition
+    cost depends on layouts only (transition[a, b] = T[groups[a], groups[b]]);
+    the min over predecessors then runs over G layouts instead of S strategies.
     """
     _check_shapes(time, mem, transition)
-    num_layers, num_strategies = time.shape
-    units = np.arange(budget_units + 1)
-    columns = np.arange(num_strategies)
-    choice = np.zeros((num_layers if keep_choices else 0, budget_units + 1, num_strategies), dtype=np.int32)
-    final = np.empty((num_layers, budget_units + 1, num_strategies))
-    no_transition_cost = not transition.any()
+    best, final, choice = _batched_dp(time[None], mem[None], transition, np.array([budget_units]),
+                                      groups, keep_choices)
+    return LayerDPResult(best_time=best[0], choice=choice[0] if keep_choices else choice[:0],
+                         final=final[0], budget_units=budget_units)
+
+
+def layer_dp_batch(time: np.ndarray, mem: np.ndarray, transition: np.ndarray, budget_units: np.ndarray,
+                   groups: np.ndarray | None = None) -> np.ndarray:
+    """B independent problems at once: time and mem are [B, L, S], budgets [B].
+
+    Returns best_time [B, L]. The search scores every (stage, transient ceiling)
+    of a pipeline layout in one pass, and backtracks only the chosen ones.
+    """
+    if time.ndim != 3 or mem.shape != time.shape or budget_units.shape != (time.shape[0],):
+        raise ValueError(f"time and mem must be [B, L, S] and budgets [B]; got {time.shape}, {mem.shape}, {budget_units.shape}")
+    _check_shapes(time[0], mem[0], transition)
+    return _batched_dp(time, mem, transition, budget_units, groups, keep_choices=False)[0]
+
+
+def _batched_dp(time, mem, transition, budgets, groups, keep_choices):
+    batch, num_layers, num_strategies = time.shape
+    top = int(budgets.max())
+    groups = np.arange(num_strategies) if groups is None else np.asarray(groups)
+    layout_cost, members = _layout_transitions(transition, groups)
+    units = np.arange(top + 1)
+    rows = np.arange(batch)[:, None, None]
+    columns = np.arange(num_strategies)[None, None, :]
+    choice = np.zeros((batch, num_layers if keep_choices else 0, top + 1, num_strategies), dtype=np.int32)
+    final = np.empty((batch, num_layers if keep_choices else 0, top + 1, num_strategies))
+    best = np.empty((batch, num_layers))
     previous = None
     for layer in range(num_layers):
         if previous is None:
-            reach = np.zeros((budget_units + 1, num_strategies))
-        elif keep_choices:
-            candidates = previous[:, :, None] + transition[None, :, :]
-            choice[layer] = candidates.argmin(axis=1)
-            reach = np.take_along_axis(candidates, choice[layer][:, None, :], axis=1)[:, 0, :]
-        elif no_transition_cost:
-            reach = np.repeat(previous.min(axis=1, keepdims=True), num_strategies, axis=1)
+            reach = np.zeros((batch, top + 1, num_strategies))
         else:
-            reach = (previous[:, :, None] + transition[None, :, :]).min(axis=1)
-        source = units[:, None] - mem[layer][None, :]
-        valid = source >= 0
-        current = np.where(valid, reach[np.clip(source, 0, None), columns] + time[layer], np.inf)
-        final[layer] = current
+            reach, best_predecessor = _reach(previous, layout_cost, members, groups, keep_choices)
+            if keep_choices:
+                choice[:, layer] = best_predecessor
+        source = units[None, :, None] - mem[:, layer][:, None, :]
+        current = reach[rows, np.maximum(source, 0), columns] + time[:, layer][:, None, :]
+        current[source < 0] = np.inf
+        best[:, layer] = current[np.arange(batch), budgets, :].min(axis=-1)
+        if keep_choices:
+            final[:, layer] = current
         previous = current
-    best = final[:, budget_units, :].min(axis=1)
-    return LayerDPResult(best_time=best, choice=choice, final=final, budget_units=budget_units)
+    return best, final, choice
+
+
+def _layout_transitions(transition: np.ndarray, groups: np.ndarray):
+    """[G, G] layout-to-layout costs and the member strategies of each layout."""
+    count = int(groups.max()) + 1
+    members = [np.nonzero(groups == g)[0] for g in range(count)]
+    if any(m.size == 0 for m in members):
+        raise ValueError("groups must number the layouts 0..G-1 with no gaps")
+    representative = np.array([m[0] for m in members])
+    layout_cost = transition[np.ix_(representative, representative)]
+    if not np.array_equal(layout_cost[groups][:, groups], transition):
+        raise ValueError("transition costs must depend on the layouts named by groups only")
+    return layout_cost, members
+
+
+def _reach(previous: np.ndarray, layout_cost: np.ndarray, members, groups: np.ndarray, keep_choices: bool):
+    """min over predecessors s' of previous[..., s'] + transition[s', s], and the argmin."""
+    best_in_layout = np.stack([previous[..., m].min(axis=-1) for m in members], axis=-1)       # [B, U, G]
+    candidates = best_in_layout[..., :, None] + layout_cost                                   # [B, U, G, G]
+    best_layout = candidates.argmin(axis=-2)                                                  # [B, U, G]
+    reach_layout = np.take_along_axis(candidates, best_layout[..., None, :], axis=-2)[..., 0, :]
+    reach = reach_layout[..., groups]
+    if not keep_choices:
+        return reach, None
+    arg_in_layout = np.stack([m[previous[..., m].argmin(axis=-1)] for m in members], axis=-1)  # [B, U, G]
+    return reach, np.take_along_axis(arg_in_layout, best_layout[..., groups], axis=-1)
 
 
 def backtrack(result: LayerDPResult, mem: np.ndarray, num_layers: int) -> list[int]:

@@ -21,7 +21,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
 from .constraints import SearchConstraints
-from .dp_kernel import backtrack, layer_dp
+from .dp_kernel import backtrack, layer_dp, layer_dp_batch
 from .megatron_space import SpaceStats
 from .partition import best_partition
 from .space import StageContext, prune_strategies
@@ -61,29 +61,42 @@ def embedding_layout(strategies: list[LayerStrategy], tp: Optional[int] = None) 
     return LayerStrategy(tp=chosen.tp, dp=chosen.dp, zero=min(chosen.zero, 1), sp=chosen.sp)
 
 
-def _stage_span_times(tables: LayerTables, fixed: StageFixed, budget: float, max_len: int, unit: float,
-                      uniform: bool, num_layers: int):
-    """[L, max_len+1] best seconds per micro-batch for the stage at each start and length,
-    plus the transient ceiling that achieved each entry."""
-    spans = np.full((num_layers, max_len + 1), np.inf)
-    ceilings = np.zeros((num_layers, max_len + 1))
-    starts = [0] if uniform else range(num_layers)
-    for start in starts:
+def _span_times(tables: LayerTables, fixed: list[StageFixed], budget: float, max_len: int, unit: float,
+                uniform: bool, num_layers: int):
+    """Per stage: [L, max_len+1] best seconds per micro-batch at each start and length
+    (inf where nothing fits), and the transient ceiling that achieved each entry.
+
+    Every (stage, ceiling) problem of one start runs in one batched DP pass.
+    """
+    spans = [np.full((num_layers, max_len + 1), np.inf) for _ in fixed]
+    ceilings = [np.zeros((num_layers, max_len + 1)) for _ in fixed]
+    for start in ([0] if uniform else range(num_layers)):
         rows = slice(start, min(num_layers, start + max_len))
-        for ceiling in np.unique(tables.transient[rows]):
-            best = _run_stage_dp(tables, fixed, budget, rows, unit, ceiling)
-            if best is None:
-                continue
-            lengths = np.arange(1, best.size + 1)
-            better = best < spans[start, lengths]
-            spans[start, lengths[better]] = best[better]
-            ceilings[start, lengths[better]] = ceiling
+        problems = [(s, ceiling) for s in range(len(fixed)) for ceiling in np.unique(tables.transient[rows])
+                    if budget - fixed[s].memory - ceiling >= 0]
+        for batch in _batches(problems, 256):
+            arrays = [_stage_arrays(tables, fixed[s], rows, unit, ceiling) for s, ceiling in batch]
+            budgets = np.array([int((budget - fixed[s].memory - ceiling) // unit) for s, ceiling in batch])
+            best = layer_dp_batch(np.stack([a[0] for a in arrays]), np.stack([a[1] for a in arrays]),
+                                  tables.transition, budgets, tables.groups)
+            for (s, ceiling), times in zip(batch, best):
+                lengths = np.arange(1, times.size + 1)
+                candidate = times + fixed[s].time
+                better = candidate < spans[s][start, lengths]
+                spans[s][start, lengths[better]] = candidate[better]
+                ceilings[s][start, lengths[better]] = ceiling
     if uniform:
-        for start in range(1, num_layers):
-            width = min(max_len, num_layers - start)
-            spans[start, :width + 1] = spans[0, :width + 1]
-            ceilings[start, :width + 1] = ceilings[0, :width + 1]
+        for s in range(len(fixed)):
+            for start in range(1, num_layers):
+                width = min(max_len, num_layers - start)
+                spans[s][start, :width + 1] = spans[s][0, :width + 1]
+                ceilings[s][start, :width + 1] = ceilings[s][0, :width + 1]
     return spans, ceilings
+
+
+def _batches(items: list, size: int):
+    for index in range(0, len(items), size):
+        yield items[index:index + size]
 
 
 def _stage_arrays(tables: LayerTables, fixed: StageFixed, rows: slice, unit: float, ceiling: float):
@@ -95,13 +108,11 @@ def _stage_arrays(tables: LayerTables, fixed: StageFixed, rows: slice, unit: flo
     return time, np.ceil(memory / unit).astype(np.int64)
 
 
-def _run_stage_dp(tables, fixed, budget, rows, unit, ceiling, want_result=False):
-    available = budget - fixed.memory - ceiling
-    if available < 0:
-        return None
+def _run_stage_dp(tables, fixed, budget, rows, unit, ceiling):
+    """The stage's layer DP with choices kept, for backtracking the chosen span."""
     time, units = _stage_arrays(tables, fixed, rows, unit, ceiling)
-    result = layer_dp(time, units, tables.transition, int(available // unit), keep_choices=want_result)
-    return (result, units) if want_result else result.best_time + fixed.time
+    budget_units = int((budget - fixed.memory - ceiling) // unit)
+    return layer_dp(time, units, tables.transition, budget_units, groups=tables.groups), units
 
 
 def _lower_bound(tables: LayerTables, fixed: list[StageFixed], m: int) -> float:
@@ -130,15 +141,15 @@ def _plan_for(model, cluster, training, constraints, options, pp, samples, stats
     budget = training.budget_for(cluster.gpu.memory_bytes)
     unit = budget / options.memory_units
     max_len = min(model.num_layers - pp + 1, int(options.max_stage_factor * math.ceil(model.num_layers / pp)) + 1)
-    spans = [_stage_span_times(tables, f, budget, max_len, unit, model.is_uniform(), model.num_layers) for f in fixed]
+    spans, ceilings = _span_times(tables, fixed, budget, max_len, unit, model.is_uniform(), model.num_layers)
     stats.evaluated += pp * len(strategies)
-    partition = best_partition([times for times, _ in spans], model.num_layers, m)
+    partition = best_partition(spans, model.num_layers, m)
     if partition is None:
         return None
     chunks = []
     for s, (start, length) in enumerate(zip(partition.starts, partition.lengths)):
         rows = slice(start, start + length)
-        result, units = _run_stage_dp(tables, fixed[s], budget, rows, unit, spans[s][1][start, length], want_result=True)
+        result, units = _run_stage_dp(tables, fixed[s], budget, rows, unit, ceilings[s][start, length])
         chunks.append(Chunk(tuple(tables.strategies[j] for j in backtrack(result, units, length))))
     return Plan(space="hybrid", world_size=cluster.world_size, pipeline_parallel=pp,
                 global_batch_size=training.global_batch_size, num_micro_batches=m, chunks=tuple(chunks),

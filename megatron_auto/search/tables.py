@@ -38,6 +38,8 @@ class LayerTables:
     """[L, S] bytes alive only while the layer runs."""
     transition: np.ndarray
     """[S, S] seconds per micro-batch to move from layout i to layout j."""
+    groups: np.ndarray
+    """[S] index of each strategy's activation layout (tp, dp, sp): transitions depend on it alone."""
 
 
 def layer_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, strategies: list[LayerStrategy],
@@ -45,7 +47,14 @@ def layer_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     shape = (model.num_layers, len(strategies))
     time, first, state, act, transient = (np.zeros(shape) for _ in range(5))
     m = num_micro_batches
+    distinct = {}
     for l, spec in enumerate(model.layers):
+        if spec in distinct:  # like layers cost alike: copy the row
+            source = distinct[spec]
+            for table in (time, first, state, act, transient):
+                table[l] = table[source]
+            continue
+        distinct[spec] = l
         for j, strategy in enumerate(strategies):
             c = layer_cost(spec, strategy, micro_batch_samples // strategy.dp, model.seq_length, cluster, training)
             hidden = exposed_dp_time(c.dp_comm_per_iteration_s, c.backward_s)
@@ -54,7 +63,9 @@ def layer_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             state[l, j], act[l, j], transient[l, j] = c.state_bytes, c.activation_bytes, c.transient_bytes
     transition = np.array([[transition_time(a, b, model.hidden_size, model.seq_length, micro_batch_samples,
                                             cluster, training.activation_bytes) for b in strategies] for a in strategies])
-    return LayerTables(tuple(strategies), time, first, state, act, transient, transition)
+    layouts = sorted({(s.tp, s.dp, s.sp) for s in strategies})
+    groups = np.array([layouts.index((s.tp, s.dp, s.sp)) for s in strategies])
+    return LayerTables(tuple(strategies), time, first, state, act, transient, transition, groups)
 
 
 @dataclass(frozen=True)
