@@ -1,0 +1,154 @@
+"""Exhaustive grid search over Megatron's flags: the baseline the planner must never lose to.
+
+This is what an auto-configurator that only sweeps flags does (NeMo's, say): it
+scores every combination of
+
+- `--tensor-model-parallel-size` t: every divisor of the GPUs dividing the heads
+  and query groups (also across nodes: no "TP within a node" rule);
+- `--pipeline-model-parallel-size` p: every divisor of the GPUs up to the layers;
+- `--micro-batch-size`: every divisor of B / dp;
+- `--num-layers-per-virtual-pipeline-stage`: every v dividing the stage's layers;
+- `--sequence-parallel` on and off, `--use-distributed-optimizer` on and off;
+- `--recompute-granularity` none, selective, full (uniform: every layer), and
+  full with `--recompute-method block --recompute-num-layers N` for every N;
+- `--decoder-first/last-pipeline-num-layers`: every first/last stage size whose
+  middle stages split evenly (optionally within `split_window` of the average).
+
+It shares no pruning with `megatron_space.search_megatron`; every candidate is
+built with `build_uniform_plan` and scored with `estimate_plan`. One sound bound
+keeps it tractable: recomputation only adds work, so a configuration's time
+without recomputation is a lower bound on every recomputing variant of it
+(`use_bound=False` turns it off; the tests check both agree).
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+from typing import Iterator, Optional
+
+from ..cost.estimate import estimate_plan
+from ..errors import UserError
+from ..plan import Plan
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.training import TrainingSpec
+from .uniform import UniformConfig, build_uniform_plan, divisors, even_split, megatron_uneven_splits
+
+
+@dataclass
+class GridResult:
+    """The fastest fitting configuration of the grid and what the sweep cost."""
+
+    plan: Optional[Plan] = None
+    """Best fitting plan (with its prediction), None when nothing fits."""
+    config: Optional[UniformConfig] = None
+    """The flags of `plan`."""
+    evaluated: int = 0
+    """Configurations scored with estimate_plan."""
+    bounded: int = 0
+    """Recomputing variants skipped because their no-recompute lower bound was no better."""
+    invalid: int = 0
+    """Combinations Megatron rejects (batch or layers do not divide)."""
+    search_time_s: float = 0.0
+    """Wall-clock seconds."""
+
+    @property
+    def time_s(self) -> float:
+        return self.plan.prediction.iteration_time_s if self.plan is not None else math.inf
+
+    def merge(self, other: "GridResult") -> None:
+        """Fold another sweep (e.g. of other (t, p) pairs) into this one."""
+        if other.plan is not None and other.time_s < self.time_s:
+            self.plan, self.config = other.plan, other.config
+        self.evaluated += other.evaluated
+        self.bounded += other.bounded
+        self.invalid += other.invalid
+
+
+def grid_degrees(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[tuple[int, int]]:
+    """Every (t, p) Megatron accepts for this job."""
+    layer, world = model.layers[0], cluster.world_size
+    return [(tp, pp) for tp in divisors(world) if not (layer.num_attention_heads % tp or layer.num_query_groups % tp)
+            for pp in divisors(world // tp)
+            if pp <= model.num_layers and training.global_batch_size % (world // (tp * pp)) == 0]
+
+
+def grid_splits(model: ModelSpec, pp: int, split_window: Optional[int]) -> list[Optional[tuple[int, ...]]]:
+    """The even split (as None) and every first/last-stage split Megatron's flags express."""
+    even = even_split(model.num_layers, pp)
+    splits: list[Optional[tuple[int, ...]]] = [None] if even else []
+    average = model.num_layers / pp
+    for split in megatron_uneven_splits(model.num_layers, pp):
+        if split == even:
+            continue
+        if split_window is None or (abs(split[0] - average) <= split_window and abs(split[-1] - average) <= split_window):
+            splits.append(split)
+    return splits
+
+
+def _base_configs(model, cluster, training, tp, pp, split_window) -> Iterator[UniformConfig]:
+    """Every flag combination of one (t, p) with recomputation off."""
+    dp = cluster.world_size // (tp * pp)
+    for split in grid_splits(model, pp, split_window):
+        layers = split or even_split(model.num_layers, pp)
+        virtual = divisors(layers[0]) if split is None and pp > 1 else [1]
+        for mbs in divisors(training.global_batch_size // dp):
+            for v in virtual:
+                for sp in ((False, True) if tp > 1 else (False,)):
+                    for distributed in (False, True):
+                        yield UniformConfig(tp=tp, pp=pp, micro_batch_size=mbs, virtual_stages=v,
+                                            sequence_parallel=sp, distributed_optimizer=distributed,
+                                            stage_layers=split)
+
+
+def recompute_variants(config: UniformConfig, model: ModelSpec) -> list[UniformConfig]:
+    """Selective, full on every layer, and full on the first N layers of each chunk for each N."""
+    layers = config.stage_layers or even_split(model.num_layers, config.pp)
+    longest_chunk = max(layers) // config.virtual_stages
+    return ([replace(config, recompute="selective"), replace(config, recompute="full")]
+            + [replace(config, recompute="full", recompute_num_layers=n) for n in range(1, longest_chunk)])
+
+
+def _score(model, cluster, training, config: UniformConfig, result: GridResult) -> Optional[Plan]:
+    try:
+        plan = build_uniform_plan(model, cluster, training, config)
+    except UserError:
+        result.invalid += 1
+        return None
+    result.evaluated += 1
+    return replace(plan, prediction=estimate_plan(plan, model, cluster, training))
+
+
+def _consider(plan: Optional[Plan], config: UniformConfig, result: GridResult) -> None:
+    if plan is not None and plan.prediction.fits and plan.prediction.iteration_time_s < result.time_s:
+        result.plan, result.config = plan, config
+
+
+def grid_search_degrees(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, tp: int, pp: int,
+                        split_window: Optional[int] = None, use_bound: bool = True) -> GridResult:
+    """The fastest fitting configuration with these (t, p), trying every other flag."""
+    result = GridResult()
+    for base in _base_configs(model, cluster, training, tp, pp, split_window):
+        plain = _score(model, cluster, training, base, result)
+        if plain is None:
+            continue
+        _consider(plain, base, result)
+        variants = recompute_variants(base, model)
+        if use_bound and (plain.prediction.fits or plain.prediction.iteration_time_s >= result.time_s):
+            result.bounded += len(variants)
+            continue
+        for config in variants:
+            _consider(_score(model, cluster, training, config, result), config, result)
+    return result
+
+
+def grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                split_window: Optional[int] = None, use_bound: bool = True) -> GridResult:
+    """The fastest fitting configuration over every (t, p) and every other flag."""
+    started = time.perf_counter()
+    result = GridResult()
+    for tp, pp in grid_degrees(model, cluster, training):
+        result.merge(grid_search_degrees(model, cluster, training, tp, pp, split_window, use_bound))
+    result.search_time_s = time.perf_counter() - started
+    return result

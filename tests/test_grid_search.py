@@ -1,0 +1,48 @@
+"""The exhaustive grid over Megatron's flags agrees with search_plan's megatron space on small jobs."""
+from dataclasses import replace
+
+import pytest
+
+from megatron_auto.errors import UserError
+from megatron_auto.search import search_plan
+from megatron_auto.search.grid import grid_search, grid_splits, recompute_variants
+from megatron_auto.search.uniform import UniformConfig
+from megatron_auto.specs.model import uniform_model
+from megatron_auto.specs.presets import CLUSTER_PRESETS
+from megatron_auto.specs.training import GIB, TrainingSpec
+
+MODEL = uniform_model("grid-test", 4, 512, 8, seq_length=512, vocab_size=4096)
+CLUSTER = replace(CLUSTER_PRESETS["dgx-a100-80gb"], num_nodes=1, gpus_per_node=4, framework_overhead_bytes=0)
+
+
+def _search_time(training: TrainingSpec) -> float:
+    try:
+        return search_plan(MODEL, CLUSTER, training, "megatron").plan.prediction.iteration_time_s
+    except UserError:
+        return float("inf")
+
+
+@pytest.mark.parametrize("budget_gib", [0.08, 0.1, 0.13, 0.2, 40.0])
+def test_grid_equals_megatron_search(budget_gib):
+    training = TrainingSpec(global_batch_size=8, memory_budget_bytes=int(budget_gib * GIB))
+    grid = grid_search(MODEL, CLUSTER, training)
+    assert grid.evaluated > 100
+    assert grid.time_s == pytest.approx(_search_time(training), rel=1e-12)
+    if grid.plan is not None:
+        assert grid.plan.prediction.fits
+
+
+def test_recompute_bound_changes_nothing():
+    training = TrainingSpec(global_batch_size=8, memory_budget_bytes=int(0.13 * GIB))
+    bounded, full = grid_search(MODEL, CLUSTER, training), grid_search(MODEL, CLUSTER, training, use_bound=False)
+    assert bounded.bounded > 0 and full.bounded == 0
+    assert bounded.time_s == full.time_s
+
+
+def test_grid_covers_every_megatron_split_and_recompute_count():
+    model = uniform_model("grid-split", 8, 512, 8, seq_length=512, vocab_size=4096)
+    assert grid_splits(model, 2, None) == [None] + [(f, 8 - f) for f in (1, 2, 3, 5, 6, 7)]
+    assert len(grid_splits(model, 2, 1)) == 3
+    variants = recompute_variants(UniformConfig(tp=1, pp=2, micro_batch_size=1), model)
+    assert [(c.recompute, c.recompute_num_layers) for c in variants] == (
+        [("selective", None), ("full", None), ("full", 1), ("full", 2), ("full", 3)])
