@@ -25,6 +25,9 @@ PATCH_MODULES = (
     "torch_norm_sequence_parallel",
     "embedding_weight_sync",
     "vpp_batched_p2p_guard",
+    "dist_checkpointing_cuda",
+    "distrib_optimizer_gather",
+    "distrib_optimizer_torch_adam_step",
 )
 
 __all__ = ["PATCH_MODULES", "PatchTargetChanged", "apply_all", "check_all", "patch_modules"]

@@ -40,6 +40,7 @@ def _raw_function(owner: Any, name: str) -> tuple[Any, Any]:
 def patched_source(owner: Any, name: str, replacements: tuple[Replacement, ...]) -> str:
     """The rewritten source text of `owner.name`, checking every replacement's count."""
     func, _ = _raw_function(owner, name)
+    func = getattr(func, "__wrapped_original__", func)  # once rewritten, re-check the upstream text
     source = textwrap.dedent(inspect.getsource(func))
     where = f"{func.__module__}.{func.__qualname__}"
     for rep in replacements:

@@ -47,8 +47,7 @@ def check() -> None:
     """Raise PatchTargetChanged unless every comparison still occurs exactly as expected."""
     require_version(NAME, TARGET_VERSIONS)
     for owner, name, replacements, _ in _targets():
-        if not getattr(owner.__dict__.get(name), "__megatron_auto_patched__", False):
-            patched_source(owner, name, replacements)
+        patched_source(owner, name, replacements)
 
 
 def apply() -> None:

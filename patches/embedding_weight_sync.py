@@ -29,8 +29,7 @@ def _owner():
 
 def check() -> None:
     require_version(NAME, TARGET_VERSIONS)
-    if not is_applied():
-        patched_source(_owner(), FUNCTION, REPLACEMENTS)
+    patched_source(_owner(), FUNCTION, REPLACEMENTS)
 
 
 def apply() -> None:

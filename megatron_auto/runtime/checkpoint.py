@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -39,10 +40,31 @@ def _model_state(model: list) -> dict:
     return {f"model{i}": chunk.module.sharded_state_dict() for i, chunk in enumerate(model)}
 
 
+def _ensure_adam_state(optimizer) -> None:
+    """Give every parameter Adam state (zeros, step 0) so a loading template has all the keys.
+
+    Megatron-LM creates this state with apex/TE's fused Adam; torch's Adam creates
+    it lazily at the first step, and the distributed optimizer's state_dict needs it.
+    """
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_optimizer = getattr(inner, "optimizer", None)
+        if torch_optimizer is None:
+            continue
+        for group in torch_optimizer.param_groups:
+            for param in group["params"]:
+                state = torch_optimizer.state[param]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    state["exp_avg"] = torch.zeros_like(param.data)
+                    state["exp_avg_sq"] = torch.zeros_like(param.data)
+
+
 def _full_state(model: list, optimizer, scheduler, iteration: int, consumed: int, with_optimizer: bool,
                 is_loading: bool) -> dict:
     state = _model_state(model)
     if with_optimizer:
+        if is_loading:
+            _ensure_adam_state(optimizer)
         merged = {k: v for part in state.values() for k, v in part.items()}
         state["optimizer"] = optimizer.sharded_state_dict(merged, is_loading=is_loading,
                                                           metadata=OPTIMIZER_METADATA)
@@ -80,12 +102,15 @@ def latest_iteration(root: str) -> int:
         raise UserError(f"--load {root}: no {TRACKER} there (not a megatron-auto checkpoint directory)") from None
 
 
-def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: bool = False) -> Resumed:
-    """Load the latest checkpoint in `root` into this layout's model (and optimizer, scheduler)."""
+def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: bool = False,
+                    step: Optional[int] = None) -> Resumed:
+    """Load iteration `step` (default: the latest) of `root` into this layout's model, optimizer and scheduler."""
     from megatron.core import dist_checkpointing
 
-    iteration = latest_iteration(root)
+    iteration = latest_iteration(root) if step is None else step
     path = iteration_dir(root, iteration)
+    if not os.path.isdir(path):
+        raise UserError(f"--load {root}: no checkpoint of iteration {iteration} ({path} is missing)")
     template = _full_state(model, optimizer, scheduler, 0, 0, with_optimizer=not weights_only, is_loading=True)
     loaded = dist_checkpointing.load(template, path)
     if len(model) == 1:

@@ -91,11 +91,12 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
                    _scheduler(optimizer, settings, layout.global_batch_size), source, slicer, padded_vocab)
 
 
-def resume(session: Session, path: Optional[str] = None) -> None:
-    """Load `path` (default: settings.load) into the session."""
+def resume(session: Session, path: Optional[str] = None, step: Optional[int] = None) -> None:
+    """Load `path` (default: settings.load) at `step` (default: settings.ckpt_step or the latest)."""
     root = path or session.settings.load
+    step = step if step is not None else session.settings.ckpt_step
     resumed = checkpoint.load_checkpoint(root, session.model, session.optimizer, session.scheduler,
-                                         weights_only=session.settings.finetune)
+                                         weights_only=session.settings.finetune, step=step)
     session.iteration = resumed.iteration
 
 

@@ -66,6 +66,8 @@ class TrainSettings:
     """Save every this many iterations (0: only at the end when `save` is set)."""
     exit_interval: int = 0
     """Stop after this iteration (0: run to train_iters); for tests of resumption."""
+    ckpt_step: Optional[int] = None
+    """With `load`: the iteration to load (default: the latest)."""
     finetune: bool = False
     """With `load`: take only the weights (no optimizer state, iteration restarts at 0)."""
     timeout_s: float = 300.0

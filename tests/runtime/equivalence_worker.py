@@ -1,0 +1,80 @@
+"""One rank of an equivalence launch: run several parallel layouts of the same tiny GPT in turn.
+
+Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python equivalence_worker.py CASES.json RESULTS.json
+Each case: {"name", "flags": ManualParallelism fields, "steps", optional "load_weights" (checkpoint dir,
+weights only), "resume" (checkpoint dir, full state), "save" + "save_interval", "force_batch_p2p"}.
+The last rank writes {name: {"iterations", "losses", "grad_norms"} or {"error"}} to RESULTS.json.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+
+import patches
+
+patches.apply_all()
+
+from megatron_auto.runtime import distributed, session  # noqa: E402
+from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
+from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
+from megatron_auto.specs.model import uniform_model  # noqa: E402
+
+MODEL = uniform_model("equivalence-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
+                      seq_length=32, vocab_size=256)
+SETTINGS = TrainSettings(train_iters=5, lr=1e-3, hidden_dropout=0.0, attention_dropout=0.0, clip_grad=1.0,
+                         weight_decay=0.01, seed=1234, timeout_s=90.0, data=DataSettings(vocab_size=256))
+
+
+def run_case(case: dict, info) -> dict:
+    import torch
+
+    settings = dataclasses.replace(SETTINGS, train_iters=case.get("steps", 5), save=case.get("save"),
+                                   save_interval=case.get("save_interval", 0))
+    world = torch.distributed.get_world_size()
+    plan = plan_from_flags(MODEL, world, ManualParallelism(**case["flags"]))
+    run = session.build_session(plan, MODEL, settings, info.backend, info.device)
+    if case.get("force_batch_p2p"):
+        for chunk in run.model:
+            chunk.config.batch_p2p_comm = True
+    if case.get("save_initial"):
+        from megatron_auto.runtime import checkpoint
+        checkpoint.save_checkpoint(case["save_initial"], run.model, run.optimizer, run.scheduler, 0, 0)
+    if case.get("load_weights"):
+        _load_weights(run, case["load_weights"])
+    if case.get("resume"):
+        session.resume(run, case["resume"], case.get("resume_step"))
+    first = run.iteration
+    results = session.train(run)
+    return {"iterations": list(range(first + 1, run.iteration + 1)),
+            "losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results]}
+
+
+def _load_weights(run, path: str) -> None:
+    from megatron_auto.runtime import checkpoint
+
+    checkpoint.load_checkpoint(path, run.model, run.optimizer, run.scheduler, weights_only=True)
+
+
+def main() -> None:
+    import torch
+
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    cases = json.load(open(sys.argv[1]))
+    info = distributed.init_distributed(SETTINGS.timeout_s)
+    results = {}
+    for case in cases:
+        try:
+            results[case["name"]] = run_case(case, info)
+        except Exception as error:  # reported per case; the test decides whether it was expected
+            if not case.get("expect_error"):
+                raise
+            results[case["name"]] = {"error": f"{type(error).__name__}: {error}"}
+    if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
+        json.dump(results, open(sys.argv[2], "w"), indent=1)
+    distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()
