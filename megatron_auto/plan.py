@@ -8,6 +8,7 @@ plan in the `megatron` space uses one TP/DP/SP/ZeRO layout for all layers.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Optional
 
@@ -140,7 +141,7 @@ class Plan:
         for check in PLAN_VALIDATORS:
             check(self)
 
-    @property
+    @cached_property
     def layer_strategies(self) -> tuple[LayerStrategy, ...]:
         return tuple(s for chunk in self.chunks for s in chunk.layers)
 

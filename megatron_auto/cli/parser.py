@@ -106,6 +106,7 @@ def _show_parser(commands: argparse._SubParsersAction) -> None:
                                  description="Print a plan file as a human-readable table.")
     parser.add_argument("plan", metavar="plan.json", help="plan file")
     parser.add_argument("--json", action="store_true", help="print the plan's canonical JSON instead")
+    parser.add_argument("--png", metavar="FILE", help="also draw the plan to this PNG file (needs matplotlib)")
 
 
 def build_parser() -> OneLineParser:

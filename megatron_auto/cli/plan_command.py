@@ -25,6 +25,25 @@ def constraints_from_args(args: argparse.Namespace) -> SearchConstraints:
     )
 
 
+OUTER_RULE_REASONS = {
+    "pp-at-most-layers": "every pipeline stage needs at least one layer",
+    "invalid-flags": "Megatron rejects the combination (batch or layers do not divide)",
+    "lower-bound": "a bound proved the (pipeline degree, micro-batch) pair slower than the best so far",
+}
+
+
+def log_search(result) -> None:
+    """--verbose: what each decision-tree rule pruned (and why), and where the search's time went."""
+    from ..search.space import RULES
+
+    reasons = {**OUTER_RULE_REASONS, **{rule.name: rule.reason for rule in RULES}}
+    for rule, removed in result.pruning:
+        logger.info("pruned %6d by %-30s (%s)", removed, rule, reasons.get(rule, "outer-loop rule"))
+    for phase, seconds in result.timings:
+        share = 100.0 * seconds / result.search_time_s if result.search_time_s else 0.0
+        logger.info("time %8.3f s %5.1f%%  %s", seconds, share, phase)
+
+
 def run_plan(args: argparse.Namespace) -> int:
     model, cluster, training = load_job(args)
     from ..search import search_plan  # after the inputs are checked: the search is the heavy import
@@ -38,8 +57,7 @@ def run_plan(args: argparse.Namespace) -> int:
     plan = result.plan
     if plan.prediction is None:
         plan = replace(plan, prediction=estimate_plan(plan, model, cluster, training))
-    for rule, removed in result.pruning:
-        logger.info("pruning rule %-40s removed %d candidates", rule, removed)
+    log_search(result)
     write_plan(plan, args.out)
     if args.json:
         print_json({**summary(plan), "search_time_s": result.search_time_s,

@@ -1,7 +1,7 @@
 """estimate_plan: the cost model's prediction for a whole Plan."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from ..errors import UserError
 from ..plan import Chunk, LayerStrategy, Plan, Prediction, TimeBreakdown
@@ -37,6 +37,8 @@ class StageCost:
     transient_bytes: float = 0.0
     units: int = 0
     """Layers (and embedding/head parts) added so far."""
+    parts: EmbeddingCost | None = None
+    """The plan's embedding and LM-head costs (for the memory of the first and last stages)."""
 
     def add_layer(self, cost: LayerCost, count: int = 1) -> None:
         """Add `count` consecutive layers of identical cost."""
@@ -87,6 +89,8 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
     embedding = embedding_cost(model, plan.embedding, plan.local_micro_batch(plan.embedding), cluster,
                                training, plan.pipeline_parallel)
     _add_part(stages[0], embedding.embedding)
+    for stage in stages:
+        stage.parts = embedding
     layer_index = 0
     for chunk_index, chunk in enumerate(plan.chunks):
         stage = stages[chunk_index % plan.pipeline_parallel]
@@ -146,8 +150,7 @@ def stage_memory_bytes(plan: Plan, stage_index: int, stage: StageCost, model: Mo
     in_flight = in_flight_micro_batches(stage_index, plan.pipeline_parallel, plan.num_micro_batches,
                                         plan.virtual_stages, plan.schedule)
     activations = stage.activation_bytes
-    costs = embedding_cost(model, plan.embedding, plan.local_micro_batch(plan.embedding), cluster,
-                           training, plan.pipeline_parallel)
+    costs = stage.parts
     head_stage = (len(plan.chunks) - 1) % plan.pipeline_parallel
     if stage_index == 0:
         activations += costs.embedding.activation_bytes

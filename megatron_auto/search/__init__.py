@@ -31,13 +31,20 @@ def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     started = time.perf_counter()
     stats = SpaceStats()
     share = 0.3 if space == "hybrid" else 1.0
-    best, stats = search_megatron(model, cluster, training, constraints,
-                                  (lambda f: progress(share * f)) if progress else None, stats)
+    with stats.timed("megatron space"):
+        best, stats = search_megatron(model, cluster, training, constraints,
+                                      (lambda f: progress(share * f)) if progress else None, stats)
+    megatron_evaluated = stats.evaluated
+    log.info("megatron space: %.2f s over %d flag configurations", stats.timings["megatron space"],
+             megatron_evaluated)
     megatron_time = best.prediction.iteration_time_s if best is not None and best.prediction.fits else math.inf
     if space == "hybrid":
-        hybrid, stats = search_hybrid(model, cluster, training, constraints,
-                                      (lambda f: progress(share + (1 - share) * f)) if progress else None,
-                                      stats, incumbent=megatron_time)
+        with stats.timed("hybrid space"):
+            hybrid, stats = search_hybrid(model, cluster, training, constraints,
+                                          (lambda f: progress(share + (1 - share) * f)) if progress else None,
+                                          stats, incumbent=megatron_time)
+        log.info("hybrid space: %.2f s over %d (pipeline degree, micro-batch, strategy) candidates",
+                 stats.timings["hybrid space"], stats.evaluated - megatron_evaluated)
         if hybrid is not None and hybrid.prediction.iteration_time_s < megatron_time:
             best = hybrid
     if best is None or not best.prediction.fits:
@@ -45,7 +52,8 @@ def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     elapsed = time.perf_counter() - started
     log.info("search took %.2f s over %d candidates", elapsed, stats.evaluated)
     return SearchResult(plan=best, search_time_s=elapsed, candidates_evaluated=stats.evaluated,
-                        pruning=tuple(sorted(stats.pruning.items())))
+                        pruning=tuple(sorted(stats.pruning.items())),
+                        timings=tuple(stats.timings.items()))
 
 
 def _infeasible_message(best, training: TrainingSpec, cluster: ClusterSpec) -> str:

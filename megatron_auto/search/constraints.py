@@ -45,3 +45,6 @@ class SearchResult:
     """Configurations scored by the cost model."""
     pruning: tuple[tuple[str, int], ...] = field(default=())
     """(decision-tree rule, candidates it removed), in the order the rules ran."""
+    timings: tuple[tuple[str, float], ...] = field(default=())
+    """(phase, wall-clock seconds) of the search; phases may nest (e.g. `megatron space` holds
+    `megatron space: recompute full`)."""

@@ -122,9 +122,20 @@ def _lower_bound(tables: LayerTables, fixed: list[StageFixed], m: int) -> float:
     return total * (m - 1 + len(fixed)) / len(fixed)
 
 
-def _plan_for(model, cluster, training, constraints, options, pp, samples, stats,
-              embedding_tp: Optional[int] = None, incumbent: float = math.inf) -> Optional[Plan]:
-    """The best hybrid plan with `pp` stages and `samples` per micro-batch, or None."""
+@dataclass(frozen=True)
+class Candidate:
+    """One (pipeline degree, micro-batch) pair with its tables, before the DP runs."""
+
+    pp: int
+    samples: int
+    tables: LayerTables
+    embedding: LayerStrategy
+    fixed: tuple[StageFixed, ...]
+    lower_bound: float
+
+
+def _prepare(model, cluster, training, constraints, pp, samples, stats,
+             embedding_tp: Optional[int] = None) -> Optional[Candidate]:
     gpus = cluster.world_size // pp
     strategies, removed = prune_strategies(StageContext(gpus, cluster, model, constraints, samples))
     for rule, count in removed:
@@ -134,15 +145,19 @@ def _plan_for(model, cluster, training, constraints, options, pp, samples, stats
     m = training.global_batch_size // samples
     tables = layer_tables(model, cluster, training, strategies, samples, m)
     embedding = embedding_layout(strategies, embedding_tp)
-    fixed = [stage_fixed(model, cluster, training, embedding, s, pp, samples, m) for s in range(pp)]
-    if _lower_bound(tables, fixed, m) >= incumbent:
-        stats.drop("lower-bound", len(strategies))
-        return None
+    fixed = tuple(stage_fixed(model, cluster, training, embedding, s, pp, samples, m) for s in range(pp))
+    return Candidate(pp, samples, tables, embedding, fixed, _lower_bound(tables, list(fixed), m))
+
+
+def _solve(candidate: Candidate, model, cluster, training, options, stats) -> Optional[Plan]:
+    """The DP and partition for one candidate: its best plan, or None if nothing fits."""
+    pp, tables, fixed = candidate.pp, candidate.tables, list(candidate.fixed)
+    m = training.global_batch_size // candidate.samples
     budget = training.budget_for(cluster.gpu.memory_bytes)
     unit = budget / options.memory_units
     max_len = min(model.num_layers - pp + 1, int(options.max_stage_factor * math.ceil(model.num_layers / pp)) + 1)
     spans, ceilings = _span_times(tables, fixed, budget, max_len, unit, model.is_uniform(), model.num_layers)
-    stats.evaluated += pp * len(strategies)
+    stats.evaluated += pp * len(tables.strategies)
     partition = best_partition(spans, model.num_layers, m)
     if partition is None:
         return None
@@ -151,14 +166,9 @@ def _plan_for(model, cluster, training, constraints, options, pp, samples, stats
         rows = slice(start, start + length)
         result, units = _run_stage_dp(tables, fixed[s], budget, rows, unit, ceilings[s][start, length])
         chunks.append(Chunk(tuple(tables.strategies[j] for j in backtrack(result, units, length))))
-    return Plan(space="hybrid", world_size=cluster.world_size, pipeline_parallel=pp,
+    plan = Plan(space="hybrid", world_size=cluster.world_size, pipeline_parallel=pp,
                 global_batch_size=training.global_batch_size, num_micro_batches=m, chunks=tuple(chunks),
-                embedding=embedding, model=model, cluster=cluster.name)
-
-
-def _scored(plan: Optional[Plan], model, cluster, training) -> Optional[Plan]:
-    if plan is None:
-        return None
+                embedding=candidate.embedding, model=model, cluster=cluster.name)
     plan = replace(plan, prediction=estimate_plan(plan, model, cluster, training))
     return plan if plan.prediction.fits else None
 
@@ -166,32 +176,40 @@ def _scored(plan: Optional[Plan], model, cluster, training) -> Optional[Plan]:
 def search_hybrid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, constraints: SearchConstraints,
                   progress: Callable[[float], None] | None = None, stats: SpaceStats | None = None,
                   options: HybridOptions = HybridOptions(), incumbent: float = math.inf) -> tuple[Optional[Plan], SpaceStats]:
-    """The fastest fitting per-layer plan with v = 1 that beats `incumbent` seconds (None if none)."""
+    """The fastest fitting per-layer plan with v = 1 that beats `incumbent` seconds (None if none).
+
+    Candidates run in order of their lower bound, so the incumbent tightens early
+    and every candidate whose bound cannot beat it is skipped unsolved.
+    """
     stats = stats or SpaceStats()
-    work = [(pp, q) for pp in pipeline_degrees(model, cluster, constraints)
-            for q in micro_batch_sizes(training, pp, cluster.world_size // pp)]
+    candidates = [c for pp in pipeline_degrees(model, cluster, constraints)
+                  for q in micro_batch_sizes(training, pp, cluster.world_size // pp)
+                  if (c := _prepare(model, cluster, training, constraints, pp, q, stats)) is not None]
+    candidates.sort(key=lambda c: (c.lower_bound, c.pp, c.samples))
     best: Optional[Plan] = None
-    for index, (pp, samples) in enumerate(work):
+    for index, candidate in enumerate(candidates):
         bound = min(incumbent, best.prediction.iteration_time_s if best else math.inf)
-        plan = _scored(_plan_for(model, cluster, training, constraints, options, pp, samples, stats,
-                                 incumbent=bound), model, cluster, training)
+        if candidate.lower_bound >= bound:
+            stats.drop("lower-bound", len(candidates) - index)
+            break
+        plan = _solve(candidate, model, cluster, training, options, stats)
         if plan is not None and plan.prediction.iteration_time_s < bound:
             best = plan
         if progress:
-            progress((index + 1) / len(work))
-    if options.tune_embedding:
+            progress((index + 1) / len(candidates))
+    if options.tune_embedding and best is not None:
         best = _best_embedding(best, model, cluster, training, constraints, options, stats)
     return best, stats
 
 
-def _best_embedding(best, model, cluster, training, constraints, options, stats) -> Optional[Plan]:
+def _best_embedding(best: Plan, model, cluster, training, constraints, options, stats) -> Plan:
     """Re-plan the winning (p, micro-batch) with each TP degree for the embedding and head."""
-    if best is None:
-        return None
     samples = training.global_batch_size // best.num_micro_batches
     for tp in sorted({s.tp for s in best.layer_strategies}):
-        plan = _scored(_plan_for(model, cluster, training, constraints, options, best.pipeline_parallel,
-                                 samples, stats, embedding_tp=tp), model, cluster, training)
+        candidate = _prepare(model, cluster, training, constraints, best.pipeline_parallel, samples, stats, tp)
+        if candidate is None or candidate.lower_bound >= best.prediction.iteration_time_s:
+            continue
+        plan = _solve(candidate, model, cluster, training, options, stats)
         if plan is not None and plan.prediction.iteration_time_s < best.prediction.iteration_time_s:
             best = plan
     return best

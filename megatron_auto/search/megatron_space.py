@@ -8,6 +8,8 @@ found by bisection.
 """
 from __future__ import annotations
 
+import time
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Optional
 
@@ -26,12 +28,24 @@ class SpaceStats:
 
     evaluated: int = 0
     pruning: dict = None
+    timings: dict = None
+    """Wall-clock seconds per phase of the search (phase name -> seconds), in first-seen order."""
 
     def __post_init__(self) -> None:
         self.pruning = self.pruning or {}
+        self.timings = self.timings or {}
 
     def drop(self, rule: str, count: int = 1) -> None:
         self.pruning[rule] = self.pruning.get(rule, 0) + count
+
+    @contextmanager
+    def timed(self, phase: str) -> Iterator[None]:
+        """Add the wall-clock time of the `with` body to `timings[phase]`."""
+        started = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.timings[phase] = self.timings.get(phase, 0.0) + time.perf_counter() - started
 
 
 def parallel_degrees(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
@@ -102,7 +116,9 @@ def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats) -> 
                              virtual_stages=constraints.virtual_stages or 1, sequence_parallel=sp,
                              distributed_optimizer=distributed, stage_layers=split)
         for recompute in recompute_choices(constraints):
-            plan = _best_for_recompute(model, cluster, training, constraints, replace(base, recompute=recompute), stats)
+            with stats.timed(f"megatron space: recompute {recompute}"):
+                plan = _best_for_recompute(model, cluster, training, constraints,
+                                           replace(base, recompute=recompute), stats)
             if plan is not None:
                 yield plan
 

@@ -109,16 +109,26 @@ def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Training
     elif not choose_virtual_stages:
         virtual = [config.virtual_stages]
     best, best_key = None, None
+    overflowed = False
     for mbs in micro_batches:
+        # Activations grow with the micro-batch while the micro-batches in flight
+        # (min(p - s, m)) stay put as long as m >= p: once a size fits under no v,
+        # no larger size with m >= p can fit either.
+        if overflowed and training.global_batch_size // (mbs * dp) >= config.pp:
+            continue
+        fitted_any = False
         for v in virtual:
             try:
                 plan = build_uniform_plan(model, cluster, training, replace(config, micro_batch_size=mbs, virtual_stages=v))
             except UserError:
                 continue
             prediction = estimate_plan(plan, model, cluster, training)
+            fitted_any |= prediction.fits
             key = (not prediction.fits, prediction.iteration_time_s)
             if best_key is None or key < best_key:
                 best, best_key = replace(plan, prediction=prediction), key
+        if not fitted_any and training.global_batch_size // (mbs * dp) >= config.pp:
+            overflowed = True
     if best is None:
         raise UserError("no micro-batch size / virtual-stage count makes these flags valid")
     return best

@@ -1,0 +1,81 @@
+"""Which Plan a run uses: a plan file, the search (`--auto-parallel`), or Megatron's manual flags."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+from ..errors import UserError
+from ..plan import Plan, load_plan
+from ..search.constraints import SearchConstraints
+from ..specs.cluster import ClusterSpec, load_cluster
+from ..specs.model import ModelSpec
+from ..specs.training import TrainingSpec
+
+logger = logging.getLogger(__name__)
+
+
+def detect_cluster_name() -> str:
+    """cpu-gloo without CUDA; dgx-h100-80gb or dgx-a100-80gb from the GPU's name."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return "cpu-gloo"
+    name = torch.cuda.get_device_name(0)
+    if "H100" in name or "H200" in name or "H800" in name:
+        return "dgx-h100-80gb"
+    if "A100" in name or "A800" in name:
+        return "dgx-a100-80gb"
+    raise UserError(f"no cluster preset for GPU '{name}'; pass --auto-parallel-cluster PRESET|FILE.json")
+
+
+def cluster_for_world(cluster: ClusterSpec, world_size: int) -> ClusterSpec:
+    """The cluster shaped to the job: one partial node, or whole nodes."""
+    if world_size <= cluster.gpus_per_node:
+        return dataclasses.replace(cluster, num_nodes=1, gpus_per_node=world_size)
+    if world_size % cluster.gpus_per_node:
+        raise UserError(f"world size {world_size} is not a whole number of {cluster.gpus_per_node}-GPU nodes "
+                        f"of cluster '{cluster.name}'")
+    return cluster.with_nodes(world_size // cluster.gpus_per_node)
+
+
+def search_for_job(model: ModelSpec, world_size: int, cluster_name: str | None, training: TrainingSpec,
+                   constraints: SearchConstraints) -> Plan:
+    """The planner's best megatron-space plan for this model on `world_size` ranks."""
+    from ..search import search_plan
+
+    cluster = cluster_for_world(load_cluster(cluster_name or detect_cluster_name()), world_size)
+    result = search_plan(model, cluster, training, "megatron", constraints)
+    logger.debug("search took %.2fs over %d candidates", result.search_time_s, result.candidates_evaluated)
+    return result.plan
+
+
+def _model_mismatch(plan_model: ModelSpec, model: ModelSpec) -> str | None:
+    """What differs between the plan's model and the flags' model, if anything that matters."""
+    checks = (("num_layers", plan_model.num_layers, model.num_layers),
+              ("hidden_size", plan_model.hidden_size, model.hidden_size),
+              ("num_attention_heads", plan_model.layers[0].num_attention_heads, model.layers[0].num_attention_heads),
+              ("seq_length", plan_model.seq_length, model.seq_length))
+    for name, planned, given in checks:
+        if planned != given:
+            return f"{name} {planned} in the plan, {given} on the command line"
+    return None
+
+
+def check_plan_for_job(plan: Plan, model: ModelSpec, world_size: int, source: str) -> None:
+    """UserError unless `plan` was made for this world size and model."""
+    if plan.world_size != world_size:
+        raise UserError(f"{source} is for {plan.world_size} ranks but this job has {world_size}")
+    if plan.num_layers != model.num_layers:
+        raise UserError(f"{source} places {plan.num_layers} layers but --num-layers is {model.num_layers}")
+    if plan.model is not None:
+        mismatch = _model_mismatch(plan.model, model)
+        if mismatch:
+            raise UserError(f"{source} was made for another model: {mismatch}")
+    if plan.space != "megatron":
+        raise UserError(f"{source} is a {plan.space}-space plan; the Megatron-Core runtime runs megatron-space plans")
+
+
+def plan_from_file(path: str, model: ModelSpec, world_size: int) -> Plan:
+    plan = load_plan(path)
+    check_plan_for_job(plan, model, world_size, f"plan '{path}'")
+    return plan
