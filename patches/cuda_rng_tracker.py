@@ -6,7 +6,10 @@ activation-checkpointing functions save and restore the CUDA generator
 On a CPU-only torch the generator that dropout actually draws from is the CPU
 default generator, so the tracker must fork that one. The patch points the
 module's "CUDA" generator calls at the CPU generator: forks (tensor-parallel
-dropout regions) and recomputation then replay exactly as on GPUs.
+dropout regions) and recomputation then replay exactly as on GPUs. Because the
+"CUDA" and CPU generators are now one, `fork()`'s warning "CPU RNG state changed
+within GPU RNG context" would fire on every dropout; the patch filters exactly
+that message from the module's logger.
 Targets: megatron-core 0.16.1.
 Removable when: megatron-core's RNG tracker takes a device (or a generator) instead of assuming CUDA.
 Applied only when CUDA is absent (patches.apply_all).
@@ -14,6 +17,7 @@ Applied only when CUDA is absent (patches.apply_all).
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
 import torch
@@ -53,9 +57,19 @@ def _set_cpu_rng_state(new_state: torch.Tensor, device: int = -1, graph_safe: bo
     torch.set_rng_state(new_state)
 
 
+SPURIOUS_WARNING = "CPU RNG state changed within GPU RNG context"
+
+
+class _SameGeneratorFilter(logging.Filter):
+    """Drops fork()'s CPU-vs-GPU RNG warning, meaningless when both are the CPU generator."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return record.getMessage() != SPURIOUS_WARNING
+
+
 def check():
     require_version(NAME, TARGET_VERSIONS)
-    for marker in MARKERS:
+    for marker in MARKERS + (SPURIOUS_WARNING,):
         module = require_text(MODULE, marker, NAME)
     return module
 
@@ -65,6 +79,9 @@ def apply() -> None:
     _cpu_torch.install(module, CpuRngCuda())
     module._get_cuda_rng_state = _get_cpu_rng_state
     module._set_cuda_rng_state = _set_cpu_rng_state
+    log = logging.getLogger(MODULE)
+    if not any(isinstance(f, _SameGeneratorFilter) for f in log.filters):
+        log.addFilter(_SameGeneratorFilter())
 
 
 def is_applied() -> bool:

@@ -1,0 +1,242 @@
+"""Drop-in for Megatron-LM's pretrain_gpt.py: the same flags, plus `--auto-parallel`.
+
+Four CPU ranks over gloo, tiny GPT, the shipped corpus, parallelism chosen by the planner:
+
+    .venv/bin/python tools/preprocess_data.py --input data/tiny_corpus.jsonl \
+        --output-prefix data/generated/tiny --tokenizer-type ByteTokenizer
+    OMP_NUM_THREADS=1 .venv/bin/python -m torch.distributed.run --nproc_per_node 4 tools/pretrain_gpt.py \
+        --num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 \
+        --max-position-embeddings 64 --micro-batch-size 2 --global-batch-size 16 --train-iters 60 \
+        --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 5 \
+        --data-path data/generated/tiny_text_document --tokenizer-type ByteTokenizer \
+        --log-interval 5 --eval-interval 30 --eval-iters 2 --auto-parallel
+
+The same job with the parallelism spelled out (what Megatron-LM users type today):
+
+    ... tools/pretrain_gpt.py <same flags, without --auto-parallel> --tensor-model-parallel-size 2 \
+        --pipeline-model-parallel-size 2
+
+Other forms: `--mock-data --tokenizer-type NullTokenizer --vocab-size 256` instead of a
+dataset; `--auto-parallel-plan plan.json` runs a saved plan (`megatron-auto plan --out`);
+`--save DIR --save-interval N` / `--load DIR` checkpoint through Megatron-Core's
+dist_checkpointing, and a run may resume under another plan or world size. On GPUs, the
+same command under torchrun uses NCCL and detects the cluster preset from the GPU name.
+
+Parallelism flags given beside `--auto-parallel` become constraints on the search;
+`--micro-batch-size` is then the planner's to choose. A user error (a plan for another
+world size or model, a bad flag combination) prints one line on stderr and exits 2.
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from megatron_auto.errors import UserError  # noqa: E402
+from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
+from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
+from megatron_auto.runtime.tokenizers import TOKENIZER_TYPES, make_tokenizer  # noqa: E402
+from megatron_auto.search.constraints import SearchConstraints  # noqa: E402
+from megatron_auto.specs.model import ModelSpec, uniform_model  # noqa: E402
+from megatron_auto.specs.training import TrainingSpec  # noqa: E402
+
+logger = logging.getLogger("pretrain_gpt")
+
+
+def _model_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("model")
+    group.add_argument("--num-layers", type=int, required=True)
+    group.add_argument("--hidden-size", type=int, required=True)
+    group.add_argument("--num-attention-heads", type=int, required=True)
+    group.add_argument("--num-query-groups", type=int)
+    group.add_argument("--ffn-hidden-size", type=int)
+    group.add_argument("--seq-length", type=int, required=True)
+    group.add_argument("--max-position-embeddings", type=int)
+    group.add_argument("--swiglu", action="store_true")
+    group.add_argument("--untie-embeddings-and-output-weights", action="store_true")
+    group.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    group.add_argument("--hidden-dropout", type=float, default=0.1)
+    group.add_argument("--attention-dropout", type=float, default=0.1)
+    group.add_argument("--init-method-std", type=float, default=0.02)
+
+
+def _training_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("training")
+    group.add_argument("--micro-batch-size", type=int, default=1)
+    group.add_argument("--global-batch-size", type=int)
+    group.add_argument("--train-iters", type=int, required=True)
+    group.add_argument("--lr", type=float, default=1e-4)
+    group.add_argument("--min-lr", type=float, default=0.0)
+    group.add_argument("--lr-decay-style", default="linear", choices=("constant", "linear", "cosine", "inverse-square-root"))
+    group.add_argument("--lr-warmup-iters", type=int, default=0)
+    group.add_argument("--lr-decay-iters", type=int)
+    group.add_argument("--weight-decay", type=float, default=0.01)
+    group.add_argument("--clip-grad", type=float, default=1.0)
+    group.add_argument("--adam-beta1", type=float, default=0.9)
+    group.add_argument("--adam-beta2", type=float, default=0.999)
+    group.add_argument("--adam-eps", type=float, default=1e-8)
+    precision = group.add_mutually_exclusive_group()
+    precision.add_argument("--bf16", action="store_true")
+    precision.add_argument("--fp16", action="store_true")
+    group.add_argument("--seed", type=int, default=1234)
+    group.add_argument("--distributed-timeout-minutes", type=float, default=10.0)
+
+
+def _parallel_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("parallelism (constraints under --auto-parallel)")
+    group.add_argument("--tensor-model-parallel-size", type=int)
+    group.add_argument("--pipeline-model-parallel-size", type=int)
+    group.add_argument("--num-layers-per-virtual-pipeline-stage", type=int)
+    group.add_argument("--decoder-first-pipeline-num-layers", type=int)
+    group.add_argument("--decoder-last-pipeline-num-layers", type=int)
+    group.add_argument("--sequence-parallel", action="store_true", default=None)
+    group.add_argument("--use-distributed-optimizer", action="store_true", default=None)
+    group.add_argument("--recompute-granularity", choices=("full", "selective"))
+    group.add_argument("--recompute-method", choices=("uniform", "block"))
+    group.add_argument("--recompute-num-layers", type=int)
+    group.add_argument("--auto-parallel", action="store_true", help="let the planner choose the parallelism")
+    group.add_argument("--auto-parallel-cluster", help="cluster preset or JSON (default: detected)")
+    group.add_argument("--auto-parallel-plan", help="run this plan file")
+
+
+def _data_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("data, logging, checkpoints")
+    group.add_argument("--data-path", nargs="+", help="indexed dataset prefix (one; no blending)")
+    group.add_argument("--mock-data", action="store_true")
+    group.add_argument("--tokenizer-type", default="NullTokenizer", choices=TOKENIZER_TYPES)
+    group.add_argument("--vocab-size", type=int)
+    group.add_argument("--split", default="969,30,1", help="accepted for compatibility; eval takes 5%%")
+    group.add_argument("--log-interval", type=int, default=100)
+    group.add_argument("--eval-interval", type=int, default=0)
+    group.add_argument("--eval-iters", type=int, default=10)
+    group.add_argument("--save")
+    group.add_argument("--load")
+    group.add_argument("--save-interval", type=int, default=0)
+    group.add_argument("--exit-interval", type=int, default=0)
+    group.add_argument("--ckpt-step", type=int)
+    group.add_argument("--finetune", action="store_true")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for add in (_model_args, _training_args, _parallel_args, _data_args):
+        add(parser)
+    args = parser.parse_args(argv)
+    if not args.mock_data and not args.data_path:
+        parser.error("give --data-path PREFIX or --mock-data")
+    if args.data_path and len(args.data_path) > 1:
+        parser.error("--data-path takes one prefix here (no weighted blends)")
+    return args
+
+
+def model_from_args(args: argparse.Namespace, vocab_size: int) -> ModelSpec:
+    try:
+        return uniform_model("pretrain_gpt", args.num_layers, args.hidden_size, args.num_attention_heads,
+                             args.seq_length, vocab_size, ffn_hidden_size=args.ffn_hidden_size,
+                             num_query_groups=args.num_query_groups, swiglu=args.swiglu,
+                             untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights)
+    except ValueError as error:
+        raise UserError(f"model flags: {error}") from None
+
+
+def settings_from_args(args: argparse.Namespace, vocab_size: int) -> TrainSettings:
+    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    return TrainSettings(
+        train_iters=args.train_iters, lr=args.lr, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,
+        lr_warmup_iters=args.lr_warmup_iters, lr_decay_iters=args.lr_decay_iters, weight_decay=args.weight_decay,
+        clip_grad=args.clip_grad, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
+        precision=precision, hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
+        init_method_std=args.init_method_std, seed=args.seed,
+        make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+        max_position_embeddings=args.max_position_embeddings, log_interval=args.log_interval,
+        eval_interval=args.eval_interval, eval_iters=args.eval_iters, save=args.save, load=args.load,
+        save_interval=args.save_interval, exit_interval=args.exit_interval, ckpt_step=args.ckpt_step,
+        finetune=args.finetune, timeout_s=args.distributed_timeout_minutes * 60,
+        data=DataSettings(data_path=None if args.mock_data else args.data_path[0], vocab_size=vocab_size))
+
+
+def manual_flags(args: argparse.Namespace) -> ManualParallelism:
+    return ManualParallelism(
+        tensor_parallel=args.tensor_model_parallel_size or 1, pipeline_parallel=args.pipeline_model_parallel_size or 1,
+        micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
+        layers_per_virtual_stage=args.num_layers_per_virtual_pipeline_stage,
+        first_stage_layers=args.decoder_first_pipeline_num_layers, last_stage_layers=args.decoder_last_pipeline_num_layers,
+        recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
+        recompute_num_layers=args.recompute_num_layers, sequence_parallel=bool(args.sequence_parallel),
+        distributed_optimizer=bool(args.use_distributed_optimizer))
+
+
+def search_constraints(args: argparse.Namespace, model: ModelSpec) -> SearchConstraints:
+    """The explicit parallelism flags, as constraints on the search."""
+    virtual = None
+    if args.num_layers_per_virtual_pipeline_stage and args.pipeline_model_parallel_size:
+        virtual = model.num_layers // (args.num_layers_per_virtual_pipeline_stage * args.pipeline_model_parallel_size)
+    return SearchConstraints(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
+                             virtual_stages=virtual, sequence_parallel=args.sequence_parallel,
+                             distributed_optimizer=args.use_distributed_optimizer,
+                             recompute=args.recompute_granularity)
+
+
+def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, settings: TrainSettings):
+    from megatron_auto.runtime import planning
+
+    if args.auto_parallel_plan:
+        return planning.plan_from_file(args.auto_parallel_plan, model, world_size)
+    if not args.auto_parallel:
+        return plan_from_flags(model, world_size, manual_flags(args))
+    global_batch = args.global_batch_size or args.micro_batch_size * world_size
+    training = (TrainingSpec.fp32(global_batch) if settings.precision == "fp32"
+                else TrainingSpec(global_batch_size=global_batch, precision=settings.precision))
+    return planning.search_for_job(model, world_size, args.auto_parallel_cluster, training,
+                                   search_constraints(args, model))
+
+
+def run(args: argparse.Namespace) -> None:
+    import patches
+    from megatron_auto.report import plan_table
+    from megatron_auto.runtime import distributed, session
+
+    tokenizer = make_tokenizer(args.tokenizer_type, args.vocab_size)
+    settings = settings_from_args(args, tokenizer.vocab_size)
+    model = model_from_args(args, tokenizer.vocab_size)
+    patches.apply_all()
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    plan = choose_plan(args, model, world_size, settings)
+    info = distributed.init_distributed(settings.timeout_s)
+    try:
+        if session.is_logging_rank():
+            logger.info("parallel plan (%s):\n%s", "auto-parallel" if args.auto_parallel else "flags", plan_table(plan))
+        job = session.build_session(plan, model, settings, info.backend, info.device)
+        if settings.load:
+            session.resume(job)
+        session.train(job)
+    finally:
+        distributed.shutdown()
+
+
+def configure_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
+    logging.getLogger("megatron").setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", module="megatron")
+    warnings.filterwarnings("ignore", category=UserWarning)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    configure_logging()
+    try:
+        run(args)
+    except UserError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
