@@ -12,6 +12,7 @@ from ..specs.model import ModelSpec
 from ..specs.training import GIB, TrainingSpec
 from .constraints import SearchConstraints, SearchResult
 from .hybrid import search_hybrid
+from .least_memory import least_memory_gib
 from .megatron_space import SpaceStats, search_megatron
 
 __all__ = ["search_plan", "SearchConstraints", "SearchResult"]
@@ -48,7 +49,8 @@ def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         if hybrid is not None and hybrid.prediction.iteration_time_s < megatron_time:
             best = hybrid
     if best is None or not best.prediction.fits:
-        raise UserError(_infeasible_message(best, training, cluster))
+        raise UserError(_infeasible_message(least_memory_gib(model, cluster, training, space, constraints),
+                                            training, cluster))
     elapsed = time.perf_counter() - started
     log.info("search took %.2f s over %d candidates", elapsed, stats.evaluated)
     return SearchResult(plan=best, search_time_s=elapsed, candidates_evaluated=stats.evaluated,
@@ -56,9 +58,9 @@ def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
                         timings=tuple(stats.timings.items()))
 
 
-def _infeasible_message(best, training: TrainingSpec, cluster: ClusterSpec) -> str:
+def _infeasible_message(least_gib: float, training: TrainingSpec, cluster: ClusterSpec) -> str:
     budget = training.budget_for(cluster.gpu.memory_bytes) / GIB
-    if best is None:
+    if math.isinf(least_gib):
         return f"no valid plan exists for this model, batch and {cluster.world_size} GPUs"
     return (f"no plan fits in {budget:.1f} GiB per GPU; the least memory any plan needs is "
-            f"{best.prediction.peak_memory_gib:.1f} GiB")
+            f"{least_gib:.1f} GiB")

@@ -1,0 +1,41 @@
+"""The least memory any plan needs, for the error that says a budget is impossible.
+
+Memory falls with full recomputation, ZeRO-3 (hybrid space) or ZeRO-1
+(megatron space), SP, one sample per micro-batch and no interleaving, so the
+minimum over (tp, pp, pipeline split) of those layouts is the least any plan of
+the space needs.
+"""
+from __future__ import annotations
+
+import math
+
+from ..cost.estimate import estimate_plan
+from ..errors import UserError
+from ..plan import Chunk, LayerStrategy, Plan
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.training import GIB, TrainingSpec
+from .constraints import SearchConstraints
+from .megatron_space import SpaceStats, parallel_degrees
+from .uniform import megatron_uneven_splits
+
+
+def least_memory_gib(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, space: str,
+                     constraints: SearchConstraints) -> float:
+    """Smallest predicted peak memory per GPU over the space's leanest layouts (inf if none is valid)."""
+    least = math.inf
+    for tp, pp in parallel_degrees(model, cluster, training, constraints, SpaceStats()):
+        dp = cluster.world_size // (tp * pp)
+        zero = 3 if space == "hybrid" and dp > 1 else (1 if dp > 1 else 0)
+        lean = LayerStrategy(tp=tp, dp=dp, zero=zero, sp=tp > 1, recompute="full")
+        embedding = LayerStrategy(tp=tp, dp=dp, zero=min(zero, 1), sp=tp > 1)
+        for split in megatron_uneven_splits(model.num_layers, pp):
+            try:
+                plan = Plan(space="hybrid", world_size=cluster.world_size, pipeline_parallel=pp,
+                            global_batch_size=training.global_batch_size,
+                            num_micro_batches=training.global_batch_size // dp,
+                            chunks=tuple(Chunk((lean,) * n) for n in split), embedding=embedding, model=model)
+                least = min(least, estimate_plan(plan, model, cluster, training).peak_memory_gib)
+            except (ValueError, UserError):
+                continue
+    return least
