@@ -1,0 +1,77 @@
+"""tools/pretrain_gpt.py and tools/preprocess_data.py end to end."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from launcher import REPO, launch, rank_env
+
+TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+        "--max-position-embeddings", "64"]
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> str:
+    prefix = tmp_path_factory.mktemp("data") / "tiny"
+    done = subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", "data/tiny_corpus.jsonl",
+                           "--output-prefix", str(prefix), "--tokenizer-type", "ByteTokenizer"],
+                          cwd=REPO, capture_output=True, text=True, timeout=120, env=rank_env(0, 1, 0))
+    assert done.returncode == 0, done.stderr
+    assert "700 documents" in done.stdout
+    return f"{prefix}_text_document"
+
+
+def test_auto_parallel_training_on_four_ranks_lowers_the_loss(dataset, tmp_path):
+    argv = ["tools/pretrain_gpt.py", *TINY, "--micro-batch-size", "2", "--global-batch-size", "16",
+            "--train-iters", "30", "--lr", "3e-3", "--min-lr", "3e-4", "--lr-decay-style", "cosine",
+            "--lr-warmup-iters", "3", "--data-path", dataset, "--tokenizer-type", "ByteTokenizer",
+            "--log-interval", "1", "--auto-parallel"]
+    result = launch(4, argv, timeout_s=300, log_dir=tmp_path)
+    assert result.ok, result.output[-4000:]
+    losses = [float(x) for x in re.findall(r"iteration +\d+/ +30 \|.*\| lm loss: (\S+) \|", result.output)]
+    assert len(losses) == 30
+    assert "megatron-lm flags" in result.output  # the chosen plan is printed at start
+    assert "throughput per GPU (TFLOP/s/GPU)" in result.output and "tokens per second" in result.output
+    assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:3]) / 3
+
+
+def _pretrain(args: list[str], world_size: int = 1) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "tools/pretrain_gpt.py", *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=120, env=rank_env(0, world_size, 29999))
+
+
+def test_plan_for_another_world_size_is_refused_with_one_line(tmp_path):
+    from megatron_auto.plan import save_plan
+    from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags
+    from megatron_auto.specs.model import uniform_model
+
+    model = uniform_model("m", 4, 64, 4, seq_length=64, vocab_size=257)
+    save_plan(plan_from_flags(model, 4, ManualParallelism(tensor_parallel=2, global_batch_size=8)), tmp_path / "p.json")
+    done = _pretrain([*TINY, "--train-iters", "1", "--mock-data", "--tokenizer-type", "ByteTokenizer",
+                      "--auto-parallel-plan", str(tmp_path / "p.json")])
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [f"error: plan '{tmp_path / 'p.json'}' is for 4 ranks but this job has 1"]
+
+
+def test_plan_for_another_model_is_refused(tmp_path):
+    from megatron_auto.plan import save_plan
+    from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags
+    from megatron_auto.specs.model import uniform_model
+
+    model = uniform_model("m", 4, 128, 4, seq_length=64, vocab_size=257)
+    save_plan(plan_from_flags(model, 1, ManualParallelism()), tmp_path / "p.json")
+    done = _pretrain([*TINY, "--train-iters", "1", "--mock-data", "--tokenizer-type", "ByteTokenizer",
+                      "--auto-parallel-plan", str(tmp_path / "p.json")])
+    assert done.returncode == 2
+    assert "made for another model: hidden_size 128 in the plan, 64 on the command line" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_indivisible_parallel_flags_are_a_user_error():
+    done = _pretrain([*TINY, "--train-iters", "1", "--mock-data", "--vocab-size", "256",
+                      "--tensor-model-parallel-size", "3"])
+    assert done.returncode == 2
+    assert "not divisible" in done.stderr and "Traceback" not in done.stderr
