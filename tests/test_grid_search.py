@@ -32,11 +32,16 @@ def test_grid_equals_megatron_search(budget_gib):
         assert grid.plan.prediction.fits
 
 
-def test_recompute_bound_changes_nothing():
-    training = TrainingSpec(global_batch_size=8, memory_budget_bytes=int(0.13 * GIB))
-    bounded, full = grid_search(MODEL, CLUSTER, training), grid_search(MODEL, CLUSTER, training, use_bound=False)
-    assert bounded.bounded > 0 and full.bounded == 0
-    assert bounded.time_s == full.time_s
+@pytest.mark.parametrize("budget_gib", [0.1, 0.13, 0.2, 0.4])
+def test_recompute_bounds_change_nothing(budget_gib):
+    model = uniform_model("grid-bound", 8, 512, 8, seq_length=512, vocab_size=4096)
+    training = TrainingSpec(global_batch_size=8, memory_budget_bytes=int(budget_gib * GIB))
+    bounded = grid_search(model, CLUSTER, training)
+    full = grid_search(model, CLUSTER, training, use_bound=False)
+    assert full.bounded == 0
+    if budget_gib >= 0.2:  # something fits early, so the bounds bite
+        assert bounded.bounded > 0 and bounded.evaluated < full.evaluated
+    assert bounded.time_s == full.time_s and bounded.config == full.config
 
 
 def test_grid_covers_every_megatron_split_and_recompute_count():
@@ -45,4 +50,13 @@ def test_grid_covers_every_megatron_split_and_recompute_count():
     assert len(grid_splits(model, 2, 1)) == 3
     variants = recompute_variants(UniformConfig(tp=1, pp=2, micro_batch_size=1), model)
     assert [(c.recompute, c.recompute_num_layers) for c in variants] == (
-        [("selective", None), ("full", None), ("full", 1), ("full", 2), ("full", 3)])
+        [("selective", None), ("full", 1), ("full", 2), ("full", 3), ("full", None)])
+
+
+def test_grid_equals_megatron_search_when_block_recompute_wins():
+    model = uniform_model("grid-block", 8, 512, 8, seq_length=512, vocab_size=4096)
+    training = TrainingSpec(global_batch_size=8, memory_budget_bytes=int(0.13 * GIB))
+    grid = grid_search(model, CLUSTER, training)
+    assert (grid.config.recompute, grid.config.recompute_num_layers) == ("full", 7)
+    searched = search_plan(model, CLUSTER, training, "megatron").plan.prediction.iteration_time_s
+    assert grid.time_s == pytest.approx(searched, rel=1e-12)

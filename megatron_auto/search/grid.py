@@ -15,10 +15,13 @@ scores every combination of
   middle stages split evenly (optionally within `split_window` of the average).
 
 It shares no pruning with `megatron_space.search_megatron`; every candidate is
-built with `build_uniform_plan` and scored with `estimate_plan`. One sound bound
-keeps it tractable: recomputation only adds work, so a configuration's time
-without recomputation is a lower bound on every recomputing variant of it
-(`use_bound=False` turns it off; the tests check both agree).
+built with `build_uniform_plan` and scored with `estimate_plan`. Two sound bounds
+keep it tractable, both from one fact: recomputation only adds work. A
+configuration's time without recomputation bounds every recomputing variant of
+it from below, and recomputing more layers (block method, larger N) is never
+faster, so the scan over N stops at the first N that fits or is no faster than
+the best so far. A quick first pass (no recompute, full recompute) supplies the
+best-so-far. `use_bound=False` turns the bounds off; the tests check both agree.
 """
 from __future__ import annotations
 
@@ -103,11 +106,12 @@ def _base_configs(model, cluster, training, tp, pp, split_window) -> Iterator[Un
 
 
 def recompute_variants(config: UniformConfig, model: ModelSpec) -> list[UniformConfig]:
-    """Selective, full on every layer, and full on the first N layers of each chunk for each N."""
+    """Selective, then full on the first N layers of each chunk for N = 1, 2, ..., then full on every layer."""
     layers = config.stage_layers or even_split(model.num_layers, config.pp)
     longest_chunk = max(layers) // config.virtual_stages
-    return ([replace(config, recompute="selective"), replace(config, recompute="full")]
-            + [replace(config, recompute="full", recompute_num_layers=n) for n in range(1, longest_chunk)])
+    return ([replace(config, recompute="selective")]
+            + [replace(config, recompute="full", recompute_num_layers=n) for n in range(1, longest_chunk)]
+            + [replace(config, recompute="full")])
 
 
 def _score(model, cluster, training, config: UniformConfig, result: GridResult) -> Optional[Plan]:
@@ -125,30 +129,62 @@ def _consider(plan: Optional[Plan], config: UniformConfig, result: GridResult) -
         result.plan, result.config = plan, config
 
 
+def _sweep_recompute(model, cluster, training, plain: Plan, base: UniformConfig, result: GridResult,
+                     use_bound: bool) -> None:
+    """Every recomputing variant of `base`, skipping those the no-recompute time or a fitting
+    variant with fewer recomputed layers proves no faster than the best so far."""
+    variants = recompute_variants(base, model)
+    if use_bound and (plain.prediction.fits or plain.prediction.iteration_time_s >= result.time_s):
+        result.bounded += len(variants)
+        return
+    for index, config in enumerate(variants):
+        plan = _score(model, cluster, training, config, result)
+        _consider(plan, config, result)
+        stop = plan is not None and (plan.prediction.fits or plan.prediction.iteration_time_s >= result.time_s)
+        if use_bound and config.recompute == "full" and stop:
+            result.bounded += len(variants) - index - 1   # more recomputed layers: no faster
+            return
+
+
 def grid_search_degrees(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, tp: int, pp: int,
-                        split_window: Optional[int] = None, use_bound: bool = True) -> GridResult:
-    """The fastest fitting configuration with these (t, p), trying every other flag."""
-    result = GridResult()
+                        split_window: Optional[int] = None, use_bound: bool = True,
+                        incumbent: Optional[Plan] = None, quick: bool = False) -> GridResult:
+    """The fastest fitting configuration with these (t, p), trying every other flag.
+
+    `incumbent`: a plan (of any (t, p)) to beat, so that the bounds bite from the start.
+    `quick`: only no recomputation and full recomputation of every layer (to find an incumbent fast).
+    """
+    result = GridResult(plan=incumbent)
     for base in _base_configs(model, cluster, training, tp, pp, split_window):
         plain = _score(model, cluster, training, base, result)
         if plain is None:
             continue
         _consider(plain, base, result)
-        variants = recompute_variants(base, model)
-        if use_bound and (plain.prediction.fits or plain.prediction.iteration_time_s >= result.time_s):
-            result.bounded += len(variants)
-            continue
-        for config in variants:
-            _consider(_score(model, cluster, training, config, result), config, result)
+        if quick:
+            full = replace(base, recompute="full")
+            _consider(_score(model, cluster, training, full, result), full, result)
+        else:
+            _sweep_recompute(model, cluster, training, plain, base, result, use_bound)
+    if result.plan is incumbent:
+        result.plan = None
     return result
 
 
 def grid_search(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 split_window: Optional[int] = None, use_bound: bool = True) -> GridResult:
-    """The fastest fitting configuration over every (t, p) and every other flag."""
+    """The fastest fitting configuration over every (t, p) and every other flag.
+
+    A quick pass (no recompute, full recompute) finds an incumbent; the full pass then bounds against it.
+    """
     started = time.perf_counter()
-    result = GridResult()
+    quick = GridResult()
+    if use_bound:
+        for tp, pp in grid_degrees(model, cluster, training):
+            quick.merge(grid_search_degrees(model, cluster, training, tp, pp, split_window, quick=True))
+    result = GridResult(plan=quick.plan, config=quick.config)
     for tp, pp in grid_degrees(model, cluster, training):
-        result.merge(grid_search_degrees(model, cluster, training, tp, pp, split_window, use_bound))
+        result.merge(grid_search_degrees(model, cluster, training, tp, pp, split_window, use_bound,
+                                         incumbent=result.plan))
+    result.evaluated += quick.evaluated
     result.search_time_s = time.perf_counter() - started
     return result
