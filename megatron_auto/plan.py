@@ -192,6 +192,8 @@ def _check_chunk_count(plan: Plan) -> None:
 def _check_world_size(plan: Plan) -> None:
     if plan.world_size % plan.pipeline_parallel:
         raise ValueError(f"world size {plan.world_size} is not divisible by pipeline_parallel {plan.pipeline_parallel}")
+    if all(s.gpus == plan.gpus_per_stage for s in set(plan.layer_strategies) | {plan.embedding}):
+        return
     for index, strategy in enumerate(plan.layer_strategies + (plan.embedding,)):
         if strategy.gpus != plan.gpus_per_stage:
             where = "embedding" if index == plan.num_layers else f"layer {index}"

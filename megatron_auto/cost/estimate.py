@@ -115,11 +115,16 @@ def _runs(specs, strategies):
     """Group consecutive layers with equal spec and strategy: (spec, strategy, count)."""
     runs: list[list] = []
     for spec, strategy in zip(specs, strategies):
-        if runs and runs[-1][0] == spec and runs[-1][1] == strategy:
+        if runs and _same(runs[-1][0], spec) and _same(runs[-1][1], strategy):
             runs[-1][2] += 1
         else:
             runs.append([spec, strategy, 1])
     return runs
+
+
+def _same(a, b) -> bool:
+    """Equality with the identity shortcut that dataclass __eq__ lacks (shared layer objects)."""
+    return a is b or a == b
 
 
 def _add_part(stage: StageCost, part) -> None:

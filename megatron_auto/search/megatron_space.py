@@ -8,6 +8,7 @@ found by bisection.
 """
 from __future__ import annotations
 
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -99,7 +100,8 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     pairs = list(parallel_degrees(model, cluster, training, constraints, stats))
     best: Optional[Plan] = None
     for index, (tp, pp) in enumerate(pairs):
-        for plan in _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats):
+        incumbent = best.prediction.iteration_time_s if best is not None and best.prediction.fits else math.inf
+        for plan in _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats, incumbent):
             if best is None or _key(plan) < _key(best):
                 best = plan
         if progress:
@@ -107,7 +109,7 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     return best, stats
 
 
-def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats) -> Iterator[Plan]:
+def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats, incumbent) -> Iterator[Plan]:
     dp = cluster.world_size // (tp * pp)
     sp = tp > 1 if constraints.sequence_parallel is None else constraints.sequence_parallel and tp > 1
     distributed = dp > 1 if constraints.distributed_optimizer is None else constraints.distributed_optimizer
@@ -118,18 +120,20 @@ def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats) -> 
         for recompute in recompute_choices(constraints):
             with stats.timed(f"megatron space: recompute {recompute}"):
                 plan = _best_for_recompute(model, cluster, training, constraints,
-                                           replace(base, recompute=recompute), stats)
+                                           replace(base, recompute=recompute), stats, incumbent)
             if plan is not None:
                 yield plan
 
 
-def _best_for_recompute(model, cluster, training, constraints, config: UniformConfig, stats) -> Optional[Plan]:
+def _best_for_recompute(model, cluster, training, constraints, config: UniformConfig, stats,
+                        incumbent: float) -> Optional[Plan]:
     def evaluate(num_layers: Optional[int]) -> Optional[Plan]:
         stats.evaluated += 1
         try:
             return best_uniform_plan(model, cluster, training, replace(config, recompute_num_layers=num_layers),
                                      choose_micro_batch=constraints.micro_batch_size is None,
-                                     choose_virtual_stages=constraints.virtual_stages is None)
+                                     choose_virtual_stages=constraints.virtual_stages is None,
+                                     incumbent=incumbent)
         except UserError:
             stats.drop("invalid-flags")
             return None

@@ -1,10 +1,12 @@
 """Plans with one layout for every layer: what Megatron's own flags describe."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Optional, Sequence
 
 from ..cost.estimate import estimate_plan
+from ..cost.layer_cost import layer_cost
 from ..errors import UserError
 from ..plan import Chunk, LayerStrategy, Plan
 from ..specs.cluster import ClusterSpec
@@ -94,11 +96,26 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
+def steady_state_bound(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig,
+                       micro_batch_size: int) -> float:
+    """No schedule of these flags beats m x (forward + backward of the layers) / p:
+    the steady state runs at the slowest stage, which holds at least the average."""
+    dp = cluster.world_size // (config.tp * config.pp)
+    strategy = LayerStrategy(tp=config.tp, dp=dp, sp=config.sequence_parallel and config.tp > 1)
+    m = training.global_batch_size // (micro_batch_size * dp)
+    work = 0.0
+    for spec in set(model.layers):
+        cost = layer_cost(spec, strategy, micro_batch_size, model.seq_length, cluster, training)
+        work += model.layers.count(spec) * (cost.forward_s + cost.backward_s)
+    return m * work / config.pp
+
+
 def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig,
-                      choose_micro_batch: bool, choose_virtual_stages: bool) -> Plan:
+                      choose_micro_batch: bool, choose_virtual_stages: bool, incumbent: float = math.inf) -> Plan:
     """`config` with its micro-batch size and/or virtual stages replaced by the fastest valid choice.
 
     Fitting plans beat non-fitting ones; among each, the lower predicted time wins.
+    Micro-batch sizes whose steady-state bound cannot beat `incumbent` seconds are skipped.
     """
     dp = cluster.world_size // (config.tp * config.pp)
     micro_batches = divisors(training.global_batch_size // dp) if choose_micro_batch else [config.micro_batch_size]
@@ -116,6 +133,8 @@ def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Training
         # no larger size with m >= p can fit either.
         if overflowed and training.global_batch_size // (mbs * dp) >= config.pp:
             continue
+        if incumbent < math.inf and steady_state_bound(model, cluster, training, config, mbs) >= incumbent:
+            continue
         fitted_any = False
         for v in virtual:
             try:
@@ -130,5 +149,6 @@ def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Training
         if not fitted_any and training.global_batch_size // (mbs * dp) >= config.pp:
             overflowed = True
     if best is None:
-        raise UserError("no micro-batch size / virtual-stage count makes these flags valid")
+        raise UserError("no micro-batch size / virtual-stage count makes these flags valid"
+                        + (" or beats the best plan so far" if incumbent < math.inf else ""))
     return best
