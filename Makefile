@@ -27,17 +27,19 @@ demo: demo-plan demo-train
 demo-plan: venv
 	$(BIN)/megatron-auto plan --model gpt3-175b --cluster dgx-a100-80gb --num-nodes 128 --global-batch-size 1536
 
-# ---- demo-train: 4-rank CPU/gloo training run (the lead finalizes this target) ----
-# Runs only once tools/pretrain_gpt.py exists; replace the arguments below with the
-# command from that script's docstring.
-demo-train: venv
-	@if [ -f tools/pretrain_gpt.py ]; then \
-		$(BIN)/python tools/pretrain_gpt.py --help >/dev/null && \
-		echo "demo-train: tools/pretrain_gpt.py found; TODO(lead): put the 4-rank training command here"; \
-	else \
-		echo "demo-train: tools/pretrain_gpt.py is not in this tree yet; skipping the training run"; \
-	fi
-# ---- end demo-train ----
+# 4 gloo ranks on the CPU train a tiny GPT on the shipped corpus; the planner picks the layout.
+DATA_PREFIX := data/generated/tiny
+demo-train: venv $(DATA_PREFIX)_text_document.bin
+	OMP_NUM_THREADS=1 $(BIN)/python -m torch.distributed.run --nproc_per_node 4 tools/pretrain_gpt.py \
+		--num-layers 4 --hidden-size 64 --num-attention-heads 4 --seq-length 64 \
+		--max-position-embeddings 64 --micro-batch-size 2 --global-batch-size 16 --train-iters 60 \
+		--lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 5 \
+		--data-path $(DATA_PREFIX)_text_document --tokenizer-type ByteTokenizer \
+		--log-interval 5 --eval-interval 30 --eval-iters 2 --auto-parallel
+
+$(DATA_PREFIX)_text_document.bin: data/tiny_corpus.jsonl tools/preprocess_data.py | venv
+	$(BIN)/python tools/preprocess_data.py --input data/tiny_corpus.jsonl \
+		--output-prefix $(DATA_PREFIX) --tokenizer-type ByteTokenizer
 
 clean-venv:
 	rm -rf $(VENV)
