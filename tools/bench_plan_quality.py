@@ -1,0 +1,263 @@
+"""Plan quality (issue 6): published configs vs an exhaustive flag grid vs our two search spaces.
+
+Command (about 15 minutes on a 2-core machine; writes a section of docs/benchmarks.md):
+    .venv/bin/python tools/bench_plan_quality.py
+
+For each case (model, cluster, GPUs, batch, memory budget), by our cost model:
+  (a) the published SC21 configuration where one exists (its t, p, full recompute;
+      micro-batch and virtual stages chosen as `megatron-auto estimate` does);
+  (b) the best configuration of an exhaustive grid over Megatron's flags
+      (megatron_auto/search/grid.py; the grid runs on 2 processes);
+  (c) search_plan(..., "megatron");  (d) search_plan(..., "hybrid")  (run alone, timed).
+Targets: (c) and (d) never slower than (b). Any case where they are is printed as
+SEARCH BUG and listed in the section.
+"""
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, fields, replace
+from functools import partial
+from pathlib import Path
+from typing import Optional
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from megatron_auto.calibration import load_rows  # noqa: E402
+from megatron_auto.plan import Plan  # noqa: E402
+from megatron_auto.search import search_plan  # noqa: E402
+from megatron_auto.search.grid import GridResult, grid_degrees, grid_search_degrees  # noqa: E402
+from megatron_auto.search.uniform import UniformConfig, best_uniform_plan  # noqa: E402
+from megatron_auto.specs import TrainingSpec, load_cluster, load_model  # noqa: E402
+from megatron_auto.specs.training import GIB  # noqa: E402
+
+COMMAND = "`.venv/bin/python tools/bench_plan_quality.py`"
+HEADING = "## Plan quality: published vs grid search vs planner"
+ROWS = ROOT.parent / "shared" / "reference" / "megatron_sc21_table1_subset.json"
+SPLIT_WINDOW = 3
+TIGHT_GIB = 40
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    cluster: str
+    gpus: int
+    batch: int
+    budget_gib: Optional[int] = None
+    """None: the GPU's 80 GiB (ample); else the memory-tight budget."""
+    row: Optional[int] = None
+    """Index of the SC21 row with this model, GPUs and batch (for (a))."""
+    split_window: Optional[int] = SPLIT_WINDOW
+    """First/last-stage sizes the grid tries: within this many layers of the average; None: all."""
+
+    @property
+    def label(self) -> str:
+        budget = f"{self.budget_gib} GiB" if self.budget_gib else "80 GiB"
+        window = "" if self.split_window is None else f" / ±{self.split_window}"
+        return f"{self.model} / {self.cluster.split('-')[1]} / {self.gpus} / B={self.batch} / {budget}{window}"
+
+
+CASES = [
+    Case("gpt3-1.7b", "dgx-a100-80gb", 32, 512, row=0, split_window=None),
+    Case("gpt3-1.7b", "dgx-a100-80gb", 32, 512, TIGHT_GIB, row=0, split_window=None),
+    Case("gpt3-7.5b", "dgx-a100-80gb", 128, 512, row=1, split_window=None),
+    Case("gpt3-39.1b", "dgx-a100-80gb", 512, 1536, row=2),
+    Case("gpt3-39.1b", "dgx-a100-80gb", 512, 1536, TIGHT_GIB, row=2),
+    Case("gpt3-145.6b", "dgx-a100-80gb", 1536, 2304, row=3),
+    Case("gpt3-3.6b", "dgx-a100-80gb", 8, 256, TIGHT_GIB, split_window=None),
+    Case("llama2-7b", "dgx-h100-80gb", 8, 128, split_window=None),
+    Case("llama2-7b", "dgx-h100-80gb", 8, 128, TIGHT_GIB, split_window=None),
+    Case("llama2-13b", "dgx-h100-80gb", 64, 512, split_window=None),
+    Case("llama2-70b", "dgx-h100-80gb", 64, 512),
+    Case("llama2-70b", "dgx-h100-80gb", 64, 512, TIGHT_GIB),
+    Case("gpt3-175b", "dgx-h100-80gb", 1024, 1536),
+    Case("gpt3-1t", "dgx-h100-80gb", 3072, 3072),
+]
+
+
+def job(case: Case):
+    """Model, cluster and training of a case; published-row cases train in fp16 as SC21 did."""
+    model, cluster = load_model(case.model), load_cluster(case.cluster, case.gpus // 8)
+    budget = int(case.budget_gib * GIB) if case.budget_gib else 0
+    training = TrainingSpec(case.batch, precision="fp16" if case.row is not None else "bf16",
+                            memory_budget_bytes=budget)
+    return model, cluster, training
+
+
+def published(case: Case, model, cluster, training) -> Optional[Plan]:
+    """(a): the SC21 row's t and p with full recompute; the fastest micro-batch / virtual stages that fit."""
+    if case.row is None:
+        return None
+    row = load_rows(ROWS)[case.row]
+    config = UniformConfig(tp=row.tp, pp=row.pp, micro_batch_size=1, recompute="full")
+    return best_uniform_plan(model, cluster, training, config, choose_micro_batch=True, choose_virtual_stages=True)
+
+
+def parallel_grid(model, cluster, training, window: Optional[int], pool: ProcessPoolExecutor) -> GridResult:
+    """(b) on the pool: a quick pass for an incumbent, then the full grid bounded by it."""
+    started = time.perf_counter()
+    pairs = grid_degrees(model, cluster, training)
+    quick = GridResult()
+    run = partial(_degrees, model, cluster, training, window)
+    for part in pool.map(run, pairs, [None] * len(pairs), [True] * len(pairs)):
+        quick.merge(part)
+    result = GridResult(plan=quick.plan, config=quick.config, evaluated=quick.evaluated)
+    for part in pool.map(run, pairs, [quick.plan] * len(pairs), [False] * len(pairs)):
+        result.merge(part)
+    result.search_time_s = time.perf_counter() - started
+    return result
+
+
+def _degrees(model, cluster, training, window, pair, incumbent, quick) -> GridResult:
+    return grid_search_degrees(model, cluster, training, pair[0], pair[1], window,
+                               incumbent=incumbent, quick=quick)
+
+
+def describe_config(config: Optional[UniformConfig]) -> str:
+    if config is None:
+        return "-"
+    text = f"t{config.tp} p{config.pp} mbs{config.micro_batch_size} v{config.virtual_stages}"
+    text += " sp" if config.sequence_parallel else ""
+    text += " do" if config.distributed_optimizer else ""
+    text += f" rc={config.recompute}" + (f"/{config.recompute_num_layers}" if config.recompute_num_layers else "")
+    return text + (f" split={'-'.join(map(str, config.stage_layers))}" if config.stage_layers else "")
+
+
+def describe_plan(plan: Plan) -> str:
+    """Layouts and recompute kinds with their layer counts, p, micro-batch, v, stage split."""
+    layouts = Counter(s.short().split("·rc=")[0] for s in plan.layer_strategies)
+    recompute = Counter(s.recompute for s in plan.layer_strategies)
+    counts = plan.stage_layer_counts()
+    text = ", ".join(f"{k}×{n}" if len(layouts) > 1 else k for k, n in layouts.items())
+    text += " rc " + "/".join(f"{k}×{n}" for k, n in recompute.items())
+    text += f"; p{plan.pipeline_parallel} mbs{plan.local_micro_batch(plan.embedding)} v{plan.virtual_stages}"
+    return text + (f" split={'-'.join(map(str, counts))}" if len(set(counts)) > 1 else "")
+
+
+def explain(megatron: Plan, hybrid: Plan) -> str:
+    """Why the hybrid plan is faster: what it does differently, and which time terms shrank."""
+    m, h = megatron.prediction, hybrid.prediction
+    deltas = sorted(((getattr(m.breakdown, f.name) - getattr(h.breakdown, f.name), f.name[:-2].replace("_", " "))
+                     for f in fields(m.breakdown)), reverse=True)
+    saved = ", ".join(f"{name} −{seconds:.2f} s" for seconds, name in deltas[:2] if seconds > 0)
+    return (f"megatron plan [{describe_plan(megatron)}] peaks at {m.peak_memory_gib:.1f}/{m.memory_budget_gib:.0f} GiB; "
+            f"hybrid [{describe_plan(hybrid)}] peaks at {h.peak_memory_gib:.1f} GiB; saves {saved}")
+
+
+def run_case(case: Case, pool: ProcessPoolExecutor) -> dict:
+    model, cluster, training = job(case)
+    out = {"case": case, "a": published(case, model, cluster, training)}
+    out["b"] = parallel_grid(model, cluster, training, case.split_window, pool)
+    for key, space in (("c", "megatron"), ("d", "hybrid")):
+        out[key] = search_plan(model, cluster, training, space)
+    return out
+
+
+def _time(plan: Optional[Plan]) -> Optional[float]:
+    return plan.prediction.iteration_time_s if plan is not None and plan.prediction.fits else None
+
+
+def _ratio(slow: Optional[float], fast: Optional[float]) -> str:
+    """Speed-up of `fast` over `slow` (>1: faster)."""
+    return f"{slow / fast:.3f}" if slow and fast else "-"
+
+
+def _seconds(value: Optional[float]) -> str:
+    return f"{value:.3f}" if value is not None else "-"
+
+
+def bugs_of(result: dict) -> list[str]:
+    """(c) or (d) slower than (b): a search bug, stated precisely."""
+    grid = _time(result["b"].plan)
+    out = []
+    for key, space in (("c", "megatron"), ("d", "hybrid")):
+        mine = _time(result[key].plan)
+        if grid is not None and (mine is None or mine > grid * (1 + 1e-9)):
+            out.append(f"{result['case'].label}: {space} search {_seconds(mine)} s "
+                       f"[{describe_plan(result[key].plan)}] is slower than the grid's {grid:.3f} s "
+                       f"[{describe_config(result['b'].config)}]")
+    return out
+
+
+def table_lines(results: list[dict]) -> list[str]:
+    lines = ["| case (model / GPU / GPUs / batch / budget) | (a) published s | (b) grid s | (c) megatron s | (d) hybrid s | "
+             "(b) vs (a) | (c) vs (a) | (c) vs (b) | (d) vs (c) | grid time s (configs) | (c) search s | (d) search s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        a, b, c, d = _time(r["a"]), _time(r["b"].plan), _time(r["c"].plan), _time(r["d"].plan)
+        lines.append(f"| {r['case'].label} | {_seconds(a)} | {_seconds(b)} | {_seconds(c)} | {_seconds(d)} | "
+                     f"{_ratio(a, b)} | {_ratio(a, c)} | {_ratio(b, c)} | {_ratio(c, d)} | "
+                     f"{r['b'].search_time_s:.1f} ({r['b'].evaluated}) | {r['c'].search_time_s:.2f} | "
+                     f"{r['d'].search_time_s:.2f} |")
+    return lines
+
+
+def config_lines(results: list[dict]) -> list[str]:
+    lines = ["| case | (a) published | (b) grid best | (c) megatron | (d) hybrid |", "|---|---|---|---|---|"]
+    for r in results:
+        a = r["a"]
+        published_text = (f"t{a.embedding.tp} p{a.pipeline_parallel} mbs{a.local_micro_batch(a.embedding)} "
+                          f"v{a.virtual_stages} rc=full" + ("" if a.prediction.fits else " (does not fit)")) if a else "-"
+        lines.append(f"| {r['case'].label} | {published_text} | {describe_config(r['b'].config)} | "
+                     f"{describe_plan(r['c'].plan)} | {describe_plan(r['d'].plan)} |")
+    return lines
+
+
+def section(results: list[dict], total_s: float) -> str:
+    bugs = [bug for r in results for bug in bugs_of(r)]
+    wins = [r for r in results if _time(r["d"].plan) < 0.95 * _time(r["c"].plan)]
+    lines = [HEADING, "",
+             f"Command: {COMMAND} ({total_s / 60:.1f} minutes on this 2-core machine). Predicted iteration seconds "
+             "by our cost model; \"x vs y\" is the speed-up of x over y (time y / time x). (a): the SC21 row's t, p "
+             "and full recompute, fp16, micro-batch and virtual stages chosen as `megatron-auto estimate` does. "
+             "(b): exhaustive grid over Megatron's flags (`megatron_auto/search/grid.py`: every t, p, micro-batch, "
+             "v, SP on/off, distributed optimizer on/off, recompute none/selective/full and block-recompute "
+             f"N = 1..chunk, and every first/last-stage layer count Megatron accepts; marked ±{SPLIT_WINDOW}: only "
+             f"those within {SPLIT_WINDOW} layers of the average), run on 2 processes. (c), (d): `search_plan` in the megatron and hybrid spaces, one process. Tight budget: "
+             f"`TrainingSpec.memory_budget_bytes` = {TIGHT_GIB} GiB.", ""]
+    lines += table_lines(results) + ["", "Configurations (layout × layers, recompute kind × layers):", ""]
+    lines += config_lines(results) + ["", "Search bugs ((c) or (d) slower than (b)): "
+                                      + ("none." if not bugs else "")]
+    lines += [f"- {bug}" for bug in bugs]
+    lines += ["", "Where (d) beats (c) by more than 5%: " + ("none." if not wins else "")]
+    lines += [f"- {r['case'].label}: {_ratio(_time(r['c'].plan), _time(r['d'].plan))}x. "
+              f"{explain(r['c'].plan, r['d'].plan)}." for r in wins]
+    return "\n".join(lines) + "\n"
+
+
+def replace_section(text: str, heading: str, body: str) -> str:
+    start = text.find(heading)
+    if start < 0:
+        return text.rstrip() + "\n\n" + body
+    end = text.find("\n## ", start + len(heading))
+    return text[:start] + body + (text[end + 1:] if end >= 0 else "")
+
+
+def main() -> None:
+    started, results = time.perf_counter(), []
+    cases = [CASES[int(i)] for i in sys.argv[1:]] or CASES
+    with ProcessPoolExecutor(2) as pool:
+        for case in cases:
+            results.append(run_case(case, pool))
+            r = results[-1]
+            sys.stdout.write(f"{case.label}: a={_seconds(_time(r['a']))} b={_seconds(_time(r['b'].plan))} "
+                             f"c={_seconds(_time(r['c'].plan))} d={_seconds(_time(r['d'].plan))} "
+                             f"grid {r['b'].search_time_s:.1f} s ({r['b'].evaluated} configs) "
+                             f"c {r['c'].search_time_s:.1f} s d {r['d'].search_time_s:.1f} s "
+                             f"[{time.perf_counter() - started:.0f} s]\n")
+            for bug in bugs_of(r):
+                sys.stdout.write(f"SEARCH BUG: {bug}\n")
+            sys.stdout.flush()
+    body = section(results, time.perf_counter() - started)
+    if len(cases) == len(CASES):
+        docs = ROOT / "docs" / "benchmarks.md"
+        docs.write_text(replace_section(docs.read_text(), HEADING, body))
+    sys.stdout.write(body)
+
+
+if __name__ == "__main__":
+    main()

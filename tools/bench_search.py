@@ -1,0 +1,116 @@
+"""Search cost (issue 6): wall-clock time and peak Python memory of search_plan, and how they grow.
+
+Command (about 5-10 minutes on a 2-core machine; writes a section of docs/benchmarks.md):
+    .venv/bin/python tools/bench_search.py
+
+Grid: 8 to 4096 A100 GPUs x 24 to 128 layers (hidden 4096, 32 heads, s 2048, V 51200;
+batch = max(512, GPUs)) x both spaces. Each search runs twice: once plain for the
+time, once under tracemalloc for the peak memory (tracemalloc slows it down, so
+its time is not used). The growth is a least-squares power law
+time ~ GPUs^alpha x layers^beta per space.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from megatron_auto.errors import UserError  # noqa: E402
+from megatron_auto.search import search_plan  # noqa: E402
+from megatron_auto.specs import TrainingSpec, load_cluster  # noqa: E402
+from megatron_auto.specs.model import uniform_model  # noqa: E402
+
+COMMAND = "`.venv/bin/python tools/bench_search.py`"
+HEADING = "## Search cost: time and memory vs GPUs and layers"
+GPUS = (8, 64, 512, 4096)
+LAYERS = (24, 48, 96, 128)
+SPACES = ("megatron", "hybrid")
+
+
+def job(gpus: int, layers: int):
+    model = uniform_model(f"bench-{layers}l", layers, 4096, 32, 2048, 51200)
+    return model, load_cluster("dgx-a100-80gb", gpus // 8), TrainingSpec(max(512, gpus))
+
+
+def measure(gpus: int, layers: int, space: str) -> dict:
+    """Seconds and peak traced MiB of one search, and what it found."""
+    model, cluster, training = job(gpus, layers)
+    started = time.perf_counter()
+    try:
+        result = search_plan(model, cluster, training, space)
+        found = f"{result.plan.prediction.iteration_time_s:.2f} s ({result.plan.space})"
+    except UserError:
+        result, found = None, "nothing fits"
+    seconds = time.perf_counter() - started
+    tracemalloc.start()
+    try:
+        search_plan(model, cluster, training, space)
+    except UserError:
+        pass
+    peak = tracemalloc.get_traced_memory()[1] / 2**20
+    tracemalloc.stop()
+    return {"gpus": gpus, "layers": layers, "space": space, "seconds": seconds, "peak_mib": peak,
+            "found": found, "candidates": result.candidates_evaluated if result else 0}
+
+
+def power_law(rows: list[dict], key: str) -> tuple[float, float]:
+    """(alpha, beta) of key ~ c * GPUs^alpha * layers^beta, least squares in log space."""
+    a = np.array([[1.0, math.log(r["gpus"]), math.log(r["layers"])] for r in rows])
+    y = np.array([math.log(r[key]) for r in rows])
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    return float(coef[1]), float(coef[2])
+
+
+def section(rows: list[dict], total_s: float) -> str:
+    lines = [HEADING, "",
+             f"Command: {COMMAND} ({total_s / 60:.1f} minutes on this 2-core machine, one process). Model: hidden 4096, "
+             "32 heads, s 2048, V 51200, L layers; dgx-a100-80gb; batch max(512, GPUs). Time: wall-clock "
+             "seconds of `search_plan`; memory: peak Python allocations (tracemalloc) during a second run.", "",
+             "| GPUs | layers | space | search s | peak MiB | candidates | best plan |", "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['gpus']} | {r['layers']} | {r['space']} | {r['seconds']:.2f} | {r['peak_mib']:.1f} | "
+                     f"{r['candidates']} | {r['found']} |")
+    lines += ["", "Growth, least-squares power law over the grid above (per space): "
+              "time ∝ GPUs^α × layers^β, memory ∝ GPUs^α' × layers^β'.", "",
+              "| space | α (time vs GPUs) | β (time vs layers) | α' (memory vs GPUs) | β' (memory vs layers) |",
+              "|---|---|---|---|---|"]
+    for space in SPACES:
+        subset = [r for r in rows if r["space"] == space]
+        (alpha, beta), (alpha_m, beta_m) = power_law(subset, "seconds"), power_law(subset, "peak_mib")
+        lines.append(f"| {space} | {alpha:.2f} | {beta:.2f} | {alpha_m:.2f} | {beta_m:.2f} |")
+    return "\n".join(lines) + "\n"
+
+
+def replace_section(text: str, heading: str, body: str) -> str:
+    start = text.find(heading)
+    if start < 0:
+        return text.rstrip() + "\n\n" + body
+    end = text.find("\n## ", start + len(heading))
+    return text[:start] + body + (text[end + 1:] if end >= 0 else "")
+
+
+def main() -> None:
+    started, rows = time.perf_counter(), []
+    for gpus in GPUS:
+        for layers in LAYERS:
+            for space in SPACES:
+                rows.append(measure(gpus, layers, space))
+                r = rows[-1]
+                sys.stdout.write(f"{gpus:5d} GPUs {layers:4d} layers {space:8s} {r['seconds']:7.2f} s "
+                                 f"{r['peak_mib']:7.1f} MiB  {r['found']}  [{time.perf_counter() - started:.0f} s]\n")
+                sys.stdout.flush()
+    body = section(rows, time.perf_counter() - started)
+    docs = ROOT / "docs" / "benchmarks.md"
+    docs.write_text(replace_section(docs.read_text(), HEADING, body))
+    sys.stdout.write(body)
+
+
+if __name__ == "__main__":
+    main()
