@@ -9,7 +9,7 @@ from __future__ import annotations
 from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.training import TrainingSpec
-from .collectives import all_gather_time, all_reduce_time, p2p_time, reduce_scatter_time
+from .models import comm_model
 
 
 def tp_comm_time(hidden: int, seq: int, samples: int, strategy: LayerStrategy,
@@ -24,10 +24,11 @@ def tp_comm_time(hidden: int, seq: int, samples: int, strategy: LayerStrategy,
     t = strategy.tp
     if t == 1:
         return 0.0
-    link = cluster.link_for_group(t)
+    comm = comm_model(cluster)
     bytes_ = seq * samples * hidden * activation_bytes
-    one = (all_gather_time(bytes_, t, link) + reduce_scatter_time(bytes_, t, link)) if strategy.sp \
-        else all_reduce_time(bytes_, t, link)
+    one = (comm.collective_time("all_gather", bytes_, t, 1, cluster)
+           + comm.collective_time("reduce_scatter", bytes_, t, 1, cluster)) if strategy.sp \
+        else comm.collective_time("all_reduce", bytes_, t, 1, cluster)
     collectives = 4 + (2 if strategy.recompute == "full" else 0)
     return collectives * one
 
@@ -45,12 +46,12 @@ def dp_comm_time(num_params: float, strategy: LayerStrategy, cluster: ClusterSpe
     d = strategy.dp
     if d == 1 or strategy.zero >= 3:
         return 0.0
-    link = cluster.link_for_group(d, stride=strategy.tp)
-    local = num_params / strategy.tp
+    comm, tp = comm_model(cluster), strategy.tp
+    local = num_params / tp
     if strategy.zero == 0:
-        return all_reduce_time(local * training.grad_bytes, d, link)
-    return (reduce_scatter_time(local * training.grad_bytes, d, link)
-            + all_gather_time(local * training.param_bytes, d, link))
+        return comm.collective_time("all_reduce", local * training.grad_bytes, d, tp, cluster)
+    return (comm.collective_time("reduce_scatter", local * training.grad_bytes, d, tp, cluster)
+            + comm.collective_time("all_gather", local * training.param_bytes, d, tp, cluster))
 
 
 def zero3_comm_time(num_params: float, strategy: LayerStrategy, cluster: ClusterSpec,
@@ -61,10 +62,11 @@ def zero3_comm_time(num_params: float, strategy: LayerStrategy, cluster: Cluster
     d = strategy.dp
     if d == 1 or strategy.zero < 3:
         return 0.0
-    link = cluster.link_for_group(d, stride=strategy.tp)
-    bytes_ = num_params / strategy.tp * training.param_bytes
+    comm, tp = comm_model(cluster), strategy.tp
+    bytes_ = num_params / tp * training.param_bytes
     gathers = 3 if recompute_full else 2
-    return gathers * all_gather_time(bytes_, d, link) + reduce_scatter_time(bytes_, d, link)
+    return (gathers * comm.collective_time("all_gather", bytes_, d, tp, cluster)
+            + comm.collective_time("reduce_scatter", bytes_, d, tp, cluster))
 
 
 def transition_time(before: LayerStrategy, after: LayerStrategy, hidden: int, seq: int,
@@ -83,11 +85,11 @@ def transition_time(before: LayerStrategy, after: LayerStrategy, hidden: int, se
     if lo != hi:
         group = hi // lo
         samples = micro_batch_samples // lo
-        link = cluster.link_for_group(group, stride=min(before.tp, after.tp))
-        return all_gather_time(seq * samples * hidden * activation_bytes, group, link)
+        return comm_model(cluster).collective_time("all_gather", seq * samples * hidden * activation_bytes,
+                                                   group, min(before.tp, after.tp), cluster)
     samples = micro_batch_samples // before.dp
-    link = cluster.link_for_group(before.tp)
-    return all_gather_time(seq * samples * hidden * activation_bytes, before.tp, link)
+    return comm_model(cluster).collective_time("all_gather", seq * samples * hidden * activation_bytes,
+                                               before.tp, 1, cluster)
 
 
 def pipeline_p2p_time(hidden: int, seq: int, micro_batch_samples: int, gpus_per_stage: int,
@@ -102,6 +104,5 @@ def pipeline_p2p_time(hidden: int, seq: int, micro_batch_samples: int, gpus_per_
         return 0.0
     # With more than one node some stage boundary crosses nodes, and the
     # steady state runs at the pace of the slowest boundary.
-    link = cluster.intra_node if cluster.num_nodes == 1 else cluster.inter_node
     bytes_ = seq * micro_batch_samples * hidden * activation_bytes / gpus_per_stage
-    return 2 * p2p_time(bytes_, link)
+    return 2 * comm_model(cluster).p2p_time(bytes_, cluster.num_nodes > 1, cluster)

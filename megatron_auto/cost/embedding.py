@@ -9,8 +9,8 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
 from .communication import dp_comm_time, tp_comm_time
-from .compute import gemm_time
 from .flops import Gemm
+from .models import compute_model
 from .memory import embedding_activation_bytes, logits_activation_bytes, model_state_bytes
 
 
@@ -48,7 +48,7 @@ def embedding_cost(model: ModelSpec, strategy: LayerStrategy, samples: int, clus
         state_bytes=model_state_bytes(model.embedding_parameters, strategy, training),
         activation_bytes=embedding_activation_bytes(model, samples, strategy, word),
     )
-    logits = gemm_time(Gemm(samples * s, h, vocab // strategy.tp), cluster)
+    logits = compute_model(cluster).gemm_time(Gemm(samples * s, h, vocab // strategy.tp), cluster)
     head_params = vocab * h if (pipeline_parallel > 1 or model.untie_embeddings_and_output_weights) else 0
     head = PartCost(
         micro_batch_s=3 * logits + one_collective, backward_s=2 * logits, tp_comm_s=one_collective,

@@ -13,6 +13,7 @@ from .embedding import EmbeddingCost, embedding_cost
 from .flops import model_flops_per_iteration
 from .layer_cost import LayerCost, layer_cost
 from .memory import in_flight_micro_batches
+from .models import compute_model
 from .pipeline import bubble_time, exposed_dp_time, pipeline_time
 
 __all__ = ["estimate_plan", "model_flops_per_iteration", "StageCost", "stage_costs"]
@@ -138,8 +139,8 @@ def _add_part(stage: StageCost, part) -> None:
 
 
 def optimizer_step_time(state_bytes: float, cluster: ClusterSpec) -> float:
-    """Adam is memory-bound: it reads and writes every byte of model state once (x2)."""
-    return 2.0 * state_bytes / cluster.gpu.memory_bandwidth_bytes_per_s
+    """One Adam step over `state_bytes` of model state (cost.models: analytic or measured)."""
+    return compute_model(cluster).optimizer_time(state_bytes, cluster)
 
 
 def stage_time_per_micro_batch(stage: StageCost, num_micro_batches: int) -> float:

@@ -13,7 +13,8 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
 from ..specs.training import TrainingSpec
 from .communication import dp_comm_time, tp_comm_time, zero3_comm_time
-from .compute import layer_compute_times, recompute_time
+from .compute import recompute_time
+from .models import compute_model
 from .memory import layer_activation_bytes, model_state_bytes, zero3_gathered_bytes
 
 
@@ -47,7 +48,7 @@ def layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int
                cluster: ClusterSpec, training: TrainingSpec) -> LayerCost:
     """Cost of `layer` with `samples` sequences per micro-batch on each of its DP ranks."""
     word = training.activation_bytes
-    times = layer_compute_times(layer, seq, samples, strategy.tp, strategy.sp, cluster, word)
+    times = compute_model(cluster).layer_times(layer, seq, samples, strategy.tp, strategy.sp, cluster, word)
     recompute = recompute_time(times, strategy.recompute)
     compute = times.forward_s + times.backward_s + recompute
     zero3 = zero3_comm_time(layer.num_parameters, strategy, cluster, training, strategy.recompute == "full")

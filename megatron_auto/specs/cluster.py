@@ -3,11 +3,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 from .. import serde
 from ..serde import CachedHash
 from ..errors import UserError
 from .model import _check_version
+from .profiles import MeasuredCosts
 
 CLUSTER_SCHEMA_VERSION = 1
 
@@ -80,6 +82,8 @@ class ClusterSpec(CachedHash):
     """Memory the framework holds regardless of the plan (CUDA context, NCCL buffers, allocator slack)."""
     schema_version: int = CLUSTER_SCHEMA_VERSION
     """Version of this record's layout."""
+    measured: Optional[MeasuredCosts] = None
+    """Profiles from `megatron-auto profile-cluster/profile-model` (`--profile`); None: analytic model."""
 
     def __post_init__(self) -> None:
         _check_version(self.schema_version, CLUSTER_SCHEMA_VERSION, "cluster spec")

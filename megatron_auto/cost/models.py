@@ -1,0 +1,96 @@
+"""The seam between the cost terms and where their numbers come from.
+
+`layer_cost`, `embedding_cost` and `communication` ask `compute_model(cluster)`
+and `comm_model(cluster)` for times. Without profiles these are the analytic
+models (GEMM-efficiency law, ring formulas); with `ClusterSpec.measured` set
+(`--profile FILE`) they are the profiled models of cost/profiled.py, which fall
+back to the analytic ones for anything the profiles do not cover.
+"""
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..specs.cluster import ClusterSpec
+from ..specs.model import LayerSpec
+from . import collectives
+from .compute import ComputeTimes, gemm_time, layer_compute_times
+from .flops import Gemm
+
+
+class ComputeModel(Protocol):
+    """Seconds of computation on one shard."""
+
+    def layer_times(self, layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool,
+                    cluster: ClusterSpec, activation_bytes: int) -> ComputeTimes:
+        """Forward, backward and attention-core forward of one micro-batch through one layer."""
+
+    def gemm_time(self, gemm: Gemm, cluster: ClusterSpec) -> float:
+        """One forward GEMM outside the layers (the LM head)."""
+
+    def optimizer_time(self, state_bytes: float, cluster: ClusterSpec) -> float:
+        """One optimizer step over `state_bytes` of model state."""
+
+
+class CommModel(Protocol):
+    """Seconds of communication for one rank."""
+
+    def collective_time(self, op: str, bytes_: float, group_size: int, stride: int,
+                        cluster: ClusterSpec) -> float:
+        """`op` in all_reduce / all_gather / reduce_scatter over `group_size` ranks `stride` apart;
+        `bytes_` is the full (unreduced or gathered) buffer."""
+
+    def p2p_time(self, bytes_: float, inter_node: bool, cluster: ClusterSpec) -> float:
+        """One send of `bytes_` from one rank to another."""
+
+
+class AnalyticCompute:
+    """GEMM-efficiency law plus element-wise kernels at memory bandwidth (cost/compute.py)."""
+
+    def layer_times(self, layer, seq, samples, tp, sp, cluster, activation_bytes) -> ComputeTimes:
+        return layer_compute_times(layer, seq, samples, tp, sp, cluster, activation_bytes)
+
+    def gemm_time(self, gemm: Gemm, cluster: ClusterSpec) -> float:
+        return gemm_time(gemm, cluster)
+
+    def optimizer_time(self, state_bytes: float, cluster: ClusterSpec) -> float:
+        """Adam is memory-bound: it reads and writes every byte of model state once (x2)."""
+        return 2.0 * state_bytes / cluster.gpu.memory_bandwidth_bytes_per_s
+
+
+_RING = {"all_reduce": collectives.all_reduce_time, "all_gather": collectives.all_gather_time,
+         "reduce_scatter": collectives.reduce_scatter_time}
+
+
+class AnalyticComm:
+    """Ring formulas over the slowest link tier the group crosses (cost/collectives.py)."""
+
+    def collective_time(self, op, bytes_, group_size, stride, cluster) -> float:
+        return _RING[op](bytes_, group_size, cluster.link_for_group(group_size, stride))
+
+    def p2p_time(self, bytes_, inter_node, cluster) -> float:
+        link = cluster.inter_node if inter_node else cluster.intra_node
+        return collectives.p2p_time(bytes_, link)
+
+
+ANALYTIC_COMPUTE = AnalyticCompute()
+ANALYTIC_COMM = AnalyticComm()
+
+
+def compute_model(cluster: ClusterSpec) -> ComputeModel:
+    """The profiled compute model when a model profile is attached, else the analytic one."""
+    measured = cluster.measured
+    if measured is None or measured.model is None:
+        return ANALYTIC_COMPUTE
+    from .profiled import profiled_compute
+
+    return profiled_compute(measured.model)
+
+
+def comm_model(cluster: ClusterSpec) -> CommModel:
+    """The profiled communication model when a cluster profile is attached, else the analytic one."""
+    measured = cluster.measured
+    if measured is None or measured.cluster is None:
+        return ANALYTIC_COMM
+    from .profiled import profiled_comm
+
+    return profiled_comm(measured.cluster)
