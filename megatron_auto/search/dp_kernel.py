@@ -69,23 +69,25 @@ def _batched_dp(time, mem, transition, budgets, groups, keep_choices):
     top = int(budgets.max())
     groups = np.arange(num_strategies) if groups is None else np.asarray(groups)
     layout_cost, members = _layout_transitions(transition, groups)
-    units = np.arange(top + 1)
-    rows = np.arange(batch)[:, None, None]
-    columns = np.arange(num_strategies)[None, None, :]
+    # The predecessor table is gathered through a flat index into a copy padded
+    # with one row of +inf in front: u - mem < 0 lands on that row, so no mask.
+    height = top + 2
+    shift = (np.arange(top + 1)[None, :, None] + 1) * num_strategies
+    base = (np.arange(batch) * height * num_strategies)[:, None, None] + np.arange(num_strategies)[None, None, :]
+    padded = np.full((batch, height, num_strategies), np.inf)
     choice = np.zeros((batch, num_layers if keep_choices else 0, top + 1, num_strategies), dtype=np.int32)
     final = np.empty((batch, num_layers if keep_choices else 0, top + 1, num_strategies))
     best = np.empty((batch, num_layers))
     previous = None
     for layer in range(num_layers):
         if previous is None:
-            reach = np.zeros((batch, top + 1, num_strategies))
+            padded[:, 1:, :] = 0.0
         else:
-            reach, best_predecessor = _reach(previous, layout_cost, members, groups, keep_choices)
+            padded[:, 1:, :], best_predecessor = _reach(previous, layout_cost, members, groups, keep_choices)
             if keep_choices:
                 choice[:, layer] = best_predecessor
-        source = units[None, :, None] - mem[:, layer][:, None, :]
-        current = reach[rows, np.maximum(source, 0), columns] + time[:, layer][:, None, :]
-        current[source < 0] = np.inf
+        offsets = np.maximum(shift - mem[:, layer][:, None, :] * num_strategies, 0) + base
+        current = np.take(padded, offsets) + time[:, layer][:, None, :]
         best[:, layer] = current[np.arange(batch), budgets, :].min(axis=-1)
         if keep_choices:
             final[:, layer] = current

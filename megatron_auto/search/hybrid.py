@@ -64,19 +64,24 @@ def embedding_layout(strategies: list[LayerStrategy], tp: Optional[int] = None) 
 def _span_times(tables: LayerTables, fixed: list[StageFixed], budget: float, max_len: int, unit: float,
                 uniform: bool, num_layers: int):
     """Per stage: [L, max_len+1] best seconds per micro-batch at each start and length
-    (inf where nothing fits), and the transient ceiling that achieved each entry.
+    (inf where nothing fits), and the transient ceiling (in memory units) that achieved it.
 
+    A stage's peak adds the largest transient of its layers to the sum of their
+    resident memory, so each ceiling k admits the strategies whose transient
+    rounds up to at most k units and leaves k units fewer for the rest; the best
+    over all ceilings is the stage's optimum (conservative by the rounding).
     Every (stage, ceiling) problem of one start runs in one batched DP pass.
     """
     spans = [np.full((num_layers, max_len + 1), np.inf) for _ in fixed]
     ceilings = [np.zeros((num_layers, max_len + 1)) for _ in fixed]
     for start in ([0] if uniform else range(num_layers)):
         rows = slice(start, min(num_layers, start + max_len))
-        problems = [(s, ceiling) for s in range(len(fixed)) for ceiling in np.unique(tables.transient[rows])
-                    if budget - fixed[s].memory - ceiling >= 0]
+        levels = np.unique(_transient_units(tables, rows, unit))
+        problems = [(s, int(level)) for s in range(len(fixed)) for level in levels
+                    if _budget_units(budget, fixed[s], unit, level) >= 0]
         for batch in _batches(problems, 256):
-            arrays = [_stage_arrays(tables, fixed[s], rows, unit, ceiling) for s, ceiling in batch]
-            budgets = np.array([int((budget - fixed[s].memory - ceiling) // unit) for s, ceiling in batch])
+            arrays = [_stage_arrays(tables, fixed[s], rows, unit, level) for s, level in batch]
+            budgets = np.array([_budget_units(budget, fixed[s], unit, level) for s, level in batch])
             best = layer_dp_batch(np.stack([a[0] for a in arrays]), np.stack([a[1] for a in arrays]),
                                   tables.transition, budgets, tables.groups)
             for (s, ceiling), times in zip(batch, best):
@@ -99,19 +104,28 @@ def _batches(items: list, size: int):
         yield items[index:index + size]
 
 
-def _stage_arrays(tables: LayerTables, fixed: StageFixed, rows: slice, unit: float, ceiling: float):
-    time = np.where(tables.transient[rows] <= ceiling, tables.time[rows], np.inf)
+def _transient_units(tables: LayerTables, rows: slice, unit: float) -> np.ndarray:
+    return np.ceil(tables.transient[rows] / unit)
+
+
+def _budget_units(budget: float, fixed: StageFixed, unit: float, ceiling_units: int) -> int:
+    """Memory units left for the layers' resident memory under a transient ceiling."""
+    return int((budget - fixed.memory) // unit) - ceiling_units
+
+
+def _stage_arrays(tables: LayerTables, fixed: StageFixed, rows: slice, unit: float, ceiling_units: int):
+    allowed = _transient_units(tables, rows, unit) <= ceiling_units
+    time = np.where(allowed, tables.time[rows], np.inf)
     if fixed.first_layer_is_first_unit:
-        time = time.copy()
         time[0] += tables.first_extra[rows][0]
     memory = tables.state[rows] + fixed.in_flight * tables.activation[rows]
     return time, np.ceil(memory / unit).astype(np.int64)
 
 
-def _run_stage_dp(tables, fixed, budget, rows, unit, ceiling):
+def _run_stage_dp(tables, fixed, budget, rows, unit, ceiling_units):
     """The stage's layer DP with choices kept, for backtracking the chosen span."""
-    time, units = _stage_arrays(tables, fixed, rows, unit, ceiling)
-    budget_units = int((budget - fixed.memory - ceiling) // unit)
+    time, units = _stage_arrays(tables, fixed, rows, unit, int(ceiling_units))
+    budget_units = _budget_units(budget, fixed, unit, int(ceiling_units))
     return layer_dp(time, units, tables.transition, budget_units, groups=tables.groups), units
 
 
