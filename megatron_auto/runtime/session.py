@@ -42,6 +42,8 @@ class Session:
     iteration: int = 0
     history: list = field(default_factory=list)
     """StepResult of every iteration run in this session."""
+    hybrid: Any = None
+    """hybrid.session.HybridRuntime for a hybrid-space plan, else None."""
 
 
 def _scheduler(optimizer, settings: TrainSettings, global_batch_size: int):
@@ -67,11 +69,13 @@ def _attach_sync_functions(transformer_config, model: list) -> None:
 
 
 def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, backend: str,
-                  device: torch.device) -> Session:
+                  device: torch.device, initial_state=None) -> Session:
     """Process groups, model chunks, DDP, optimizer and schedule for `plan` on this rank."""
     from megatron.core import parallel_state
     from megatron.core.optimizer import get_megatron_optimizer
 
+    if plan.space == "hybrid":
+        return _build_hybrid_session(plan, model_spec, settings, backend, device, initial_state)
     layout = layout_from_plan(plan)
     distributed.initialize_parallel(layout, settings.timeout_s)
     models.set_random_seed(settings.seed)
@@ -91,6 +95,20 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
                    _scheduler(optimizer, settings, layout.global_batch_size), source, slicer, padded_vocab)
 
 
+def _build_hybrid_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, backend: str,
+                          device: torch.device, initial_state=None) -> Session:
+    """The hybrid runtime's objects (per-layer layouts) in a Session."""
+    from .hybrid import session as hybrid_session
+
+    layout, model, optimizer, slicer, padded_vocab, runtime = hybrid_session.build(
+        plan, model_spec, settings, backend, device, initial_state)
+    source = data.open_source(settings.data.data_path, settings.data.vocab_size, model_spec.seq_length,
+                              settings.seed, settings.data.split_eval_fraction)
+    return Session(plan, layout, model_spec, settings, device, model, optimizer,
+                   _scheduler(optimizer, settings, layout.global_batch_size), source, slicer, padded_vocab,
+                   hybrid=runtime)
+
+
 def resume(session: Session, path: Optional[str] = None, step: Optional[int] = None) -> None:
     """Load `path` (default: settings.load) at `step` (default: settings.ckpt_step or the latest)."""
     root = path or session.settings.load
@@ -104,7 +122,7 @@ def run_iteration(session: Session) -> StepResult:
     """Train on the next global batch."""
     iterators = data.iterators_for_chunks(session.source, session.slicer, session.iteration, session.device)
     result = train_step(session.model, session.optimizer, session.scheduler, iterators, session.layout,
-                        session.model_spec.seq_length, session.device)
+                        session.model_spec.seq_length, session.device, hybrid=session.hybrid)
     session.iteration += 1
     session.history.append(result)
     return result
@@ -116,7 +134,7 @@ def evaluate(session: Session) -> float:
     for index in range(session.settings.eval_iters):
         iterators = data.iterators_for_chunks(session.source, session.slicer, index, session.device, split="eval")
         losses.append(eval_step(session.model, iterators, session.layout, session.model_spec.seq_length,
-                                session.device))
+                                session.device, hybrid=session.hybrid))
     return sum(losses) / len(losses)
 
 

@@ -35,19 +35,24 @@ def forward_step(data_iterator, model):
     return output, partial(loss_func, batch["loss_mask"])
 
 
-def reduce_reported_loss(losses: list[dict], device: torch.device) -> float:
-    """Token-weighted mean of the last stage's micro-batch losses over the data-parallel group."""
+def reduce_reported_loss(losses: list[dict], device: torch.device, group=None) -> float:
+    """Token-weighted mean of the last stage's micro-batch losses over the data-parallel group
+    (`group`: the LM head's DP group of a hybrid plan)."""
     from megatron.core import parallel_state
 
     if not losses:
         return float("nan")
     total = torch.stack([entry["lm loss"] for entry in losses]).sum(dim=0).to(device)
-    torch.distributed.all_reduce(total, group=parallel_state.get_data_parallel_group())
+    torch.distributed.all_reduce(total, group=group or parallel_state.get_data_parallel_group())
     return float(total[0] / total[1])
 
 
-def run_schedule(model: list, iterators, layout: MegatronLayout, seq_length: int, forward_only: bool):
-    """Megatron's forward-backward function for this layout (1F1B, interleaved or none)."""
+def run_schedule(model: list, iterators, layout: MegatronLayout, seq_length: int, forward_only: bool,
+                 hybrid=None):
+    """Megatron's forward-backward function for this layout (1F1B, interleaved or none).
+
+    `hybrid` (a hybrid.session.HybridRuntime) gives the p2p tensor's shape of a hybrid plan.
+    """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 
     return get_forward_backward_func()(
@@ -55,35 +60,37 @@ def run_schedule(model: list, iterators, layout: MegatronLayout, seq_length: int
         data_iterator=iterators,
         model=model,
         num_microbatches=layout.num_micro_batches,
-        seq_length=seq_length,
-        micro_batch_size=layout.micro_batch_size,
-        decoder_seq_length=seq_length,
+        seq_length=hybrid.p2p_seq_length if hybrid else seq_length,
+        micro_batch_size=hybrid.p2p_micro_batch if hybrid else layout.micro_batch_size,
+        decoder_seq_length=hybrid.p2p_seq_length if hybrid else seq_length,
         forward_only=forward_only,
     )
 
 
 def train_step(model: list, optimizer, scheduler, iterators, layout: MegatronLayout,
-               seq_length: int, device: torch.device) -> StepResult:
+               seq_length: int, device: torch.device, hybrid=None) -> StepResult:
     """Zero grads, run the schedule, step the optimizer and the learning-rate schedule."""
     for chunk in model:
         chunk.train()
         chunk.zero_grad_buffer()
     optimizer.zero_grad()
-    losses = run_schedule(model, iterators, layout, seq_length, forward_only=False)
+    losses = run_schedule(model, iterators, layout, seq_length, forward_only=False, hybrid=hybrid)
     update_successful, grad_norm, _ = optimizer.step()
     if update_successful:
         scheduler.step(increment=layout.global_batch_size)
-    return StepResult(loss=reduce_reported_loss(losses, device),
+    group = hybrid.head_dp_group if hybrid else None
+    return StepResult(loss=reduce_reported_loss(losses, device, group),
                       grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
                       skipped=not update_successful)
 
 
-def eval_step(model: list, iterators, layout: MegatronLayout, seq_length: int, device: torch.device) -> float:
+def eval_step(model: list, iterators, layout: MegatronLayout, seq_length: int, device: torch.device,
+              hybrid=None) -> float:
     """Forward-only loss of one global batch."""
     for chunk in model:
         chunk.eval()
     with torch.no_grad():
-        losses = run_schedule(model, iterators, layout, seq_length, forward_only=True)
+        losses = run_schedule(model, iterators, layout, seq_length, forward_only=True, hybrid=hybrid)
     for chunk in model:
         chunk.train()
-    return reduce_reported_loss(losses, device)
+    return reduce_reported_loss(losses, device, hybrid.head_dp_group if hybrid else None)

@@ -1,0 +1,116 @@
+"""Build a hybrid plan's model chunks on this rank: groups, configs, blocks, shell, DDP per part."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from ...plan import LayerStrategy, Plan
+from ...specs.model import ModelSpec
+from .. import config as configs
+from .. import model as models
+from ..settings import TrainSettings
+from . import configs as hconfigs
+from .groups import boundary_strategy
+from .loss import use_group_cross_entropy
+from .model import HybridChunk, HybridDecoder, attach, segment_block
+from .process_groups import HybridProcessGroups
+from .segments import Segment, chunk_segments, stage_chunk_indices
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class BuildContext:
+    """What every part of the model needs to be built on this rank."""
+
+    plan: Plan
+    model: ModelSpec
+    settings: TrainSettings
+    backend: str
+    device: torch.device
+    pgs: HybridProcessGroups
+    padded_vocab: int
+
+
+def pg_collection(ctx: BuildContext, strategy: LayerStrategy):
+    """Megatron's group collection with this strategy's TP and DP groups (PP/embedding from parallel_state)."""
+    from megatron.core.process_groups_config import ProcessGroupCollection
+
+    pgc = ProcessGroupCollection.use_mpu_process_groups()
+    tp, dp = ctx.pgs.tp(strategy), ctx.pgs.dp(strategy)
+    pgc.tp, pgc.dp, pgc.dp_cp, pgc.intra_dp_cp = tp, dp, dp, dp
+    pgc.mp, pgc.tp_ep_pp, pgc.tp_cp, pgc.tp_dp_cp = tp, tp, tp, None
+    pgc.expt_dp, pgc.intra_expt_dp = dp, dp
+    pgc.intra_dist_opt = dp
+    return pgc
+
+
+def _wrap(ctx: BuildContext, config, strategy: LayerStrategy, module):
+    from megatron.core.distributed import DistributedDataParallel
+
+    from megatron.core import tensor_parallel
+
+    for param in module.parameters():
+        tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
+    module = module.to(ctx.device)
+    ddp_config = configs.ddp_config(hconfigs.strategy_layout(ctx.plan, strategy))
+    return DistributedDataParallel(config=config, ddp_config=ddp_config, module=module,
+                                   pg_collection=pg_collection(ctx, strategy))
+
+
+def _segment(ctx: BuildContext, segment: Segment, ends_model: bool):
+    from megatron.core.transformer.transformer_block import _get_block_submodules
+
+    config = hconfigs.segment_config(ctx.model, ctx.plan, segment.strategy, ctx.settings, ctx.backend)
+    submodules = _get_block_submodules(config, models.layer_spec(ctx.model), None, 0)
+    # Per-segment seed: a layer's initial weights do not depend on which ranks build it.
+    torch.manual_seed(ctx.settings.seed + 1 + segment.first)
+    block = segment_block(config, submodules, segment, ends_model, pg_collection(ctx, segment.strategy))
+    return _wrap(ctx, config, segment.strategy, block)
+
+
+def _shell(ctx: BuildContext, pre_process: bool, post_process: bool, vp_stage):
+    """GPTModel with the embedding's layout and no decoder layers (embedding and/or LM head)."""
+    from megatron.core.models.gpt import GPTModel
+    from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
+
+    strategy = ctx.plan.embedding
+    config = hconfigs.segment_config(ctx.model, ctx.plan, strategy, ctx.settings, ctx.backend)
+    torch.manual_seed(ctx.settings.seed)
+    shell = GPTModel(
+        config=config, transformer_layer_spec=TransformerBlockSubmodules(layer_specs=[], layer_norm=None),
+        vocab_size=ctx.padded_vocab, max_sequence_length=ctx.settings.max_position_embeddings or ctx.model.seq_length,
+        pre_process=pre_process, post_process=post_process,
+        share_embeddings_and_output_weights=not ctx.model.untie_embeddings_and_output_weights,
+        position_embedding_type="learned_absolute", pg_collection=pg_collection(ctx, strategy), vp_stage=vp_stage)
+    use_group_cross_entropy(shell)
+    return shell, config
+
+
+def build_chunk(ctx: BuildContext, chunk_index: int, vp_stage) -> HybridChunk:
+    """The HybridChunk of plan chunk `chunk_index` on this rank."""
+    plan = ctx.plan
+    first, last = chunk_index == 0, chunk_index == len(plan.chunks) - 1
+    segments = chunk_segments(plan, chunk_index)
+    parts = [_segment(ctx, seg, last and index == len(segments) - 1) for index, seg in enumerate(segments)]
+    boundary = boundary_strategy(plan, ctx.model.seq_length) if plan.pipeline_parallel > 1 else plan.embedding
+    decoder = HybridDecoder(parts, [s.strategy for s in segments], plan.embedding if first else boundary,
+                            plan.embedding if last else boundary, ctx.pgs)
+    shell_ddp, config = None, hconfigs.segment_config(ctx.model, plan, plan.embedding, ctx.settings, ctx.backend)
+    if first or last:
+        shell, config = _shell(ctx, first, last, vp_stage)
+        attach(shell, decoder)
+        shell_ddp = _wrap(ctx, config, plan.embedding, shell)
+    return HybridChunk(hconfigs.schedule_config(config, plan, ctx.backend), shell_ddp, parts, decoder)
+
+
+def build_model(plan: Plan, model: ModelSpec, settings: TrainSettings, backend: str, device: torch.device,
+                pgs: HybridProcessGroups) -> list[HybridChunk]:
+    """This rank's chunks, one per virtual stage."""
+    padded_vocab = configs.padded_vocab_size(settings.data.vocab_size, settings, plan.embedding.tp)
+    ctx = BuildContext(plan, model, settings, backend, device, pgs, padded_vocab)
+    indices = stage_chunk_indices(plan, pgs.stage)
+    virtual = plan.virtual_stages > 1
+    return [build_chunk(ctx, index, vp if virtual else None) for vp, index in enumerate(indices)]

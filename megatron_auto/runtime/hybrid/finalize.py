@@ -1,0 +1,37 @@
+"""What the schedule calls after the last backward: reduce, tie and scale every part's gradients.
+
+Megatron's `finalize_model_grads` takes one TP and one DP group for the whole
+model; here each part brings its own. Gradients are sums (per-token loss), so
+after the DP reductions they are divided once by the global token count.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def finalize_grads(model, num_tokens=None, pg_collection=None, *, head_dp_group, **_) -> None:
+    """DP reduce per part, SP layernorm all-reduce per part's TP group, tied embedding, token scaling."""
+    from megatron.core import parallel_state
+    from megatron.core.distributed.finalize_model_grads import (
+        _allreduce_non_tensor_model_parallel_grads, _allreduce_word_embedding_grads)
+
+    parts = [part for chunk in model for part in chunk.wrapped]
+    for part in parts:
+        part.finish_grad_sync()
+    for part in parts:
+        _allreduce_non_tensor_model_parallel_grads([part], part.config, part.tp_group)
+    shells = [chunk.shell for chunk in model if chunk.shell is not None]
+    pp_group = parallel_state.get_pipeline_model_parallel_group()
+    if shells and parallel_state.get_pipeline_model_parallel_world_size() > 1:
+        _allreduce_word_embedding_grads(shells, shells[0].config,
+                                        parallel_state.get_embedding_group(check_initialized=False), pp_group)
+    if num_tokens is None:
+        return
+    last = torch.distributed.get_process_group_ranks(pp_group)[-1]
+    if torch.distributed.get_rank() == last:
+        # The head's DP ranks hold disjoint samples; its TP ranks count the same ones.
+        torch.distributed.all_reduce(num_tokens, group=head_dp_group)
+    torch.distributed.broadcast(num_tokens, src=last, group=pp_group)
+    if num_tokens > 0:
+        for part in parts:
+            part.scale_gradients(1.0 / num_tokens)

@@ -1,0 +1,117 @@
+"""The model of a hybrid plan on one rank: per-segment TransformerBlocks between a GPT shell.
+
+The embedding and LM head live in a `GPTModel` built with the embedding's own
+layout and no decoder layers (the "shell"); its decoder is replaced by a
+`HybridDecoder` that re-lays activations out between segments. Each segment and
+the shell get their own Megatron DDP over their own data-parallel group, so a
+segment's gradients are reduced (or reduce-scattered, ZeRO-1) only among the
+ranks that replicate it.
+"""
+from __future__ import annotations
+
+import torch
+
+from ...plan import LayerStrategy
+from .relayout import relayout
+from .segments import Segment
+
+
+class HybridDecoder(torch.nn.Module):
+    """Segments in order, with a re-layout before each and one to the output layout at the end.
+
+    Holds the segment modules *unregistered* (see `attach`), so the shell's DDP
+    and optimizer never see their parameters.
+    """
+
+    def __init__(self, segments: list, strategies: list[LayerStrategy], input_strategy: LayerStrategy,
+                 output_strategy: LayerStrategy, pgs) -> None:
+        super().__init__()
+        self.__dict__["segment_modules"] = segments
+        self.strategies = strategies
+        self.input_strategy, self.output_strategy = input_strategy, output_strategy
+        self.pgs = pgs
+        self.input_tensor = None
+
+    @property
+    def layers(self) -> list:
+        """Every TransformerLayer of the segments (the schedules tag them with the micro-batch)."""
+        return [layer for part in self.segment_modules for layer in part.module.layers]
+
+    def set_input_tensor(self, tensor) -> None:
+        self.input_tensor = tensor
+
+    def forward(self, hidden_states=None, attention_mask=None, **_):
+        """[s', b', h] in the input layout -> [s'', b'', h] in the output layout."""
+        if hidden_states is None:
+            hidden_states = self.input_tensor
+        current = self.input_strategy
+        for module, strategy in zip(self.segment_modules, self.strategies):
+            hidden_states = relayout(hidden_states, current, strategy, self.pgs)
+            hidden_states = module(hidden_states=hidden_states, attention_mask=attention_mask)
+            current = strategy
+        return relayout(hidden_states, current, self.output_strategy, self.pgs)
+
+
+def attach(shell, decoder: HybridDecoder) -> None:
+    """Put `decoder` in the shell's forward path without registering it as a submodule."""
+    if "decoder" in shell._modules:
+        del shell._modules["decoder"]
+    shell.__dict__["decoder"] = decoder
+
+
+class HybridChunk(torch.nn.Module):
+    """What Megatron's schedules see as one model chunk: forward, set_input_tensor, config."""
+
+    def __init__(self, config, shell, segments: list, decoder: HybridDecoder) -> None:
+        from megatron.core.enums import ModelType
+
+        super().__init__()
+        self.config = config
+        self.model_type = ModelType.encoder_or_decoder
+        self.shell = shell
+        self.segments = torch.nn.ModuleList(segments)
+        self.decoder = decoder
+        self.wrapped = ([shell] if shell is not None else []) + list(segments)
+        """Every DDP-wrapped part of this chunk (shell first)."""
+
+    def set_input_tensor(self, input_tensor) -> None:
+        tensor = input_tensor[0] if isinstance(input_tensor, (list, tuple)) else input_tensor
+        self.decoder.set_input_tensor(tensor)
+
+    def forward(self, input_ids, position_ids, attention_mask, labels=None):
+        if self.shell is not None:
+            return self.shell(input_ids, position_ids, attention_mask, labels=labels)
+        return self.decoder()
+
+    def zero_grad_buffer(self) -> None:
+        for part in self.wrapped:
+            part.zero_grad_buffer()
+
+    def no_sync(self):
+        return _AllNoSync(self.wrapped)
+
+
+class _AllNoSync:
+    """Enter every part's no_sync context (gradient accumulation across micro-batches)."""
+
+    def __init__(self, parts) -> None:
+        self.contexts = [part.no_sync() for part in parts]
+
+    def __enter__(self):
+        for context in self.contexts:
+            context.__enter__()
+
+    def __exit__(self, *exc):
+        for context in reversed(self.contexts):
+            context.__exit__(*exc)
+        return False
+
+
+def segment_block(config, spec_submodules, segment: Segment, post_process: bool, pg_collection):
+    """A TransformerBlock of the segment's layers (final layernorm when it ends the model)."""
+    from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
+
+    submodules = TransformerBlockSubmodules(layer_specs=spec_submodules.layer_specs[:segment.count],
+                                            layer_norm=spec_submodules.layer_norm)
+    return TransformerBlock(config=config, spec=submodules, pre_process=True, post_process=post_process,
+                            post_layer_norm=post_process, pg_collection=pg_collection)

@@ -1,0 +1,118 @@
+"""Build and step a hybrid-space plan: the hybrid counterpart of runtime.session.build_session.
+
+ZeRO choice: ZeRO-1 is Megatron's distributed optimizer on the segment's own DP
+group (what stock Megatron runs). ZeRO-3 segments are refused for now (see
+`check_supported`): Megatron-FSDP is the intended path (it keeps Megatron's
+DDP/optimizer interfaces, main_grad buffers and distributed checkpoints, and
+takes a pg_collection per wrapped module), but it is not wired yet.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from functools import partial
+
+import torch
+
+from ...errors import UserError
+from ...plan import Plan
+from ...specs.model import ModelSpec
+from .. import data
+from ..layout import MegatronLayout
+from ..settings import TrainSettings
+from .build import build_model, pg_collection, BuildContext
+from .finalize import finalize_grads
+from .groups import boundary_strategy
+from .optim import build_optimizer
+from .process_groups import HybridProcessGroups
+from .segments import chunk_segments, stage_chunk_indices
+from .weights import load_full_state
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class HybridRuntime:
+    """Hybrid-only state a Session carries: groups, the head's DP group, the p2p shape."""
+
+    pgs: HybridProcessGroups
+    head_dp_group: object
+    p2p_seq_length: int
+    p2p_micro_batch: int
+
+
+def check_supported(plan: Plan, settings: TrainSettings) -> None:
+    """UserError for what the hybrid runtime does not run yet."""
+    if any(s.zero >= 2 for s in plan.layer_strategies + (plan.embedding,)):
+        raise UserError("the hybrid runtime runs ZeRO 0 and 1 (distributed optimizer) per segment; "
+                        "ZeRO-2/3 segments are not supported yet")
+    if settings.save or settings.load:
+        raise UserError("checkpoints of hybrid-space plans are not supported yet (drop --save/--load)")
+
+
+def initialize_parallel(plan: Plan, timeout_s: float) -> None:
+    """Megatron's parallel_state with TP 1 and the plan's PP (pipeline/embedding groups, memory buffer)."""
+    from megatron.core import parallel_state
+
+    if parallel_state.model_parallel_is_initialized():
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=1, pipeline_model_parallel_size=plan.pipeline_parallel,
+        virtual_pipeline_model_parallel_size=plan.virtual_stages if plan.virtual_stages > 1 else None,
+        distributed_timeout_minutes=max(1, round(timeout_s / 60)), create_gloo_process_groups=False)
+
+
+def data_layout(plan: Plan) -> MegatronLayout:
+    """Batch slicing of the embedding's layout (the ranks that read tokens and labels)."""
+    per_micro_batch = plan.global_batch_size // plan.num_micro_batches
+    return MegatronLayout(tensor_parallel=plan.embedding.tp, pipeline_parallel=plan.pipeline_parallel,
+                          data_parallel=plan.embedding.dp, micro_batch_size=per_micro_batch // plan.embedding.dp,
+                          num_micro_batches=plan.num_micro_batches, global_batch_size=plan.global_batch_size,
+                          virtual_stages=plan.virtual_stages)
+
+
+def _p2p_shape(plan: Plan, seq_length: int) -> tuple[int, int]:
+    """(sequence, batch) of the tensor crossing stage boundaries: 1/n of the micro-batch per GPU."""
+    per_micro_batch = plan.global_batch_size // plan.num_micro_batches
+    if plan.pipeline_parallel == 1:
+        return seq_length, per_micro_batch // plan.embedding.dp
+    boundary = boundary_strategy(plan, seq_length)
+    return seq_length // (boundary.tp if boundary.sp else 1), per_micro_batch // boundary.dp
+
+
+def build(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, backend: str, device: torch.device,
+          initial_state=None):
+    """(layout, model chunks, optimizer, slicer, padded vocab, HybridRuntime) for this rank.
+
+    `initial_state`: a single-process GPTModel state dict to start from (weights.load_full_state).
+    """
+    from .. import config as configs
+    from ..model import set_random_seed
+
+    check_supported(plan, settings)
+    initialize_parallel(plan, settings.timeout_s)
+    set_random_seed(settings.seed)
+    pgs = HybridProcessGroups(plan, model_spec.seq_length, settings.timeout_s)
+    chunks = build_model(plan, model_spec, settings, backend, device, pgs)
+    if initial_state is not None:
+        firsts = [[seg.first for seg in chunk_segments(plan, index)] for index in stage_chunk_indices(plan, pgs.stage)]
+        load_full_state(chunks, initial_state, firsts)
+    padded_vocab = configs.padded_vocab_size(settings.data.vocab_size, settings, plan.embedding.tp)
+    ctx = BuildContext(plan, model_spec, settings, backend, device, pgs, padded_vocab)
+    parts = [(part, strategy) for chunk in chunks for part, strategy in _parts(plan, chunk)]
+    optimizer = build_optimizer(chunks, plan, settings, parts, partial(pg_collection, ctx))
+    head_dp = pgs.dp(plan.embedding) if pgs.stage in (0, plan.pipeline_parallel - 1) else None
+    schedule_config = chunks[0].config
+    schedule_config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
+    schedule_config.finalize_model_grads_func = partial(finalize_grads, head_dp_group=head_dp)
+    layout = data_layout(plan)
+    slicer = data.BatchSlicer(layout, pgs.dp_rank(plan.embedding))
+    seq, batch = _p2p_shape(plan, model_spec.seq_length)
+    return layout, chunks, optimizer, slicer, padded_vocab, HybridRuntime(pgs, head_dp, seq, batch)
+
+
+def _parts(plan: Plan, chunk):
+    strategies = list(chunk.decoder.strategies)
+    if chunk.shell is not None:
+        yield chunk.shell, plan.embedding
+    yield from zip(chunk.segments, strategies)

@@ -1,0 +1,70 @@
+"""One rank of a hybrid equivalence launch: run hybrid plans of a tiny GPT in turn.
+
+Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python hybrid_worker.py CASES.json RESULTS.json
+Each case: {"name", "plan": plan.json path or {"chunks": [[strategy, ...], ...], "embedding": strategy,
+"micro_batches": m}, "init": state-dict path, optional "reference": true (stock single-process run that
+saves its initial state dict to "init")}. The last rank writes {name: {"losses", "grad_norms"}}.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+
+import patches
+
+patches.apply_all()
+
+import torch  # noqa: E402
+
+from megatron_auto.plan import Chunk, LayerStrategy, Plan, load_plan  # noqa: E402
+from megatron_auto.runtime import distributed, session  # noqa: E402
+from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
+from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
+from megatron_auto.specs.model import uniform_model  # noqa: E402
+
+MODEL = uniform_model("hybrid-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
+                      seq_length=32, vocab_size=256)
+SETTINGS = TrainSettings(train_iters=5, lr=1e-3, hidden_dropout=0.0, attention_dropout=0.0, clip_grad=1.0,
+                         weight_decay=0.01, seed=1234, timeout_s=90.0, make_vocab_size_divisible_by=64,
+                         data=DataSettings(vocab_size=256))
+GLOBAL_BATCH = 8
+
+
+def hybrid_plan(spec: dict, world: int) -> Plan:
+    """A hybrid Plan from a compact case description."""
+    chunks = tuple(Chunk(tuple(LayerStrategy(**s) for s in layers)) for layers in spec["chunks"])
+    return Plan(space="hybrid", world_size=world, pipeline_parallel=len(chunks), global_batch_size=GLOBAL_BATCH,
+                num_micro_batches=spec.get("micro_batches", 2), chunks=chunks,
+                embedding=LayerStrategy(**spec["embedding"]))
+
+
+def run_case(case: dict, info) -> dict:
+    world = torch.distributed.get_world_size()
+    settings = dataclasses.replace(SETTINGS, train_iters=case.get("steps", 5))
+    if case.get("reference"):
+        plan = plan_from_flags(MODEL, world, ManualParallelism(global_batch_size=GLOBAL_BATCH, micro_batch_size=2))
+        run = session.build_session(plan, MODEL, settings, info.backend, info.device)
+        torch.save(run.model[0].module.state_dict(), case["init"])
+    else:
+        spec = case["plan"]
+        plan = load_plan(spec) if isinstance(spec, str) else hybrid_plan(spec, world)
+        state = torch.load(case["init"], weights_only=True)
+        run = session.build_session(plan, MODEL, settings, info.backend, info.device, initial_state=state)
+    results = session.train(run)
+    return {"losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results]}
+
+
+def main() -> None:
+    logging.basicConfig(level=logging.WARNING, format="%(message)s")
+    cases = json.load(open(sys.argv[1]))
+    info = distributed.init_distributed(SETTINGS.timeout_s)
+    results = {case["name"]: run_case(case, info) for case in cases}
+    if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
+        json.dump(results, open(sys.argv[2], "w"), indent=1)
+    distributed.shutdown()
+
+
+if __name__ == "__main__":
+    main()
