@@ -82,13 +82,21 @@ class TimeBreakdown:
     """Where one iteration's time goes on the critical stage, in seconds."""
 
     compute_s: float = 0.0
+    """Forward and backward kernels (and ZeRO-3 traffic compute could not hide)."""
     recompute_s: float = 0.0
+    """The extra forward work of activation recomputation."""
     tp_comm_s: float = 0.0
+    """Tensor-parallel all-reduces (or all-gathers and reduce-scatters with SP)."""
     dp_comm_s: float = 0.0
+    """Gradient synchronisation left after overlapping with backward."""
     pp_comm_s: float = 0.0
+    """Point-to-point sends between pipeline stages."""
     bubble_s: float = 0.0
+    """Pipeline fill and drain beyond m times the slowest stage."""
     transition_s: float = 0.0
+    """Re-laying out activations between layers of different layouts."""
     optimizer_s: float = 0.0
+    """The Adam step."""
 
 
 @dataclass(frozen=True)
@@ -96,13 +104,21 @@ class Prediction:
     """What the cost model expects of the plan."""
 
     iteration_time_s: float
+    """Seconds per training iteration."""
     tflops_per_gpu: float
+    """Model FLOPs (Narayanan et al., no recompute) per second per GPU, in 10^12."""
     peak_memory_gib: float
+    """Largest per-GPU memory over the stages."""
     memory_budget_gib: float
+    """The usable memory per GPU the plan was checked against."""
     fits: bool
+    """Whether every stage stays within the budget."""
     stage_memory_gib: tuple[float, ...]
+    """Per-GPU memory of each pipeline stage."""
     stage_time_s: tuple[float, ...]
+    """Busy seconds per iteration of each stage (m x its slot)."""
     breakdown: TimeBreakdown
+    """The critical stage's time by cause."""
 
 
 @dataclass(frozen=True)
@@ -214,10 +230,10 @@ def _check_model_match(plan: Plan) -> None:
         return
     if plan.model.num_layers != plan.num_layers:
         raise ValueError(f"plan places {plan.num_layers} layers but the model has {plan.model.num_layers}")
-    for strategy in set(plan.layer_strategies):
-        heads = plan.model.layers[0]
-        if heads.num_attention_heads % strategy.tp or heads.num_query_groups % strategy.tp:
-            raise ValueError(f"tp={strategy.tp} does not divide the attention heads ({heads.num_attention_heads}) and query groups ({heads.num_query_groups})")
+    for layer, strategy in zip(plan.model.layers, plan.layer_strategies):
+        if layer.num_attention_heads % strategy.tp or layer.num_query_groups % strategy.tp:
+            raise ValueError(f"tp={strategy.tp} does not divide the attention heads ({layer.num_attention_heads}) "
+                             f"and query groups ({layer.num_query_groups})")
 
 
 def _check_megatron_space(plan: Plan) -> None:

@@ -73,8 +73,7 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
         raise UserError(f"plan places {plan.num_layers} layers but model '{model.name}' has {model.num_layers}")
     if plan.global_batch_size != training.global_batch_size:
         raise UserError(f"plan is for global batch {plan.global_batch_size}, not {training.global_batch_size}")
-    for strategy in set(plan.layer_strategies):
-        layer = model.layers[0]
+    for layer, strategy in set(zip(model.layers, plan.layer_strategies)):
         if layer.num_attention_heads % strategy.tp or layer.num_query_groups % strategy.tp:
             raise UserError(f"tp={strategy.tp} does not divide the {layer.num_attention_heads} attention heads "
                             f"and {layer.num_query_groups} query groups of '{model.name}'")

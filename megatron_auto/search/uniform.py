@@ -19,12 +19,19 @@ class UniformConfig:
     """Megatron's parallelism flags, as numbers."""
 
     tp: int
+    """--tensor-model-parallel-size."""
     pp: int
+    """--pipeline-model-parallel-size."""
     micro_batch_size: int
+    """--micro-batch-size: samples per micro-batch per data-parallel replica."""
     virtual_stages: int = 1
+    """Chunks per pipeline stage (--num-layers-per-virtual-pipeline-stage = layers / (pp x v))."""
     sequence_parallel: bool = False
+    """--sequence-parallel."""
     distributed_optimizer: bool = False
+    """--use-distributed-optimizer (ZeRO-1)."""
     recompute: str = "none"
+    """--recompute-granularity: none, selective or full."""
     recompute_num_layers: Optional[int] = None
     """With full recompute: recompute the first N layers of every chunk (block method); None means all."""
     stage_layers: Optional[tuple[int, ...]] = None
