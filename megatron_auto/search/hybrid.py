@@ -196,9 +196,11 @@ def search_hybrid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     and every candidate whose bound cannot beat it is skipped unsolved.
     """
     stats = stats or SpaceStats()
-    candidates = [c for pp in pipeline_degrees(model, cluster, constraints)
-                  for q in micro_batch_sizes(training, pp, cluster.world_size // pp)
-                  if (c := _prepare(model, cluster, training, constraints, pp, q, stats)) is not None]
+    candidates = []
+    for pp in pipeline_degrees(model, cluster, constraints):
+        sizes = micro_batch_sizes(training, pp, cluster.world_size // pp)
+        stats.drop("micro-batches-at-least-pp", len(divisors(training.global_batch_size)) - len(sizes))
+        candidates += [c for q in sizes if (c := _prepare(model, cluster, training, constraints, pp, q, stats))]
     candidates.sort(key=lambda c: (c.lower_bound, c.pp, c.samples))
     best: Optional[Plan] = None
     for index, candidate in enumerate(candidates):
