@@ -11,7 +11,7 @@ from ..plan import Plan, load_plan
 from ..report import plan_table
 from ..search.uniform import UniformConfig, best_uniform_plan, build_uniform_plan
 from ..specs import ClusterSpec, load_model
-from .job import fit_cluster_to_world, load_cluster_arg, load_job, training_spec
+from .job import attach_profiles, fit_cluster_to_world, load_cluster_arg, load_job, training_spec
 from .output import print_json, summary, write_plan
 
 LAYOUT_FLAGS = ("tp", "pp", "dp", "micro_batch_size", "virtual_stages", "recompute",
@@ -76,7 +76,7 @@ def estimate_file(args: argparse.Namespace) -> Plan:
         if args.cluster:
             raise
         raise UserError(f"the plan's cluster '{cluster_name}' cannot be loaded ({error}); give --cluster") from None
-    cluster = fit_cluster_to_world(cluster, plan.world_size, args)
+    cluster = attach_profiles(fit_cluster_to_world(cluster, plan.world_size, args), args)
     training = training_spec(args, cluster.name, args.global_batch_size or plan.global_batch_size)
     return replace(plan, prediction=estimate_plan(plan, model, cluster, training))
 

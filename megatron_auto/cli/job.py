@@ -20,6 +20,16 @@ def load_cluster_arg(name: str, num_nodes: Optional[int], gpus_per_node: Optiona
     return cluster
 
 
+def attach_profiles(cluster: ClusterSpec, args: argparse.Namespace) -> ClusterSpec:
+    """--profile FILE...: the measured profiles the cost model then uses instead of the analytic terms."""
+    paths = getattr(args, "profile", None)
+    if not paths:
+        return cluster
+    from ..specs.profiles import measured_costs
+
+    return replace(cluster, measured=measured_costs(paths))
+
+
 def fit_cluster_to_world(cluster: ClusterSpec, world_size: int, args: argparse.Namespace) -> ClusterSpec:
     """For scoring a plan: size the cluster to the plan's GPUs unless the user fixed the size."""
     if args.num_nodes is not None:
@@ -49,5 +59,5 @@ def load_job(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Training
         if value is None:
             raise UserError(f"{flag} is required")
     model = load_model(args.model)
-    cluster = load_cluster_arg(args.cluster, args.num_nodes, args.gpus_per_node)
+    cluster = attach_profiles(load_cluster_arg(args.cluster, args.num_nodes, args.gpus_per_node), args)
     return model, cluster, training_spec(args, cluster.name, args.global_batch_size)

@@ -14,9 +14,11 @@ PROG = "megatron-auto"
 def _commands() -> dict[str, Callable]:
     from .estimate_command import run_estimate
     from .plan_command import run_plan
+    from .profile_command import run_profile_cluster, run_profile_model
     from .show_command import run_show
 
-    return {"plan": run_plan, "estimate": run_estimate, "show": run_show}
+    return {"plan": run_plan, "estimate": run_estimate, "show": run_show,
+            "profile-cluster": run_profile_cluster, "profile-model": run_profile_model}
 
 
 def _configure_logging(verbose: bool) -> None:

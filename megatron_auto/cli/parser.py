@@ -53,6 +53,9 @@ def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) ->
                         help="usable memory per GPU in GiB (default: the GPU's memory)")
     parser.add_argument("--precision", choices=PRECISIONS,
                         help="training precision (default: fp32 on the cpu-gloo cluster, else bf16)")
+    parser.add_argument("--profile", action="append", metavar="FILE",
+                        help="measured cluster and/or model profile JSON (profile-cluster, profile-model); "
+                             "repeat for both. Without it the cost model is analytic")
 
 
 def add_layout_arguments(parser: argparse.ArgumentParser, tp_pp_required: bool) -> None:
@@ -109,15 +112,38 @@ def _show_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--png", metavar="FILE", help="also draw the plan to this PNG file (needs matplotlib)")
 
 
+def _profile_parsers(commands: argparse._SubParsersAction) -> None:
+    cluster = commands.add_parser("profile-cluster", allow_abbrev=False, help="measure collectives (under torchrun)",
+                                  description="Measure collective bandwidth and latency; run under torchrun.")
+    cluster.add_argument("--out", default="cluster_profile.json", metavar="FILE", help="profile JSON to write")
+    cluster.add_argument("--name", default="measured", help="label for the profile")
+    cluster.add_argument("--min-bytes", type=positive_int, default=4096, metavar="B")
+    cluster.add_argument("--max-bytes", type=positive_int, default=16 * 1024**2, metavar="B")
+    cluster.add_argument("--size-factor", type=positive_int, default=4, metavar="K", help="ratio between sizes")
+    cluster.add_argument("--iters", type=positive_int, default=5, help="timed calls per point (median)")
+    model = commands.add_parser("profile-model", allow_abbrev=False, help="measure layer times (under torchrun)",
+                                description="Time Megatron-Core layers at TP-sharded shapes; run under torchrun "
+                                            "with as many processes per node as the job has ranks.")
+    model.add_argument("--model", required=True, metavar="PRESET|FILE.json")
+    model.add_argument("--out", default="model_profile.json", metavar="FILE", help="profile JSON to write")
+    model.add_argument("--tp", type=positive_int, nargs="+", default=[1, 2, 4], metavar="T")
+    model.add_argument("--micro-batch-size", type=positive_int, nargs="+", default=[1, 2, 4], metavar="B")
+    model.add_argument("--seq-length", type=positive_int, nargs="+", metavar="S",
+                       help="sequence lengths (default: the model's)")
+    model.add_argument("--precision", choices=PRECISIONS, default="fp32")
+    model.add_argument("--iters", type=positive_int, default=5, help="timed calls per point (median)")
+
+
 def build_parser() -> OneLineParser:
     parser = OneLineParser(prog="megatron-auto", allow_abbrev=False,
                            description="Automatic hybrid parallelism for Megatron-Core.")
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
-    commands = parser.add_subparsers(dest="command", metavar="{plan,estimate,show}", required=True,
+    commands = parser.add_subparsers(dest="command", metavar="{plan,estimate,show,profile-cluster,profile-model}", required=True,
                                      parser_class=OneLineParser)
     _plan_parser(commands)
     _estimate_parser(commands)
     _show_parser(commands)
+    _profile_parsers(commands)
     return parser
 
 

@@ -1,0 +1,80 @@
+"""`megatron-auto profile-cluster` and `profile-model`: measure, then write a versioned profile JSON.
+
+Both run under torchrun (`python -m torch.distributed.run --nproc_per_node N -m
+megatron_auto profile-...`); every rank measures, rank 0 writes the file. The
+measuring code lives in megatron_auto/profiling/ (torch, megatron.core), which
+is imported only here.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from .. import serde
+from ..errors import UserError
+from ..specs import load_model
+from .progress import ProgressBar
+
+
+def _is_rank_zero() -> bool:
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _write(record, path: str) -> None:
+    if not _is_rank_zero():
+        return
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(serde.dumps(record))
+    except OSError as error:
+        raise UserError(f"cannot write profile '{path}': {error.strerror or error}") from None
+    sys.stderr.write(f"wrote {path}\n")
+
+
+def _progress(label: str) -> ProgressBar:
+    """A bar on rank 0's stderr; silent elsewhere."""
+    bar = ProgressBar(label)
+    bar.enabled = bar.enabled and _is_rank_zero()
+    return bar
+
+
+def _sizes(args: argparse.Namespace) -> tuple[int, ...]:
+    if args.min_bytes > args.max_bytes:
+        raise UserError("--min-bytes must not exceed --max-bytes")
+    sizes, size = [], args.min_bytes
+    while size <= args.max_bytes:
+        sizes.append(size)
+        size *= args.size_factor
+    return tuple(sizes)
+
+
+def run_profile_cluster(args: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
+    from ..profiling.cluster_bench import ClusterBenchConfig
+    from ..profiling.cluster_profile import profile_cluster
+
+    config = ClusterBenchConfig(message_bytes=_sizes(args), iters=args.iters, name=args.name)
+    with _progress("profiling collectives") as progress:
+        profile = profile_cluster(config, progress)
+    _write(profile, args.out)
+    dist.destroy_process_group()
+    return 0
+
+
+def run_profile_model(args: argparse.Namespace) -> int:
+    import torch.distributed as dist
+
+    from ..profiling.layer_bench import LayerBenchSettings
+    from ..profiling.model_profile import ModelSweep, profile_model
+
+    model = load_model(args.model)
+    sweep = ModelSweep(tuple(args.tp), tuple(args.micro_batch_size), tuple(args.seq_length or [model.seq_length]),
+                       LayerBenchSettings(precision=args.precision, iters=args.iters))
+    with _progress("profiling layers") as progress:
+        profile = profile_model(model, sweep, progress)
+    _write(profile, args.out)
+    dist.destroy_process_group()
+    return 0

@@ -1,0 +1,133 @@
+"""Time and size one Megatron-Core TransformerLayer at a TP shard's shapes.
+
+TP emulation (documented in docs/cost_model.md): the shard of rank r under TP
+degree t holds a/t query heads, g/t key/value groups and f/t MLP columns of
+width-h layers. Building a tp=1 TransformerLayer with exactly those widths
+(kv_channels pinned to h/a) runs the same GEMM and element-wise shapes on one
+process, without the TP all-reduces, which the cluster profile prices.
+Activation bytes: the storages the forward pass saves for backward (saved-tensor
+hooks, each storage counted once, parameters excluded); on GPUs also the growth
+of torch.cuda.memory_allocated across the forward.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..specs.model import LayerSpec
+from ..specs.profiles import LayerTiming
+from .timing import median_seconds
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class LayerBenchSettings:
+    """How the layer runs: what the runtime uses by default (tools/pretrain_gpt.py)."""
+
+    precision: str = "fp32"
+    hidden_dropout: float = 0.1
+    attention_dropout: float = 0.1
+    iters: int = 5
+
+
+def sharded_config(layer: LayerSpec, tp: int, settings: LayerBenchSettings):
+    """A tp=1 TransformerConfig at the widths of one of `tp` shards."""
+    from megatron.core.transformer import TransformerConfig
+
+    dtype = DTYPES[settings.precision]
+    return TransformerConfig(
+        num_layers=1, hidden_size=layer.hidden_size,
+        num_attention_heads=layer.num_attention_heads // tp, num_query_groups=layer.num_query_groups // tp,
+        kv_channels=layer.kv_channels, ffn_hidden_size=layer.ffn_hidden_size // tp,
+        gated_linear_unit=layer.swiglu,
+        activation_func=torch.nn.functional.silu if layer.swiglu else torch.nn.functional.gelu,
+        hidden_dropout=settings.hidden_dropout, attention_dropout=settings.attention_dropout,
+        params_dtype=dtype, pipeline_dtype=dtype, bf16=settings.precision == "bf16",
+        fp16=settings.precision == "fp16", use_cpu_initialization=True,
+        gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
+        bias_dropout_fusion=False, apply_rope_fusion=False, persist_layer_norm=False,
+    )
+
+
+def build_layer(layer: LayerSpec, tp: int, settings: LayerBenchSettings, device):
+    """Megatron-Core's TransformerLayer on the local spec (the runtime's spec without TE)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.transformer.spec_utils import build_module
+
+    config = sharded_config(layer, tp, settings)
+    return build_module(get_gpt_layer_local_spec(), config=config, layer_number=1).to(device)
+
+
+def saved_activation_bytes(module: torch.nn.Module, hidden: torch.Tensor) -> int:
+    """Bytes of the distinct non-parameter storages the forward pass saves for backward."""
+    params = {p.untyped_storage().data_ptr() for p in module.parameters()}
+    seen: dict[int, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in params:
+            seen[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        module(hidden, attention_mask=None)
+    return sum(seen.values())
+
+
+def _core_attention_seconds(module, seq: int, micro_batch: int, iters: int, device, dtype) -> float:
+    """Forward seconds of the attention core alone (what selective recompute re-runs)."""
+    attention = module.self_attention
+    heads = attention.num_attention_heads_per_partition
+    groups = attention.num_query_groups_per_partition
+    width = attention.hidden_size_per_attention_head
+    q = torch.randn(seq, micro_batch, heads, width, device=device, dtype=dtype)
+    kv = torch.randn(seq, micro_batch, groups, width, device=device, dtype=dtype)
+    if groups != heads:  # Megatron repeats K/V groups up to the heads before the core
+        kv = kv.repeat_interleave(heads // groups, dim=2)
+    core = attention.core_attention
+    with torch.no_grad():
+        return median_seconds(lambda: core(q, kv, kv, None, attn_mask_type=core.attn_mask_type), iters)
+
+
+def measure_layer(layer: LayerSpec, tp: int, micro_batch: int, seq: int,
+                  settings: LayerBenchSettings, device) -> LayerTiming:
+    """Median forward, backward and attention-core seconds and the bytes of one shard."""
+    module = build_layer(layer, tp, settings, device)
+    dtype = DTYPES[settings.precision]
+    hidden = torch.randn(seq, micro_batch, layer.hidden_size, device=device, dtype=dtype, requires_grad=True)
+    grad = torch.randn_like(hidden)
+    state: dict[str, torch.Tensor] = {}
+
+    def forward() -> None:
+        state["out"] = module(hidden, attention_mask=None)[0]
+
+    def backward() -> None:
+        state["out"].backward(grad)
+
+    forward_s = median_seconds(forward, settings.iters)
+    backward_s = median_seconds(backward, settings.iters, before=forward)
+    core_s = _core_attention_seconds(module, seq, micro_batch, settings.iters, device, dtype)
+    param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    activations = saved_activation_bytes(module, hidden)
+    return LayerTiming(tp=tp, micro_batch=micro_batch, seq_length=seq, forward_s=forward_s,
+                       backward_s=backward_s, attention_core_forward_s=core_s,
+                       activation_bytes=activations, param_bytes=param_bytes)
+
+
+def optimizer_seconds_per_state_byte(layer: LayerSpec, settings: LayerBenchSettings, device) -> float:
+    """Seconds of torch Adam (plus grad-norm clipping) per byte of fp32 state (4+4+8 per weight)."""
+    module = build_layer(layer, 1, settings, device)
+    params = [p for p in module.parameters()]
+    for p in params:
+        p.grad = torch.randn_like(p)
+    optimizer = torch.optim.Adam(params, lr=1e-4)
+
+    def step() -> None:
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+
+    seconds = median_seconds(step, settings.iters, warmup=2)
+    numel = sum(p.numel() for p in params)
+    return seconds / (numel * 16)
