@@ -78,6 +78,8 @@ def _shell(ctx: BuildContext, pre_process: bool, post_process: bool, vp_stage):
 
     strategy = ctx.plan.embedding
     config = hconfigs.segment_config(ctx.model, ctx.plan, strategy, ctx.settings, ctx.backend)
+    # The shell ties its embedding across stages only when it knows the pipeline is deeper than 1.
+    config.pipeline_model_parallel_size = ctx.plan.pipeline_parallel
     torch.manual_seed(ctx.settings.seed)
     shell = GPTModel(
         config=config, transformer_layer_spec=TransformerBlockSubmodules(layer_specs=[], layer_norm=None),
@@ -86,6 +88,9 @@ def _shell(ctx: BuildContext, pre_process: bool, post_process: bool, vp_stage):
         share_embeddings_and_output_weights=not ctx.model.untie_embeddings_and_output_weights,
         position_embedding_type="learned_absolute", pg_collection=pg_collection(ctx, strategy), vp_stage=vp_stage)
     use_group_cross_entropy(shell)
+    if post_process and not pre_process and shell.share_embeddings_and_output_weights:
+        # The last stage's copy of the tied embedding: counted once (on the first stage) in the norm.
+        shell.output_layer.weight.shared = True
     return shell, config
 
 

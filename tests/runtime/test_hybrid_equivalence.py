@@ -1,0 +1,106 @@
+"""Hybrid plans (per-layer TP/DP/ZeRO-1/recompute, PP with differing stage layouts) on gloo ranks
+match one process of the stock Megatron-space runtime, loss and gradient norm, step by step.
+
+Three launches: the single-process reference (which saves its initial weights), one 4-rank
+launch running every 4-rank case in turn, and one 8-rank launch (PP2).
+"""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from launcher import launch
+from megatron_auto.plan import save_plan
+from megatron_auto.runtime.planning import cluster_for_world
+from megatron_auto.search import search_plan
+from megatron_auto.search.constraints import SearchConstraints
+from megatron_auto.specs.cluster import load_cluster
+from megatron_auto.specs.model import uniform_model
+from megatron_auto.specs.training import TrainingSpec
+
+RTOL = 1e-5
+STEPS = 5
+TP4 = {"tp": 4, "sp": True}
+TP2DP2 = {"tp": 2, "dp": 2, "sp": True, "zero": 1}
+DP4 = {"dp": 4, "zero": 1}
+DP4_DDP = {"dp": 4, "zero": 0}
+FOUR_RANK = {
+    "tp4_then_tp2dp2": {"chunks": [[TP4, TP4, TP2DP2, TP2DP2]], "embedding": TP2DP2},
+    "dp4_then_tp4": {"chunks": [[DP4, DP4, TP4, TP4]], "embedding": DP4},
+    "ddp_and_distopt_layers_tp2_embedding": {"chunks": [[DP4_DDP, TP2DP2, DP4_DDP, TP4]],
+                                             "embedding": {"tp": 2, "dp": 2, "zero": 0}},
+    "recompute_on_some_layers": {"chunks": [[{**TP2DP2, "recompute": "full"}, TP2DP2,
+                                             {**TP4, "recompute": "selective"}, DP4]], "embedding": DP4},
+}
+EIGHT_RANK = {
+    "pp2_tp4_tp2dp2_then_dp4_tp4": {"chunks": [[TP4, TP2DP2], [DP4, TP4]], "embedding": TP2DP2},
+}
+
+
+def planner_plan(path) -> None:
+    """The planner's hybrid-space plan for the test model on 4 cpu-gloo ranks (ZeRO-3 left out)."""
+    model = uniform_model("hybrid-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
+                          seq_length=32, vocab_size=256)
+    training = TrainingSpec(global_batch_size=8, precision="fp32", param_bytes=4)
+    result = search_plan(model, cluster_for_world(load_cluster("cpu-gloo"), 4), training, "hybrid",
+                         SearchConstraints(distributed_optimizer=True))
+    save_plan(result.plan, path)
+
+
+def _run(tmp, world_size: int, cases: list[dict], timeout_s: float) -> dict:
+    spec, out = tmp / f"cases{world_size}.json", tmp / f"results{world_size}.json"
+    spec.write_text(json.dumps(cases))
+    result = launch(world_size, ["tests/runtime/hybrid_worker.py", str(spec), str(out)], timeout_s,
+                    tmp / f"logs{world_size}")
+    assert result.ok, f"{world_size}-rank launch failed after {result.seconds:.0f}s:\n{result.output[-6000:]}"
+    return json.loads(out.read_text())
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    return tmp_path_factory.mktemp("hybrid")
+
+
+@pytest.fixture(scope="module")
+def reference(workdir) -> dict:
+    case = {"name": "reference", "reference": True, "init": str(workdir / "init.pt")}
+    return _run(workdir, 1, [case], timeout_s=120)["reference"]
+
+
+@pytest.fixture(scope="module")
+def four_rank(workdir, reference) -> dict:
+    planner_plan(workdir / "planned.json")
+    init = str(workdir / "init.pt")
+    cases = [{"name": name, "plan": plan, "init": init} for name, plan in FOUR_RANK.items()]
+    cases.append({"name": "planner", "plan": str(workdir / "planned.json"), "init": init})
+    return _run(workdir, 4, cases, timeout_s=240)
+
+
+@pytest.fixture(scope="module")
+def eight_rank(workdir, reference) -> dict:
+    cases = [{"name": name, "plan": plan, "init": str(workdir / "init.pt")} for name, plan in EIGHT_RANK.items()]
+    return _run(workdir, 8, cases, timeout_s=240)
+
+
+def assert_matches(result: dict, reference: dict) -> None:
+    assert len(result["losses"]) == STEPS
+    for step, (loss, norm, ref_loss, ref_norm) in enumerate(
+            zip(result["losses"], result["grad_norms"], reference["losses"], reference["grad_norms"]), 1):
+        assert math.isclose(loss, ref_loss, rel_tol=RTOL), f"step {step}: loss {loss} != {ref_loss}"
+        assert math.isclose(norm, ref_norm, rel_tol=RTOL), f"step {step}: grad norm {norm} != {ref_norm}"
+
+
+def test_reference_learns(reference):
+    assert len(set(reference["losses"])) == STEPS and all(math.isfinite(x) for x in reference["grad_norms"])
+
+
+@pytest.mark.parametrize("name", [*FOUR_RANK, "planner"])
+def test_four_rank_hybrid_plans_match_single_process(four_rank, reference, name):
+    assert_matches(four_rank[name], reference)
+
+
+@pytest.mark.parametrize("name", list(EIGHT_RANK))
+def test_eight_rank_pipelined_hybrid_plans_match_single_process(eight_rank, reference, name):
+    assert_matches(eight_rank[name], reference)
