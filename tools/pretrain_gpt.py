@@ -101,7 +101,9 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--recompute-num-layers", type=int)
     group.add_argument("--auto-parallel", action="store_true", help="let the planner choose the parallelism")
     group.add_argument("--auto-parallel-cluster", help="cluster preset or JSON (default: detected)")
-    group.add_argument("--auto-parallel-plan", help="run this plan file")
+    group.add_argument("--auto-parallel-plan", help="run this plan file (megatron or hybrid space)")
+    group.add_argument("--auto-parallel-space", choices=("megatron", "hybrid"), default="megatron",
+                       help="search space of --auto-parallel: one layout (megatron) or per-layer layouts (hybrid)")
 
 
 def _data_args(parser: argparse.ArgumentParser) -> None:
@@ -193,7 +195,7 @@ def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, set
     training = (TrainingSpec.fp32(global_batch) if settings.precision == "fp32"
                 else TrainingSpec(global_batch_size=global_batch, precision=settings.precision))
     return planning.search_for_job(model, world_size, args.auto_parallel_cluster, training,
-                                   search_constraints(args, model))
+                                   search_constraints(args, model), args.auto_parallel_space)
 
 
 def run(args: argparse.Namespace) -> None:

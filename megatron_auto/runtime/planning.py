@@ -39,12 +39,18 @@ def cluster_for_world(cluster: ClusterSpec, world_size: int) -> ClusterSpec:
 
 
 def search_for_job(model: ModelSpec, world_size: int, cluster_name: str | None, training: TrainingSpec,
-                   constraints: SearchConstraints) -> Plan:
-    """The planner's best megatron-space plan for this model on `world_size` ranks."""
+                   constraints: SearchConstraints, space: str = "megatron") -> Plan:
+    """The planner's best plan of `space` for this model on `world_size` ranks.
+
+    In the hybrid space the runtime shards at most the optimizer state (ZeRO-1), so
+    the search is held to the distributed optimizer wherever DP > 1.
+    """
     from ..search import search_plan
 
     cluster = cluster_for_world(load_cluster(cluster_name or detect_cluster_name()), world_size)
-    result = search_plan(model, cluster, training, "megatron", constraints)
+    if space == "hybrid" and constraints.distributed_optimizer is None:
+        constraints = dataclasses.replace(constraints, distributed_optimizer=True)
+    result = search_plan(model, cluster, training, space, constraints)
     logger.debug("search took %.2fs over %d candidates", result.search_time_s, result.candidates_evaluated)
     return result.plan
 
@@ -71,8 +77,8 @@ def check_plan_for_job(plan: Plan, model: ModelSpec, world_size: int, source: st
         mismatch = _model_mismatch(plan.model, model)
         if mismatch:
             raise UserError(f"{source} was made for another model: {mismatch}")
-    if plan.space != "megatron":
-        raise UserError(f"{source} is a {plan.space}-space plan; the Megatron-Core runtime runs megatron-space plans")
+    if any(s.zero >= 2 for s in plan.layer_strategies + (plan.embedding,)):
+        raise UserError(f"{source} shards gradients or weights (ZeRO-2/3); the runtime runs ZeRO 0 and 1")
 
 
 def plan_from_file(path: str, model: ModelSpec, world_size: int) -> Plan:
