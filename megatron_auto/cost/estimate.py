@@ -13,7 +13,7 @@ from .embedding import EmbeddingCost, embedding_cost
 from .flops import model_flops_per_iteration
 from .layer_cost import LayerCost, layer_cost
 from .memory import in_flight_micro_batches
-from .models import compute_model
+from .models import comm_model, compute_model
 from .pipeline import bubble_time, exposed_dp_time, pipeline_time
 
 __all__ = ["estimate_plan", "model_flops_per_iteration", "StageCost", "stage_costs"]
@@ -40,6 +40,8 @@ class StageCost:
     """Layers (and embedding/head parts) added so far."""
     parts: EmbeddingCost | None = None
     """The plan's embedding and LM-head costs (for the memory of the first and last stages)."""
+    grad_overlap: float = 1.0
+    """Share of the gradient traffic's overlap window that is really hidden (cost.models.CommModel)."""
 
     def add_layer(self, cost: LayerCost, count: int = 1) -> None:
         """Add `count` consecutive layers of identical cost."""
@@ -54,7 +56,7 @@ class StageCost:
 
     def add_dp_comm(self, dp_comm_s: float, backward_s: float, count: int = 1) -> None:
         """Exposed gradient traffic of `count` units (see cost.pipeline.exposed_dp_time)."""
-        hidden = exposed_dp_time(dp_comm_s, backward_s)
+        hidden = exposed_dp_time(dp_comm_s, backward_s, self.grad_overlap)
         first = dp_comm_s if self.units == 0 else hidden
         self.exposed_dp_s += first + (count - 1) * hidden
         self.units += count
@@ -81,7 +83,8 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
 
 def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[StageCost]:
     """Per-stage sums of layer, transition, p2p, embedding and LM-head costs."""
-    stages = [StageCost() for _ in range(plan.pipeline_parallel)]
+    overlap = comm_model(cluster).grad_overlap
+    stages = [StageCost(grad_overlap=overlap) for _ in range(plan.pipeline_parallel)]
     word = training.activation_bytes
     micro_samples = plan.global_batch_size // plan.num_micro_batches
     p2p = pipeline_p2p_time(model.hidden_size, model.seq_length, micro_samples, plan.gpus_per_stage,

@@ -48,3 +48,18 @@ def linear_interpolate(x: float, xs: Sequence[float], ys: Sequence[float]) -> fl
     i = bisect.bisect_right(xs, x)
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
     return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+
+
+def monotone_fit(ys: Sequence[float]) -> tuple[float, ...]:
+    """The least-squares non-decreasing sequence closest to `ys` (pool-adjacent-violators).
+
+    Measured collective times are noisy; a larger message is never cheaper in truth.
+    """
+    blocks: list[list[float]] = []  # [mean, count]
+    for y in ys:
+        blocks.append([float(y), 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            mean, count = blocks.pop()
+            blocks[-1] = [(blocks[-1][0] * blocks[-1][1] + mean * count) / (blocks[-1][1] + count),
+                          blocks[-1][1] + count]
+    return tuple(mean for mean, count in blocks for _ in range(int(count)))

@@ -34,6 +34,9 @@ class ComputeModel(Protocol):
 class CommModel(Protocol):
     """Seconds of communication for one rank."""
 
+    grad_overlap: float
+    """Share of gradient traffic hidden behind the backward that runs beside it (cost.pipeline)."""
+
     def collective_time(self, op: str, bytes_: float, group_size: int, stride: int,
                         cluster: ClusterSpec) -> float:
         """`op` in all_reduce / all_gather / reduce_scatter over `group_size` ranks `stride` apart;
@@ -63,6 +66,8 @@ _RING = {"all_reduce": collectives.all_reduce_time, "all_gather": collectives.al
 
 class AnalyticComm:
     """Ring formulas over the slowest link tier the group crosses (cost/collectives.py)."""
+
+    grad_overlap = 1.0  # Megatron-Core DDP's overlap_grad_reduce hides what fits in the window
 
     def collective_time(self, op, bytes_, group_size, stride, cluster) -> float:
         return _RING[op](bytes_, group_size, cluster.link_for_group(group_size, stride))

@@ -24,12 +24,14 @@ def bubble_time(stage_times: Sequence[float], num_micro_batches: int, virtual_st
     return pipeline_time(stage_times, num_micro_batches, virtual_stages) - num_micro_batches * max(stage_times)
 
 
-def exposed_dp_time(dp_comm_s: float, backward_s: float) -> float:
+def exposed_dp_time(dp_comm_s: float, backward_s: float, overlap: float = 1.0) -> float:
     """Gradient traffic of one layer left over after its overlap with backward.
 
     Megatron-Core's DDP (overlap_grad_reduce) reduces each layer's bucket while
     the backward of the layers below it runs; for a stack of like layers that
     window is one layer's backward per bucket. The bucket finished last (the
-    stage's first unit) has no window: callers charge it in full.
+    stage's first unit) has no window: callers charge it in full. `overlap` is the
+    share of the window the machine really hides (1: all of it; a cluster profile's
+    measured `grad_overlap_fraction` otherwise).
     """
-    return max(dp_comm_s - backward_s, 0.0)
+    return dp_comm_s - overlap * min(dp_comm_s, backward_s)

@@ -6,7 +6,9 @@ Lookups (docs/cost_model.md, "Profiled cost model"):
   size, the nearest stride first; with no curve of that group size, the nearest
   group size's curve scaled by the ring volume factor ((n-1)/n) / ((n0-1)/n0)
   (hardware.md's ring volumes); with no curve of that op and tier, the
-  analytic ring formula. Times between sizes: `loglog_interpolate`.
+  analytic ring formula. Times between sizes: `loglog_interpolate` over the
+  curve's least-squares non-decreasing fit (`monotone_fit`: timing noise must not
+  make a larger message cheaper than a smaller one).
 - a layer uses the points of the same shape, TP degree and sequence length,
   linear in micro-batch tokens (`linear_interpolate`). A (TP, sequence) pair
   that was not measured takes the nearest measured pair, scaled by the analytic
@@ -23,7 +25,7 @@ from ..specs.model import LayerSpec
 from ..specs.profiles import ClusterProfile, CollectiveCurve, LayerProfile, LayerTiming, ModelProfile
 from .compute import ComputeTimes, layer_compute_times
 from .flops import Gemm, layer_gemms
-from .interpolate import linear_interpolate, loglog_interpolate
+from .interpolate import linear_interpolate, loglog_interpolate, monotone_fit
 from .models import ANALYTIC_COMM, ANALYTIC_COMPUTE
 
 
@@ -37,6 +39,7 @@ class ProfiledComm:
 
     def __init__(self, profile: ClusterProfile) -> None:
         self.profile = profile
+        self.grad_overlap = profile.grad_overlap_fraction
 
     def curve(self, op: str, group_size: int, stride: int, inter_node: bool) -> tuple[CollectiveCurve, float] | None:
         """The best-matching curve and the factor to scale it by, or None."""
@@ -56,7 +59,7 @@ class ProfiledComm:
         if found is None:
             return ANALYTIC_COMM.collective_time(op, bytes_, group_size, stride, cluster)
         curve, scale = found
-        return scale * loglog_interpolate(bytes_, curve.message_bytes, curve.seconds)
+        return scale * loglog_interpolate(bytes_, curve.message_bytes, monotone_fit(curve.seconds))
 
     def p2p_time(self, bytes_: float, inter_node: bool, cluster: ClusterSpec) -> float:
         if bytes_ <= 0:
@@ -65,7 +68,7 @@ class ProfiledComm:
         if found is None:
             return ANALYTIC_COMM.p2p_time(bytes_, inter_node, cluster)
         curve, _ = found
-        return loglog_interpolate(bytes_, curve.message_bytes, curve.seconds)
+        return loglog_interpolate(bytes_, curve.message_bytes, monotone_fit(curve.seconds))
 
 
 def _series(points: list[LayerTiming], field: str, samples: int, seq: int) -> float:

@@ -14,6 +14,7 @@ from ..cost.embedding import embedding_cost
 from ..cost.estimate import StageCost, _add_part, optimizer_step_time
 from ..cost.layer_cost import layer_cost
 from ..cost.memory import in_flight_micro_batches
+from ..cost.models import comm_model
 from ..cost.pipeline import exposed_dp_time
 from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
@@ -57,7 +58,7 @@ def layer_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         distinct[spec] = l
         for j, strategy in enumerate(strategies):
             c = layer_cost(spec, strategy, micro_batch_samples // strategy.dp, model.seq_length, cluster, training)
-            hidden = exposed_dp_time(c.dp_comm_per_iteration_s, c.backward_s)
+            hidden = exposed_dp_time(c.dp_comm_per_iteration_s, c.backward_s, comm_model(cluster).grad_overlap)
             time[l, j] = c.micro_batch_s + (hidden + optimizer_step_time(c.state_bytes, cluster)) / m
             first[l, j] = (c.dp_comm_per_iteration_s - hidden) / m
             state[l, j], act[l, j], transient[l, j] = c.state_bytes, c.activation_bytes, c.transient_bytes
@@ -86,13 +87,13 @@ def stage_fixed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
                 stage: int, pp: int, micro_batch_samples: int, num_micro_batches: int) -> StageFixed:
     """Mirror of estimate.stage_costs for the non-layer parts of stage `stage` (v = 1, 1F1B)."""
     parts = embedding_cost(model, embedding, micro_batch_samples // embedding.dp, cluster, training, pp)
-    acc = StageCost()
+    acc = StageCost(grad_overlap=comm_model(cluster).grad_overlap)
     if stage == 0:
         _add_part(acc, parts.embedding)
     if stage < pp - 1:
         acc.micro_batch_s += pipeline_p2p_time(model.hidden_size, model.seq_length, micro_batch_samples,
                                                cluster.world_size // pp, pp, cluster, training.activation_bytes)
-    head = StageCost(units=1)
+    head = StageCost(units=1, grad_overlap=comm_model(cluster).grad_overlap)
     if stage == pp - 1:
         _add_part(head, parts.head)
     in_flight = in_flight_micro_batches(stage, pp, num_micro_batches, 1, "1f1b")

@@ -1,0 +1,283 @@
+"""Predicted against measured: step time and peak memory of real runs on the local cluster.
+
+For each plan, runs tools/pretrain_gpt.py (through tools/validation_worker.py,
+which adds the peak-memory measurement) under torchrun with `--auto-parallel-plan`,
+takes the median `elapsed time per iteration (ms)` over the iterations after the
+first (warm-up) and before the last (memory-profiled), and compares with
+`estimate_plan` under the analytic cost model and under `--profile` files.
+Peak memory: see tools/validation_worker.py; the prediction compared is the cost
+model's peak less `framework_overhead_bytes` (the non-tensor part of a process).
+
+    .venv/bin/python tools/validate_cost_model.py \\
+        --profile docs/profiles/cpu4_cluster.json docs/profiles/cpu4_model.json
+
+Every launch is wrapped in `flock /tmp/megatron-auto-heavy.lock` so it never
+overlaps another heavy job. `--tiny` runs the 2-plan, 2-rank smoke case.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from megatron_auto.cost.estimate import estimate_plan  # noqa: E402
+from megatron_auto.plan import Plan, save_plan  # noqa: E402
+from megatron_auto.search import search_plan  # noqa: E402
+from megatron_auto.search.uniform import UniformConfig, build_uniform_plan  # noqa: E402
+from megatron_auto.specs.model import ModelSpec, uniform_model  # noqa: E402
+from megatron_auto.specs.presets import CLUSTER_PRESETS  # noqa: E402
+from megatron_auto.specs.profiles import measured_costs  # noqa: E402
+from megatron_auto.specs.training import GIB, TrainingSpec  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+LOCK = "/tmp/megatron-auto-heavy.lock"
+ELAPSED = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
+
+
+@dataclass(frozen=True)
+class Job:
+    """The model and batch every plan trains (NullTokenizer ids below `vocab`)."""
+
+    layers: int = 4
+    hidden: int = 256
+    heads: int = 8
+    seq: int = 128
+    vocab: int = 512
+    global_batch: int = 16
+    ranks: int = 4
+    iters: int = 6
+
+    def model(self) -> ModelSpec:
+        # pretrain_gpt's NullTokenizer adds an end-of-document id (Megatron's rule).
+        return uniform_model("pretrain_gpt", self.layers, self.hidden, self.heads, self.seq, self.vocab + 1)
+
+    def flags(self) -> list[str]:
+        return ["--num-layers", str(self.layers), "--hidden-size", str(self.hidden), "--num-attention-heads",
+                str(self.heads), "--seq-length", str(self.seq), "--max-position-embeddings", str(self.seq),
+                "--global-batch-size", str(self.global_batch), "--train-iters", str(self.iters), "--mock-data",
+                "--tokenizer-type", "NullTokenizer", "--vocab-size", str(self.vocab), "--log-interval", "1"]
+
+
+FULL_CONFIGS = {
+    "dp4 mbs1": UniformConfig(tp=1, pp=1, micro_batch_size=1),
+    "dp4 mbs4": UniformConfig(tp=1, pp=1, micro_batch_size=4),
+    "dp4 mbs2 distopt": UniformConfig(tp=1, pp=1, micro_batch_size=2, distributed_optimizer=True),
+    "dp4 mbs2 rc=full": UniformConfig(tp=1, pp=1, micro_batch_size=2, recompute="full"),
+    "tp2 dp2 mbs2": UniformConfig(tp=2, pp=1, micro_batch_size=2),
+    "tp2 dp2 mbs2 sp rc=sel": UniformConfig(tp=2, pp=1, micro_batch_size=2, sequence_parallel=True,
+                                            recompute="selective"),
+    "tp4 mbs2": UniformConfig(tp=4, pp=1, micro_batch_size=2),
+    "pp2 dp2 mbs2": UniformConfig(tp=1, pp=2, micro_batch_size=2),
+    "pp4 mbs1": UniformConfig(tp=1, pp=4, micro_batch_size=1),
+    "pp2 tp2 mbs2": UniformConfig(tp=2, pp=2, micro_batch_size=2),
+    "pp2 v2 dp2 mbs2": UniformConfig(tp=1, pp=2, micro_batch_size=2, virtual_stages=2),
+}
+TINY_CONFIGS = {"dp2 mbs1": UniformConfig(tp=1, pp=1, micro_batch_size=1)}  # + the planner's pick
+TINY_JOB = Job(layers=2, hidden=64, heads=4, seq=32, vocab=128, global_batch=4, ranks=2, iters=4)
+
+
+def cpu_cluster(job: Job, profiles: list[str]):
+    """The cpu-gloo preset shaped to the job's ranks, with the profiles attached when given."""
+    cluster = replace(CLUSTER_PRESETS["cpu-gloo"], gpus_per_node=job.ranks)
+    return replace(cluster, measured=measured_costs(profiles)) if profiles else cluster
+
+
+def run_plan(plan: Plan, job: Job, workdir: Path) -> tuple[float, float]:
+    """Median step seconds and max-over-ranks peak tensor bytes of one real run."""
+    plan_path, memory_dir = workdir / "plan.json", workdir / "memory"
+    memory_dir.mkdir(exist_ok=True)
+    for old in memory_dir.glob("rank*.json"):
+        old.unlink()
+    save_plan(plan, plan_path)
+    command = ["flock", LOCK, sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(job.ranks),
+               "--master_port", "29533", str(ROOT / "tools" / "validation_worker.py"), "--memory-out",
+               str(memory_dir), *job.flags(), "--auto-parallel-plan", str(plan_path)]
+    env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    steps = [float(x) / 1000 for x in ELAPSED.findall(done.stdout)]
+    if done.returncode != 0 or len(steps) < job.iters:
+        raise RuntimeError(f"run failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
+    peaks = [json.loads(p.read_text())["peak_bytes"] for p in memory_dir.glob("rank*.json")]
+    return statistics.median(steps[1:-1]), float(max(peaks))
+
+
+def spearman(xs: list[float], ys: list[float]) -> float:
+    """Spearman's rank correlation (average ranks for ties)."""
+    def ranks(values):
+        order = sorted(range(len(values)), key=lambda i: values[i])
+        out = [0.0] * len(values)
+        i = 0
+        while i < len(order):
+            j = i
+            while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                out[order[k]] = (i + j) / 2
+            i = j + 1
+        return out
+    rx, ry = ranks(xs), ranks(ys)
+    mx, my = statistics.mean(rx), statistics.mean(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    var = (sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry)) ** 0.5
+    return cov / var if var else 0.0
+
+
+def mape(predicted: list[float], measured: list[float]) -> float:
+    """Mean absolute percentage error, in percent."""
+    return 100.0 * statistics.mean(abs(p - m) / m for p, m in zip(predicted, measured))
+
+
+@dataclass(frozen=True)
+class Row:
+    """One plan: its predictions and its measurements."""
+
+    name: str
+    analytic_s: float
+    profiled_s: float
+    measured_s: float
+    predicted_bytes: float
+    measured_bytes: float
+
+
+def build_plans(job: Job, configs: dict[str, UniformConfig], cluster, training) -> dict[str, Plan]:
+    """The named plans, plus the planner's pick (searched under `cluster`) unless it is one of them."""
+    model = job.model()
+    plans = {name: build_uniform_plan(model, cluster, training, config) for name, config in configs.items()}
+    pick = search_plan(model, cluster, training, space="megatron").plan
+    for name, plan in plans.items():
+        if plan.chunks == pick.chunks and plan.num_micro_batches == pick.num_micro_batches \
+                and plan.virtual_stages == pick.virtual_stages and plan.embedding == pick.embedding:
+            return plans | {f"{name} (planner pick)": plans.pop(name)}
+    return plans | {"planner pick": pick}
+
+
+def measure_all(job: Job, plans: dict[str, Plan], analytic, profiled, training) -> list[Row]:
+    """Run every plan once; predictions under both cost models."""
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, plan in plans.items():
+            seconds, peak = run_plan(plan, job, Path(tmp))
+            a = estimate_plan(plan, job.model(), analytic, training)
+            p = estimate_plan(plan, job.model(), profiled, training)
+            predicted = p.peak_memory_gib * GIB - profiled.framework_overhead_bytes
+            rows.append(Row(name, a.iteration_time_s, p.iteration_time_s, seconds, predicted, peak))
+            sys.stderr.write(f"{name:28s} measured {seconds * 1e3:8.1f} ms  analytic {a.iteration_time_s * 1e3:8.1f}"
+                             f"  profiled {p.iteration_time_s * 1e3:8.1f}  memory {peak / 2**20:.1f} MiB"
+                             f" (predicted {predicted / 2**20:.1f})\n")
+    return rows
+
+
+def summary(rows: list[Row]) -> dict[str, float | bool | str]:
+    """MAPE and Spearman of both models, the memory error, and the planner pick's standing."""
+    measured = [r.measured_s for r in rows]
+    fastest = min(rows, key=lambda r: r.measured_s)
+    pick = next(r for r in rows if "planner pick" in r.name)
+    return {
+        "analytic_mape_pct": mape([r.analytic_s for r in rows], measured),
+        "profiled_mape_pct": mape([r.profiled_s for r in rows], measured),
+        "analytic_spearman": spearman([r.analytic_s for r in rows], measured),
+        "profiled_spearman": spearman([r.profiled_s for r in rows], measured),
+        "memory_mape_pct": mape([r.predicted_bytes for r in rows], [r.measured_bytes for r in rows]),
+        "memory_max_error_pct": 100 * max(abs(r.predicted_bytes / r.measured_bytes - 1) for r in rows),
+        "fastest_measured": fastest.name,
+        "pick_vs_fastest_pct": 100 * (pick.measured_s / fastest.measured_s - 1),
+    }
+
+
+def table(rows: list[Row], stats: dict) -> str:
+    """Markdown table of the rows and a line of summary statistics."""
+    lines = ["| plan | measured ms | analytic ms | error | profiled ms | error | measured MiB | predicted MiB | error |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r.name} | {r.measured_s * 1e3:.1f} | {r.analytic_s * 1e3:.1f} | "
+                     f"{100 * (r.analytic_s / r.measured_s - 1):+.1f}% | {r.profiled_s * 1e3:.1f} | "
+                     f"{100 * (r.profiled_s / r.measured_s - 1):+.1f}% | {r.measured_bytes / 2**20:.1f} | "
+                     f"{r.predicted_bytes / 2**20:.1f} | {100 * (r.predicted_bytes / r.measured_bytes - 1):+.1f}% |")
+    lines.append("")
+    lines.append(f"Step time: profiled MAPE {stats['profiled_mape_pct']:.1f}% (target <= 15%), Spearman "
+                 f"{stats['profiled_spearman']:.2f} (target >= 0.8); analytic MAPE {stats['analytic_mape_pct']:.1f}%, "
+                 f"Spearman {stats['analytic_spearman']:.2f}. Planner pick vs fastest measured "
+                 f"({stats['fastest_measured']}): {stats['pick_vs_fastest_pct']:+.1f}% (target <= 10%). "
+                 f"Peak memory: MAPE {stats['memory_mape_pct']:.1f}%, worst {stats['memory_max_error_pct']:.1f}% "
+                 f"(target <= 10%).")
+    return "\n".join(lines) + "\n"
+
+
+def scatter_png(rows: list[Row], path: Path) -> None:
+    """Predicted (analytic and profiled) against measured step time, log-log, with y = x."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 5))
+    measured = [r.measured_s * 1e3 for r in rows]
+    ax.scatter(measured, [r.analytic_s * 1e3 for r in rows], marker="x", label="analytic (cpu-gloo preset)")
+    ax.scatter(measured, [r.profiled_s * 1e3 for r in rows], marker="o", label="profiled (--profile)")
+    for r, m in zip(rows, measured):
+        ax.annotate(r.name, (m, r.profiled_s * 1e3), fontsize=6, xytext=(3, 3), textcoords="offset points")
+    low = min(measured + [r.profiled_s * 1e3 for r in rows] + [r.analytic_s * 1e3 for r in rows]) * 0.8
+    high = max(measured + [r.profiled_s * 1e3 for r in rows] + [r.analytic_s * 1e3 for r in rows]) * 1.25
+    ax.plot([low, high], [low, high], "k--", lw=0.8, label="y = x")
+    ax.fill_between([low, high], [low * 0.85, high * 0.85], [low * 1.15, high * 1.15], alpha=0.1, label="±15%")
+    ax.set(xscale="log", yscale="log", xlabel="measured step time (ms)", ylabel="predicted step time (ms)",
+           title="Cost model vs 4 gloo ranks on CPU")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def replace_section(path: Path, title: str, body: str) -> None:
+    """Replace (or append) the `## title` section of a markdown file, leaving the others alone."""
+    text = path.read_text() if path.exists() else "# Benchmarks\n"
+    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
+    section = f"## {title}\n\n{body.rstrip()}\n\n"
+    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section
+    path.write_text(text.rstrip() + "\n")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--profile", nargs="*", default=[], help="cluster and model profile JSON files")
+    parser.add_argument("--tiny", action="store_true", help="2 plans, 2 ranks, few steps (the smoke test)")
+    parser.add_argument("--out-dir", default=str(ROOT / "docs"), help="where the table and PNG go")
+    parser.add_argument("--results", help="also write the rows and statistics as JSON here")
+    parser.add_argument("--benchmarks", help="replace the validation section of this markdown file")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    job, configs = (TINY_JOB, TINY_CONFIGS) if args.tiny else (Job(), FULL_CONFIGS)
+    training = TrainingSpec.fp32(job.global_batch)
+    analytic, profiled = cpu_cluster(job, []), cpu_cluster(job, args.profile)
+    plans = build_plans(job, configs, profiled, training)
+    rows = measure_all(job, plans, analytic, profiled, training)
+    stats = summary(rows)
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    text = table(rows, stats)
+    (out / "cost_model_validation.md").write_text("# Cost model: predicted vs measured\n\n" + text)
+    scatter_png(rows, out / "cost_model_validation.png")
+    if args.results:
+        Path(args.results).write_text(json.dumps({"rows": [r.__dict__ for r in rows], "summary": stats}, indent=2))
+    if args.benchmarks:
+        command = "`.venv/bin/python tools/validate_cost_model.py " + " ".join(
+            ["--profile", *args.profile] if args.profile else []) + f" --benchmarks {args.benchmarks}`"
+        replace_section(Path(args.benchmarks), "Cost model: predicted vs measured (4 CPU gloo ranks)",
+                        f"Command: {command}. Plot: `docs/cost_model_validation.png`.\n\n{text}")
+    sys.stdout.write(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
