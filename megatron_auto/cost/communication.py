@@ -73,23 +73,27 @@ def transition_time(before: LayerStrategy, after: LayerStrategy, hidden: int, se
                     micro_batch_samples: int, cluster: ClusterSpec, activation_bytes: int) -> float:
     """Redistributing one micro-batch's activations between two layouts, forward plus backward.
 
-    Moving to a larger DP degree slices the batch locally in forward and
-    all-gathers the activation gradient in backward; moving to a smaller one
-    all-gathers in forward and slices in backward. Either way one all-gather of
-    the narrower layout's samples crosses a group of dp_max / dp_min ranks. An SP
-    change at equal TP all-gathers (or slices) the sequence over the TP group.
+    What runtime/hybrid/relayout.py does: an SP layout first all-gathers the
+    sequence over its TP group (backward: a slice), the batch is re-split over
+    the dp_max / dp_min ranks that hold one coarse chunk (to more DP a slice,
+    backward an all-gather; to less DP an all-gather, backward a slice), and an
+    SP target slices its sequence shard (backward: an all-gather over its TP
+    group). Each all-gather moves the narrower side's full-sequence activation.
     """
-    if before.layout()[:2] == after.layout()[:2] and before.sp == after.sp:
+    if (before.tp, before.dp, before.sp) == (after.tp, after.dp, after.sp):
         return 0.0
+    bytes_per_sample = seq * hidden * activation_bytes
+    model = comm_model(cluster)
+    time = 0.0
+    for side in (before, after):
+        if side.sp:
+            samples = micro_batch_samples // side.dp
+            time += model.collective_time("all_gather", bytes_per_sample * samples, side.tp, 1, cluster)
     lo, hi = sorted((before.dp, after.dp))
     if lo != hi:
-        group = hi // lo
-        samples = micro_batch_samples // lo
-        return comm_model(cluster).collective_time("all_gather", seq * samples * hidden * activation_bytes,
-                                                   group, min(before.tp, after.tp), cluster)
-    samples = micro_batch_samples // before.dp
-    return comm_model(cluster).collective_time("all_gather", seq * samples * hidden * activation_bytes,
-                                               before.tp, 1, cluster)
+        time += model.collective_time("all_gather", bytes_per_sample * (micro_batch_samples // lo), hi // lo,
+                                      min(before.tp, after.tp), cluster)
+    return time
 
 
 def pipeline_p2p_time(hidden: int, seq: int, micro_batch_samples: int, gpus_per_stage: int,
