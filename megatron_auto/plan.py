@@ -182,6 +182,29 @@ class Plan:
     def is_uniform_layout(self) -> bool:
         return len({s.layout() for s in self.layer_strategies} | {self.embedding.layout()}) == 1
 
+    def boundary_layout(self, seq_length: int) -> LayerStrategy:
+        """Layout of the activations that cross a pipeline-stage boundary.
+
+        Stock Megatron sends the (uniform) layer layout itself; the hybrid runtime
+        re-lays each stage's output into `boundary_layout_for` and its input out of it.
+        """
+        if self.space == "megatron":
+            return self.embedding
+        return boundary_layout_for(self.gpus_per_stage, self.global_batch_size // self.num_micro_batches, seq_length)
+
+
+def boundary_layout_for(gpus_per_stage: int, micro_batch_samples: int, seq_length: int) -> LayerStrategy:
+    """Each GPU holds 1/n of the micro-batch: split by batch (tp 1, dp n) when the
+    micro-batch splits n ways, else by sequence (tp n with SP), so that the p2p
+    tensor has one shape on every rank of every stage, as Megatron's schedules need."""
+    n = gpus_per_stage
+    if micro_batch_samples % n == 0:
+        return LayerStrategy(tp=1, dp=n)
+    if seq_length % n == 0 and n > 1:
+        return LayerStrategy(tp=n, dp=1, sp=True)
+    raise UserError(f"neither the micro-batch ({micro_batch_samples} samples) nor the sequence "
+                    f"({seq_length} tokens) splits over the {n} GPUs of a stage")
+
 
 def _check_space_and_schedule(plan: Plan) -> None:
     if plan.space not in SPACES:

@@ -64,6 +64,30 @@ def test_layout_grouped_transitions_give_the_same_optimum():
                 assert sum(mem[i, c] for i, c in enumerate(picks)) <= budget
 
 
+def test_last_extra_is_charged_to_the_prefix_end():
+    rng = np.random.default_rng(5)
+    for _ in range(60):
+        layers, strategies = int(rng.integers(1, 5)), int(rng.integers(1, 4))
+        time, transition = rng.random((layers, strategies)), rng.random((strategies, strategies))
+        mem, budget = rng.integers(0, 6, (layers, strategies)), int(rng.integers(0, 15))
+        last = rng.random(strategies)
+        result = layer_dp(time, mem, transition, budget, last_extra=last)
+        for k in range(1, layers + 1):
+            best = np.inf
+            for combo in itertools.product(range(strategies), repeat=k):
+                if sum(mem[i, c] for i, c in enumerate(combo)) <= budget:
+                    value = sum(time[i, c] for i, c in enumerate(combo)) + last[combo[-1]]
+                    best = min(best, value + sum(transition[combo[i - 1], combo[i]] for i in range(1, k)))
+            if np.isfinite(best):
+                assert result.best_time[k - 1] == pytest.approx(best)
+                picks = backtrack(result, mem, k)
+                value = sum(time[i, c] for i, c in enumerate(picks)) + last[picks[-1]] + sum(
+                    transition[picks[i - 1], picks[i]] for i in range(1, k))
+                assert value == pytest.approx(best)
+            else:
+                assert np.isinf(result.best_time[k - 1])
+
+
 def test_groups_must_describe_the_transitions():
     transition = np.array([[0.0, 1.0], [2.0, 0.0]])
     with pytest.raises(ValueError, match="depend on the layouts"):

@@ -94,19 +94,23 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
     _add_part(stages[0], embedding.embedding)
     for stage in stages:
         stage.parts = embedding
-    layer_index = 0
+    boundary = plan.boundary_layout(model.seq_length) if plan.pipeline_parallel > 1 else plan.embedding
+
+    def relayout(before: LayerStrategy, after: LayerStrategy) -> float:
+        return transition_time(before, after, model.hidden_size, model.seq_length, micro_samples, cluster, word)
+
+    layer_index, last = 0, len(plan.chunks) - 1
     for chunk_index, chunk in enumerate(plan.chunks):
         stage = stages[chunk_index % plan.pipeline_parallel]
-        previous = None  # across a stage boundary the p2p transfer does the re-layout
+        previous = plan.embedding if chunk_index == 0 else boundary
         for spec, strategy, count in _runs(model.layers[layer_index:layer_index + len(chunk.layers)], chunk.layers):
             stage.add_layer(layer_cost(spec, strategy, plan.local_micro_batch(strategy), model.seq_length,
                                        cluster, training), count)
-            if previous is not None:
-                stage.add_seconds(transition_time(previous, strategy, model.hidden_size, model.seq_length,
-                                                  micro_samples, cluster, word), "transition_s")
+            stage.add_seconds(relayout(previous, strategy), "transition_s")
             previous = strategy
+        stage.add_seconds(relayout(previous, plan.embedding if chunk_index == last else boundary), "transition_s")
         layer_index += len(chunk.layers)
-        if chunk_index < len(plan.chunks) - 1:
+        if chunk_index < last:
             stage.add_seconds(p2p, "pp_comm_s")
     _add_part(stages[(len(plan.chunks) - 1) % plan.pipeline_parallel], embedding.head)
     for stage in stages:

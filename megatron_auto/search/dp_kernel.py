@@ -24,6 +24,8 @@ class LayerDPResult:
     final: np.ndarray
     """[L, U+1, S] the f_l tables' values at each (units, strategy)."""
     budget_units: int
+    last_extra: np.ndarray
+    """[S] seconds added when the prefix ends in strategy s (e.g. the re-layout after the last layer)."""
 
 
 def _check_shapes(time: np.ndarray, mem: np.ndarray, transition: np.ndarray) -> None:
@@ -37,23 +39,26 @@ def _check_shapes(time: np.ndarray, mem: np.ndarray, transition: np.ndarray) -> 
 
 
 def layer_dp(time: np.ndarray, mem: np.ndarray, transition: np.ndarray, budget_units: int,
-             keep_choices: bool = True, groups: np.ndarray | None = None) -> LayerDPResult:
+             keep_choices: bool = True, groups: np.ndarray | None = None,
+             last_extra: np.ndarray | None = None) -> LayerDPResult:
     """Minimal-time strategy per layer under `budget_units`, for every prefix length.
 
     `groups[s]` optionally names the layout of strategy s when the transition
     cost depends on layouts only (transition[a, b] = T[groups[a], groups[b]]);
     the min over predecessors then runs over G layouts instead of S strategies.
+    `last_extra[s]` is added to a prefix whose last layer is in strategy s.
     """
     _check_shapes(time, mem, transition)
+    last_extra = np.zeros(time.shape[1]) if last_extra is None else np.asarray(last_extra, dtype=float)
     best, final, choice = _batched_dp(time[None], mem[None], transition, np.array([budget_units]),
-                                      groups, keep_choices)
+                                      groups, keep_choices, last_extra[None])
     return LayerDPResult(best_time=best[0], choice=choice[0] if keep_choices else choice[:0],
-                         final=final[0], budget_units=budget_units)
+                         final=final[0], budget_units=budget_units, last_extra=last_extra)
 
 
 def layer_dp_batch(time: np.ndarray, mem: np.ndarray, transition: np.ndarray, budget_units: np.ndarray,
-                   groups: np.ndarray | None = None) -> np.ndarray:
-    """B independent problems at once: time and mem are [B, L, S], budgets [B].
+                   groups: np.ndarray | None = None, last_extra: np.ndarray | None = None) -> np.ndarray:
+    """B independent problems at once: time and mem are [B, L, S], budgets [B], last_extra [B, S].
 
     Returns best_time [B, L]. The search scores every (stage, transient ceiling)
     of a pipeline layout in one pass, and backtracks only the chosen ones.
@@ -61,10 +66,11 @@ def layer_dp_batch(time: np.ndarray, mem: np.ndarray, transition: np.ndarray, bu
     if time.ndim != 3 or mem.shape != time.shape or budget_units.shape != (time.shape[0],):
         raise ValueError(f"time and mem must be [B, L, S] and budgets [B]; got {time.shape}, {mem.shape}, {budget_units.shape}")
     _check_shapes(time[0], mem[0], transition)
-    return _batched_dp(time, mem, transition, budget_units, groups, keep_choices=False)[0]
+    last_extra = np.zeros((time.shape[0], time.shape[2])) if last_extra is None else last_extra
+    return _batched_dp(time, mem, transition, budget_units, groups, keep_choices=False, last_extra=last_extra)[0]
 
 
-def _batched_dp(time, mem, transition, budgets, groups, keep_choices):
+def _batched_dp(time, mem, transition, budgets, groups, keep_choices, last_extra):
     batch, num_layers, num_strategies = time.shape
     top = int(budgets.max())
     groups = np.arange(num_strategies) if groups is None else np.asarray(groups)
@@ -88,7 +94,7 @@ def _batched_dp(time, mem, transition, budgets, groups, keep_choices):
                 choice[:, layer] = best_predecessor
         offsets = np.maximum(shift - mem[:, layer][:, None, :] * num_strategies, 0) + base
         current = np.take(padded, offsets) + time[:, layer][:, None, :]
-        best[:, layer] = current[np.arange(batch), budgets, :].min(axis=-1)
+        best[:, layer] = (current[np.arange(batch), budgets, :] + last_extra).min(axis=-1)
         if keep_choices:
             final[:, layer] = current
         previous = current
@@ -125,7 +131,7 @@ def backtrack(result: LayerDPResult, mem: np.ndarray, num_layers: int) -> list[i
     """Strategy indices of the best plan for the first `num_layers` layers."""
     layer = num_layers - 1
     units = result.budget_units
-    strategy = int(result.final[layer, units].argmin())
+    strategy = int((result.final[layer, units] + result.last_extra).argmin())
     picks = [strategy]
     while layer > 0:
         units -= int(mem[layer, strategy])

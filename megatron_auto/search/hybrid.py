@@ -16,7 +16,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..cost.estimate import estimate_plan
-from ..plan import Chunk, LayerStrategy, Plan
+from ..errors import UserError
+from ..plan import Chunk, LayerStrategy, Plan, boundary_layout_for
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
@@ -83,7 +84,8 @@ def _span_times(tables: LayerTables, fixed: list[StageFixed], budget: float, max
             arrays = [_stage_arrays(tables, fixed[s], rows, unit, level) for s, level in batch]
             budgets = np.array([_budget_units(budget, fixed[s], unit, level) for s, level in batch])
             best = layer_dp_batch(np.stack([a[0] for a in arrays]), np.stack([a[1] for a in arrays]),
-                                  tables.transition, budgets, tables.groups)
+                                  tables.transition, budgets, tables.groups,
+                                  np.stack([fixed[s].exit_transition for s, _ in batch]))
             for (s, ceiling), times in zip(batch, best):
                 lengths = np.arange(1, times.size + 1)
                 candidate = times + fixed[s].time
@@ -116,6 +118,7 @@ def _budget_units(budget: float, fixed: StageFixed, unit: float, ceiling_units: 
 def _stage_arrays(tables: LayerTables, fixed: StageFixed, rows: slice, unit: float, ceiling_units: int):
     allowed = _transient_units(tables, rows, unit) <= ceiling_units
     time = np.where(allowed, tables.time[rows], np.inf)
+    time[0] += fixed.entry_transition
     if fixed.first_layer_is_first_unit:
         time[0] += tables.first_extra[rows][0]
     memory = tables.state[rows] + fixed.in_flight * tables.activation[rows]
@@ -126,7 +129,8 @@ def _run_stage_dp(tables, fixed, budget, rows, unit, ceiling_units):
     """The stage's layer DP with choices kept, for backtracking the chosen span."""
     time, units = _stage_arrays(tables, fixed, rows, unit, int(ceiling_units))
     budget_units = _budget_units(budget, fixed, unit, int(ceiling_units))
-    return layer_dp(time, units, tables.transition, budget_units, groups=tables.groups), units
+    return layer_dp(time, units, tables.transition, budget_units, groups=tables.groups,
+                    last_extra=fixed.exit_transition), units
 
 
 def _lower_bound(tables: LayerTables, fixed: list[StageFixed], m: int) -> float:
@@ -159,7 +163,13 @@ def _prepare(model, cluster, training, constraints, pp, samples, stats,
     m = training.global_batch_size // samples
     tables = layer_tables(model, cluster, training, strategies, samples, m)
     embedding = embedding_layout(strategies, embedding_tp)
-    fixed = tuple(stage_fixed(model, cluster, training, embedding, s, pp, samples, m) for s in range(pp))
+    try:
+        boundary = boundary_layout_for(gpus, samples, model.seq_length) if pp > 1 else embedding
+    except UserError:
+        stats.drop("boundary-splits", len(strategies))
+        return None
+    fixed = tuple(stage_fixed(model, cluster, training, embedding, s, pp, samples, m, tables.strategies, boundary)
+                  for s in range(pp))
     return Candidate(pp, samples, tables, embedding, fixed, _lower_bound(tables, list(fixed), m))
 
 

@@ -81,10 +81,15 @@ class StageFixed:
     """Micro-batches whose activations the stage holds at its peak."""
     first_layer_is_first_unit: bool
     """False on stage 0, where the embedding's bucket is the one that cannot hide."""
+    entry_transition: np.ndarray
+    """[S] seconds per micro-batch to re-lay the stage's input (embedding or boundary layout) for strategy j."""
+    exit_transition: np.ndarray
+    """[S] seconds per micro-batch to re-lay the output of a last layer in strategy j (to the head or boundary)."""
 
 
 def stage_fixed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, embedding: LayerStrategy,
-                stage: int, pp: int, micro_batch_samples: int, num_micro_batches: int) -> StageFixed:
+                stage: int, pp: int, micro_batch_samples: int, num_micro_batches: int,
+                strategies: tuple[LayerStrategy, ...], boundary: LayerStrategy) -> StageFixed:
     """Mirror of estimate.stage_costs for the non-layer parts of stage `stage` (v = 1, 1F1B)."""
     parts = embedding_cost(model, embedding, micro_batch_samples // embedding.dp, cluster, training, pp)
     acc = StageCost(grad_overlap=comm_model(cluster).grad_overlap)
@@ -102,5 +107,14 @@ def stage_fixed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     memory = (acc.state_bytes + head.state_bytes + cluster.framework_overhead_bytes
               + (in_flight * parts.embedding.activation_bytes if stage == 0 else 0.0)
               + (parts.head.activation_bytes if stage == pp - 1 else 0.0))
+    entry = embedding if stage == 0 else boundary
+    exit_ = embedding if stage == pp - 1 else boundary
+
+    def relayout(before: LayerStrategy, after: LayerStrategy) -> float:
+        return transition_time(before, after, model.hidden_size, model.seq_length, micro_batch_samples,
+                               cluster, training.activation_bytes)
+
     return StageFixed(time=acc.micro_batch_s + head.micro_batch_s + (exposed + optimizer) / num_micro_batches,
-                      memory=memory, in_flight=in_flight, first_layer_is_first_unit=stage > 0)
+                      memory=memory, in_flight=in_flight, first_layer_is_first_unit=stage > 0,
+                      entry_transition=np.array([relayout(entry, s) for s in strategies]),
+                      exit_transition=np.array([relayout(s, exit_) for s in strategies]))

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ...plan import LayerStrategy, Plan
+from ...plan import LayerStrategy, Plan, boundary_layout_for
 
 Ranks = tuple[int, ...]
 
@@ -87,20 +87,9 @@ def stage_layouts(plan: Plan) -> list[tuple[int, LayerStrategy]]:
 
 
 def boundary_strategy(plan: Plan, seq_length: int) -> LayerStrategy:
-    """The layout activations cross stage boundaries in: each GPU holds 1/n of the micro-batch.
-
-    Batch-split (tp1, dp=n) when the micro-batch splits n ways, else
-    sequence-split (tp=n with SP); the p2p tensor is then the same shape on
-    every rank of every stage, as Megatron's schedules require.
-    """
-    n = plan.gpus_per_stage
-    samples = plan.global_batch_size // plan.num_micro_batches
-    if samples % n == 0:
-        return LayerStrategy(tp=1, dp=n)
-    if seq_length % n == 0 and n > 1:
-        return LayerStrategy(tp=n, dp=1, sp=True)
-    raise ValueError(f"neither the micro-batch ({samples} samples) nor the sequence ({seq_length}) "
-                     f"splits over the {n} GPUs of a stage")
+    """The layout activations cross stage boundaries in (one definition, shared with the
+    cost model): see megatron_auto.plan.boundary_layout_for."""
+    return boundary_layout_for(plan.gpus_per_stage, plan.global_batch_size // plan.num_micro_batches, seq_length)
 
 
 def transition_pairs(plan: Plan, seq_length: int) -> list[tuple[int, LayerStrategy, LayerStrategy]]:
