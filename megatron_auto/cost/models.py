@@ -67,7 +67,9 @@ _RING = {"all_reduce": collectives.all_reduce_time, "all_gather": collectives.al
 class AnalyticComm:
     """Ring formulas over the slowest link tier the group crosses (cost/collectives.py)."""
 
-    grad_overlap = 1.0  # Megatron-Core DDP's overlap_grad_reduce hides what fits in the window
+    def __init__(self, grad_overlap: float = 1.0) -> None:
+        self.grad_overlap = grad_overlap
+        """From ClusterSpec.grad_overlap: what the runtime's DDP hides behind the backward."""
 
     def collective_time(self, op, bytes_, group_size, stride, cluster) -> float:
         return _RING[op](bytes_, group_size, cluster.link_for_group(group_size, stride))
@@ -95,7 +97,7 @@ def comm_model(cluster: ClusterSpec) -> CommModel:
     """The profiled communication model when a cluster profile is attached, else the analytic one."""
     measured = cluster.measured
     if measured is None or measured.cluster is None:
-        return ANALYTIC_COMM
+        return ANALYTIC_COMM if cluster.grad_overlap == 1.0 else AnalyticComm(cluster.grad_overlap)
     from .profiled import profiled_comm
 
     return profiled_comm(measured.cluster)

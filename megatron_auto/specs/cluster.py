@@ -80,6 +80,9 @@ class ClusterSpec(CachedHash):
     """GEMM efficiency model, calibrated per GPU type."""
     framework_overhead_bytes: int = 0
     """Memory the framework holds regardless of the plan (CUDA context, NCCL buffers, allocator slack)."""
+    grad_overlap: float = 1.0
+    """Share of the gradient sync's overlap window that the runtime hides: 1 where Megatron-Core's
+    DDP reduces buckets during the backward (overlap_grad_reduce, on CUDA), 0 where it reduces after."""
     schema_version: int = CLUSTER_SCHEMA_VERSION
     """Version of this record's layout."""
     measured: Optional[MeasuredCosts] = None
