@@ -217,7 +217,8 @@ def section(results: list[dict], total_s: float) -> str:
              "(b): exhaustive grid over Megatron's flags (`megatron_auto/search/grid.py`: every t, p, micro-batch, "
              "v, SP on/off, distributed optimizer on/off, recompute none/selective/full and block-recompute "
              f"N = 1..chunk, and every first/last-stage layer count Megatron accepts; marked ±{SPLIT_WINDOW}: only "
-             f"those within {SPLIT_WINDOW} layers of the average), run on 2 processes. (c), (d): `search_plan` in the megatron and hybrid spaces, one process. Tight budget: "
+             f"those within {SPLIT_WINDOW} layers of the average), run on 2 processes. (c), (d): `search_plan` "
+             "in the megatron and hybrid spaces, one process. Tight budget: "
              f"`TrainingSpec.memory_budget_bytes` = {TIGHT_GIB} GiB.", ""]
     lines += table_lines(results) + ["", "Configurations (layout × layers, recompute kind × layers):", ""]
     lines += config_lines(results) + ["", "Search bugs ((c) or (d) slower than (b)): "

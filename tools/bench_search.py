@@ -4,14 +4,16 @@ Command (about 5-10 minutes on a 2-core machine; writes a section of docs/benchm
     .venv/bin/python tools/bench_search.py
 
 Grid: 8 to 4096 A100 GPUs x 24 to 128 layers (hidden 4096, 32 heads, s 2048, V 51200;
-batch = max(512, GPUs)) x both spaces. Each search runs twice: once plain for the
-time, once under tracemalloc for the peak memory (tracemalloc slows it down, so
-its time is not used). The growth is a least-squares power law
+batch = max(512, GPUs)) x both spaces. Each search runs twice, each time in a fresh
+interpreter so that no cache is warm: once plain for the time, once under
+tracemalloc for the peak memory (tracemalloc slows it down, so its time is not used). The growth is a least-squares power law
 time ~ GPUs^alpha x layers^beta per space.
 """
 from __future__ import annotations
 
+import json
 import math
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -39,25 +41,35 @@ def job(gpus: int, layers: int):
     return model, load_cluster("dgx-a100-80gb", gpus // 8), TrainingSpec(max(512, gpus))
 
 
-def measure(gpus: int, layers: int, space: str) -> dict:
-    """Seconds and peak traced MiB of one search, and what it found."""
+def _one_search(gpus: int, layers: int, space: str, traced: bool) -> dict:
+    """Run one search in this (fresh) process: seconds, or peak traced MiB when `traced`."""
     model, cluster, training = job(gpus, layers)
+    if traced:
+        tracemalloc.start()
     started = time.perf_counter()
     try:
         result = search_plan(model, cluster, training, space)
         found = f"{result.plan.prediction.iteration_time_s:.2f} s ({result.plan.space})"
+        candidates = result.candidates_evaluated
     except UserError:
-        result, found = None, "nothing fits"
-    seconds = time.perf_counter() - started
-    tracemalloc.start()
-    try:
-        search_plan(model, cluster, training, space)
-    except UserError:
-        pass
-    peak = tracemalloc.get_traced_memory()[1] / 2**20
-    tracemalloc.stop()
-    return {"gpus": gpus, "layers": layers, "space": space, "seconds": seconds, "peak_mib": peak,
-            "found": found, "candidates": result.candidates_evaluated if result else 0}
+        found, candidates = "nothing fits", 0
+    out = {"seconds": time.perf_counter() - started, "found": found, "candidates": candidates}
+    if traced:
+        out["peak_mib"] = tracemalloc.get_traced_memory()[1] / 2**20
+        tracemalloc.stop()
+    return out
+
+
+def measure(gpus: int, layers: int, space: str) -> dict:
+    """Seconds and peak traced MiB of one search, each in a fresh interpreter (no warm caches)."""
+    runs = []
+    for traced in (False, True):
+        command = [sys.executable, __file__, "--one", str(gpus), str(layers), space, str(int(traced))]
+        done = subprocess.run(command, capture_output=True, text=True)
+        if done.returncode:  # one retry: another process may have been rewriting a source file
+            done = subprocess.run(command, check=True, capture_output=True, text=True)
+        runs.append(json.loads(done.stdout))
+    return {"gpus": gpus, "layers": layers, "space": space, **runs[0], "peak_mib": runs[1]["peak_mib"]}
 
 
 def power_law(rows: list[dict], key: str) -> tuple[float, float]:
@@ -72,7 +84,7 @@ def section(rows: list[dict], total_s: float) -> str:
     lines = [HEADING, "",
              f"Command: {COMMAND} ({total_s / 60:.1f} minutes on this 2-core machine, one process). Model: hidden 4096, "
              "32 heads, s 2048, V 51200, L layers; dgx-a100-80gb; batch max(512, GPUs). Time: wall-clock "
-             "seconds of `search_plan`; memory: peak Python allocations (tracemalloc) during a second run.", "",
+             "seconds of `search_plan`; memory: peak Python allocations (tracemalloc) of a second run; each run in a fresh interpreter.", "",
              "| GPUs | layers | space | search s | peak MiB | candidates | best plan |", "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['gpus']} | {r['layers']} | {r['space']} | {r['seconds']:.2f} | {r['peak_mib']:.1f} | "
@@ -97,6 +109,10 @@ def replace_section(text: str, heading: str, body: str) -> str:
 
 
 def main() -> None:
+    if sys.argv[1:2] == ["--one"]:
+        gpus, layers, space, traced = sys.argv[2:6]
+        sys.stdout.write(json.dumps(_one_search(int(gpus), int(layers), space, traced == "1")))
+        return
     started, rows = time.perf_counter(), []
     for gpus in GPUS:
         for layers in LAYERS:
