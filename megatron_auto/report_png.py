@@ -19,6 +19,8 @@ BREAKDOWN_COLORS = {
     "compute": "#4c78a8", "recompute": "#9ecae9", "tp comm": "#f58518", "dp comm": "#e45756",
     "pp comm": "#72b7b2", "bubble": "#bab0ac", "transition": "#b279a2", "optimizer": "#54a24b",
 }
+OTHER_COLORS = ("#eeca3b", "#ff9da6", "#9d755d", "#79706e")
+"""For breakdown terms added after this palette was chosen."""
 
 
 def _layout_label(strategy: LayerStrategy) -> str:
@@ -122,9 +124,9 @@ def _draw_breakdown(ax, prediction: Optional[Prediction]) -> None:
     parts = [(f.name[:-2].replace("_", " "), getattr(prediction.breakdown, f.name)) for f in fields(prediction.breakdown)]
     total = sum(seconds for _, seconds in parts) or 1.0
     left = 0.0
-    for name, seconds in parts:
+    for index, (name, seconds) in enumerate(parts):
         share = seconds / total
-        ax.barh(0, seconds, left=left, color=BREAKDOWN_COLORS[name], edgecolor="white",
+        ax.barh(0, seconds, left=left, color=BREAKDOWN_COLORS.get(name, OTHER_COLORS[index % len(OTHER_COLORS)]), edgecolor="white",
                 label=f"{name}: {seconds:.3g} s ({100 * share:.1f}%)")
         if share > 0.06:
             ax.text(left + seconds / 2, 0, f"{name}\n{100 * share:.0f}%", ha="center", va="center",
