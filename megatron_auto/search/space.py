@@ -44,8 +44,9 @@ RULES = (
          _heads_divisible),
     Rule("batch-splits-over-dp", "each DP rank needs a whole number of samples per micro-batch",
          lambda s, ctx: ctx.micro_batch_samples % s.dp != 0),
-    Rule("tp-within-node", "TP all-reduces every layer; across nodes it runs 12x slower (SC21 Sec. 5.4)",
-         lambda s, ctx: s.tp > ctx.cluster.gpus_per_node),
+    Rule("tp-within-node", "TP all-reduces every layer; across nodes it runs 12x slower (SC21 Sec. 5.4), "
+         "and a TP degree that does not divide the node straddles nodes",
+         lambda s, ctx: ctx.cluster.gpus_per_node % s.tp != 0),
     Rule("sp-with-tp", "with TP, SP moves the same bytes and stores and computes less (Korthikanti Sec. 4.2.2)",
          lambda s, ctx: s.tp > 1 and not s.sp),
     Rule("no-zero2", "Megatron-Core's DDP keeps a full gradient buffer; the runtime has no ZeRO-2 layout",

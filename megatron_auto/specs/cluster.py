@@ -105,9 +105,16 @@ class ClusterSpec(CachedHash):
         return replace(self, num_nodes=num_nodes)
 
     def link_for_group(self, group_size: int, stride: int = 1) -> LinkSpec:
-        """The slowest tier a group of `group_size` ranks, `stride` apart, crosses."""
-        span = (group_size - 1) * stride + 1
-        return self.intra_node if span <= self.gpus_per_node else self.inter_node
+        """The slowest tier that groups of `group_size` ranks, `stride` apart, cross.
+
+        In Megatron's rank order such groups tile blocks of group_size x stride
+        consecutive ranks; every block stays inside a node only when it divides
+        the node (a TP group of 6 on 8-GPU nodes straddles two nodes in places,
+        and a collective runs at the pace of its slowest group).
+        """
+        block = group_size * stride
+        inside = self.num_nodes == 1 or (block <= self.gpus_per_node and self.gpus_per_node % block == 0)
+        return self.intra_node if inside else self.inter_node
 
 
 def load_cluster(name_or_path: str, num_nodes: int | None = None) -> ClusterSpec:
