@@ -180,9 +180,11 @@ def _solve(candidate: Candidate, model, cluster, training, options, stats) -> Op
     budget = training.budget_for(cluster.gpu.memory_bytes)
     unit = budget / options.memory_units
     max_len = min(model.num_layers - pp + 1, int(options.max_stage_factor * math.ceil(model.num_layers / pp)) + 1)
-    spans, ceilings = _span_times(tables, fixed, budget, max_len, unit, model.is_uniform(), model.num_layers)
+    with stats.timed("hybrid space: layer DP"):
+        spans, ceilings = _span_times(tables, fixed, budget, max_len, unit, model.is_uniform(), model.num_layers)
     stats.evaluated += pp * len(tables.strategies)
-    partition = best_partition(spans, model.num_layers, m)
+    with stats.timed("hybrid space: pipeline partition"):
+        partition = best_partition(spans, model.num_layers, m)
     if partition is None:
         return None
     chunks = []
@@ -210,7 +212,8 @@ def search_hybrid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     for pp in pipeline_degrees(model, cluster, constraints):
         sizes = micro_batch_sizes(training, pp, cluster.world_size // pp)
         stats.drop("micro-batches-at-least-pp", len(divisors(training.global_batch_size)) - len(sizes))
-        candidates += [c for q in sizes if (c := _prepare(model, cluster, training, constraints, pp, q, stats))]
+        with stats.timed("hybrid space: cost tables"):
+            candidates += [c for q in sizes if (c := _prepare(model, cluster, training, constraints, pp, q, stats))]
     candidates.sort(key=lambda c: (c.lower_bound, c.pp, c.samples))
     best: Optional[Plan] = None
     for index, candidate in enumerate(candidates):

@@ -122,6 +122,8 @@ def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats, inc
                 plan = _best_for_recompute(model, cluster, training, constraints,
                                            replace(base, recompute=recompute), stats, incumbent)
             if plan is not None:
+                if plan.prediction.fits:
+                    incumbent = min(incumbent, plan.prediction.iteration_time_s)
                 yield plan
 
 
