@@ -97,6 +97,8 @@ class TimeBreakdown:
     """Re-laying out activations between layers of different layouts."""
     optimizer_s: float = 0.0
     """The Adam step."""
+    runtime_s: float = 0.0
+    """The training runtime's own per-step and per-micro-batch work (measured; cost.models.runtime_overhead)."""
 
 
 @dataclass(frozen=True)

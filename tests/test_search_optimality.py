@@ -15,18 +15,24 @@ from megatron_auto.search.space import StageContext, prune_strategies
 from megatron_auto.search.uniform import UniformConfig, build_uniform_plan, divisors, megatron_uneven_splits
 from megatron_auto.specs.model import uniform_model
 from megatron_auto.specs.presets import CLUSTER_PRESETS
+from megatron_auto.specs.profiles import ClusterProfile, MeasuredCosts
 from megatron_auto.specs.training import GIB, TrainingSpec
 
 MODEL = uniform_model("opt-test", 4, 512, 8, seq_length=512, vocab_size=4096)
 CLUSTER = replace(CLUSTER_PRESETS["dgx-a100-80gb"], num_nodes=1, gpus_per_node=4, framework_overhead_bytes=0)
+# The same cluster with a measured runtime overhead (no curves: collectives stay analytic).
+RUNTIME_PROFILE = ClusterProfile(name="overhead-only", backend="nccl", device="a100", world_size=4, gpus_per_node=4,
+                                 curves=(), grad_overlap_fraction=1.0, step_overhead_s=3e-3,
+                                 micro_batch_overhead_s=4e-4)
+OVERHEAD_CLUSTER = replace(CLUSTER, measured=MeasuredCosts(cluster=RUNTIME_PROFILE))
 
 
-def _brute_force_hybrid(training, constraints):
+def _brute_force_hybrid(training, constraints, cluster=CLUSTER):
     best = None
-    for pp in (p for p in divisors(CLUSTER.world_size) if p <= MODEL.num_layers):
-        gpus = CLUSTER.world_size // pp
+    for pp in (p for p in divisors(cluster.world_size) if p <= MODEL.num_layers):
+        gpus = cluster.world_size // pp
         for samples in micro_batch_sizes(training, pp, gpus):
-            strategies, _ = prune_strategies(StageContext(gpus, CLUSTER, MODEL, constraints, samples))
+            strategies, _ = prune_strategies(StageContext(gpus, cluster, MODEL, constraints, samples))
             if not strategies:
                 continue
             embedding = embedding_layout(strategies)
@@ -36,11 +42,11 @@ def _brute_force_hybrid(training, constraints):
                     for n in lengths:
                         chunks.append(Chunk(tuple(assignment[start:start + n])))
                         start += n
-                    plan = Plan(space="hybrid", world_size=CLUSTER.world_size, pipeline_parallel=pp,
+                    plan = Plan(space="hybrid", world_size=cluster.world_size, pipeline_parallel=pp,
                                 global_batch_size=training.global_batch_size,
                                 num_micro_batches=training.global_batch_size // samples,
                                 chunks=tuple(chunks), embedding=embedding, model=MODEL)
-                    prediction = estimate_plan(plan, MODEL, CLUSTER, training)
+                    prediction = estimate_plan(plan, MODEL, cluster, training)
                     if prediction.fits and (best is None or prediction.iteration_time_s < best):
                         best = prediction.iteration_time_s
     return best
@@ -55,15 +61,16 @@ def _compositions(total, parts):
             yield (first,) + rest
 
 
+@pytest.mark.parametrize("cluster", [CLUSTER, OVERHEAD_CLUSTER], ids=["analytic", "runtime-overhead"])
 @pytest.mark.parametrize("budget_gib", [0.1, 0.12, 0.16, 0.25, 40.0])
-def test_hybrid_dp_equals_brute_force(budget_gib):
+def test_hybrid_dp_equals_brute_force(budget_gib, cluster):
     training = TrainingSpec(global_batch_size=8, memory_budget_bytes=int(budget_gib * GIB))
     options = HybridOptions(memory_units=8192, tune_embedding=False)
     # Brute force is |S|^L per partition: pin the recomputation kind to keep |S| at 5.
     for recompute in ("none", "full"):
         pinned = SearchConstraints(recompute=recompute)
-        found, _ = search_hybrid(MODEL, CLUSTER, training, pinned, options=options)
-        expected = _brute_force_hybrid(training, pinned)
+        found, _ = search_hybrid(MODEL, cluster, training, pinned, options=options)
+        expected = _brute_force_hybrid(training, pinned, cluster)
         if expected is None:
             assert found is None
         else:

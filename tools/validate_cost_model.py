@@ -12,7 +12,8 @@ model's peak less `framework_overhead_bytes` (the non-tensor part of a process).
         --profile docs/profiles/cpu4_cluster.json docs/profiles/cpu4_model.json
 
 Every launch is wrapped in `flock /tmp/megatron-auto-heavy.lock` so it never
-overlaps another heavy job. `--tiny` runs the 2-plan, 2-rank smoke case.
+overlaps another heavy job (not when the caller holds that lock already:
+tools/heavy_lock.py). `--tiny` runs the 2-plan, 2-rank smoke case.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from megatron_auto.cost.estimate import estimate_plan  # noqa: E402
 from megatron_auto.plan import Plan, save_plan  # noqa: E402
@@ -36,9 +38,9 @@ from megatron_auto.specs.model import ModelSpec, uniform_model  # noqa: E402
 from megatron_auto.specs.presets import CLUSTER_PRESETS  # noqa: E402
 from megatron_auto.specs.profiles import measured_costs  # noqa: E402
 from megatron_auto.specs.training import GIB, TrainingSpec  # noqa: E402
+from heavy_lock import held_lock_fds, lock_prefix  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-LOCK = "/tmp/megatron-auto-heavy.lock"
 ELAPSED = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
 
 
@@ -97,11 +99,12 @@ def run_plan(plan: Plan, job: Job, workdir: Path) -> tuple[float, float]:
     for old in memory_dir.glob("rank*.json"):
         old.unlink()
     save_plan(plan, plan_path)
-    command = ["flock", LOCK, sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(job.ranks),
+    command = [*lock_prefix(), sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(job.ranks),
                "--master_port", "29533", str(ROOT / "tools" / "validation_worker.py"), "--memory-out",
                str(memory_dir), *job.flags(), "--auto-parallel-plan", str(plan_path)]
     env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900)
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900,
+                          pass_fds=held_lock_fds())
     steps = [float(x) / 1000 for x in ELAPSED.findall(done.stdout)]
     if done.returncode != 0 or len(steps) < job.iters:
         raise RuntimeError(f"run failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")

@@ -46,7 +46,7 @@ def embedding_cost(model: ModelSpec, strategy: LayerStrategy, samples: int, clus
         micro_batch_s=one_collective, backward_s=0.0, tp_comm_s=one_collective,
         dp_comm_per_iteration_s=dp_comm_time(model.embedding_parameters, strategy, cluster, training),
         state_bytes=model_state_bytes(model.embedding_parameters, strategy, training),
-        activation_bytes=embedding_activation_bytes(model, samples, strategy, word),
+        activation_bytes=embedding_activation_bytes(model, samples, strategy, word, cluster.dropout_mask_bytes),
     )
     logits = compute_model(cluster).gemm_time(Gemm(samples * s, h, vocab // strategy.tp), cluster)
     head_params = vocab * h if (pipeline_parallel > 1 or model.untie_embeddings_and_output_weights) else 0

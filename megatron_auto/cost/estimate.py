@@ -13,7 +13,7 @@ from .embedding import EmbeddingCost, embedding_cost
 from .flops import model_flops_per_iteration
 from .layer_cost import LayerCost, layer_cost
 from .memory import in_flight_micro_batches
-from .models import comm_model, compute_model
+from .models import comm_model, compute_model, runtime_overhead
 from .pipeline import bubble_time, exposed_dp_time, pipeline_time
 
 __all__ = ["estimate_plan", "model_flops_per_iteration", "StageCost", "stage_costs"]
@@ -33,6 +33,10 @@ class StageCost:
     """Per iteration: gradient traffic not hidden behind the last micro-batch's backward."""
     optimizer_s: float = 0.0
     """Per iteration: the Adam step over this stage's model states."""
+    runtime_s: float = 0.0
+    """The runtime's own work per micro-batch (cost.models.runtime_overhead, per chunk)."""
+    step_overhead_s: float = 0.0
+    """Per iteration: the runtime's own per-step work (cost.models.runtime_overhead)."""
     state_bytes: float = 0.0
     activation_bytes: float = 0.0
     transient_bytes: float = 0.0
@@ -84,7 +88,8 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
 def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[StageCost]:
     """Per-stage sums of layer, transition, p2p, embedding and LM-head costs."""
     overlap = comm_model(cluster).grad_overlap
-    stages = [StageCost(grad_overlap=overlap) for _ in range(plan.pipeline_parallel)]
+    per_step, per_chunk = runtime_overhead(cluster)
+    stages = [StageCost(grad_overlap=overlap, step_overhead_s=per_step) for _ in range(plan.pipeline_parallel)]
     word = training.activation_bytes
     micro_samples = plan.global_batch_size // plan.num_micro_batches
     p2p = pipeline_p2p_time(model.hidden_size, model.seq_length, micro_samples, plan.gpus_per_stage,
@@ -109,6 +114,7 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
             stage.add_seconds(relayout(previous, strategy), "transition_s")
             previous = strategy
         stage.add_seconds(relayout(previous, plan.embedding if chunk_index == last else boundary), "transition_s")
+        stage.add_seconds(per_chunk, "runtime_s")
         layer_index += len(chunk.layers)
         if chunk_index < last:
             stage.add_seconds(p2p, "pp_comm_s")
@@ -153,7 +159,7 @@ def stage_time_per_micro_batch(stage: StageCost, num_micro_batches: int) -> floa
     """A stage's pipeline slot: its micro-batch work plus its once-per-iteration
     gradient sync and optimizer step spread over the m micro-batches, so that the
     steady state (m x the slowest slot) carries the slowest stage's tail in full."""
-    return stage.micro_batch_s + (stage.exposed_dp_s + stage.optimizer_s) / num_micro_batches
+    return stage.micro_batch_s + (stage.exposed_dp_s + stage.optimizer_s + stage.step_overhead_s) / num_micro_batches
 
 
 def stage_memory_bytes(plan: Plan, stage_index: int, stage: StageCost, model: ModelSpec,
@@ -198,4 +204,5 @@ def _breakdown(stage: StageCost, m: int, bubble: float) -> TimeBreakdown:
         compute_s=m * stage.compute_s, recompute_s=m * stage.recompute_s, tp_comm_s=m * stage.tp_comm_s,
         dp_comm_s=stage.exposed_dp_s, pp_comm_s=m * stage.pp_comm_s, bubble_s=bubble,
         transition_s=m * stage.transition_s, optimizer_s=stage.optimizer_s,
+        runtime_s=m * stage.runtime_s + stage.step_overhead_s,
     )

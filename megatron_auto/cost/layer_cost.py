@@ -52,10 +52,11 @@ def layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int
     recompute = recompute_time(times, strategy.recompute)
     compute = times.forward_s + times.backward_s + recompute
     zero3 = zero3_comm_time(layer.num_parameters, strategy, cluster, training, strategy.recompute == "full")
-    activations = layer_activation_bytes(layer, seq, samples, strategy, word)
+    activations = layer_activation_bytes(layer, seq, samples, strategy, word, cluster.dropout_mask_bytes)
     rematerialised = 0.0
     if strategy.recompute != "none":
-        kept_without = layer_activation_bytes(layer, seq, samples, _no_recompute(strategy), word)
+        kept_without = layer_activation_bytes(layer, seq, samples, _no_recompute(strategy), word,
+                                              cluster.dropout_mask_bytes)
         rematerialised = kept_without - activations
     return LayerCost(
         forward_s=times.forward_s,

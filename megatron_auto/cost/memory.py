@@ -11,7 +11,7 @@ from ..plan import LayerStrategy
 from ..specs.model import LayerSpec, ModelSpec
 from ..specs.training import TrainingSpec
 
-MASK_BYTES = 1  # dropout masks are stored as bytes (Korthikanti et al., Sec. 4.1)
+MASK_BYTES = 1  # dropout masks are stored as bytes on CUDA (Korthikanti et al., Sec. 4.1); see ClusterSpec
 
 
 def model_state_bytes(num_params: float, strategy: LayerStrategy, training: TrainingSpec) -> float:
@@ -36,12 +36,13 @@ def zero3_gathered_bytes(num_params: float, strategy: LayerStrategy, training: T
 
 
 def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
-                           activation_bytes: int) -> float:
+                           activation_bytes: int, mask_bytes: int = MASK_BYTES) -> float:
     """Bytes one layer keeps for backward, per micro-batch on one GPU.
 
     For GPT in 16-bit this is sbh(34/t + 5as/(ht)) with SP, sbh(10 + 24/t + 5as/(ht))
     without, 34sbh/t (SP) under selective recompute, and 2sbh (/t with SP) under full
-    recompute (Korthikanti et al., Table 2).
+    recompute (Korthikanti et al., Table 2). `mask_bytes`: ClusterSpec.dropout_mask_bytes (1 on
+    CUDA; the word on CPU, where the per-layer saved tensors measured by profile-model match this sum).
     """
     s, b, h, t = seq, samples, layer.hidden_size, strategy.tp
     kv_width = layer.num_query_groups * layer.kv_channels
@@ -51,21 +52,21 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
         return word * s * b * h / replicated_split
     # Kept whole on every TP rank unless SP: two LayerNorm inputs, two LayerNorm
     # outputs (QKV and fc1 inputs), and two dropout masks.
-    replicated = s * b * (4 * word * h + 2 * MASK_BYTES * h)
+    replicated = s * b * (4 * word * h + 2 * mask_bytes * h)
     # Split over TP: Q, K, V, the projection input, the MLP's inner activations.
     mlp_inner = (3 if layer.swiglu else 2) * layer.ffn_hidden_size
     sharded = word * s * b * (h + 2 * kv_width + h + mlp_inner)
     if strategy.recompute == "none":
         # softmax output and its dropout output (2 words each) plus the mask: 5as^2b in 16-bit.
-        sharded += (2 * word + MASK_BYTES) * layer.num_attention_heads * s * s * b
+        sharded += (2 * word + mask_bytes) * layer.num_attention_heads * s * s * b
     return replicated / replicated_split + sharded / t
 
 
 def embedding_activation_bytes(model: ModelSpec, samples: int, strategy: LayerStrategy,
-                               activation_bytes: int) -> float:
+                               activation_bytes: int, mask_bytes: int = MASK_BYTES) -> float:
     """First stage: embedding output and its dropout mask (sbh(word + 1)), split by SP."""
     split = strategy.tp if strategy.sp else 1
-    return model.seq_length * samples * model.hidden_size * (activation_bytes + MASK_BYTES) / split
+    return model.seq_length * samples * model.hidden_size * (activation_bytes + mask_bytes) / split
 
 
 def logits_activation_bytes(model: ModelSpec, samples: int, strategy: LayerStrategy) -> float:

@@ -101,3 +101,12 @@ def comm_model(cluster: ClusterSpec) -> CommModel:
     from .profiled import profiled_comm
 
     return profiled_comm(measured.cluster)
+
+
+def runtime_overhead(cluster: ClusterSpec) -> tuple[float, float]:
+    """(seconds per iteration, seconds per micro-batch per chunk) of the training runtime's own
+    work beyond layers, collectives and optimizer: measured (ClusterProfile) or none."""
+    measured = cluster.measured
+    if measured is None or measured.cluster is None:
+        return 0.0, 0.0
+    return measured.cluster.step_overhead_s, measured.cluster.micro_batch_overhead_s

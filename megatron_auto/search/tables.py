@@ -14,7 +14,7 @@ from ..cost.embedding import embedding_cost
 from ..cost.estimate import StageCost, _add_part, optimizer_step_time
 from ..cost.layer_cost import layer_cost
 from ..cost.memory import in_flight_micro_batches
-from ..cost.models import comm_model
+from ..cost.models import comm_model, runtime_overhead
 from ..cost.pipeline import exposed_dp_time
 from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
@@ -74,7 +74,7 @@ class StageFixed:
     """What a stage pays whatever its layers' strategies: embedding/head, p2p, overhead."""
 
     time: float
-    """Seconds per micro-batch (with the parts' gradient sync and optimizer step / m)."""
+    """Seconds per micro-batch (with the parts' gradient sync, optimizer step and runtime overhead / m)."""
     memory: float
     """Bytes."""
     in_flight: float
@@ -114,7 +114,9 @@ def stage_fixed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         return transition_time(before, after, model.hidden_size, model.seq_length, micro_batch_samples,
                                cluster, training.activation_bytes)
 
-    return StageFixed(time=acc.micro_batch_s + head.micro_batch_s + (exposed + optimizer) / num_micro_batches,
+    per_step, per_chunk = runtime_overhead(cluster)
+    return StageFixed(time=acc.micro_batch_s + head.micro_batch_s + per_chunk
+                      + (exposed + optimizer + per_step) / num_micro_batches,
                       memory=memory, in_flight=in_flight, first_layer_is_first_unit=stage > 0,
                       entry_transition=np.array([relayout(entry, s) for s in strategies]),
                       exit_transition=np.array([relayout(s, exit_) for s in strategies]))

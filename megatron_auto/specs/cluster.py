@@ -83,6 +83,9 @@ class ClusterSpec(CachedHash):
     grad_overlap: float = 1.0
     """Share of the gradient sync's overlap window that the runtime hides: 1 where Megatron-Core's
     DDP reduces buckets during the backward (overlap_grad_reduce, on CUDA), 0 where it reduces after."""
+    dropout_mask_bytes: int = 1
+    """Bytes per element of a dropout mask kept for backward: 1 on CUDA (ATen's fused native_dropout
+    keeps a bool mask); on CPU ATen's `_dropout_impl` keeps its scaled noise in the input's dtype."""
     schema_version: int = CLUSTER_SCHEMA_VERSION
     """Version of this record's layout."""
     measured: Optional[MeasuredCosts] = None

@@ -87,5 +87,6 @@ CLUSTER_PRESETS: dict[str, ClusterSpec] = {
         compute=ComputeEfficiency(max_fraction=0.5, half_dim=16.0),
         framework_overhead_bytes=256 * 1024**2,
         grad_overlap=0.0,  # the runtime reduces gradients after the backward on CPU (runtime/config.py)
+        dropout_mask_bytes=4,  # fp32 noise tensors (ATen _dropout_impl on CPU; profile-model's saved bytes)
     ),
 }

@@ -1,6 +1,7 @@
 """profile-cluster, profile-model and tools/validate_cost_model.py end to end on tiny sizes.
 
-Every launch holds /tmp/megatron-auto-heavy.lock, as all heavy jobs here do.
+Every launch holds /tmp/megatron-auto-heavy.lock, as all heavy jobs here do, unless the
+test run itself holds it already (tools/heavy_lock.py: a nested flock would wait forever).
 """
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ from launcher import REPO
 
 from megatron_auto.specs.profiles import COLLECTIVES, load_profile
 
-LOCK = ["flock", "/tmp/megatron-auto-heavy.lock"]
+sys.path.insert(0, str(REPO / "tools"))
+from heavy_lock import held_lock_fds, lock_prefix  # noqa: E402
 
 
 def _torchrun(ranks: int, args: list[str], port: int) -> subprocess.CompletedProcess:
-    command = [*LOCK, sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
+    command = [*lock_prefix(), sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(ranks),
                "--master_port", str(port), "-m", "megatron_auto", *args]
     env = {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "MEGATRON_AUTO_PROGRESS": "1"}
-    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
+    return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300, env=env,
+                          pass_fds=held_lock_fds())
 
 
 def test_profile_cluster_on_two_ranks_writes_every_collective(tmp_path):
@@ -55,7 +58,7 @@ def test_profile_model_measures_each_tp_shard(tmp_path):
 def test_validation_pipeline_on_two_ranks(tmp_path):
     done = subprocess.run([sys.executable, "tools/validate_cost_model.py", "--tiny", "--out-dir", str(tmp_path),
                            "--results", str(tmp_path / "r.json"), "--benchmarks", str(tmp_path / "b.md")],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, capture_output=True, text=True, timeout=300, pass_fds=held_lock_fds())
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "r.json").read_text())
     assert len(results["rows"]) == 2 and any("planner pick" in r["name"] for r in results["rows"])
