@@ -1,4 +1,4 @@
-"""Search cost (issue 6): wall-clock time and peak Python memory of search_plan, and how they grow.
+"""Search cost (issue 6): CPU time (one core) and peak Python memory of search_plan, and how they grow.
 
 Command (about 5-10 minutes on a 2-core machine; writes a section of docs/benchmarks.md):
     .venv/bin/python tools/bench_search.py
@@ -46,14 +46,14 @@ def _one_search(gpus: int, layers: int, space: str, traced: bool) -> dict:
     model, cluster, training = job(gpus, layers)
     if traced:
         tracemalloc.start()
-    started = time.perf_counter()
+    started = time.process_time()
     try:
         result = search_plan(model, cluster, training, space)
         found = f"{result.plan.prediction.iteration_time_s:.2f} s ({result.plan.space})"
         candidates = result.candidates_evaluated
     except UserError:
         found, candidates = "nothing fits", 0
-    out = {"seconds": time.perf_counter() - started, "found": found, "candidates": candidates}
+    out = {"seconds": time.process_time() - started, "found": found, "candidates": candidates}
     if traced:
         out["peak_mib"] = tracemalloc.get_traced_memory()[1] / 2**20
         tracemalloc.stop()
@@ -83,7 +83,7 @@ def power_law(rows: list[dict], key: str) -> tuple[float, float]:
 def section(rows: list[dict], total_s: float) -> str:
     lines = [HEADING, "",
              f"Command: {COMMAND} ({total_s / 60:.1f} minutes on this 2-core machine, one process). Model: hidden 4096, "
-             "32 heads, s 2048, V 51200, L layers; dgx-a100-80gb; batch max(512, GPUs). Time: wall-clock "
+             "32 heads, s 2048, V 51200, L layers; dgx-a100-80gb; batch max(512, GPUs). Time: CPU "
              "seconds of `search_plan`; memory: peak Python allocations (tracemalloc) of a second run; each run in a fresh interpreter.", "",
              "| GPUs | layers | space | search s | peak MiB | candidates | best plan |", "|---|---|---|---|---|---|---|"]
     for r in rows:
