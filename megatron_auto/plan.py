@@ -255,7 +255,10 @@ def _check_model_match(plan: Plan) -> None:
         return
     if plan.model.num_layers != plan.num_layers:
         raise ValueError(f"plan places {plan.num_layers} layers but the model has {plan.model.num_layers}")
-    for layer, strategy in zip(plan.model.layers, plan.layer_strategies):
+    model = plan.model
+    pairs = ({(model.layers[0], s) for s in set(plan.layer_strategies)} if model.is_uniform()
+             else zip(model.layers, plan.layer_strategies))
+    for layer, strategy in pairs:
         if layer.num_attention_heads % strategy.tp or layer.num_query_groups % strategy.tp:
             raise ValueError(f"tp={strategy.tp} does not divide the attention heads ({layer.num_attention_heads}) "
                              f"and query groups ({layer.num_query_groups})")

@@ -79,7 +79,9 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
         raise UserError(f"plan places {plan.num_layers} layers but model '{model.name}' has {model.num_layers}")
     if plan.global_batch_size != training.global_batch_size:
         raise UserError(f"plan is for global batch {plan.global_batch_size}, not {training.global_batch_size}")
-    for layer, strategy in set(zip(model.layers, plan.layer_strategies)):
+    pairs = ({(model.layers[0], s) for s in set(plan.layer_strategies)} if model.is_uniform()
+             else set(zip(model.layers, plan.layer_strategies)))
+    for layer, strategy in pairs:
         if layer.num_attention_heads % strategy.tp or layer.num_query_groups % strategy.tp:
             raise UserError(f"tp={strategy.tp} does not divide the {layer.num_attention_heads} attention heads "
                             f"and {layer.num_query_groups} query groups of '{model.name}'")
@@ -102,6 +104,8 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
     boundary = plan.boundary_layout(model.seq_length) if plan.pipeline_parallel > 1 else plan.embedding
 
     def relayout(before: LayerStrategy, after: LayerStrategy) -> float:
+        if before is after:
+            return 0.0
         return transition_time(before, after, model.hidden_size, model.seq_length, micro_samples, cluster, word)
 
     layer_index, last = 0, len(plan.chunks) - 1

@@ -8,6 +8,7 @@ what `to_dict` writes), so that models whose layers differ can be described.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from .. import serde
@@ -99,8 +100,13 @@ class ModelSpec(CachedHash):
         final_norm = 2 * self.hidden_size
         return self.embedding_parameters + sum(l.num_parameters for l in self.layers) + final_norm + head
 
+    @cached_property
+    def distinct_layers(self) -> frozenset:
+        """The different layer shapes of the model (one for most presets)."""
+        return frozenset(self.layers)
+
     def is_uniform(self) -> bool:
-        return len(set(self.layers)) == 1
+        return len(self.distinct_layers) == 1
 
 
 def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_heads: int,
