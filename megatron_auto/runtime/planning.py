@@ -42,14 +42,12 @@ def search_for_job(model: ModelSpec, world_size: int, cluster_name: str | None, 
                    constraints: SearchConstraints, space: str = "megatron") -> Plan:
     """The planner's best plan of `space` for this model on `world_size` ranks.
 
-    In the hybrid space the runtime shards at most the optimizer state (ZeRO-1), so
-    the search is held to the distributed optimizer wherever DP > 1.
+    The hybrid runtime runs ZeRO 0, 1 and 3 per layer (ZeRO-3 through FSDP2), so
+    the hybrid search is not held to the distributed optimizer.
     """
     from ..search import search_plan
 
     cluster = cluster_for_world(load_cluster(cluster_name or detect_cluster_name()), world_size)
-    if space == "hybrid" and constraints.distributed_optimizer is None:
-        constraints = dataclasses.replace(constraints, distributed_optimizer=True)
     result = search_plan(model, cluster, training, space, constraints)
     logger.debug("search took %.2fs over %d candidates", result.search_time_s, result.candidates_evaluated)
     return result.plan
@@ -77,8 +75,9 @@ def check_plan_for_job(plan: Plan, model: ModelSpec, world_size: int, source: st
         mismatch = _model_mismatch(plan.model, model)
         if mismatch:
             raise UserError(f"{source} was made for another model: {mismatch}")
-    if any(s.zero >= 2 for s in plan.layer_strategies + (plan.embedding,)):
-        raise UserError(f"{source} shards gradients or weights (ZeRO-2/3); the runtime runs ZeRO 0 and 1")
+    if plan.embedding.zero >= 2:
+        raise UserError(f"{source} shards the embedding's gradients or weights (ZeRO-2/3); "
+                        "the runtime shards the embedding with ZeRO 0 or 1 only")
 
 
 def plan_from_file(path: str, model: ModelSpec, world_size: int) -> Plan:

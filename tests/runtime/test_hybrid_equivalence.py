@@ -1,4 +1,4 @@
-"""Hybrid plans (per-layer TP/DP/ZeRO-1/recompute, PP with differing stage layouts) on gloo ranks
+"""Hybrid plans (per-layer TP/DP/ZeRO-1/ZeRO-3/recompute, PP with differing stage layouts) on gloo ranks
 match one process of the stock Megatron-space runtime, loss and gradient norm, step by step.
 
 Three launches: the single-process reference (which saves its initial weights), one 4-rank
@@ -31,6 +31,9 @@ FOUR_RANK = {
     "dp4_then_tp4": {"chunks": [[DP4, DP4, TP4, TP4]], "embedding": DP4},
     "ddp_and_distopt_layers_tp2_embedding": {"chunks": [[DP4_DDP, TP2DP2, DP4_DDP, TP4]],
                                              "embedding": {"tp": 2, "dp": 2, "zero": 0}},
+    "zero3_layers_mixed_with_ddp_layers": {
+        "chunks": [[{"dp": 4, "zero": 3}, {**TP2DP2, "zero": 3}, DP4_DDP, {**TP2DP2, "zero": 3, "recompute": "full"}]],
+        "embedding": {"tp": 2, "dp": 2, "zero": 0}},
     "recompute_on_some_layers": {"chunks": [[{**TP2DP2, "recompute": "full"}, TP2DP2,
                                              {**TP4, "recompute": "selective"}, DP4]], "embedding": DP4},
 }
@@ -40,12 +43,12 @@ EIGHT_RANK = {
 
 
 def planner_plan(path) -> None:
-    """The planner's hybrid-space plan for the test model on 4 cpu-gloo ranks (ZeRO-3 left out)."""
+    """The planner's hybrid-space plan for the test model on 4 cpu-gloo ranks (ZeRO 0/1/3 all allowed)."""
     model = uniform_model("hybrid-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
                           seq_length=32, vocab_size=256)
     training = TrainingSpec(global_batch_size=8, precision="fp32", param_bytes=4)
     result = search_plan(model, cluster_for_world(load_cluster("cpu-gloo"), 4), training, "hybrid",
-                         SearchConstraints(distributed_optimizer=True))
+                         SearchConstraints())
     save_plan(result.plan, path)
 
 

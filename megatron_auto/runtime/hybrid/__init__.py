@@ -1,4 +1,4 @@
-"""Runtime of `hybrid`-space plans: per-layer TP/DP/ZeRO-1/recompute on Megatron-Core modules.
+"""Runtime of `hybrid`-space plans: per-layer TP/DP/ZeRO-1/ZeRO-3/recompute on Megatron-Core modules.
 
 groups (pure rank arithmetic) -> process_groups (created once) -> relayout
 (activations between layouts) -> segments/configs/model/build (blocks per

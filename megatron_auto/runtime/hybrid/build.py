@@ -55,6 +55,11 @@ def _wrap(ctx: BuildContext, config, strategy: LayerStrategy, module):
     for param in module.parameters():
         tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
     module = module.to(ctx.device)
+    if strategy.zero >= 2:
+        from .sharded import ShardedPart
+
+        return ShardedPart(config, module, ctx.pgs.dp(strategy), ctx.pgs.tp(strategy),
+                           reshard_after_forward=strategy.zero == 3)
     ddp_config = configs.ddp_config(hconfigs.strategy_layout(ctx.plan, strategy))
     return DistributedDataParallel(config=config, ddp_config=ddp_config, module=module,
                                    pg_collection=pg_collection(ctx, strategy))

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from .sharded import ShardedPart
+
 
 def finalize_grads(model, num_tokens=None, pg_collection=None, *, head_dp_group, **_) -> None:
     """DP reduce per part, SP layernorm all-reduce per part's TP group, tied embedding, token scaling."""
@@ -19,7 +21,10 @@ def finalize_grads(model, num_tokens=None, pg_collection=None, *, head_dp_group,
     for part in parts:
         part.finish_grad_sync()
     for part in parts:
-        _allreduce_non_tensor_model_parallel_grads([part], part.config, part.tp_group)
+        if isinstance(part, ShardedPart):
+            part.allreduce_sequence_parallel_grads()
+        else:
+            _allreduce_non_tensor_model_parallel_grads([part], part.config, part.tp_group)
     shells = [chunk.shell for chunk in model if chunk.shell is not None]
     pp_group = parallel_state.get_pipeline_model_parallel_group()
     if shells and parallel_state.get_pipeline_model_parallel_world_size() > 1:

@@ -1,10 +1,10 @@
 """Build and step a hybrid-space plan: the hybrid counterpart of runtime.session.build_session.
 
 ZeRO choice: ZeRO-1 is Megatron's distributed optimizer on the segment's own DP
-group (what stock Megatron runs). ZeRO-3 segments are refused for now (see
-`check_supported`): Megatron-FSDP is the intended path (it keeps Megatron's
-DDP/optimizer interfaces, main_grad buffers and distributed checkpoints, and
-takes a pg_collection per wrapped module), but it is not wired yet.
+group (what stock Megatron runs). ZeRO-3 (and 2) segments are torch FSDP2 over
+the segment's DP group (`sharded.ShardedPart`; why not Megatron-FSDP is said
+there). The embedding/LM head shell stays at ZeRO 0/1 (its tied weight is
+shared across stages), as the planner's hybrid space already keeps it.
 """
 from __future__ import annotations
 
@@ -43,9 +43,9 @@ class HybridRuntime:
 
 def check_supported(plan: Plan, settings: TrainSettings) -> None:
     """UserError for what the hybrid runtime does not run yet."""
-    if any(s.zero >= 2 for s in plan.layer_strategies + (plan.embedding,)):
-        raise UserError("the hybrid runtime runs ZeRO 0 and 1 (distributed optimizer) per segment; "
-                        "ZeRO-2/3 segments are not supported yet")
+    if plan.embedding.zero >= 2:
+        raise UserError("the hybrid runtime shards the embedding/LM head with ZeRO 0 or 1 only "
+                        "(layers may use ZeRO-3)")
     if settings.save or settings.load:
         raise UserError("checkpoints of hybrid-space plans are not supported yet (drop --save/--load)")
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import torch
 
+from .sharded import copy_into_shard
+
 
 def _slice_for_rank(full: torch.Tensor, param: torch.nn.Parameter, tp_group) -> torch.Tensor:
     if not getattr(param, "tensor_model_parallel", False):
@@ -40,6 +42,10 @@ def load_full_state(chunks, state: dict[str, torch.Tensor], segment_firsts: list
         for part, key, param in named:
             if key not in state:
                 raise KeyError(f"no '{key}' in the state dict")
-            param.copy_(_slice_for_rank(state[key], param, part.tp_group).to(param.device, param.dtype))
+            full = _slice_for_rank(state[key], param, part.tp_group)
+            if getattr(param, "__fsdp_param__", False):
+                copy_into_shard(param, full)
+            else:
+                param.copy_(full.to(param.device, param.dtype))
             copied += 1
     return copied
