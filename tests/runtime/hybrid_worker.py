@@ -3,7 +3,10 @@
 Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python hybrid_worker.py CASES.json RESULTS.json
 Each case: {"name", "plan": plan.json path or {"chunks": [[strategy, ...], ...], "embedding": strategy,
 "micro_batches": m}, "init": state-dict path, optional "reference": true (stock single-process run that
-saves its initial state dict to "init")}. The last rank writes {name: {"losses", "grad_norms"}}.
+saves its initial state dict to "init"), optional "dropout": p (hidden and attention dropout), optional
+"probe": true (before training, every rank draws 4 numbers per segment inside the segment's TP-region
+dropout stream and 4 outside it; gathered as "probe": [{"tp", "inside": [per rank], "outside": [per rank]}])}.
+The last rank writes {name: {"losses", "grad_norms"[, "probe"]}}.
 """
 from __future__ import annotations
 
@@ -40,9 +43,27 @@ def hybrid_plan(spec: dict, world: int) -> Plan:
                 embedding=LayerStrategy(**spec["embedding"]))
 
 
+def probe_dropout_streams(run) -> list[dict]:
+    """Per segment: what each rank draws inside its TP-region dropout stream and outside it."""
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    out = []
+    for chunk in run.model:
+        for strategy, rng in zip(chunk.decoder.strategies, chunk.decoder.rngs):
+            with rng.active(), get_cuda_rng_tracker().fork():
+                inside = torch.rand(4).tolist()
+            outside = torch.rand(4).tolist()
+            gathered = [None] * torch.distributed.get_world_size()
+            torch.distributed.all_gather_object(gathered, (inside, outside))
+            out.append({"tp": strategy.tp, "inside": [g[0] for g in gathered], "outside": [g[1] for g in gathered]})
+    return out
+
+
 def run_case(case: dict, info) -> dict:
     world = torch.distributed.get_world_size()
-    settings = dataclasses.replace(SETTINGS, train_iters=case.get("steps", 5))
+    dropout = case.get("dropout", 0.0)
+    settings = dataclasses.replace(SETTINGS, train_iters=case.get("steps", 5), hidden_dropout=dropout,
+                                   attention_dropout=dropout)
     if case.get("reference"):
         plan = plan_from_flags(MODEL, world, ManualParallelism(global_batch_size=GLOBAL_BATCH, micro_batch_size=2))
         run = session.build_session(plan, MODEL, settings, info.backend, info.device)
@@ -52,8 +73,10 @@ def run_case(case: dict, info) -> dict:
         plan = load_plan(spec) if isinstance(spec, str) else hybrid_plan(spec, world)
         state = torch.load(case["init"], weights_only=True)
         run = session.build_session(plan, MODEL, settings, info.backend, info.device, initial_state=state)
+    probe = probe_dropout_streams(run) if case.get("probe") else None
     results = session.train(run)
-    return {"losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results]}
+    out = {"losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results]}
+    return out if probe is None else {**out, "probe": probe}
 
 
 def main() -> None:

@@ -37,6 +37,8 @@ FOUR_RANK = {
     "recompute_on_some_layers": {"chunks": [[{**TP2DP2, "recompute": "full"}, TP2DP2,
                                              {**TP4, "recompute": "selective"}, DP4]], "embedding": DP4},
 }
+DROPOUT_PLAN = {"chunks": [[{"tp": 4}, TP2DP2, DP4, TP4]], "embedding": TP2DP2}
+"""TP4 without SP (attention dropout in the TP region), TP2xDP2 and TP4 with SP (hidden dropout too)."""
 EIGHT_RANK = {
     "pp2_tp4_tp2dp2_then_dp4_tp4": {"chunks": [[TP4, TP2DP2], [DP4, TP4]], "embedding": TP2DP2},
 }
@@ -78,6 +80,8 @@ def four_rank(workdir, reference) -> dict:
     init = str(workdir / "init.pt")
     cases = [{"name": name, "plan": plan, "init": init} for name, plan in FOUR_RANK.items()]
     cases.append({"name": "planner", "plan": str(workdir / "planned.json"), "init": init})
+    cases += [{"name": f"dropout_{run}", "plan": DROPOUT_PLAN, "init": init, "dropout": 0.1, "probe": True}
+              for run in "ab"]
     return _run(workdir, 4, cases, timeout_s=240)
 
 
@@ -102,6 +106,27 @@ def test_reference_learns(reference):
 @pytest.mark.parametrize("name", [*FOUR_RANK, "planner"])
 def test_four_rank_hybrid_plans_match_single_process(four_rank, reference, name):
     assert_matches(four_rank[name], reference)
+
+
+def test_dropout_runs_repeat_exactly_and_drop(four_rank, reference):
+    a, b = four_rank["dropout_a"], four_rank["dropout_b"]
+    assert a["losses"] == b["losses"] and a["grad_norms"] == b["grad_norms"]
+    assert not math.isclose(a["losses"][0], reference["losses"][0], rel_tol=RTOL)  # dropout is active
+
+
+def test_tp_ranks_of_a_segment_draw_their_own_dropout_streams(four_rank):
+    """Inside a TP region each TP rank has its own stream; outside it, a TP group draws alike."""
+    probe = four_rank["dropout_a"]["probe"]
+    assert [p["tp"] for p in probe] == [4, 2, 1, 4]
+    for segment in probe:
+        tp = segment["tp"]
+        for first in range(0, 4, tp):
+            inside = [tuple(x) for x in segment["inside"][first:first + tp]]
+            outside = [tuple(x) for x in segment["outside"][first:first + tp]]
+            assert len(set(inside)) == tp, f"tp{tp} ranks {first}..: shared TP-region masks {inside}"
+            assert len(set(outside)) == 1, f"tp{tp} ranks {first}..: different masks outside TP regions"
+    # Two segments with the same TP rank still draw different streams.
+    assert probe[0]["inside"][0] != probe[3]["inside"][0]
 
 
 @pytest.mark.parametrize("name", list(EIGHT_RANK))

@@ -16,6 +16,7 @@ from .groups import boundary_strategy
 from .loss import use_group_cross_entropy
 from .model import HybridChunk, HybridDecoder, attach, segment_block
 from .process_groups import HybridProcessGroups
+from .rng import PartRng, part_seed
 from .segments import Segment, chunk_segments, stage_chunk_indices
 
 logger = logging.getLogger(__name__)
@@ -99,6 +100,12 @@ def _shell(ctx: BuildContext, pre_process: bool, post_process: bool, vp_stage):
     return shell, config
 
 
+def part_rng(ctx: BuildContext, strategy: LayerStrategy, part_index: int) -> PartRng:
+    """The dropout stream of a part: seeded from this rank's TP rank in the part's own layout."""
+    stage_seed = ctx.settings.seed + 100 * ctx.pgs.stage  # runtime.model.set_random_seed's stage seed
+    return PartRng(part_seed(stage_seed, ctx.pgs.local_rank % strategy.tp, part_index))
+
+
 def build_chunk(ctx: BuildContext, chunk_index: int, vp_stage) -> HybridChunk:
     """The HybridChunk of plan chunk `chunk_index` on this rank."""
     plan = ctx.plan
@@ -106,14 +113,16 @@ def build_chunk(ctx: BuildContext, chunk_index: int, vp_stage) -> HybridChunk:
     segments = chunk_segments(plan, chunk_index)
     parts = [_segment(ctx, seg, last and index == len(segments) - 1) for index, seg in enumerate(segments)]
     boundary = boundary_strategy(plan, ctx.model.seq_length) if plan.pipeline_parallel > 1 else plan.embedding
+    rngs = [part_rng(ctx, seg.strategy, seg.first + 1) for seg in segments]
     decoder = HybridDecoder(parts, [s.strategy for s in segments], plan.embedding if first else boundary,
-                            plan.embedding if last else boundary, ctx.pgs)
+                            plan.embedding if last else boundary, ctx.pgs, rngs)
     shell_ddp, config = None, hconfigs.segment_config(ctx.model, plan, plan.embedding, ctx.settings, ctx.backend)
     if first or last:
         shell, config = _shell(ctx, first, last, vp_stage)
         attach(shell, decoder)
         shell_ddp = _wrap(ctx, config, plan.embedding, shell)
-    return HybridChunk(hconfigs.schedule_config(config, plan, ctx.backend), shell_ddp, parts, decoder)
+    shell_rng = part_rng(ctx, plan.embedding, 0) if shell_ddp is not None else None
+    return HybridChunk(hconfigs.schedule_config(config, plan, ctx.backend), shell_ddp, parts, decoder, shell_rng)
 
 
 def build_model(plan: Plan, model: ModelSpec, settings: TrainSettings, backend: str, device: torch.device,

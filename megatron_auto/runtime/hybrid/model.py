@@ -9,6 +9,8 @@ ranks that replicate it.
 """
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ...plan import LayerStrategy
@@ -24,10 +26,12 @@ class HybridDecoder(torch.nn.Module):
     """
 
     def __init__(self, segments: list, strategies: list[LayerStrategy], input_strategy: LayerStrategy,
-                 output_strategy: LayerStrategy, pgs) -> None:
+                 output_strategy: LayerStrategy, pgs, rngs: list | None = None) -> None:
         super().__init__()
         self.__dict__["segment_modules"] = segments
         self.strategies = strategies
+        self.rngs = rngs if rngs is not None else [None] * len(segments)
+        """Each segment's dropout stream (rng.PartRng), swapped in for its forward."""
         self.input_strategy, self.output_strategy = input_strategy, output_strategy
         self.pgs = pgs
         self.input_tensor = None
@@ -45,9 +49,10 @@ class HybridDecoder(torch.nn.Module):
         if hidden_states is None:
             hidden_states = self.input_tensor
         current = self.input_strategy
-        for module, strategy in zip(self.segment_modules, self.strategies):
+        for module, strategy, rng in zip(self.segment_modules, self.strategies, self.rngs):
             hidden_states = relayout(hidden_states, current, strategy, self.pgs)
-            hidden_states = module(hidden_states=hidden_states, attention_mask=attention_mask)
+            with rng.active() if rng is not None else contextlib.nullcontext():
+                hidden_states = module(hidden_states=hidden_states, attention_mask=attention_mask)
             current = strategy
         return relayout(hidden_states, current, self.output_strategy, self.pgs)
 
@@ -62,7 +67,7 @@ def attach(shell, decoder: HybridDecoder) -> None:
 class HybridChunk(torch.nn.Module):
     """What Megatron's schedules see as one model chunk: forward, set_input_tensor, config."""
 
-    def __init__(self, config, shell, segments: list, decoder: HybridDecoder) -> None:
+    def __init__(self, config, shell, segments: list, decoder: HybridDecoder, shell_rng=None) -> None:
         from megatron.core.enums import ModelType
 
         super().__init__()
@@ -71,6 +76,8 @@ class HybridChunk(torch.nn.Module):
         self.shell = shell
         self.segments = torch.nn.ModuleList(segments)
         self.decoder = decoder
+        self.shell_rng = shell_rng
+        """The embedding/head's dropout stream (rng.PartRng), or None."""
         self.wrapped = ([shell] if shell is not None else []) + list(segments)
         """Every DDP-wrapped part of this chunk (shell first)."""
 
@@ -80,7 +87,8 @@ class HybridChunk(torch.nn.Module):
 
     def forward(self, input_ids, position_ids, attention_mask, labels=None):
         if self.shell is not None:
-            return self.shell(input_ids, position_ids, attention_mask, labels=labels)
+            with self.shell_rng.active() if self.shell_rng is not None else contextlib.nullcontext():
+                return self.shell(input_ids, position_ids, attention_mask, labels=labels)
         return self.decoder()
 
     def zero_grad_buffer(self) -> None:
