@@ -59,6 +59,19 @@ def calibration_points(job: Job, profiles: list[str]) -> list[tuple[int, float, 
     return points
 
 
+def recovered_points(path: str, job: Job, profiles: list[str]) -> list[tuple[int, float, float]]:
+    """Measured steps of an earlier calibration (its stdout JSON), with `covered` recomputed from `profiles`."""
+    training = TrainingSpec.fp32(job.global_batch)
+    cluster = _without_overhead(cpu_cluster(job, profiles))
+    points = []
+    for point in json.loads(Path(path).read_text())["points"]:
+        config = UniformConfig(tp=1, pp=1, micro_batch_size=job.global_batch // job.ranks // point["micro_batches"])
+        plan = build_uniform_plan(job.model(), cluster, training, config)
+        covered = estimate_plan(plan, job.model(), cluster, training).iteration_time_s
+        points.append((plan.num_micro_batches, point["measured_s"], covered))
+    return points
+
+
 def _without_overhead(cluster):
     """The cluster with its profile's runtime overhead zeroed: what the profiles alone cover."""
     measured = cluster.measured
@@ -86,6 +99,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", help="write the updated cluster profile here instead")
     parser.add_argument("--ranks", type=int, default=Job.ranks, help="local ranks (as in the validation)")
     parser.add_argument("--iters", type=int, default=8, help="training iterations per calibration run")
+    parser.add_argument("--measured", help="reuse the measured steps of an earlier run's JSON output "
+                                           "(after re-profiling layers or collectives) instead of launching")
     return parser.parse_args(argv)
 
 
@@ -95,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
     if not isinstance(load_profile(cluster_path), ClusterProfile):
         raise SystemExit(f"{cluster_path} is not a cluster profile")
     job = replace(Job(), layers=1, ranks=args.ranks, iters=args.iters)
-    points = calibration_points(job, [cluster_path, model_path])
+    points = (recovered_points(args.measured, job, [cluster_path, model_path]) if args.measured
+              else calibration_points(job, [cluster_path, model_path]))
     step_s, chunk_s = solve_overhead(points)
     profile = replace(load_profile(cluster_path), step_overhead_s=step_s, micro_batch_overhead_s=chunk_s)
     Path(args.out or cluster_path).write_text(serde.dumps(profile) + "\n")

@@ -82,6 +82,19 @@ FULL_CONFIGS = {
     "pp2 tp2 mbs2": UniformConfig(tp=2, pp=2, micro_batch_size=2),
     "pp2 v2 dp2 mbs2": UniformConfig(tp=1, pp=2, micro_batch_size=2, virtual_stages=2),
 }
+def mixed_hybrid_plan(job: "Job", micro_batches: int) -> Plan:
+    """A per-layer plan stock Megatron cannot express: two tp2·dp2 layers, then two dp4 ZeRO-1 layers."""
+    from megatron_auto.plan import Chunk, LayerStrategy
+    from megatron_auto.search.hybrid import embedding_layout
+
+    tp2 = LayerStrategy(tp=2, dp=job.ranks // 2)
+    dp = LayerStrategy(tp=1, dp=job.ranks, zero=1)
+    layers = (tp2,) * (job.layers // 2) + (dp,) * (job.layers - job.layers // 2)
+    return Plan(space="hybrid", world_size=job.ranks, pipeline_parallel=1, global_batch_size=job.global_batch,
+                num_micro_batches=micro_batches, chunks=(Chunk(layers),), embedding=embedding_layout([tp2, dp]),
+                model=job.model())
+
+
 TINY_CONFIGS = {"dp2 mbs1": UniformConfig(tp=1, pp=1, micro_batch_size=1)}  # + the planner's pick
 TINY_JOB = Job(layers=2, hidden=64, heads=4, seq=32, vocab=128, global_batch=4, ranks=2, iters=4)
 
@@ -108,8 +121,11 @@ def run_plan(plan: Plan, job: Job, workdir: Path) -> tuple[float, float]:
     steps = [float(x) / 1000 for x in ELAPSED.findall(done.stdout)]
     if done.returncode != 0 or len(steps) < job.iters:
         raise RuntimeError(f"run failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
-    peaks = [json.loads(p.read_text())["peak_bytes"] for p in memory_dir.glob("rank*.json")]
-    return statistics.median(steps[1:-1]), float(max(peaks))
+    ranks = [json.loads(p.read_text()) for p in sorted(memory_dir.glob("rank*.json"))]
+    top = max(ranks, key=lambda r: r["peak_bytes"])
+    sys.stderr.write(f"  peak on rank {top['rank']}: {top['baseline_bytes'] / 2**20:.1f} MiB before the step"
+                     f" + {top['step_peak_bytes'] / 2**20:.1f} MiB in it\n")
+    return statistics.median(steps[1:-1]), float(top["peak_bytes"])
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -150,10 +166,13 @@ class Row:
     measured_bytes: float
 
 
-def build_plans(job: Job, configs: dict[str, UniformConfig], cluster, training) -> dict[str, Plan]:
+def build_plans(job: Job, configs: dict[str, UniformConfig], cluster, training,
+                hybrid: bool = False) -> dict[str, Plan]:
     """The named plans, plus the planner's pick (searched under `cluster`) unless it is one of them."""
     model = job.model()
     plans = {name: build_uniform_plan(model, cluster, training, config) for name, config in configs.items()}
+    if hybrid:
+        plans["hybrid tp2·dp2 ×2 | dp4 z1 ×2, m=4"] = mixed_hybrid_plan(job, 4)
     pick = search_plan(model, cluster, training, space="megatron").plan
     for name, plan in plans.items():
         if plan.chunks == pick.chunks and plan.num_micro_batches == pick.num_micro_batches \
@@ -255,15 +274,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out-dir", default=str(ROOT / "docs"), help="where the table and PNG go")
     parser.add_argument("--results", help="also write the rows and statistics as JSON here")
     parser.add_argument("--benchmarks", help="replace the validation section of this markdown file")
+    parser.add_argument("--no-hybrid", dest="hybrid", action="store_false",
+                        help="leave out the per-layer (hybrid runtime) plan")
+    parser.add_argument("--plans", nargs="*", help="only the fixed plans whose names contain one of these")
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     job, configs = (TINY_JOB, TINY_CONFIGS) if args.tiny else (Job(), FULL_CONFIGS)
+    if args.plans:
+        configs = {name: c for name, c in configs.items() if any(key in name for key in args.plans)}
     training = TrainingSpec.fp32(job.global_batch)
     analytic, profiled = cpu_cluster(job, []), cpu_cluster(job, args.profile)
-    plans = build_plans(job, configs, profiled, training)
+    plans = build_plans(job, configs, profiled, training, hybrid=not args.tiny and args.hybrid)
     rows = measure_all(job, plans, analytic, profiled, training)
     stats = summary(rows)
     out = Path(args.out_dir)

@@ -8,16 +8,21 @@ process, without the TP all-reduces, which the cluster profile prices.
 Activation bytes: the storages the forward pass saves for backward (saved-tensor
 hooks, each storage counted once, parameters excluded); on GPUs also the growth
 of torch.cuda.memory_allocated across the forward.
+Times are per call of back-to-back blocks that all ranks start together and
+that end when the last rank is done (timing.block_seconds), so they include the
+share of the cores a rank gets beside the other ranks; the backward is a block
+of forward+backward pairs less a block of forwards.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
 from ..specs.model import LayerSpec
 from ..specs.profiles import LayerTiming
-from .timing import median_seconds
+from .timing import block_seconds
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
@@ -76,7 +81,7 @@ def saved_activation_bytes(module: torch.nn.Module, hidden: torch.Tensor) -> int
     return sum(seen.values())
 
 
-def _core_attention_seconds(module, seq: int, micro_batch: int, iters: int, device, dtype) -> float:
+def _core_attention_seconds(module, seq: int, micro_batch: int, iters: int, device, dtype, barrier) -> float:
     """Forward seconds of the attention core alone (what selective recompute re-runs)."""
     attention = module.self_attention
     heads = attention.num_attention_heads_per_partition
@@ -88,12 +93,14 @@ def _core_attention_seconds(module, seq: int, micro_batch: int, iters: int, devi
         kv = kv.repeat_interleave(heads // groups, dim=2)
     core = attention.core_attention
     with torch.no_grad():
-        return median_seconds(lambda: core(q, kv, kv, None, attn_mask_type=core.attn_mask_type), iters)
+        return block_seconds(lambda: core(q, kv, kv, None, attn_mask_type=core.attn_mask_type), iters,
+                             barrier=barrier)
 
 
-def measure_layer(layer: LayerSpec, tp: int, micro_batch: int, seq: int,
-                  settings: LayerBenchSettings, device) -> LayerTiming:
-    """Median forward, backward and attention-core seconds and the bytes of one shard."""
+def measure_layer(layer: LayerSpec, tp: int, micro_batch: int, seq: int, settings: LayerBenchSettings,
+                  device, barrier: Callable[[], object] = lambda: None) -> LayerTiming:
+    """Forward, backward and attention-core seconds (timing.block_seconds, between `barrier`s
+    shared with the other ranks) and the bytes of one shard."""
     module = build_layer(layer, tp, settings, device)
     dtype = DTYPES[settings.precision]
     hidden = torch.randn(seq, micro_batch, layer.hidden_size, device=device, dtype=dtype, requires_grad=True)
@@ -106,9 +113,10 @@ def measure_layer(layer: LayerSpec, tp: int, micro_batch: int, seq: int,
     def backward() -> None:
         state["out"].backward(grad)
 
-    forward_s = median_seconds(forward, settings.iters)
-    backward_s = median_seconds(backward, settings.iters, before=forward)
-    core_s = _core_attention_seconds(module, seq, micro_batch, settings.iters, device, dtype)
+    forward_s = block_seconds(forward, settings.iters, barrier=barrier)
+    pair_s = block_seconds(lambda: (forward(), backward()), settings.iters, barrier=barrier)
+    backward_s = max(0.0, pair_s - forward_s)
+    core_s = _core_attention_seconds(module, seq, micro_batch, settings.iters, device, dtype, barrier)
     param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
     activations = saved_activation_bytes(module, hidden)
     return LayerTiming(tp=tp, micro_batch=micro_batch, seq_length=seq, forward_s=forward_s,
@@ -116,7 +124,8 @@ def measure_layer(layer: LayerSpec, tp: int, micro_batch: int, seq: int,
                        activation_bytes=activations, param_bytes=param_bytes)
 
 
-def optimizer_seconds_per_state_byte(layer: LayerSpec, settings: LayerBenchSettings, device) -> float:
+def optimizer_seconds_per_state_byte(layer: LayerSpec, settings: LayerBenchSettings, device,
+                                     barrier: Callable[[], object] = lambda: None) -> float:
     """Seconds of torch Adam (plus grad-norm clipping) per byte of fp32 state (4+4+8 per weight)."""
     module = build_layer(layer, 1, settings, device)
     params = [p for p in module.parameters()]
@@ -128,6 +137,6 @@ def optimizer_seconds_per_state_byte(layer: LayerSpec, settings: LayerBenchSetti
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         optimizer.step()
 
-    seconds = median_seconds(step, settings.iters, warmup=2)
+    seconds = block_seconds(step, settings.iters, warmup=2, barrier=barrier)
     numel = sum(p.numel() for p in params)
     return seconds / (numel * 16)

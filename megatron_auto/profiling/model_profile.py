@@ -2,8 +2,9 @@
 
 Launched like the job it prices: under torchrun with as many processes per node
 as the job has ranks, every process runs the same sweep in lockstep (a barrier
-before each point), so the times include the contention of ranks that share the
-node's cores or memory bandwidth. Rank 0's numbers are written, after taking
+before each point and around each timed block, layer_bench.measure_layer), so
+the times include the contention of ranks that share the node's cores or memory
+bandwidth. Rank 0's numbers are written, after taking
 the median over ranks of each time.
 """
 from __future__ import annotations
@@ -75,14 +76,14 @@ def profile_model(model: ModelSpec, sweep: ModelSweep,
         timings = []
         for tp, micro_batch, seq in grid:
             dist.barrier()
-            timing = measure_layer(layer, tp, micro_batch, seq, sweep.settings, device)
+            timing = measure_layer(layer, tp, micro_batch, seq, sweep.settings, device, barrier=dist.barrier)
             timings.append(_median_over_ranks(timing, device))
             done += 1
             if progress:
                 progress(done / total)
         entries.append(LayerProfile(layer=layer, timings=tuple(timings)))
     dist.barrier()
-    optimizer_rate = optimizer_seconds_per_state_byte(layer_types[0], sweep.settings, device)
+    optimizer_rate = optimizer_seconds_per_state_byte(layer_types[0], sweep.settings, device, barrier=dist.barrier)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return ModelProfile(name=model.name, device=name, precision=sweep.settings.precision,
                         concurrent_processes=dist.get_world_size(), layers=tuple(entries),

@@ -35,3 +35,26 @@ def median_seconds(run: Callable[[], object], iters: int, warmup: int = 1,
         synchronize()
         samples.append(time.perf_counter() - start)
     return statistics.median(samples)
+
+
+def block_seconds(run: Callable[[], object], iters: int, warmup: int = 1,
+                  barrier: Callable[[], object] = lambda: None) -> float:
+    """Seconds per call of `iters` back-to-back calls, from one `barrier()` to the next, after
+    `warmup` untimed ones: the pace of every rank running the same block at once.
+
+    With more ranks than cores the OS time-slices the processes, and a call
+    shorter than a slice often runs whole inside one, so a per-call median
+    reports the uncontended speed while the rank waits, unseen, between calls.
+    A block that every rank starts together and that ends when the last rank
+    is done counts that wait, as a synchronous training step does.
+    """
+    for _ in range(warmup):
+        run()
+    synchronize()
+    barrier()
+    start = time.perf_counter()
+    for _ in range(iters):
+        run()
+    synchronize()
+    barrier()
+    return (time.perf_counter() - start) / iters
