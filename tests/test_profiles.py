@@ -179,3 +179,12 @@ def test_measured_overlap_exposes_gradient_traffic_that_the_analytic_model_hides
     assert exposed_dp_time(1.0, 3.0) == 0.0
     assert exposed_dp_time(1.0, 3.0, overlap=0.25) == pytest.approx(0.75)
     assert exposed_dp_time(3.0, 1.0, overlap=0.0) == 3.0
+
+
+def test_measured_overlap_applies_only_where_the_runtime_overlaps():
+    """The profile says what the hardware can hide; ClusterSpec.grad_overlap whether the runtime tries."""
+    profile = replace(cluster_profile(), grad_overlap_fraction=0.5)
+    on_cpu = replace(CLUSTER, measured=MeasuredCosts(cluster=profile))           # grad_overlap 0
+    overlapping = replace(on_cpu, grad_overlap=1.0)
+    assert comm_model(on_cpu).grad_overlap == 0.0
+    assert comm_model(overlapping).grad_overlap == pytest.approx(0.5)

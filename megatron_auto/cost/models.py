@@ -100,7 +100,7 @@ def comm_model(cluster: ClusterSpec) -> CommModel:
         return ANALYTIC_COMM if cluster.grad_overlap == 1.0 else AnalyticComm(cluster.grad_overlap)
     from .profiled import profiled_comm
 
-    return profiled_comm(measured.cluster)
+    return profiled_comm(measured.cluster, cluster.grad_overlap)
 
 
 def runtime_overhead(cluster: ClusterSpec) -> tuple[float, float]:

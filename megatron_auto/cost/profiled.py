@@ -37,9 +37,11 @@ def _ring_fraction(group_size: int) -> float:
 class ProfiledComm:
     """Collective times from a ClusterProfile's curves."""
 
-    def __init__(self, profile: ClusterProfile) -> None:
+    def __init__(self, profile: ClusterProfile, runtime_overlap: float = 1.0) -> None:
         self.profile = profile
-        self.grad_overlap = profile.grad_overlap_fraction
+        # What the hardware can hide (measured) times whether the runtime overlaps at all
+        # (ClusterSpec.grad_overlap: 0 on cpu-gloo, where DDP reduces after the backward).
+        self.grad_overlap = profile.grad_overlap_fraction * runtime_overlap
 
     def curve(self, op: str, group_size: int, stride: int, inter_node: bool) -> tuple[CollectiveCurve, float] | None:
         """The best-matching curve and the factor to scale it by, or None."""
@@ -145,6 +147,6 @@ def profiled_compute(profile: ModelProfile) -> ProfiledCompute:
 
 
 @lru_cache(maxsize=64)
-def profiled_comm(profile: ClusterProfile) -> ProfiledComm:
-    """One ProfiledComm per profile."""
-    return ProfiledComm(profile)
+def profiled_comm(profile: ClusterProfile, runtime_overlap: float = 1.0) -> ProfiledComm:
+    """One ProfiledComm per (profile, ClusterSpec.grad_overlap)."""
+    return ProfiledComm(profile, runtime_overlap)
