@@ -159,6 +159,15 @@ def test_tp_comm_with_sequence_parallel_has_the_same_volume():
     assert tp_comm_time(H, S, B, LayerStrategy(tp=4, dp=1, sp=True), TOY, 2) == approx(4 * TP_AR)
 
 
+def test_sequence_parallel_regathers_are_exposed_where_nothing_overlaps():
+    """Megatron-Core re-all-gathers the two column-parallel inputs in backward (async): hidden with
+    grad_overlap 1 (TOY), exposed in full with grad_overlap 0 (cpu-gloo's runtime)."""
+    gather = TP_AR / 2  # one all-gather: half an all-reduce's ring volume and steps
+    no_overlap = replace(TOY, grad_overlap=0.0)
+    assert tp_comm_time(H, S, B, LayerStrategy(tp=4, dp=1, sp=True), no_overlap, 2) == approx(4 * TP_AR + 2 * gather)
+    assert tp_comm_time(H, S, B, LayerStrategy(tp=4, dp=1), no_overlap, 2) == approx(4 * TP_AR)
+
+
 def test_tp_comm_full_recompute_replays_the_forward_two():
     assert tp_comm_time(H, S, B, LayerStrategy(tp=4, dp=1, recompute="full"), TOY, 2) == approx(6 * TP_AR)
     assert tp_comm_time(H, S, B, LayerStrategy(tp=4, dp=1, sp=True, recompute="full"), TOY, 2) == approx(6 * TP_AR)

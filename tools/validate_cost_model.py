@@ -74,6 +74,8 @@ FULL_CONFIGS = {
     "dp4 mbs2 distopt": UniformConfig(tp=1, pp=1, micro_batch_size=2, distributed_optimizer=True),
     "dp4 mbs2 rc=full": UniformConfig(tp=1, pp=1, micro_batch_size=2, recompute="full"),
     "tp2 dp2 mbs2": UniformConfig(tp=2, pp=1, micro_batch_size=2),
+    "tp2 dp2 mbs2 sp": UniformConfig(tp=2, pp=1, micro_batch_size=2, sequence_parallel=True),
+    "tp2 dp2 mbs2 rc=sel": UniformConfig(tp=2, pp=1, micro_batch_size=2, recompute="selective"),
     "tp2 dp2 mbs2 sp rc=sel": UniformConfig(tp=2, pp=1, micro_batch_size=2, sequence_parallel=True,
                                             recompute="selective"),
     "tp4 mbs2": UniformConfig(tp=4, pp=1, micro_batch_size=2),
@@ -181,12 +183,13 @@ def build_plans(job: Job, configs: dict[str, UniformConfig], cluster, training,
     return plans | {"planner pick": pick}
 
 
-def measure_all(job: Job, plans: dict[str, Plan], analytic, profiled, training) -> list[Row]:
-    """Run every plan once; predictions under both cost models."""
+def measure_all(job: Job, plans: dict[str, Plan], analytic, profiled, training,
+                reuse: dict[str, tuple[float, float]] | None = None) -> list[Row]:
+    """Run every plan once (or take its measurement from `reuse`); predictions under both cost models."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for name, plan in plans.items():
-            seconds, peak = run_plan(plan, job, Path(tmp))
+            seconds, peak = reuse[name] if reuse is not None else run_plan(plan, job, Path(tmp))
             a = estimate_plan(plan, job.model(), analytic, training)
             p = estimate_plan(plan, job.model(), profiled, training)
             predicted = p.peak_memory_gib * GIB - profiled.framework_overhead_bytes
@@ -274,6 +277,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out-dir", default=str(ROOT / "docs"), help="where the table and PNG go")
     parser.add_argument("--results", help="also write the rows and statistics as JSON here")
     parser.add_argument("--benchmarks", help="replace the validation section of this markdown file")
+    parser.add_argument("--reuse", help="take the measurements from this earlier --results file and "
+                                         "only recompute the predictions (no launches)")
     parser.add_argument("--no-hybrid", dest="hybrid", action="store_false",
                         help="leave out the per-layer (hybrid runtime) plan")
     parser.add_argument("--plans", nargs="*", help="only the fixed plans whose names contain one of these")
@@ -288,7 +293,14 @@ def main(argv: list[str] | None = None) -> int:
     training = TrainingSpec.fp32(job.global_batch)
     analytic, profiled = cpu_cluster(job, []), cpu_cluster(job, args.profile)
     plans = build_plans(job, configs, profiled, training, hybrid=not args.tiny and args.hybrid)
-    rows = measure_all(job, plans, analytic, profiled, training)
+    reuse = None
+    if args.reuse:
+        stored = json.loads(Path(args.reuse).read_text())["rows"]
+        reuse = {r["name"]: (r["measured_s"], r["measured_bytes"]) for r in stored}
+        if not any("planner pick" in name and name in reuse for name in plans):
+            raise SystemExit("the planner now picks a plan the --reuse file did not measure; run without --reuse")
+        plans = {name: plan for name, plan in plans.items() if name in reuse}
+    rows = measure_all(job, plans, analytic, profiled, training, reuse)
     stats = summary(rows)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)

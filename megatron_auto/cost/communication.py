@@ -19,18 +19,24 @@ def tp_comm_time(hidden: int, seq: int, samples: int, strategy: LayerStrategy,
     Two all-reduces of the bsh activation in forward and two in backward
     (Narayanan et al. SC21, Sec. 3.3); SP swaps each for an all-gather plus a
     reduce-scatter of the same volume (Korthikanti et al., Sec. 4.2.2). Full
-    recompute replays the forward's two.
+    recompute replays the forward's two. With SP, Megatron-Core keeps only the
+    sequence shard of each column-parallel input and all-gathers it again in
+    backward for the weight gradient (tensor_parallel/layers.py,
+    LinearWithGradAccumulationAndAsyncCommunication.backward): two more
+    all-gathers, issued async beside the input-gradient GEMM, so exposed by
+    the share the overlap model cannot hide (1 - CommModel.grad_overlap).
     """
     t = strategy.tp
     if t == 1:
         return 0.0
     comm = comm_model(cluster)
     bytes_ = seq * samples * hidden * activation_bytes
-    one = (comm.collective_time("all_gather", bytes_, t, 1, cluster)
-           + comm.collective_time("reduce_scatter", bytes_, t, 1, cluster)) if strategy.sp \
+    gather = comm.collective_time("all_gather", bytes_, t, 1, cluster)
+    one = (gather + comm.collective_time("reduce_scatter", bytes_, t, 1, cluster)) if strategy.sp \
         else comm.collective_time("all_reduce", bytes_, t, 1, cluster)
     collectives = 4 + (2 if strategy.recompute == "full" else 0)
-    return collectives * one
+    regathers = 2 * gather * (1.0 - comm.grad_overlap) if strategy.sp else 0.0
+    return collectives * one + regathers
 
 
 def dp_comm_time(num_params: float, strategy: LayerStrategy, cluster: ClusterSpec,
