@@ -18,6 +18,7 @@ from .model import HybridChunk, HybridDecoder, attach, segment_block
 from .process_groups import HybridProcessGroups
 from .rng import PartRng, part_seed
 from .segments import Segment, chunk_segments, stage_chunk_indices
+from .sharded import ShardedPart
 
 logger = logging.getLogger(__name__)
 
@@ -57,8 +58,6 @@ def _wrap(ctx: BuildContext, config, strategy: LayerStrategy, module):
         tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
     module = module.to(ctx.device)
     if strategy.zero >= 2:
-        from .sharded import ShardedPart
-
         return ShardedPart(config, module, ctx.pgs.dp(strategy), ctx.pgs.tp(strategy),
                            reshard_after_forward=strategy.zero == 3)
     ddp_config = configs.ddp_config(hconfigs.strategy_layout(ctx.plan, strategy))
@@ -67,6 +66,7 @@ def _wrap(ctx: BuildContext, config, strategy: LayerStrategy, module):
 
 
 def _segment(ctx: BuildContext, segment: Segment, ends_model: bool):
+    """(raw TransformerBlock of the segment, its config), on the device."""
     from megatron.core.transformer.transformer_block import _get_block_submodules
 
     config = hconfigs.segment_config(ctx.model, ctx.plan, segment.strategy, ctx.settings, ctx.backend)
@@ -74,7 +74,38 @@ def _segment(ctx: BuildContext, segment: Segment, ends_model: bool):
     # Per-segment seed: a layer's initial weights do not depend on which ranks build it.
     torch.manual_seed(ctx.settings.seed + 1 + segment.first)
     block = segment_block(config, submodules, segment, ends_model, pg_collection(ctx, segment.strategy))
-    return _wrap(ctx, config, segment.strategy, block)
+    return block, config
+
+
+class PartGroup(torch.nn.Module):
+    """Modules of one layout under one DDP: one gradient buffer, one reduce-scatter, one optimizer."""
+
+    def __init__(self, modules: list) -> None:
+        super().__init__()
+        self.members = torch.nn.ModuleList(modules)
+
+
+def _group_key(ctx: BuildContext, strategy: LayerStrategy, is_shell: bool):
+    """Parts with equal keys share a DDP; None keeps a part alone (ZeRO-3, or the tied shell under PP)."""
+    if strategy.zero >= 2 or (is_shell and ctx.plan.pipeline_parallel > 1):
+        return None
+    return strategy.tp, strategy.dp, strategy.sp, strategy.zero
+
+
+def wrap_parts(ctx: BuildContext, members: list) -> list:
+    """[(wrapped part, strategy)] for [(module, strategy, config, is_shell)], grouped by layout.
+
+    A uniform plan thus runs one DDP and one optimizer per chunk, as the stock runtime does.
+    """
+    groups: dict = {}
+    for index, (module, strategy, config, is_shell) in enumerate(members):
+        key = _group_key(ctx, strategy, is_shell)
+        groups.setdefault(key if key is not None else ("alone", index), []).append((module, strategy, config))
+    wrapped = []
+    for group in groups.values():
+        module = group[0][0] if len(group) == 1 else PartGroup([m for m, _, _ in group])
+        wrapped.append((_wrap(ctx, group[0][2], group[0][1], module), group[0][1]))
+    return wrapped
 
 
 def _shell(ctx: BuildContext, pre_process: bool, post_process: bool, vp_stage):
@@ -111,18 +142,24 @@ def build_chunk(ctx: BuildContext, chunk_index: int, vp_stage) -> HybridChunk:
     plan = ctx.plan
     first, last = chunk_index == 0, chunk_index == len(plan.chunks) - 1
     segments = chunk_segments(plan, chunk_index)
-    parts = [_segment(ctx, seg, last and index == len(segments) - 1) for index, seg in enumerate(segments)]
+    built = [_segment(ctx, seg, last and index == len(segments) - 1) for index, seg in enumerate(segments)]
     boundary = boundary_strategy(plan, ctx.model.seq_length) if plan.pipeline_parallel > 1 else plan.embedding
     rngs = [part_rng(ctx, seg.strategy, seg.first + 1) for seg in segments]
-    decoder = HybridDecoder(parts, [s.strategy for s in segments], plan.embedding if first else boundary,
+    blocks = [block for block, _ in built]  # fully_shard (ZeRO-3) wraps a block in place
+    decoder = HybridDecoder(blocks, [s.strategy for s in segments], plan.embedding if first else boundary,
                             plan.embedding if last else boundary, ctx.pgs, rngs)
-    shell_ddp, config = None, hconfigs.segment_config(ctx.model, plan, plan.embedding, ctx.settings, ctx.backend)
+    members = [(block, seg.strategy, config, False) for (block, config), seg in zip(built, segments)]
+    shell, config = None, hconfigs.segment_config(ctx.model, plan, plan.embedding, ctx.settings, ctx.backend)
     if first or last:
         shell, config = _shell(ctx, first, last, vp_stage)
         attach(shell, decoder)
-        shell_ddp = _wrap(ctx, config, plan.embedding, shell)
-    shell_rng = part_rng(ctx, plan.embedding, 0) if shell_ddp is not None else None
-    return HybridChunk(hconfigs.schedule_config(config, plan, ctx.backend), shell_ddp, parts, decoder, shell_rng)
+        members.insert(0, (shell, plan.embedding, config, True))
+    wrapped = wrap_parts(ctx, members)
+    shell_rng = part_rng(ctx, plan.embedding, 0) if shell is not None else None
+    tp_groups = [ctx.pgs.tp(seg.strategy) for seg in segments]
+    return HybridChunk(hconfigs.schedule_config(config, plan, ctx.backend), shell, blocks, decoder, wrapped,
+                       shell_tp_group=ctx.pgs.tp(plan.embedding) if shell is not None else None,
+                       block_tp_groups=tp_groups, shell_rng=shell_rng)
 
 
 def build_model(plan: Plan, model: ModelSpec, settings: TrainSettings, backend: str, device: torch.device,

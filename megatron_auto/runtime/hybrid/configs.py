@@ -24,14 +24,26 @@ def strategy_layout(plan: Plan, strategy: LayerStrategy) -> MegatronLayout:
         distributed_optimizer=strategy.zero == 1)
 
 
+def needs_per_token_loss(plan: Plan) -> bool:
+    """Whether gradients must be summed and divided once by the global token count.
+
+    Needed when a layer's DP degree differs from the LM head's (its DDP's own 1/dp
+    average would be wrong) or a layer is ZeRO-3 (FSDP2 sums). Otherwise every
+    DDP averages over its DP group exactly as the stock runtime does, and the
+    token count's all-reduce is saved.
+    """
+    return any(s.dp != plan.embedding.dp or s.zero >= 2 for s in plan.layer_strategies)
+
+
 def segment_config(model: ModelSpec, plan: Plan, strategy: LayerStrategy, settings: TrainSettings, backend: str):
     """TransformerConfig of one segment (or of the embedding/LM head with `plan.embedding`).
 
-    Per-token loss: every DDP sums its gradients and `finalize.finalize_grads`
-    divides by the global token count once, whatever each segment's DP degree.
+    With per-token loss (`needs_per_token_loss`) every DDP sums its gradients and
+    `finalize.finalize_grads` divides by the global token count once, whatever
+    each segment's DP degree.
     """
     config = configs.transformer_config(model, strategy_layout(plan, strategy), settings, backend)
-    config.calculate_per_token_loss = True
+    config.calculate_per_token_loss = needs_per_token_loss(plan)
     return config
 
 

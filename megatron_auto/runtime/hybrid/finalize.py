@@ -25,7 +25,9 @@ def finalize_grads(model, num_tokens=None, pg_collection=None, *, head_dp_group,
             part.allreduce_sequence_parallel_grads()
         else:
             _allreduce_non_tensor_model_parallel_grads([part], part.config, part.tp_group)
-    shells = [chunk.shell for chunk in model if chunk.shell is not None]
+    # Under PP the shell is wrapped alone (build._group_key): Megatron's tie reads that DDP.
+    shells = [part for chunk in model for part in chunk.wrapped
+              if chunk.shell is not None and part.module is chunk.shell]
     pp_group = parallel_state.get_pipeline_model_parallel_group()
     if shells and parallel_state.get_pipeline_model_parallel_world_size() > 1:
         _allreduce_word_embedding_grads(shells, shells[0].config,

@@ -2,10 +2,12 @@
 
 The embedding and LM head live in a `GPTModel` built with the embedding's own
 layout and no decoder layers (the "shell"); its decoder is replaced by a
-`HybridDecoder` that re-lays activations out between segments. Each segment and
-the shell get their own Megatron DDP over their own data-parallel group, so a
-segment's gradients are reduced (or reduce-scattered, ZeRO-1) only among the
-ranks that replicate it.
+`HybridDecoder` that re-lays activations out between segments. The parts of a
+chunk with one layout (TP, DP, SP, ZeRO 0/1) share one Megatron DDP over their
+data-parallel group (`build.wrap_parts`), so a segment's gradients are reduced
+(or reduce-scattered, ZeRO-1) only among the ranks that replicate it, and a
+uniform plan runs the stock runtime's collectives; ZeRO-3 segments are FSDP2
+parts of their own (`sharded.py`).
 """
 from __future__ import annotations
 
@@ -39,7 +41,7 @@ class HybridDecoder(torch.nn.Module):
     @property
     def layers(self) -> list:
         """Every TransformerLayer of the segments (the schedules tag them with the micro-batch)."""
-        return [layer for part in self.segment_modules for layer in part.module.layers]
+        return [layer for block in self.segment_modules for layer in block.layers]
 
     def set_input_tensor(self, tensor) -> None:
         self.input_tensor = tensor
@@ -65,21 +67,32 @@ def attach(shell, decoder: HybridDecoder) -> None:
 
 
 class HybridChunk(torch.nn.Module):
-    """What Megatron's schedules see as one model chunk: forward, set_input_tensor, config."""
+    """What Megatron's schedules see as one model chunk: forward, set_input_tensor, config.
 
-    def __init__(self, config, shell, segments: list, decoder: HybridDecoder, shell_rng=None) -> None:
+    `shell` and `segments` are the raw modules the forward runs; `wrapped` are the
+    DDP/FSDP parts that own their gradients (parts of one layout share one DDP).
+    """
+
+    def __init__(self, config, shell, segments: list, decoder: HybridDecoder, wrapped: list,
+                 shell_tp_group=None, block_tp_groups=None, shell_rng=None) -> None:
         from megatron.core.enums import ModelType
 
         super().__init__()
         self.config = config
         self.model_type = ModelType.encoder_or_decoder
-        self.shell = shell
-        self.segments = torch.nn.ModuleList(segments)
-        self.decoder = decoder
+        # Only the wrapped parts are registered: they hold every module once, so train()/eval()
+        # walk each module once (the shell and blocks are also reachable through them).
+        self.__dict__["shell"], self.__dict__["segments"] = shell, list(segments)
+        self.__dict__["decoder"] = decoder
         self.shell_rng = shell_rng
         """The embedding/head's dropout stream (rng.PartRng), or None."""
-        self.wrapped = ([shell] if shell is not None else []) + list(segments)
-        """Every DDP-wrapped part of this chunk (shell first)."""
+        self.shell_tp_group, self.block_tp_groups = shell_tp_group, block_tp_groups
+        """TP groups of the shell and of each segment (loading full weights cuts by them)."""
+        self.parts = torch.nn.ModuleList([part for part, _ in wrapped])
+        self.wrapped = [part for part, _ in wrapped]
+        """Every DDP/FSDP-wrapped part of this chunk."""
+        self.wrapped_strategies = [strategy for _, strategy in wrapped]
+        """The layout of each wrapped part (its DP group and optimizer sharding)."""
 
     def set_input_tensor(self, input_tensor) -> None:
         tensor = input_tensor[0] if isinstance(input_tensor, (list, tuple)) else input_tensor

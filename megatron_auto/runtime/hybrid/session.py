@@ -112,7 +112,4 @@ def build(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, backend: s
 
 
 def _parts(plan: Plan, chunk):
-    strategies = list(chunk.decoder.strategies)
-    if chunk.shell is not None:
-        yield chunk.shell, plan.embedding
-    yield from zip(chunk.segments, strategies)
+    yield from zip(chunk.wrapped, chunk.wrapped_strategies)

@@ -36,13 +36,13 @@ def load_full_state(chunks, state: dict[str, torch.Tensor], segment_firsts: list
     for chunk, firsts in zip(chunks, segment_firsts):
         named = []
         if chunk.shell is not None:
-            named += [(chunk.shell, _shell_key(n), p) for n, p in chunk.shell.module.named_parameters()]
-        for part, first in zip(chunk.segments, firsts):
-            named += [(part, _segment_key(n, first), p) for n, p in part.module.named_parameters()]
-        for part, key, param in named:
+            named += [(chunk.shell_tp_group, _shell_key(n), p) for n, p in chunk.shell.named_parameters()]
+        for block, tp_group, first in zip(chunk.segments, chunk.block_tp_groups, firsts):
+            named += [(tp_group, _segment_key(n, first), p) for n, p in block.named_parameters()]
+        for tp_group, key, param in named:
             if key not in state:
                 raise KeyError(f"no '{key}' in the state dict")
-            full = _slice_for_rank(state[key], param, part.tp_group)
+            full = _slice_for_rank(state[key], param, tp_group)
             if getattr(param, "__fsdp_param__", False):
                 copy_into_shard(param, full)
             else:
