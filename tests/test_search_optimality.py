@@ -15,7 +15,7 @@ from megatron_auto.search.space import StageContext, prune_strategies
 from megatron_auto.search.uniform import UniformConfig, build_uniform_plan, divisors, megatron_uneven_splits
 from megatron_auto.specs.model import uniform_model
 from megatron_auto.specs.presets import CLUSTER_PRESETS
-from megatron_auto.specs.profiles import ClusterProfile, MeasuredCosts
+from megatron_auto.specs.profiles import ClusterProfile, CollectiveCurve, MeasuredCosts
 from megatron_auto.specs.training import GIB, TrainingSpec
 
 MODEL = uniform_model("opt-test", 4, 512, 8, seq_length=512, vocab_size=4096)
@@ -25,6 +25,14 @@ RUNTIME_PROFILE = ClusterProfile(name="overhead-only", backend="nccl", device="a
                                  curves=(), grad_overlap_fraction=1.0, step_overhead_s=3e-3,
                                  micro_batch_overhead_s=4e-4)
 OVERHEAD_CLUSTER = replace(CLUSTER, measured=MeasuredCosts(cluster=RUNTIME_PROFILE))
+# Measured curves where ZeRO-1's reduce-scatter + all-gather cost more than the all-reduce (as on gloo):
+# plain DP can then beat the distributed optimizer, and the search must still find the optimum.
+_SIZES = (1 << 10, 1 << 20, 1 << 30)
+_CURVES = tuple(CollectiveCurve(op, n, 1, False, _SIZES, tuple(scale * (1e-5 + b / 1e10) for b in _SIZES))
+                for n in (2, 4) for op, scale in (("all_reduce", 1.0), ("all_gather", 0.5), ("reduce_scatter", 3.0)))
+SLOW_RS_CLUSTER = replace(CLUSTER, measured=MeasuredCosts(cluster=replace(RUNTIME_PROFILE, curves=_CURVES,
+                                                                          step_overhead_s=0.0,
+                                                                          micro_batch_overhead_s=0.0)))
 
 
 def _brute_force_hybrid(training, constraints, cluster=CLUSTER):
@@ -78,9 +86,9 @@ def test_hybrid_dp_equals_brute_force(budget_gib, cluster):
             assert found.prediction.iteration_time_s == pytest.approx(expected, rel=1e-9)
 
 
-def _brute_force_megatron(training):
+def _brute_force_megatron(training, cluster=CLUSTER):
     best = None
-    world = CLUSTER.world_size
+    world = cluster.world_size
     for tp, pp in itertools.product(divisors(world), divisors(world)):
         if world % (tp * pp) or MODEL.layers[0].num_attention_heads % tp or pp > MODEL.num_layers:
             continue
@@ -92,20 +100,21 @@ def _brute_force_megatron(training):
                         for n in ([None] + list(range(1, split[0] // v)) if kind == "full" else [None]):
                             config = UniformConfig(tp, pp, mbs, v, sp, dist, kind, n, split)
                             try:
-                                plan = build_uniform_plan(MODEL, CLUSTER, training, config)
+                                plan = build_uniform_plan(MODEL, cluster, training, config)
                             except UserError:
                                 continue
-                            prediction = estimate_plan(plan, MODEL, CLUSTER, training)
+                            prediction = estimate_plan(plan, MODEL, cluster, training)
                             if prediction.fits and (best is None or prediction.iteration_time_s < best):
                                 best = prediction.iteration_time_s
     return best
 
 
+@pytest.mark.parametrize("cluster", [CLUSTER, SLOW_RS_CLUSTER], ids=["analytic", "slow-reduce-scatter"])
 @pytest.mark.parametrize("budget_gib", [0.1, 0.14, 0.18, 0.22, 40.0])
-def test_megatron_space_equals_brute_force(budget_gib):
+def test_megatron_space_equals_brute_force(budget_gib, cluster):
     training = TrainingSpec(global_batch_size=8, memory_budget_bytes=int(budget_gib * GIB))
-    found, _ = search_megatron(MODEL, CLUSTER, training, SearchConstraints())
-    expected = _brute_force_megatron(training)
+    found, _ = search_megatron(MODEL, cluster, training, SearchConstraints())
+    expected = _brute_force_megatron(training, cluster)
     assert expected is not None
     assert found.prediction.fits
     assert found.prediction.iteration_time_s == pytest.approx(expected, rel=1e-9)

@@ -8,14 +8,16 @@ found by bisection.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Callable, Iterator, Optional
 
+from ..cost.communication import dp_comm_time, tp_comm_time
 from ..errors import UserError
-from ..plan import Plan
+from ..plan import LayerStrategy, Plan
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
@@ -109,11 +111,42 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     return best, stats
 
 
+def _sp_choices(model, cluster, training, constraints, tp: int, dp: int) -> tuple[bool, ...]:
+    """Sequence parallelism whenever tp > 1, unless pinned; without it as well where the cost model
+    prices SP's all-gather + reduce-scatter above the all-reduce at some micro-batch size
+    (measured gloo curves), since the sp-with-tp rule then does not hold."""
+    if constraints.sequence_parallel is not None or tp == 1:
+        return (bool(constraints.sequence_parallel) and tp > 1,)
+    layer, word = model.layers[0], training.activation_bytes
+    for samples in {1, max(1, training.global_batch_size // dp)}:
+        with_sp = tp_comm_time(layer.hidden_size, model.seq_length, samples, LayerStrategy(tp=tp, dp=dp, sp=True),
+                               cluster, word)
+        without = tp_comm_time(layer.hidden_size, model.seq_length, samples, LayerStrategy(tp=tp, dp=dp),
+                               cluster, word)
+        if with_sp > without:
+            return (True, False)
+    return (True,)
+
+
+def _distributed_choices(model, cluster, training, constraints, tp: int, dp: int) -> tuple[bool, ...]:
+    """The distributed optimizer (ZeRO-1) whenever dp > 1, unless pinned; plain DP as well where
+    the cost model prices ZeRO-1's reduce-scatter + all-gather above the all-reduce (measured
+    gloo curves), since the distributed-optimizer-over-dp rule then does not hold."""
+    if constraints.distributed_optimizer is not None:
+        return (constraints.distributed_optimizer,)
+    if dp == 1:
+        return (False,)
+    params = model.layers[0].num_parameters
+    plain = dp_comm_time(params, LayerStrategy(tp=tp, dp=dp), cluster, training)
+    zero1 = dp_comm_time(params, LayerStrategy(tp=tp, dp=dp, zero=1), cluster, training)
+    return (True,) if zero1 <= plain else (True, False)
+
+
 def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats, incumbent) -> Iterator[Plan]:
     dp = cluster.world_size // (tp * pp)
-    sp = tp > 1 if constraints.sequence_parallel is None else constraints.sequence_parallel and tp > 1
-    distributed = dp > 1 if constraints.distributed_optimizer is None else constraints.distributed_optimizer
-    for split in stage_splits(model, pp):
+    choices = itertools.product(stage_splits(model, pp), _sp_choices(model, cluster, training, constraints, tp, dp),
+                                _distributed_choices(model, cluster, training, constraints, tp, dp))
+    for split, sp, distributed in choices:
         base = UniformConfig(tp=tp, pp=pp, micro_batch_size=constraints.micro_batch_size or 1,
                              virtual_stages=constraints.virtual_stages or 1, sequence_parallel=sp,
                              distributed_optimizer=distributed, stage_layers=split)
