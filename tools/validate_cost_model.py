@@ -78,6 +78,8 @@ FULL_CONFIGS = {
     "tp2 dp2 mbs2 rc=sel": UniformConfig(tp=2, pp=1, micro_batch_size=2, recompute="selective"),
     "tp2 dp2 mbs2 sp rc=sel": UniformConfig(tp=2, pp=1, micro_batch_size=2, sequence_parallel=True,
                                             recompute="selective"),
+    "tp2 dp2 mbs8 sp distopt": UniformConfig(tp=2, pp=1, micro_batch_size=8, sequence_parallel=True,
+                                             distributed_optimizer=True),
     "tp4 mbs2": UniformConfig(tp=4, pp=1, micro_batch_size=2),
     "pp2 dp2 mbs2": UniformConfig(tp=1, pp=2, micro_batch_size=2),
     "pp4 mbs1": UniformConfig(tp=1, pp=4, micro_batch_size=1),
