@@ -109,6 +109,10 @@ def section(stock: dict, hybrids: dict[str, dict], steps: dict[str, list[float]]
                      f"{len(steps[name])} | {med[name]:.1f} |" for name in steps)
     ratios = "\n".join(f"- {name}: predicted **{stock['iteration_time_s'] / h['iteration_time_s']:.3f}**, "
                        f"measured **{med['uniform/stock'] / med[name]:.3f}**" for name, h in hybrids.items())
+    relabelled = [name for name, h in hybrids.items() if h["plan"]["space"] == "megatron"]
+    note = (f"\n`{'`, `'.join(relabelled)}`: the hybrid search found a plan stock Megatron expresses and labelled it "
+            f"`megatron`, so pretrain_gpt ran it on the stock runtime: a second measurement of the uniform plan, "
+            f"and so a gauge of this machine's run-to-run noise.\n" if relabelled else "")
     return (f"{HEADING}\n\nCommand: `.venv/bin/python tools/bench_hybrid_runtime.py --iters {iters} --rounds {rounds}` "
             f"(tiny GPT: 4 layers, h=64, s=64, B=16, fp32, mock data; plans from the analytic cpu-gloo cluster; "
             f"runs alternate; median over all steps after {WARMUP} warm-up steps per run).\n\n"
@@ -116,7 +120,7 @@ def section(stock: dict, hybrids: dict[str, dict], steps: dict[str, list[float]]
             f"(a) Hybrid runtime vs stock runtime on the same uniform plan: **{overhead * 100:+.1f}%** per step "
             f"(target at most +2%).\n\n"
             f"(b) Hybrid plans vs the best uniform (`megatron`-space) plan, time(uniform) / time(hybrid):\n"
-            f"{ratios}\n")
+            f"{ratios}\n{note}")
 
 
 def write_section(text_section: str) -> None:

@@ -31,8 +31,10 @@ def _chained_class():
         def get_grad_norm(self):
             squares = torch.zeros(1, dtype=torch.float64)
             for optimizer, copies in zip(self.chained_optimizers, self.replication):
-                for grad in optimizer.get_main_grads_for_grad_norm():
-                    squares += grad.detach().double().pow(2).sum().cpu() / copies
+                grads = [grad.detach() for grad in optimizer.get_main_grads_for_grad_norm()]
+                if grads:  # per-tensor fp32 norms in one call, as Megatron's multi_tensor_l2norm
+                    norms = torch.stack(torch._foreach_norm(grads, 2)).double().cpu()
+                    squares += norms.pow(2).sum() / copies
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
             squares = squares.to(device)
             torch.distributed.all_reduce(squares)
