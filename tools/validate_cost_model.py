@@ -176,7 +176,7 @@ def build_plans(job: Job, configs: dict[str, UniformConfig], cluster, training,
     model = job.model()
     plans = {name: build_uniform_plan(model, cluster, training, config) for name, config in configs.items()}
     if hybrid:
-        plans["hybrid tp2·dp2 ×2 | dp4 z1 ×2, m=4"] = mixed_hybrid_plan(job, 4)
+        plans["hybrid tp2·dp2 ×2 + dp4 z1 ×2, m=4"] = mixed_hybrid_plan(job, 4)
     pick = search_plan(model, cluster, training, space="megatron").plan
     for name, plan in plans.items():
         if plan.chunks == pick.chunks and plan.num_micro_batches == pick.num_micro_batches \
@@ -302,6 +302,8 @@ def main(argv: list[str] | None = None) -> int:
         if not any("planner pick" in name and name in reuse for name in plans):
             raise SystemExit("the planner now picks a plan the --reuse file did not measure; run without --reuse")
         plans = {name: plan for name, plan in plans.items() if name in reuse}
+        if set(reuse) - set(plans):
+            raise SystemExit(f"--reuse rows without a plan of that name: {sorted(set(reuse) - set(plans))}")
     rows = measure_all(job, plans, analytic, profiled, training, reuse)
     stats = summary(rows)
     out = Path(args.out_dir)
