@@ -38,9 +38,10 @@ def median_seconds(run: Callable[[], object], iters: int, warmup: int = 1,
 
 
 def block_seconds(run: Callable[[], object], iters: int, warmup: int = 1,
-                  barrier: Callable[[], object] = lambda: None) -> float:
+                  barrier: Callable[[], object] = lambda: None, repeats: int = 3) -> float:
     """Seconds per call of `iters` back-to-back calls, from one `barrier()` to the next, after
-    `warmup` untimed ones: the pace of every rank running the same block at once.
+    `warmup` untimed ones: the pace of every rank running the same block at once (the median
+    over `repeats` such blocks, against other load on the machine).
 
     With more ranks than cores the OS time-slices the processes, and a call
     shorter than a slice often runs whole inside one, so a per-call median
@@ -51,10 +52,13 @@ def block_seconds(run: Callable[[], object], iters: int, warmup: int = 1,
     for _ in range(warmup):
         run()
     synchronize()
-    barrier()
-    start = time.perf_counter()
-    for _ in range(iters):
-        run()
-    synchronize()
-    barrier()
-    return (time.perf_counter() - start) / iters
+    blocks = []
+    for _ in range(repeats):
+        barrier()
+        start = time.perf_counter()
+        for _ in range(iters):
+            run()
+        synchronize()
+        barrier()
+        blocks.append((time.perf_counter() - start) / iters)
+    return statistics.median(blocks)
