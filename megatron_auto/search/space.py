@@ -47,17 +47,27 @@ RULES = (
     Rule("tp-within-node", "TP all-reduces every layer; across nodes it runs 12x slower (SC21 Sec. 5.4), "
          "and a TP degree that does not divide the node straddles nodes",
          lambda s, ctx: ctx.cluster.gpus_per_node % s.tp != 0),
-    Rule("sp-with-tp", "with TP, SP moves the same bytes and stores and computes less (Korthikanti Sec. 4.2.2)",
-         lambda s, ctx: s.tp > 1 and not s.sp),
+    Rule("sp-with-tp", "with TP, SP moves the same bytes and stores and computes less (Korthikanti Sec. 4.2.2); "
+         "only under the analytic ring model, where the two price alike",
+         lambda s, ctx: s.tp > 1 and not s.sp and _ring_priced(ctx)),
     Rule("no-zero2", "Megatron-Core's DDP keeps a full gradient buffer; the runtime has no ZeRO-2 layout",
          lambda s, ctx: s.zero == 2),
     Rule("distributed-optimizer-over-dp", "with dp > 1, ZeRO-1's reduce-scatter + all-gather move what the "
          "all-reduce moves and the optimizer states shrink d-fold: plain DP is dominated",
-         lambda s, ctx: s.dp > 1 and s.zero == 0 and ctx.constraints.distributed_optimizer is not False),
+         lambda s, ctx: s.dp > 1 and s.zero == 0 and ctx.constraints.distributed_optimizer is not False
+         and _ring_priced(ctx)),
     Rule("zero-needs-dp", "with dp = 1 there is nothing to shard: ZeRO 1 and 3 equal plain DP",
          lambda s, ctx: s.dp == 1 and s.zero > 0),
     Rule("constraints", "the user's explicit flags pin these choices", lambda s, ctx: _violates(s, ctx.constraints)),
 )
+
+
+def _ring_priced(ctx: StageContext) -> bool:
+    """True when collectives follow the analytic ring formulas, under which an
+    all-reduce costs exactly a reduce-scatter plus an all-gather. Measured curves
+    (a cluster profile) can break that, and then both variants stay in the space."""
+    measured = ctx.cluster.measured
+    return measured is None or measured.cluster is None
 
 
 def _violates(s: LayerStrategy, c: SearchConstraints) -> bool:
