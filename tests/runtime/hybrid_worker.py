@@ -2,7 +2,7 @@
 
 Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python hybrid_worker.py CASES.json RESULTS.json
 Each case: {"name", "plan": plan.json path or {"chunks": [[strategy, ...], ...], "embedding": strategy,
-"micro_batches": m}, "init": state-dict path, optional "reference": true (stock single-process run that
+"micro_batches": m, "virtual_stages": v}, "init": state-dict path, optional "reference": true (stock single-process run that
 saves its initial state dict to "init"), optional "dropout": p (hidden and attention dropout), optional
 "probe": true (before training, every rank draws 4 numbers per segment inside the segment's TP-region
 dropout stream and 4 outside it; gathered as "probe": [{"tp", "inside": [per rank], "outside": [per rank]}])}.
@@ -38,9 +38,10 @@ GLOBAL_BATCH = 8
 def hybrid_plan(spec: dict, world: int) -> Plan:
     """A hybrid Plan from a compact case description."""
     chunks = tuple(Chunk(tuple(LayerStrategy(**s) for s in layers)) for layers in spec["chunks"])
-    return Plan(space="hybrid", world_size=world, pipeline_parallel=len(chunks), global_batch_size=GLOBAL_BATCH,
-                num_micro_batches=spec.get("micro_batches", 2), chunks=chunks,
-                embedding=LayerStrategy(**spec["embedding"]))
+    virtual = spec.get("virtual_stages", 1)
+    return Plan(space="hybrid", world_size=world, pipeline_parallel=len(chunks) // virtual,
+                global_batch_size=GLOBAL_BATCH, num_micro_batches=spec.get("micro_batches", 2), chunks=chunks,
+                embedding=LayerStrategy(**spec["embedding"]), virtual_stages=virtual)
 
 
 def probe_dropout_streams(run) -> list[dict]:

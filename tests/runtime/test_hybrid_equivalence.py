@@ -2,7 +2,8 @@
 match one process of the stock Megatron-space runtime, loss and gradient norm, step by step.
 
 Three launches: the single-process reference (which saves its initial weights), one 4-rank
-launch running every 4-rank case in turn, and one 8-rank launch (PP2).
+launch running every 4-rank case in turn (including PP2 with two virtual stages per stage and
+dropout cases), and one 8-rank launch (PP2).
 """
 from __future__ import annotations
 
@@ -34,6 +35,10 @@ FOUR_RANK = {
     "zero3_layers_mixed_with_ddp_layers": {
         "chunks": [[{"dp": 4, "zero": 3}, {**TP2DP2, "zero": 3}, DP4_DDP, {**TP2DP2, "zero": 3, "recompute": "full"}]],
         "embedding": {"tp": 2, "dp": 2, "zero": 0}},
+    "vpp2_pp2_tp2_and_dp2_chunks": {
+        "chunks": [[{"tp": 2, "sp": True}], [{"dp": 2, "zero": 1}], [{"dp": 2, "zero": 0}],
+                   [{"tp": 2, "sp": True, "recompute": "full"}]],
+        "embedding": {"tp": 2, "sp": True}, "virtual_stages": 2, "micro_batches": 4},
     "recompute_on_some_layers": {"chunks": [[{**TP2DP2, "recompute": "full"}, TP2DP2,
                                              {**TP4, "recompute": "selective"}, DP4]], "embedding": DP4},
 }

@@ -117,6 +117,7 @@ def _shell(ctx: BuildContext, pre_process: bool, post_process: bool, vp_stage):
     config = hconfigs.segment_config(ctx.model, ctx.plan, strategy, ctx.settings, ctx.backend)
     # The shell ties its embedding across stages only when it knows the pipeline is deeper than 1.
     config.pipeline_model_parallel_size = ctx.plan.pipeline_parallel
+    config.virtual_pipeline_model_parallel_size = ctx.plan.virtual_stages if ctx.plan.virtual_stages > 1 else None
     torch.manual_seed(ctx.settings.seed)
     shell = GPTModel(
         config=config, transformer_layer_spec=TransformerBlockSubmodules(layer_specs=[], layer_norm=None),

@@ -54,6 +54,7 @@ def schedule_config(base, plan: Plan, backend: str):
         pipeline_model_parallel_size=plan.pipeline_parallel,
         virtual_pipeline_model_parallel_size=plan.virtual_stages if plan.virtual_stages > 1 else None,
         num_layers=plan.pipeline_parallel * plan.virtual_stages,
+        microbatch_group_size_per_vp_stage=plan.pipeline_parallel,  # Megatron's default, base had pp 1
         recompute_granularity=None, recompute_method=None, recompute_num_layers=None,
         num_layers_in_first_pipeline_stage=None, num_layers_in_last_pipeline_stage=None,
         batch_p2p_comm=backend != "gloo")
