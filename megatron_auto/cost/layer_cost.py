@@ -63,7 +63,9 @@ def layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int
         backward_s=times.backward_s,
         recompute_s=recompute,
         tp_comm_s=tp_comm_time(layer.hidden_size, seq, samples, strategy, cluster, word),
-        zero3_exposed_s=max(0.0, zero3 - compute),
+        # FSDP prefetches the next gathers while this layer computes; on a cluster whose
+        # runtime hides no communication behind compute (grad_overlap 0, cpu-gloo) it all shows.
+        zero3_exposed_s=zero3 - cluster.grad_overlap * min(zero3, compute),
         dp_comm_per_iteration_s=dp_comm_time(layer.num_parameters, strategy, cluster, training),
         state_bytes=model_state_bytes(layer.num_parameters, strategy, training),
         activation_bytes=activations,

@@ -81,8 +81,9 @@ class ClusterSpec(CachedHash):
     framework_overhead_bytes: int = 0
     """Memory the framework holds regardless of the plan (CUDA context, NCCL buffers, allocator slack)."""
     grad_overlap: float = 1.0
-    """Share of the gradient sync's overlap window that the runtime hides: 1 where Megatron-Core's
-    DDP reduces buckets during the backward (overlap_grad_reduce, on CUDA), 0 where it reduces after."""
+    """Share of the overlap window that the runtime hides communication in: 1 where Megatron-Core's
+    DDP reduces buckets during the backward (overlap_grad_reduce, on CUDA) and FSDP prefetches
+    ZeRO-3 gathers behind compute; 0 on cpu-gloo, where neither overlaps."""
     dropout_mask_bytes: int = 1
     """Bytes per element of a dropout mask kept for backward: 1 on CUDA (ATen's fused native_dropout
     keeps a bool mask); on CPU ATen's `_dropout_impl` keeps its scaled noise in the input's dtype."""

