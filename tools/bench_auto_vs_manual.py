@@ -27,6 +27,7 @@ COMMON = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "
           "--data-path", f"{DATA_PREFIX}_text_document", "--tokenizer-type", "ByteTokenizer",
           "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1"]
 WARMUP = 5
+ROUNDS = 3  # auto, manual, auto, manual, auto, manual
 ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ .*elapsed time per iteration \(ms\): ([0-9.]+)")
 FLAG_BLOCK = re.compile(r"megatron-lm flags\n((?:\s+--.*\n)+)")
 
@@ -71,9 +72,9 @@ def main() -> None:
     first = run(["--micro-batch-size", "2", "--auto-parallel"])
     manual_flags = without_flag(planned_flags(first), "--global-batch-size")
     auto, manual = step_times(first), []
-    for round_ in range(2):
+    for round_ in range(ROUNDS):
         manual += step_times(run(manual_flags))
-        if round_ == 0:
+        if round_ < ROUNDS - 1:
             auto += step_times(run(["--micro-batch-size", "2", "--auto-parallel"]))
     ratio = statistics.median(auto) / statistics.median(manual)
     section = ("## --auto-parallel against the same flags by hand (4 CPU gloo ranks)\n\n"
