@@ -71,18 +71,21 @@ def main() -> None:
     ensure_data()
     first = run(["--micro-batch-size", "2", "--auto-parallel"])
     manual_flags = without_flag(planned_flags(first), "--global-batch-size")
-    auto, manual = step_times(first), []
+    auto_runs, manual_runs = [step_times(first)], []
     for round_ in range(ROUNDS):
-        manual += step_times(run(manual_flags))
+        manual_runs.append(step_times(run(manual_flags)))
         if round_ < ROUNDS - 1:
-            auto += step_times(run(["--micro-batch-size", "2", "--auto-parallel"]))
+            auto_runs.append(step_times(run(["--micro-batch-size", "2", "--auto-parallel"])))
+    auto, manual = sum(auto_runs, []), sum(manual_runs, [])
     ratio = statistics.median(auto) / statistics.median(manual)
+    per_run = ", ".join(f"{statistics.median(a):.1f}/{statistics.median(m):.1f}" for a, m in zip(auto_runs, manual_runs))
     section = ("## --auto-parallel against the same flags by hand (4 CPU gloo ranks)\n\n"
                "Command: `.venv/bin/python tools/bench_auto_vs_manual.py` (tiny GPT of the README demo, "
                f"{len(auto)} auto and {len(manual)} manual steps after {WARMUP} warm-up steps per run).\n\n"
                f"| path | median step ms |\n|---|---|\n| --auto-parallel | {statistics.median(auto):.1f} |\n"
                f"| manual `{' '.join(manual_flags)}` | {statistics.median(manual):.1f} |\n\n"
-               f"Ratio auto / manual: **{ratio:.3f}** (target at most 1.02).\n")
+               f"Ratio auto / manual: **{ratio:.3f}** (target at most 1.02). Per-round medians, auto/manual ms: "
+               f"{per_run} (the spread between rounds of the same command is this machine's noise).\n")
     docs = ROOT / "docs" / "benchmarks.md"
     text = docs.read_text()
     heading = "## --auto-parallel against the same flags by hand"
