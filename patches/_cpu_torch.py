@@ -123,3 +123,25 @@ def install(module: Any, cuda: CpuCuda | None = None) -> None:
 
 def is_installed(module: Any) -> bool:
     return isinstance(module.__dict__.get("torch"), CpuTorch)
+
+
+def module_swap_patch(name: str, versions: tuple[str, ...], targets: tuple[tuple[str, str], ...]):
+    """check, apply and is_applied for a patch that installs the CPU stand-in for `torch`
+    inside each target module, after checking that the module still contains its marker text."""
+    import importlib
+
+    from ._checks import require_text, require_version
+
+    def check() -> list:
+        """Raise PatchTargetChanged unless the version and every target's marker text still match."""
+        require_version(name, versions)
+        return [require_text(module, text, name) for module, text in targets]
+
+    def apply() -> None:
+        for module in check():
+            install(module)
+
+    def is_applied() -> bool:
+        return all(is_installed(importlib.import_module(module)) for module, _ in targets)
+
+    return check, apply, is_applied

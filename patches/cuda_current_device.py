@@ -12,10 +12,7 @@ Applied only when CUDA is absent (patches.apply_all).
 """
 from __future__ import annotations
 
-import importlib
-
 from . import _cpu_torch
-from ._checks import require_text, require_version
 
 NAME = "cuda_current_device"
 TARGET_VERSIONS = ("0.16.1",)
@@ -35,16 +32,5 @@ MODULES = (
 )
 
 
-def check() -> list:
-    """Raise PatchTargetChanged unless every target module still uses the CUDA device call."""
-    require_version(NAME, TARGET_VERSIONS)
-    return [require_text(name, MARKER, NAME) for name in MODULES]
-
-
-def apply() -> None:
-    for module in check():
-        _cpu_torch.install(module)
-
-
-def is_applied() -> bool:
-    return all(_cpu_torch.is_installed(importlib.import_module(name)) for name in MODULES)
+check, apply, is_applied = _cpu_torch.module_swap_patch(
+    NAME, TARGET_VERSIONS, tuple((module, MARKER) for module in MODULES))

@@ -15,10 +15,7 @@ Applied only when CUDA is absent (patches.apply_all).
 """
 from __future__ import annotations
 
-import importlib
-
 from . import _cpu_torch
-from ._checks import require_text, require_version
 
 NAME = "hardcoded_cuda_device"
 TARGET_VERSIONS = ("0.16.1",)
@@ -31,15 +28,4 @@ TARGETS = (
 )
 
 
-def check() -> list:
-    require_version(NAME, TARGET_VERSIONS)
-    return [require_text(module, text, NAME) for module, text in TARGETS]
-
-
-def apply() -> None:
-    for module in check():
-        _cpu_torch.install(module)
-
-
-def is_applied() -> bool:
-    return all(_cpu_torch.is_installed(importlib.import_module(m)) for m, _ in TARGETS)
+check, apply, is_applied = _cpu_torch.module_swap_patch(NAME, TARGET_VERSIONS, TARGETS)
