@@ -65,3 +65,15 @@ def launch(world_size: int, argv: list[str], timeout_s: float, log_dir: Path) ->
         output.append(f"===== rank {rank} (exit {procs[rank].returncode}) =====\n{log.read()}")
         log.close()
     return LaunchResult(tuple(p.returncode for p in procs), "\n".join(output), time.perf_counter() - start)
+
+
+def run_cases(tmp: Path, world_size: int, worker: str, cases: list[dict], timeout_s: float) -> dict:
+    """Launch `worker` (a script under tests/runtime) on `world_size` ranks with `cases` as JSON;
+    returns the results it writes. Fails the test, with the ranks' output, if the launch fails."""
+    import json
+
+    spec, out = tmp / f"cases{world_size}.json", tmp / f"results{world_size}.json"
+    spec.write_text(json.dumps(cases))
+    result = launch(world_size, [f"tests/runtime/{worker}", str(spec), str(out)], timeout_s, tmp / f"logs{world_size}")
+    assert result.ok, f"{world_size}-rank launch failed after {result.seconds:.0f}s:\n{result.output[-6000:]}"
+    return json.loads(out.read_text())

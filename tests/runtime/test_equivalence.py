@@ -8,12 +8,11 @@ Loss and gradient norm of all 5 steps must agree within fp32 tolerance.
 """
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 
-from launcher import launch
+from launcher import run_cases
 
 RTOL = 1e-5
 STEPS = 5
@@ -53,12 +52,7 @@ def _eight_rank_cases(tmp) -> list[dict]:
 
 
 def _run(tmp, world_size: int, cases: list[dict], timeout_s: float) -> dict:
-    spec, out = tmp / f"cases{world_size}.json", tmp / f"results{world_size}.json"
-    spec.write_text(json.dumps(cases))
-    result = launch(world_size, ["tests/runtime/equivalence_worker.py", str(spec), str(out)], timeout_s,
-                    tmp / f"logs{world_size}")
-    assert result.ok, f"{world_size}-rank launch failed after {result.seconds:.0f}s:\n{result.output[-6000:]}"
-    return json.loads(out.read_text())
+    return run_cases(tmp, world_size, "equivalence_worker.py", cases, timeout_s)
 
 
 @pytest.fixture(scope="module")

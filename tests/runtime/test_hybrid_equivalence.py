@@ -7,12 +7,11 @@ dropout cases), and one 8-rank launch (PP2).
 """
 from __future__ import annotations
 
-import json
 import math
 
 import pytest
 
-from launcher import launch
+from launcher import run_cases
 from megatron_auto.plan import save_plan
 from megatron_auto.runtime.planning import cluster_for_world
 from megatron_auto.search import search_plan
@@ -60,12 +59,7 @@ def planner_plan(path) -> None:
 
 
 def _run(tmp, world_size: int, cases: list[dict], timeout_s: float) -> dict:
-    spec, out = tmp / f"cases{world_size}.json", tmp / f"results{world_size}.json"
-    spec.write_text(json.dumps(cases))
-    result = launch(world_size, ["tests/runtime/hybrid_worker.py", str(spec), str(out)], timeout_s,
-                    tmp / f"logs{world_size}")
-    assert result.ok, f"{world_size}-rank launch failed after {result.seconds:.0f}s:\n{result.output[-6000:]}"
-    return json.loads(out.read_text())
+    return run_cases(tmp, world_size, "hybrid_worker.py", cases, timeout_s)
 
 
 @pytest.fixture(scope="module")
