@@ -18,6 +18,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from docs_sections import replace_section
+
 ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 DATA_PREFIX = ROOT / "data" / "generated" / "tiny"
@@ -88,13 +90,7 @@ def main() -> None:
                f"{per_run} (the spread between rounds of the same command is this machine's noise).\n")
     docs = ROOT / "docs" / "benchmarks.md"
     text = docs.read_text()
-    heading = "## --auto-parallel against the same flags by hand"
-    start = text.find(heading)
-    if start < 0:
-        text = text.rstrip() + "\n\n" + section
-    else:
-        end = text.find("\n## ", start + len(heading))
-        text = text[:start] + section + (text[end + 1:] if end >= 0 else "")
+    text = replace_section(text, "## --auto-parallel against the same flags by hand", section)
     docs.write_text(text)
     sys.stdout.write(section)
 

@@ -26,6 +26,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from docs_sections import replace_section  # noqa: E402
 from megatron_auto.calibration import load_rows  # noqa: E402
 from megatron_auto.plan import Plan  # noqa: E402
 from megatron_auto.search import search_plan  # noqa: E402
@@ -228,14 +229,6 @@ def section(results: list[dict], total_s: float) -> str:
     lines += [f"- {r['case'].label}: {_ratio(_time(r['c'].plan), _time(r['d'].plan))}x. "
               f"{explain(r['c'].plan, r['d'].plan)}." for r in wins]
     return "\n".join(lines) + "\n"
-
-
-def replace_section(text: str, heading: str, body: str) -> str:
-    start = text.find(heading)
-    if start < 0:
-        return text.rstrip() + "\n\n" + body
-    end = text.find("\n## ", start + len(heading))
-    return text[:start] + body + (text[end + 1:] if end >= 0 else "")
 
 
 def main() -> None:

@@ -19,6 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from docs_sections import replace_section  # noqa: E402
 from megatron_auto.calibration import load_rows, predict_row  # noqa: E402
 from megatron_auto.search import search_plan  # noqa: E402
 from megatron_auto.specs import load_cluster, load_model, TrainingSpec  # noqa: E402
@@ -86,14 +87,6 @@ def plan_quality_section(rows_path: Path) -> str:
                      f"mbs{megatron.local_micro_batch(layout)} v{megatron.virtual_stages} "
                      f"rc={megatron.layer_strategies[0].recompute} |")
     return "\n".join(lines) + "\n"
-
-
-def replace_section(text: str, heading: str, body: str) -> str:
-    start = text.find(heading)
-    if start < 0:
-        return text.rstrip() + "\n\n" + body
-    end = text.find("\n## ", start + len(heading))
-    return text[:start] + body + (text[end + 1:] if end >= 0 else "")
 
 
 def main() -> None:

@@ -24,6 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from docs_sections import replace_section  # noqa: E402
 from megatron_auto.errors import UserError  # noqa: E402
 from megatron_auto.search import search_plan  # noqa: E402
 from megatron_auto.specs import TrainingSpec, load_cluster  # noqa: E402
@@ -98,14 +99,6 @@ def section(rows: list[dict], total_s: float) -> str:
         (alpha, beta), (alpha_m, beta_m) = power_law(subset, "seconds"), power_law(subset, "peak_mib")
         lines.append(f"| {space} | {alpha:.2f} | {beta:.2f} | {alpha_m:.2f} | {beta_m:.2f} |")
     return "\n".join(lines) + "\n"
-
-
-def replace_section(text: str, heading: str, body: str) -> str:
-    start = text.find(heading)
-    if start < 0:
-        return text.rstrip() + "\n\n" + body
-    end = text.find("\n## ", start + len(heading))
-    return text[:start] + body + (text[end + 1:] if end >= 0 else "")
 
 
 def main() -> None:

@@ -1,0 +1,18 @@
+"""tools/docs_sections.py: the benchmark tools replace only their own section of docs/benchmarks.md."""
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+from docs_sections import replace_section  # noqa: E402
+
+DOC = "# Benchmarks\n\n## First\nold\n\n## Second\nkept\n"
+
+
+def test_replaces_only_the_named_section():
+    assert replace_section(DOC, "## First", "## First\nnew\n\n") == "# Benchmarks\n\n## First\nnew\n\n## Second\nkept\n"
+
+
+def test_last_section_and_missing_heading():
+    assert replace_section(DOC, "## Second", "## Second\nnew\n").endswith("## First\nold\n\n## Second\nnew\n")
+    assert replace_section(DOC, "## Third", "## Third\nx\n").endswith("## Second\nkept\n\n## Third\nx\n")
