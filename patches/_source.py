@@ -74,3 +74,32 @@ def rewrite_function(owner: Any, name: str, replacements: tuple[Replacement, ...
             raise PatchTargetChanged(f"{module.__name__}.{name} is not the function imported from {func.__module__}")
         setattr(module, name, new)
     return new
+
+
+def source_rewrite_patch(name: str, versions: tuple[str, ...], module: str, owner: str,
+                         targets: tuple[tuple[str, tuple[Replacement, ...]], ...]):
+    """check, apply and is_applied for a patch that rewrites lines of `owner`'s methods
+    (class `owner` in `module`), after checking each line still reads as expected."""
+    import importlib
+
+    from ._checks import require_version
+
+    def owner_class():
+        return getattr(importlib.import_module(module), owner)
+
+    def check() -> None:
+        """Raise PatchTargetChanged unless the version and every line to replace still match."""
+        require_version(name, versions)
+        for function, replacements in targets:
+            patched_source(owner_class(), function, replacements)
+
+    def apply() -> None:
+        check()
+        for function, replacements in targets:
+            rewrite_function(owner_class(), function, replacements)
+
+    def is_applied() -> bool:
+        return all(getattr(owner_class().__dict__[function], "__megatron_auto_patched__", False)
+                   for function, _ in targets)
+
+    return check, apply, is_applied

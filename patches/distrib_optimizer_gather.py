@@ -12,10 +12,7 @@ Applied only when CUDA is absent (patches.apply_all).
 """
 from __future__ import annotations
 
-import importlib
-
-from ._checks import require_version
-from ._source import Replacement, patched_source, rewrite_function
+from ._source import Replacement, source_rewrite_patch
 
 NAME = "distrib_optimizer_gather"
 TARGET_VERSIONS = ("0.16.1",)
@@ -25,19 +22,5 @@ REPLACEMENTS = (Replacement("send_tensor = send_tensor.cuda()",
                             "send_tensor = send_tensor.to(torch.cuda.current_device())"),)
 
 
-def _owner():
-    return importlib.import_module(MODULE).DistributedOptimizer
-
-
-def check() -> None:
-    require_version(NAME, TARGET_VERSIONS)
-    patched_source(_owner(), FUNCTION, REPLACEMENTS)
-
-
-def apply() -> None:
-    check()
-    rewrite_function(_owner(), FUNCTION, REPLACEMENTS)
-
-
-def is_applied() -> bool:
-    return getattr(_owner().__dict__[FUNCTION], "__megatron_auto_patched__", False)
+check, apply, is_applied = source_rewrite_patch(NAME, TARGET_VERSIONS, MODULE, "DistributedOptimizer",
+                                                 ((FUNCTION, REPLACEMENTS),))

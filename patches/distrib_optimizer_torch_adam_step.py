@@ -16,10 +16,7 @@ Applied only when CUDA is absent (patches.apply_all).
 """
 from __future__ import annotations
 
-import importlib
-
-from ._checks import require_version
-from ._source import Replacement, patched_source, rewrite_function
+from ._source import Replacement, source_rewrite_patch
 
 NAME = "distrib_optimizer_torch_adam_step"
 TARGET_VERSIONS = ("0.16.1",)
@@ -32,25 +29,4 @@ TARGETS = (
 )
 
 
-def _owner():
-    return importlib.import_module(MODULE).DistributedOptimizer
-
-
-def _patched(function: str) -> bool:
-    return getattr(_owner().__dict__[function], "__megatron_auto_patched__", False)
-
-
-def check() -> None:
-    require_version(NAME, TARGET_VERSIONS)
-    for function, replacements in TARGETS:
-        patched_source(_owner(), function, replacements)
-
-
-def apply() -> None:
-    check()
-    for function, replacements in TARGETS:
-        rewrite_function(_owner(), function, replacements)
-
-
-def is_applied() -> bool:
-    return all(_patched(function) for function, _ in TARGETS)
+check, apply, is_applied = source_rewrite_patch(NAME, TARGET_VERSIONS, MODULE, "DistributedOptimizer", TARGETS)

@@ -11,10 +11,7 @@ Applied only when CUDA is absent (patches.apply_all).
 """
 from __future__ import annotations
 
-import importlib
-
-from ._checks import require_version
-from ._source import Replacement, patched_source, rewrite_function
+from ._source import Replacement, source_rewrite_patch
 
 NAME = "embedding_weight_sync"
 TARGET_VERSIONS = ("0.16.1",)
@@ -23,19 +20,5 @@ FUNCTION = "setup_embeddings_and_output_layer"
 REPLACEMENTS = (Replacement("weight.data = weight.data.cuda()", "weight.data = weight.data.contiguous()"),)
 
 
-def _owner():
-    return importlib.import_module(MODULE).LanguageModule
-
-
-def check() -> None:
-    require_version(NAME, TARGET_VERSIONS)
-    patched_source(_owner(), FUNCTION, REPLACEMENTS)
-
-
-def apply() -> None:
-    check()
-    rewrite_function(_owner(), FUNCTION, REPLACEMENTS)
-
-
-def is_applied() -> bool:
-    return getattr(_owner().__dict__[FUNCTION], "__megatron_auto_patched__", False)
+check, apply, is_applied = source_rewrite_patch(NAME, TARGET_VERSIONS, MODULE, "LanguageModule",
+                                                 ((FUNCTION, REPLACEMENTS),))
