@@ -27,6 +27,8 @@ SCHEDULES = ("1f1b", "gpipe")
 class LayerStrategy(CachedHash):
     """How one layer (or the embedding and LM head) is laid out on its stage's GPUs."""
 
+    __hash__ = CachedHash.__hash__  # dataclass(frozen=True) would otherwise replace it
+
     tp: int = 1
     """Tensor-parallel degree (Megatron column/row split)."""
     dp: int = 1

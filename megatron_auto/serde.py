@@ -99,6 +99,8 @@ class CachedHash:
 
     The cost model memoises on (layer, strategy, cluster, training); re-hashing
     a 96-layer ModelSpec on every lookup dominated the search's run time.
+    A dataclass(frozen=True) subclass must say `__hash__ = CachedHash.__hash__`
+    in its body, or the decorator replaces this method with its own.
     """
 
     __slots__ = ()
@@ -109,3 +111,9 @@ class CachedHash:
             cached = hash(tuple(getattr(self, f.name) for f in dataclasses.fields(self)))
             object.__setattr__(self, "_cached_hash", cached)
         return cached
+
+    def __getstate__(self) -> dict:
+        """Pickles without the cached hash: string hashes differ between processes."""
+        state = dict(self.__dict__)
+        state.pop("_cached_hash", None)
+        return state

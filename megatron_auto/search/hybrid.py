@@ -24,7 +24,8 @@ from ..specs.training import TrainingSpec
 from .constraints import SearchConstraints
 from .dp_kernel import backtrack, layer_dp, layer_dp_batch
 from .megatron_space import SpaceStats
-from .partition import best_partition
+from .partition import best_partition, partition_lower_bound
+from .relaxation import relaxed_spans
 from .space import StageContext, prune_strategies
 from .tables import LayerTables, StageFixed, layer_tables, stage_fixed
 from .uniform import divisors
@@ -173,13 +174,29 @@ def _prepare(model, cluster, training, constraints, pp, samples, stats,
     return Candidate(pp, samples, tables, embedding, fixed, _lower_bound(tables, list(fixed), m))
 
 
-def _solve(candidate: Candidate, model, cluster, training, options, stats) -> Optional[Plan]:
-    """The DP and partition for one candidate: its best plan, or None if nothing fits."""
+def _relaxed_bound(candidate: Candidate, model, budget: float, max_len: int, m: int) -> float:
+    """No plan of this candidate beats the partition bound of its relaxed spans (relaxation.py):
+    every exact span is at least its relaxed one, and the schedule's (m - 1) max + sum grows
+    with each span (partition.py)."""
+    spans = relaxed_spans(candidate.tables, list(candidate.fixed), budget, max_len, model.num_layers,
+                          model.is_uniform())
+    return partition_lower_bound(spans, model.num_layers, m)
+
+
+def _solve(candidate: Candidate, model, cluster, training, options, stats,
+           incumbent: float = math.inf) -> Optional[Plan]:
+    """The DP and partition for one candidate: its best plan, or None if nothing fits or if
+    its relaxed bound shows it cannot beat `incumbent` seconds."""
     pp, tables, fixed = candidate.pp, candidate.tables, list(candidate.fixed)
     m = training.global_batch_size // candidate.samples
     budget = training.budget_for(cluster.gpu.memory_bytes)
     unit = budget / options.memory_units
     max_len = min(model.num_layers - pp + 1, int(options.max_stage_factor * math.ceil(model.num_layers / pp)) + 1)
+    if incumbent < math.inf:
+        with stats.timed("hybrid space: relaxed bound"):
+            if _relaxed_bound(candidate, model, budget, max_len, m) >= incumbent:
+                stats.drop("memory-relaxed-bound", len(tables.strategies))
+                return None
     with stats.timed("hybrid space: layer DP"):
         spans, ceilings = _span_times(tables, fixed, budget, max_len, unit, model.is_uniform(), model.num_layers)
     stats.evaluated += pp * len(tables.strategies)
@@ -221,7 +238,7 @@ def search_hybrid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         if candidate.lower_bound >= bound:
             stats.drop("lower-bound", len(candidates) - index)
             break
-        plan = _solve(candidate, model, cluster, training, options, stats)
+        plan = _solve(candidate, model, cluster, training, options, stats, bound)
         if plan is not None and plan.prediction.iteration_time_s < bound:
             best = plan
         if progress:
@@ -238,7 +255,7 @@ def _best_embedding(best: Plan, model, cluster, training, constraints, options, 
         candidate = _prepare(model, cluster, training, constraints, best.pipeline_parallel, samples, stats, tp)
         if candidate is None or candidate.lower_bound >= best.prediction.iteration_time_s:
             continue
-        plan = _solve(candidate, model, cluster, training, options, stats)
+        plan = _solve(candidate, model, cluster, training, options, stats, best.prediction.iteration_time_s)
         if plan is not None and plan.prediction.iteration_time_s < best.prediction.iteration_time_s:
             best = plan
     return best

@@ -29,22 +29,49 @@ class Partition:
 
 
 def _min_sum_under(stage_times: Sequence[np.ndarray], num_layers: int, bound: float):
-    """Min sum of stage times with every stage <= bound; returns (sum, per-stage argmins)."""
+    """Min sum of stage times with every stage <= bound; returns (sum, per-stage argmins).
+
+    reach[e] is the least sum that places layers 0..e-1 on the stages so far; a stage
+    ending at e takes the shortest length among equal minima (the first in the argmin).
+    """
     reach = np.full(num_layers + 1, np.inf)
     reach[0] = 0.0
     choices = []
     for table in stage_times:
-        new = np.full(num_layers + 1, np.inf)
-        origin = np.full(num_layers + 1, -1)
-        for length in range(1, table.shape[1]):
-            cost = table[:num_layers + 1 - length, length]
-            values = reach[:num_layers + 1 - length] + np.where(cost <= bound, cost, np.inf)
-            better = values < new[length:]
-            new[length:][better] = values[better]
-            origin[length:][better] = np.nonzero(better)[0]
-        reach = new
-        choices.append(origin)
+        starts, lengths, valid = _span_index(num_layers, table.shape[1])
+        cost = table[np.maximum(starts, 0), lengths]
+        values = reach[np.maximum(starts, 0)] + np.where(valid & (cost <= bound), cost, np.inf)   # [L+1, W-1]
+        shortest = values.argmin(axis=1)
+        rows = np.arange(num_layers + 1)
+        reach = values[rows, shortest]
+        choices.append(np.where(np.isfinite(reach), starts[rows, shortest], -1))
     return reach[num_layers], choices
+
+
+def _span_index(num_layers: int, width: int):
+    """For every end e (0..L) and length n (1..width-1): the start e - n and whether it is >= 0."""
+    ends = np.arange(num_layers + 1)[:, None]
+    lengths = np.arange(1, width)[None, :]
+    starts = ends - lengths
+    return starts, np.broadcast_to(lengths, starts.shape), starts >= 0
+
+
+def partition_lower_bound(stage_times: Sequence[np.ndarray], num_layers: int, num_micro_batches: int) -> float:
+    """A lower bound on best_partition's objective: (m - 1) tau + S, with S the least sum
+    and tau the least max over all partitions (each partition's sum and max are at
+    least those); inf when no partition fits. Cheaper than the exact search."""
+    least_sum = float(_min_sum_under(stage_times, num_layers, np.inf)[0])
+    if not np.isfinite(least_sum) or num_micro_batches == 1:
+        return least_sum
+    values = np.unique(np.concatenate([t[np.isfinite(t)] for t in stage_times]))
+    low, high = -1, values.size - 1          # smallest feasible max by bisection
+    while low + 1 < high:
+        middle = (low + high) // 2
+        if np.isfinite(_min_sum_under(stage_times, num_layers, values[middle])[0]):
+            high = middle
+        else:
+            low = middle
+    return (num_micro_batches - 1) * float(values[high]) + least_sum
 
 
 def _unwind(choices: list[np.ndarray], num_layers: int) -> list[tuple[int, int]]:

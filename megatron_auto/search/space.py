@@ -7,6 +7,7 @@ order; `prune_strategies` records how many candidates each rule removed.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Callable
 
 from ..plan import RECOMPUTE_KINDS, LayerStrategy
@@ -34,9 +35,14 @@ class StageContext:
     micro_batch_samples: int
     """Samples in one micro-batch across the whole stage (B / m)."""
 
+    @cached_property
+    def head_counts(self) -> frozenset[tuple[int, int]]:
+        """(attention heads, query groups) of every distinct layer."""
+        return frozenset((l.num_attention_heads, l.num_query_groups) for l in self.model.layers)
+
 
 def _heads_divisible(s: LayerStrategy, ctx: StageContext) -> bool:
-    return any(l.num_attention_heads % s.tp or l.num_query_groups % s.tp for l in ctx.model.layers)
+    return any(heads % s.tp or groups % s.tp for heads, groups in ctx.head_counts)
 
 
 RULES = (

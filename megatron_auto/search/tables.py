@@ -62,10 +62,14 @@ def layer_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             time[l, j] = c.micro_batch_s + (hidden + optimizer_step_time(c.state_bytes, cluster)) / m
             first[l, j] = (c.dp_comm_per_iteration_s - hidden) / m
             state[l, j], act[l, j], transient[l, j] = c.state_bytes, c.activation_bytes, c.transient_bytes
-    transition = np.array([[transition_time(a, b, model.hidden_size, model.seq_length, micro_batch_samples,
-                                            cluster, training.activation_bytes) for b in strategies] for a in strategies])
     layouts = sorted({(s.tp, s.dp, s.sp) for s in strategies})
     groups = np.array([layouts.index((s.tp, s.dp, s.sp)) for s in strategies])
+    # transition_time depends on the layouts alone: price each layout pair once.
+    representatives = [strategies[int(np.argmax(groups == g))] for g in range(len(layouts))]
+    by_layout = np.array([[transition_time(a, b, model.hidden_size, model.seq_length, micro_batch_samples,
+                                           cluster, training.activation_bytes) for b in representatives]
+                          for a in representatives])
+    transition = by_layout[np.ix_(groups, groups)]
     return LayerTables(tuple(strategies), time, first, state, act, transient, transition, groups)
 
 

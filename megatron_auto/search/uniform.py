@@ -103,18 +103,26 @@ def divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def steady_state_bound(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig,
-                       micro_batch_size: int) -> float:
-    """No schedule of these flags beats m x (forward + backward of the layers) / p:
-    the steady state runs at the slowest stage, which holds at least the average."""
+def pipeline_lower_bound(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig,
+                         micro_batch_size: int, max_virtual_stages: int) -> float:
+    """No schedule of these flags beats (m + (p - 1) / v) x (the layers' micro-batch work) / p.
+
+    cost.pipeline.pipeline_time is m T_max + (sum T - T_max) / v = (m - 1/v) T_max + sum T / v,
+    and T_max >= sum T / p, so it is at least (m + (p - 1) / v) sum T / p; v is at most
+    `max_virtual_stages`. Each stage's slot holds at least its layers' micro_batch_s
+    (compute, TP traffic, selective recomputation); full recomputation is left out
+    because its layer count is still open, so the bound stays below every choice of it.
+    """
     dp = cluster.world_size // (config.tp * config.pp)
-    strategy = LayerStrategy(tp=config.tp, dp=dp, sp=config.sequence_parallel and config.tp > 1)
+    recompute = config.recompute if config.recompute != "full" else "none"
+    strategy = LayerStrategy(tp=config.tp, dp=dp, zero=1 if config.distributed_optimizer else 0,
+                             sp=config.sequence_parallel and config.tp > 1, recompute=recompute)
     m = training.global_batch_size // (micro_batch_size * dp)
     work = 0.0
     for spec in set(model.layers):
         cost = layer_cost(spec, strategy, micro_batch_size, model.seq_length, cluster, training)
-        work += model.layers.count(spec) * (cost.forward_s + cost.backward_s)
-    return m * work / config.pp
+        work += model.layers.count(spec) * cost.micro_batch_s
+    return (m + (config.pp - 1) / max_virtual_stages) * work / config.pp
 
 
 def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig,
@@ -122,7 +130,7 @@ def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Training
     """`config` with its micro-batch size and/or virtual stages replaced by the fastest valid choice.
 
     Fitting plans beat non-fitting ones; among each, the lower predicted time wins.
-    Micro-batch sizes whose steady-state bound cannot beat `incumbent` seconds are skipped.
+    Micro-batch sizes whose pipeline_lower_bound cannot beat `incumbent` seconds are skipped.
     """
     dp = cluster.world_size // (config.tp * config.pp)
     micro_batches = divisors(training.global_batch_size // dp) if choose_micro_batch else [config.micro_batch_size]
@@ -140,7 +148,7 @@ def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Training
         # no larger size with m >= p can fit either.
         if overflowed and training.global_batch_size // (mbs * dp) >= config.pp:
             continue
-        if incumbent < math.inf and steady_state_bound(model, cluster, training, config, mbs) >= incumbent:
+        if incumbent < math.inf and pipeline_lower_bound(model, cluster, training, config, mbs, max(virtual)) >= incumbent:
             continue
         fitted_any = False
         for v in virtual:

@@ -64,6 +64,8 @@ class ComputeEfficiency:
 class ClusterSpec(CachedHash):
     """num_nodes x gpus_per_node identical GPUs; TP/SP traffic prefers the intra-node tier."""
 
+    __hash__ = CachedHash.__hash__  # dataclass(frozen=True) would otherwise replace it
+
     name: str
     """Preset name or the user's label."""
     num_nodes: int

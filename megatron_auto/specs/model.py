@@ -22,6 +22,8 @@ MODEL_SCHEMA_VERSION = 1
 class LayerSpec(CachedHash):
     """One transformer decoder layer (self-attention + MLP)."""
 
+    __hash__ = CachedHash.__hash__  # dataclass(frozen=True) would otherwise replace it
+
     hidden_size: int
     """Width of the residual stream, h."""
     num_attention_heads: int
@@ -59,6 +61,8 @@ class LayerSpec(CachedHash):
 @dataclass(frozen=True)
 class ModelSpec(CachedHash):
     """A decoder-only language model: embedding, layers, final norm, LM head."""
+
+    __hash__ = CachedHash.__hash__  # dataclass(frozen=True) would otherwise replace it
 
     name: str
     """Preset name or a label of the user's choosing."""

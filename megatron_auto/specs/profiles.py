@@ -54,6 +54,8 @@ class CollectiveCurve:
 class ClusterProfile(CachedHash):
     """What `profile-cluster` measured on one cluster."""
 
+    __hash__ = CachedHash.__hash__  # dataclass(frozen=True) would otherwise replace it
+
     name: str
     """Label of the measured cluster."""
     backend: str
@@ -125,6 +127,8 @@ class LayerProfile:
 class ModelProfile(CachedHash):
     """What `profile-model` measured for a model's layer types on one device."""
 
+    __hash__ = CachedHash.__hash__  # dataclass(frozen=True) would otherwise replace it
+
     name: str
     """Label of the profiled model."""
     device: str
@@ -158,6 +162,8 @@ class ModelProfile(CachedHash):
 @dataclass(frozen=True)
 class MeasuredCosts(CachedHash):
     """The profiles the cost model consults; either may be absent."""
+
+    __hash__ = CachedHash.__hash__  # dataclass(frozen=True) would otherwise replace it
 
     cluster: Optional[ClusterProfile] = None
     """Collective curves; None keeps the analytic ring formulas."""

@@ -15,6 +15,8 @@ GIB = 1024**3
 class TrainingSpec(CachedHash):
     """What the user fixes before any parallelism is chosen."""
 
+    __hash__ = CachedHash.__hash__  # dataclass(frozen=True) would otherwise replace it
+
     global_batch_size: int
     """Samples per iteration, B."""
     precision: str = "bf16"
