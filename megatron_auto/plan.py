@@ -78,6 +78,21 @@ class Chunk:
     layers: tuple[LayerStrategy, ...]
     """One strategy per layer, in model order."""
 
+    @cached_property
+    def runs(self) -> tuple[tuple[LayerStrategy, int], ...]:
+        """Consecutive equal strategies as (strategy, count): what the cost model sums."""
+        runs: list[list] = []
+        for strategy in self.layers:
+            if runs and (runs[-1][0] is strategy or runs[-1][0] == strategy):
+                runs[-1][1] += 1
+            else:
+                runs.append([strategy, 1])
+        return tuple((strategy, count) for strategy, count in runs)
+
+    @cached_property
+    def distinct(self) -> frozenset[LayerStrategy]:
+        return frozenset(strategy for strategy, _ in self.runs)
+
 
 @dataclass(frozen=True)
 class TimeBreakdown:
@@ -165,6 +180,11 @@ class Plan:
     def layer_strategies(self) -> tuple[LayerStrategy, ...]:
         return tuple(s for chunk in self.chunks for s in chunk.layers)
 
+    @cached_property
+    def distinct_strategies(self) -> frozenset[LayerStrategy]:
+        """The layers' strategies without repeats (the embedding's not included)."""
+        return frozenset().union(*(chunk.distinct for chunk in self.chunks))
+
     @property
     def num_layers(self) -> int:
         return sum(len(chunk.layers) for chunk in self.chunks)
@@ -184,7 +204,7 @@ class Plan:
         return self.global_batch_size // (self.num_micro_batches * strategy.dp)
 
     def is_uniform_layout(self) -> bool:
-        return len({s.layout() for s in self.layer_strategies} | {self.embedding.layout()}) == 1
+        return len({s.layout() for s in self.distinct_strategies} | {self.embedding.layout()}) == 1
 
     def boundary_layout(self, seq_length: int) -> LayerStrategy:
         """Layout of the activations that cross a pipeline-stage boundary.
@@ -235,7 +255,7 @@ def _check_chunk_count(plan: Plan) -> None:
 def _check_world_size(plan: Plan) -> None:
     if plan.world_size % plan.pipeline_parallel:
         raise ValueError(f"world size {plan.world_size} is not divisible by pipeline_parallel {plan.pipeline_parallel}")
-    if all(s.gpus == plan.gpus_per_stage for s in set(plan.layer_strategies) | {plan.embedding}):
+    if all(s.gpus == plan.gpus_per_stage for s in plan.distinct_strategies | {plan.embedding}):
         return
     for index, strategy in enumerate(plan.layer_strategies + (plan.embedding,)):
         if strategy.gpus != plan.gpus_per_stage:
@@ -247,7 +267,7 @@ def _check_batch_split(plan: Plan) -> None:
     if plan.num_micro_batches < 1 or plan.global_batch_size % plan.num_micro_batches:
         raise ValueError(f"global batch {plan.global_batch_size} is not divisible into {plan.num_micro_batches} micro-batches")
     per_micro_batch = plan.global_batch_size // plan.num_micro_batches
-    for strategy in set(plan.layer_strategies + (plan.embedding,)):
+    for strategy in plan.distinct_strategies | {plan.embedding}:
         if per_micro_batch % strategy.dp:
             raise ValueError(f"a micro-batch of {per_micro_batch} samples does not split over dp={strategy.dp}")
 
@@ -258,7 +278,7 @@ def _check_model_match(plan: Plan) -> None:
     if plan.model.num_layers != plan.num_layers:
         raise ValueError(f"plan places {plan.num_layers} layers but the model has {plan.model.num_layers}")
     model = plan.model
-    pairs = ({(model.layers[0], s) for s in set(plan.layer_strategies)} if model.is_uniform()
+    pairs = ({(model.layers[0], s) for s in plan.distinct_strategies} if model.is_uniform()
              else zip(model.layers, plan.layer_strategies))
     for layer, strategy in pairs:
         if layer.num_attention_heads % strategy.tp or layer.num_query_groups % strategy.tp:
@@ -273,7 +293,7 @@ def _check_megatron_space(plan: Plan) -> None:
         raise ValueError("a megatron-space plan uses one TP/DP/ZeRO/SP layout for all layers")
     if plan.embedding.zero not in (0, 1):
         raise ValueError("stock Megatron shards at most the optimizer state (zero 0 or 1)")
-    kinds = {s.recompute for s in plan.layer_strategies}
+    kinds = {s.recompute for s in plan.distinct_strategies}
     if "selective" in kinds and len(kinds) > 1:
         raise ValueError("stock Megatron recomputes selectively on all layers or on none")
     if plan.virtual_stages > 1 and len({len(c.layers) for c in plan.chunks}) > 1:

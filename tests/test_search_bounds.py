@@ -92,3 +92,18 @@ def test_pipeline_lower_bound_never_exceeds_a_plan_of_the_flags():
             assert pipeline_lower_bound(model, cluster, training, config, mbs, max(v, 1)) <= time
             compared += 1
     assert compared > 100
+
+
+def test_uniform_relaxed_spans_equal_the_general_ones_on_like_layers():
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        layers, strategies = int(rng.integers(2, 9)), int(rng.integers(1, 5))
+        tables = _random_tables(rng, 1, strategies)
+        like = LayerTables(**{**tables.__dict__, **{name: np.repeat(getattr(tables, name), layers, axis=0)
+                                                   for name in ("time", "first_extra", "state", "activation",
+                                                                "transient")}})
+        fixed = [_random_fixed(rng, strategies, s) for s in range(2)]
+        budget, max_len = float(rng.uniform(4, 40)), int(rng.integers(1, layers + 1))
+        for uniform, general in zip(relaxed_spans(like, fixed, budget, max_len, layers, True),
+                                    relaxed_spans(like, fixed, budget, max_len, layers, False)):
+            np.testing.assert_allclose(uniform, general, rtol=1e-12)

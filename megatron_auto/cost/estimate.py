@@ -79,7 +79,7 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
         raise UserError(f"plan places {plan.num_layers} layers but model '{model.name}' has {model.num_layers}")
     if plan.global_batch_size != training.global_batch_size:
         raise UserError(f"plan is for global batch {plan.global_batch_size}, not {training.global_batch_size}")
-    pairs = ({(model.layers[0], s) for s in set(plan.layer_strategies)} if model.is_uniform()
+    pairs = ({(model.layers[0], s) for s in plan.distinct_strategies} if model.is_uniform()
              else set(zip(model.layers, plan.layer_strategies)))
     for layer, strategy in pairs:
         if layer.num_attention_heads % strategy.tp or layer.num_query_groups % strategy.tp:
@@ -112,7 +112,7 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
     for chunk_index, chunk in enumerate(plan.chunks):
         stage = stages[chunk_index % plan.pipeline_parallel]
         previous = plan.embedding if chunk_index == 0 else boundary
-        for spec, strategy, count in _runs(model.layers[layer_index:layer_index + len(chunk.layers)], chunk.layers):
+        for spec, strategy, count in _chunk_runs(model, layer_index, chunk):
             stage.add_layer(layer_cost(spec, strategy, plan.local_micro_batch(strategy), model.seq_length,
                                        cluster, training), count)
             stage.add_seconds(relayout(previous, strategy), "transition_s")
@@ -126,6 +126,13 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
     for stage in stages:
         stage.optimizer_s = optimizer_step_time(stage.state_bytes, cluster)
     return stages
+
+
+def _chunk_runs(model: ModelSpec, first_layer: int, chunk: Chunk):
+    """(spec, strategy, count) runs of a chunk whose first layer is model layer `first_layer`."""
+    if model.is_uniform():
+        return [(model.layers[0], strategy, count) for strategy, count in chunk.runs]
+    return _runs(model.layers[first_layer:first_layer + len(chunk.layers)], chunk.layers)
 
 
 def _runs(specs, strategies):

@@ -174,13 +174,13 @@ def _prepare(model, cluster, training, constraints, pp, samples, stats,
     return Candidate(pp, samples, tables, embedding, fixed, _lower_bound(tables, list(fixed), m))
 
 
-def _relaxed_bound(candidate: Candidate, model, budget: float, max_len: int, m: int) -> float:
+def _relaxed_bound(candidate: Candidate, model, budget: float, max_len: int, m: int, enough: float) -> float:
     """No plan of this candidate beats the partition bound of its relaxed spans (relaxation.py):
     every exact span is at least its relaxed one, and the schedule's (m - 1) max + sum grows
     with each span (partition.py)."""
     spans = relaxed_spans(candidate.tables, list(candidate.fixed), budget, max_len, model.num_layers,
                           model.is_uniform())
-    return partition_lower_bound(spans, model.num_layers, m)
+    return partition_lower_bound(spans, model.num_layers, m, enough)
 
 
 def _solve(candidate: Candidate, model, cluster, training, options, stats,
@@ -194,7 +194,7 @@ def _solve(candidate: Candidate, model, cluster, training, options, stats,
     max_len = min(model.num_layers - pp + 1, int(options.max_stage_factor * math.ceil(model.num_layers / pp)) + 1)
     if incumbent < math.inf:
         with stats.timed("hybrid space: relaxed bound"):
-            if _relaxed_bound(candidate, model, budget, max_len, m) >= incumbent:
+            if _relaxed_bound(candidate, model, budget, max_len, m, incumbent) >= incumbent:
                 stats.drop("memory-relaxed-bound", len(tables.strategies))
                 return None
     with stats.timed("hybrid space: layer DP"):

@@ -11,6 +11,7 @@ sum under T_s <= tau, and stopping once (m - 1) tau alone reaches the best.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Optional, Sequence
 
 import numpy as np
@@ -48,6 +49,7 @@ def _min_sum_under(stage_times: Sequence[np.ndarray], num_layers: int, bound: fl
     return reach[num_layers], choices
 
 
+@lru_cache(maxsize=256)
 def _span_index(num_layers: int, width: int):
     """For every end e (0..L) and length n (1..width-1): the start e - n and whether it is >= 0."""
     ends = np.arange(num_layers + 1)[:, None]
@@ -56,13 +58,17 @@ def _span_index(num_layers: int, width: int):
     return starts, np.broadcast_to(lengths, starts.shape), starts >= 0
 
 
-def partition_lower_bound(stage_times: Sequence[np.ndarray], num_layers: int, num_micro_batches: int) -> float:
+def partition_lower_bound(stage_times: Sequence[np.ndarray], num_layers: int, num_micro_batches: int,
+                          enough: float = np.inf) -> float:
     """A lower bound on best_partition's objective: (m - 1) tau + S, with S the least sum
     and tau the least max over all partitions (each partition's sum and max are at
-    least those); inf when no partition fits. Cheaper than the exact search."""
+    least those); inf when no partition fits. Cheaper than the exact search. Returns
+    the coarser (m - 1 + p) S / p (tau >= S / p) as soon as that reaches `enough`."""
     least_sum = float(_min_sum_under(stage_times, num_layers, np.inf)[0])
-    if not np.isfinite(least_sum) or num_micro_batches == 1:
-        return least_sum
+    stages = len(stage_times)
+    if (not np.isfinite(least_sum) or num_micro_batches == 1
+            or least_sum * (num_micro_batches - 1 + stages) / stages >= enough):
+        return least_sum * (num_micro_batches - 1 + stages) / stages
     values = np.unique(np.concatenate([t[np.isfinite(t)] for t in stage_times]))
     low, high = -1, values.size - 1          # smallest feasible max by bisection
     while low + 1 < high:

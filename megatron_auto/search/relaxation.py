@@ -59,15 +59,27 @@ def relaxed_spans(tables: LayerTables, fixed: list[StageFixed], budget: float, m
         room = budget - stage.memory
         lambdas = multipliers(tables.time[rows], memory)
         priced = (tables.time[rows][None] + lambdas[:, None, None] * memory[None]).min(axis=-1)   # [K, rows]
-        if uniform:
-            priced, memory = np.repeat(priced, num_layers, axis=1), np.repeat(memory, num_layers, axis=0)
-        prefix = np.concatenate([np.zeros((lambdas.size, 1)), np.cumsum(priced, axis=1)], axis=1)
-        least = np.concatenate([[0.0], np.cumsum(memory.min(axis=1))])
-        span = np.full((num_layers, max_len + 1), np.inf)
-        for length in range(1, max_len + 1):
-            starts = np.arange(0, num_layers - length + 1)
-            bound = (prefix[:, starts + length] - prefix[:, starts] - lambdas[:, None] * room).max(axis=0)
-            fits = least[starts + length] - least[starts] <= room
-            span[starts, length] = np.where(fits, bound + stage.time, np.inf)
-        spans.append(span)
+        bound = _uniform_spans if uniform else _layered_spans
+        spans.append(bound(priced, memory.min(axis=1), lambdas, room, num_layers, max_len) + stage.time)
     return spans
+
+
+def _uniform_spans(priced, least_memory, lambdas, room, num_layers, max_len) -> np.ndarray:
+    """Like layers: a span's bound depends on its length n alone, max_K (n priced_K - lambda_K room)."""
+    lengths = np.arange(max_len + 1)
+    bound = (lengths[None, :] * priced[:, :1] - lambdas[:, None] * room).max(axis=0)
+    bound = np.where((lengths * least_memory[0] <= room) & (lengths > 0), bound, np.inf)
+    starts = np.arange(num_layers)[:, None]
+    return np.where(starts + lengths[None, :] <= num_layers, bound[None, :], np.inf)
+
+
+def _layered_spans(priced, least_memory, lambdas, room, num_layers, max_len) -> np.ndarray:
+    prefix = np.concatenate([np.zeros((lambdas.size, 1)), np.cumsum(priced, axis=1)], axis=1)
+    least = np.concatenate([[0.0], np.cumsum(least_memory)])
+    span = np.full((num_layers, max_len + 1), np.inf)
+    for length in range(1, max_len + 1):
+        starts = np.arange(0, num_layers - length + 1)
+        bound = (prefix[:, starts + length] - prefix[:, starts] - lambdas[:, None] * room).max(axis=0)
+        fits = least[starts + length] - least[starts] <= room
+        span[starts, length] = np.where(fits, bound, np.inf)
+    return span

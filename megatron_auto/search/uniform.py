@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Optional, Sequence
 
 from ..cost.estimate import estimate_plan
@@ -77,7 +78,7 @@ def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         raise UserError(f"{model.num_layers} layers do not split into {pp} x {v} equal virtual stages")
     strategy = LayerStrategy(tp=tp, dp=dp, zero=1 if config.distributed_optimizer else 0,
                              sp=config.sequence_parallel and tp > 1)
-    chunks = _chunks(stage_layers, v, strategy, config)
+    chunks = _chunks(tuple(stage_layers), v, strategy, config.recompute, config.recompute_num_layers)
     try:
         return Plan(space="megatron", world_size=world, pipeline_parallel=pp,
                     global_batch_size=training.global_batch_size,
@@ -87,12 +88,16 @@ def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         raise UserError(str(error)) from None
 
 
-def _chunks(stage_layers: Sequence[int], v: int, strategy: LayerStrategy, config: UniformConfig) -> tuple[Chunk, ...]:
+@lru_cache(maxsize=4096)
+def _chunks(stage_layers: tuple[int, ...], v: int, strategy: LayerStrategy, recompute: str,
+            recompute_num_layers: Optional[int]) -> tuple[Chunk, ...]:
+    """Memoised: the search scores the same chunks under many micro-batch sizes, and
+    the chunks' cached runs then serve every one of those plans."""
     sizes = [n // v for n in stage_layers] if v > 1 else list(stage_layers)
     order = [sizes[c % len(sizes)] for c in range(len(sizes) * v)]
-    recomputed = replace(strategy, recompute=config.recompute)
+    recomputed = replace(strategy, recompute=recompute)
     plain = replace(strategy, recompute="none")
-    limit = config.recompute_num_layers if config.recompute == "full" else None
+    limit = recompute_num_layers if recompute == "full" else None
     return tuple(
         Chunk(tuple(recomputed if limit is None or i < limit else plain for i in range(size)))
         for size in order
