@@ -23,7 +23,7 @@ from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
 from .constraints import SearchConstraints
 from .uniform import (UniformConfig, best_uniform_plan, divisors, even_split, megatron_uneven_splits,
-                      pipeline_lower_bound)
+                      pipeline_lower_bound, states_overflow)
 
 
 @dataclass
@@ -162,6 +162,9 @@ def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats, inc
         base = UniformConfig(tp=tp, pp=pp, micro_batch_size=constraints.micro_batch_size or 1,
                              virtual_stages=constraints.virtual_stages or 1, sequence_parallel=sp,
                              distributed_optimizer=distributed, stage_layers=split)
+        if states_overflow(model, cluster, training, base):
+            stats.drop("states-exceed-memory", len(recompute_choices(constraints)))
+            continue
         for recompute in recompute_choices(constraints):
             with stats.timed(f"megatron space: recompute {recompute}"):
                 plan = _best_for_recompute(model, cluster, training, constraints,

@@ -6,6 +6,7 @@ the DP scores at T seconds is estimated at T seconds too.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -114,9 +115,13 @@ def stage_fixed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     entry = embedding if stage == 0 else boundary
     exit_ = embedding if stage == pp - 1 else boundary
 
-    def relayout(before: LayerStrategy, after: LayerStrategy) -> float:
-        return transition_time(before, after, model.hidden_size, model.seq_length, micro_batch_samples,
+    @lru_cache(maxsize=None)   # transition_time depends on the layouts alone
+    def relayout_layouts(before: tuple, after: tuple) -> float:
+        return transition_time(_of(before), _of(after), model.hidden_size, model.seq_length, micro_batch_samples,
                                cluster, training.activation_bytes)
+
+    def relayout(before: LayerStrategy, after: LayerStrategy) -> float:
+        return relayout_layouts((before.tp, before.dp, before.sp), (after.tp, after.dp, after.sp))
 
     per_step, per_chunk = runtime_overhead(cluster)
     return StageFixed(time=acc.micro_batch_s + head.micro_batch_s + per_chunk
@@ -124,3 +129,8 @@ def stage_fixed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
                       memory=memory, in_flight=in_flight, first_layer_is_first_unit=stage > 0,
                       entry_transition=np.array([relayout(entry, s) for s in strategies]),
                       exit_transition=np.array([relayout(s, exit_) for s in strategies]))
+
+
+def _of(layout: tuple) -> LayerStrategy:
+    tp, dp, sp = layout
+    return LayerStrategy(tp=tp, dp=dp, sp=sp)

@@ -130,12 +130,29 @@ def pipeline_lower_bound(model: ModelSpec, cluster: ClusterSpec, training: Train
     return (m + (config.pp - 1) / max_virtual_stages) * work / config.pp
 
 
+def states_overflow(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig) -> bool:
+    """True when some stage's layer weights, gradients and optimizer states alone, plus the
+    framework overhead, exceed the memory budget: then no micro-batch size, virtual-stage
+    count or recomputation makes these flags fit (activations only add to it)."""
+    dp = cluster.world_size // (config.tp * config.pp)
+    strategy = LayerStrategy(tp=config.tp, dp=dp, zero=1 if config.distributed_optimizer else 0,
+                             sp=config.sequence_parallel and config.tp > 1)
+    state = layer_cost(model.layers[0], strategy, 1, model.seq_length, cluster, training).state_bytes
+    if not model.is_uniform():
+        state = min(layer_cost(spec, strategy, 1, model.seq_length, cluster, training).state_bytes
+                    for spec in model.distinct_layers)
+    most_layers = max(config.stage_layers or even_split(model.num_layers, config.pp) or (0,))
+    budget = training.budget_for(cluster.gpu.memory_bytes)
+    return most_layers * state + cluster.framework_overhead_bytes > budget
+
+
 def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig,
                       choose_micro_batch: bool, choose_virtual_stages: bool, incumbent: float = math.inf) -> Plan:
     """`config` with its micro-batch size and/or virtual stages replaced by the fastest valid choice.
 
     Fitting plans beat non-fitting ones; among each, the lower predicted time wins.
-    Micro-batch sizes whose pipeline_lower_bound cannot beat `incumbent` seconds are skipped.
+    A (micro-batch, v) whose pipeline_lower_bound cannot beat `incumbent` seconds, or
+    the best fitting choice found so far, is skipped.
     """
     dp = cluster.world_size // (config.tp * config.pp)
     micro_batches = divisors(training.global_batch_size // dp) if choose_micro_batch else [config.micro_batch_size]
@@ -145,7 +162,7 @@ def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Training
         virtual = [v for v in divisors(stage_layers[0])]
     elif not choose_virtual_stages:
         virtual = [config.virtual_stages]
-    best, best_key = None, None
+    best: Optional[Plan] = None
     overflowed = False
     for mbs in micro_batches:
         # Activations grow with the micro-batch while the micro-batches in flight
@@ -153,22 +170,47 @@ def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Training
         # no larger size with m >= p can fit either.
         if overflowed and training.global_batch_size // (mbs * dp) >= config.pp:
             continue
-        if incumbent < math.inf and pipeline_lower_bound(model, cluster, training, config, mbs, max(virtual)) >= incumbent:
-            continue
-        fitted_any = False
-        for v in virtual:
-            try:
-                plan = build_uniform_plan(model, cluster, training, replace(config, micro_batch_size=mbs, virtual_stages=v))
-            except UserError:
-                continue
-            prediction = estimate_plan(plan, model, cluster, training)
-            fitted_any |= prediction.fits
-            key = (not prediction.fits, prediction.iteration_time_s)
-            if best_key is None or key < best_key:
-                best, best_key = replace(plan, prediction=prediction), key
-        if not fitted_any and training.global_batch_size // (mbs * dp) >= config.pp:
+        limit = min(incumbent, best.prediction.iteration_time_s if best and best.prediction.fits else math.inf)
+        best, fits_none = _best_virtual(model, cluster, training, replace(config, micro_batch_size=mbs),
+                                        virtual, limit, best)
+        if fits_none and training.global_batch_size // (mbs * dp) >= config.pp:
             overflowed = True
     if best is None:
         raise UserError("no micro-batch size / virtual-stage count makes these flags valid"
                         + (" or beats the best plan so far" if incumbent < math.inf else ""))
     return best
+
+
+def _best_virtual(model, cluster, training, config: UniformConfig, virtual: list[int], limit: float,
+                  best: Optional[Plan]) -> tuple[Optional[Plan], bool]:
+    """The better of `best` and the plans of `config` under each v in `virtual` whose bound
+    is below `limit`; and whether every v was scored and none of them fit."""
+    scored_all, fitted_any, single_overflowed = True, False, False
+    # With m >= p (which v > 1 needs) interleaving holds at least 1F1B's activations on
+    # every stage (cost.memory.in_flight_micro_batches: (p - 1 + s (v - 2)) / v more)
+    # and the states do not change: when v = 1 overflows, so does every v, unless
+    # recompute_num_layers (counted per chunk) recomputes more layers with more chunks.
+    more_chunks_save_memory = config.recompute == "full" and config.recompute_num_layers is not None
+    for v in virtual:
+        if v > 1 and single_overflowed and not more_chunks_save_memory:
+            break
+        if limit < math.inf and pipeline_lower_bound(model, cluster, training, config, config.micro_batch_size,
+                                                     v) >= limit:
+            scored_all = False
+            continue
+        try:
+            plan = build_uniform_plan(model, cluster, training, replace(config, virtual_stages=v))
+        except UserError:
+            continue
+        prediction = estimate_plan(plan, model, cluster, training)
+        fitted_any |= prediction.fits
+        single_overflowed = v == 1 and not prediction.fits
+        if best is None or _rank(prediction) < _rank(best.prediction):
+            best = replace(plan, prediction=prediction)
+            if prediction.fits:
+                limit = min(limit, prediction.iteration_time_s)
+    return best, scored_all and not fitted_any
+
+
+def _rank(prediction) -> tuple[bool, float]:
+    return (not prediction.fits, prediction.iteration_time_s)
