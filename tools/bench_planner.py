@@ -47,6 +47,14 @@ def search_time_section() -> str:
     return "\n".join(lines) + "\n"
 
 
+OUTER_LOOP_RULES = {
+    "lower-bound": "hybrid: the candidate's memory-free bound cannot beat the best plan so far",
+    "memory-relaxed-bound": "hybrid: the Lagrangian (memory-priced) bound of the candidate's stages, "
+                            "over all partitions, cannot beat the best plan so far (search/relaxation.py)",
+    "states-exceed-memory": "megatron: the layers' weights, gradients and optimizer states alone overflow a stage",
+}
+
+
 def pruning_section() -> str:
     """How many candidates each decision-tree rule removed (hybrid space, summed over the outer loop)."""
     from megatron_auto.search.space import RULES
@@ -58,11 +66,12 @@ def pruning_section() -> str:
     names = sorted({rule for counts in results.values() for rule in counts})
     lines = ["## Decision-tree pruning", "",
              f"Command: {COMMAND}. Candidates removed by each rule, summed over every (pipeline degree, "
-             "micro-batch) pair the outer loop visits; `lower-bound` counts strategies of pairs skipped "
-             "because a bound proved them slower than the best plan so far.", "",
+             "micro-batch) pair the outer loop visits; `lower-bound` and `memory-relaxed-bound` count the "
+             "(pipeline degree, micro-batch) pairs skipped because a bound proved them slower than the best "
+             "plan so far, `states-exceed-memory` the megatron-space flag sets skipped unscored.", "",
              "| rule | why it is safe | " + " | ".join(results) + " |", "|---|---|" + "---|" * len(results)]
     for name in names:
-        why = reasons.get(name, "outer-loop rule (megatron space or bound)")
+        why = reasons.get(name) or OUTER_LOOP_RULES.get(name, "outer-loop rule (megatron space or bound)")
         lines.append(f"| {name} | {why} | " + " | ".join(str(r.get(name, 0)) for r in results.values()) + " |")
     return "\n".join(lines) + "\n"
 

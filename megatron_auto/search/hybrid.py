@@ -195,7 +195,7 @@ def _solve(candidate: Candidate, model, cluster, training, options, stats,
     if incumbent < math.inf:
         with stats.timed("hybrid space: relaxed bound"):
             if _relaxed_bound(candidate, model, budget, max_len, m, incumbent) >= incumbent:
-                stats.drop("memory-relaxed-bound", len(tables.strategies))
+                stats.drop("memory-relaxed-bound")
                 return None
     with stats.timed("hybrid space: layer DP"):
         spans, ceilings = _span_times(tables, fixed, budget, max_len, unit, model.is_uniform(), model.num_layers)
