@@ -1,44 +1,63 @@
 """`--auto-parallel` against the same layout given as Megatron flags, on 4 CPU gloo ranks.
 
-Command (appends/replaces a section of docs/benchmarks.md):
-    .venv/bin/python tools/bench_auto_vs_manual.py
+Command (replaces its section of docs/benchmarks.md; takes the shared heavy-job lock itself):
+    .venv/bin/python tools/bench_auto_vs_manual.py [--pairs 10] [--iters 125] [--blocks 300] [--launches 3] [--no-docs]
 
-Both runs train the README's tiny GPT on the shipped corpus. The manual run is
-given the flags that the planner printed for the auto run, so any gap is the
-cost of planning and of the auto-parallel path itself. Runs alternate
-(auto, manual, auto, manual) to spread drift of the machine over both; the
-ratio is median(auto step) / median(manual step) over all steps after warm-up.
+Both paths train the README's tiny GPT on the shipped corpus (tools/pretrain_gpt.py, OMP_NUM_THREADS=1 on
+each rank). The manual path is given the flags that the planner printed for the auto run.
+
+1. `--pairs` pairs of pretrain_gpt launches, one after the other in alternating order (auto manual,
+   manual auto, ...); each pair is checked to have built the same thing (the same plan table, cluster name
+   and predictions aside, and bit-identical losses at every iteration); per launch the median step time
+   after WARMUP, per pair the ratio auto/manual.
+2. In-process (tools/ab_steps.py): the Plans that pretrain_gpt's `choose_plan` makes of the two flag sets,
+   built side by side in one 4-rank launch, steps alternating in blocks manual, auto, auto, manual; one
+   ratio auto/manual per block. Outside load, which moves a whole launch's median by 10-30% on this
+   shared machine, falls on both alike.
+
+Each is reported as the median of its ratios with a distribution-free 95% interval (paired_ratio.py).
 """
 from __future__ import annotations
 
+import argparse
 import os
 import re
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
+import ab_steps
 from docs_sections import replace_section
+from heavy_lock import LOCK, held_lock_fds
+from paired_ratio import load_average, pair_order, paired_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 PYTHON = sys.executable
 DATA_PREFIX = ROOT / "data" / "generated" / "tiny"
 COMMON = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
-          "--max-position-embeddings", "64", "--global-batch-size", "16", "--train-iters", "45",
+          "--max-position-embeddings", "64", "--global-batch-size", "16",
           "--lr", "3e-3", "--min-lr", "3e-4", "--lr-decay-style", "cosine", "--lr-warmup-iters", "5",
           "--data-path", f"{DATA_PREFIX}_text_document", "--tokenizer-type", "ByteTokenizer",
-          "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1"]
+          "--log-interval", "1", "--eval-interval", "100000", "--eval-iters", "1"]
+AUTO = ["--micro-batch-size", "2", "--auto-parallel"]
 WARMUP = 5
-ROUNDS = 3  # auto, manual, auto, manual, auto, manual
 ITERATION = re.compile(r"iteration\s+(\d+)/\s*\d+ .*elapsed time per iteration \(ms\): ([0-9.]+)")
+LOSS = re.compile(r"iteration\s+(\d+)/.*lm loss: ([0-9.E+-]+)")
 FLAG_BLOCK = re.compile(r"megatron-lm flags\n((?:\s+--.*\n)+)")
+PLAN_TABLE = re.compile(r"parallel plan \((?:auto-parallel|flags)\):\n(.*?)\n\n(stages\n.*?)\n\n", re.S)
+HEADING = "## --auto-parallel against the same flags by hand (4 CPU gloo ranks)"
 
 
-def run(extra: list[str]) -> str:
+def run(extra: list[str], iters: int) -> str:
+    """The log of one 4-rank pretrain_gpt launch."""
     command = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", "4", str(ROOT / "tools" / "pretrain_gpt.py"),
-               *COMMON, *extra]
+               *COMMON, "--train-iters", str(iters), *extra]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
+                          pass_fds=held_lock_fds())
     if done.returncode:
         raise SystemExit(f"run failed ({done.returncode}): {' '.join(command)}\n{done.stderr[-2000:]}")
     return done.stdout + done.stderr
@@ -48,11 +67,25 @@ def step_times(log: str) -> list[float]:
     return [float(ms) for it, ms in ITERATION.findall(log) if int(it) > WARMUP]
 
 
+def losses(log: str) -> list[str]:
+    return [loss for _, loss in LOSS.findall(log)]
+
+
 def planned_flags(log: str) -> list[str]:
     block = FLAG_BLOCK.search(log)
     if not block:
         raise SystemExit("the auto-parallel run printed no Megatron flags")
     return " ".join(line.strip().rstrip("\\") for line in block.group(1).splitlines()).split()
+
+
+def plan_layout(log: str) -> str:
+    """The printed plan table without the cluster name and the planner's predictions."""
+    found = PLAN_TABLE.search(log)
+    if not found:
+        raise SystemExit("a run printed no plan table")
+    head = re.sub(r" of cluster \S+", "", found.group(1))
+    stages = re.sub(r";\s*busy.*", "", found.group(2))
+    return f"{head}\n{stages}"
 
 
 def without_flag(flags: list[str], name: str) -> list[str]:
@@ -69,30 +102,127 @@ def ensure_data() -> None:
                         "--output-prefix", str(DATA_PREFIX), "--tokenizer-type", "ByteTokenizer"], check=True)
 
 
+def check_same_job(auto_log: str, manual_log: str) -> None:
+    """Both paths ran the same plan and computed the same losses, bit for bit."""
+    if plan_layout(auto_log) != plan_layout(manual_log):
+        raise SystemExit(f"the plans differ:\n{plan_layout(auto_log)}\n---\n{plan_layout(manual_log)}")
+    if losses(auto_log) != losses(manual_log) or not losses(auto_log):
+        raise SystemExit("the auto and manual runs computed different losses")
+
+
+def sequential_pairs(commands: tuple[list[str], list[str]], pairs: int, iters: int) -> list[dict]:
+    """`pairs` pairs of (auto, manual) launches one after the other, in alternating order."""
+    rows = []
+    for index in range(pairs):
+        logs, load = ["", ""], load_average()
+        for which in pair_order(index):
+            logs[which] = run(commands[which], iters)
+        check_same_job(*logs)
+        row = {"first": "auto" if pair_order(index)[0] == 0 else "manual", "load": load,
+               "auto": statistics.median(step_times(logs[0])), "manual": statistics.median(step_times(logs[1]))}
+        row["ratio"] = row["auto"] / row["manual"]
+        rows.append(row)
+        sys.stderr.write(f"pair {index}: auto {row['auto']:.1f} ms, manual {row['manual']:.1f} ms, "
+                         f"ratio {row['ratio']:.3f}, load {load:.1f}\n")
+    return rows
+
+
+def plans_of_both_paths(manual_flags: list[str], tmp: Path) -> tuple[Path, Path]:
+    """The Plans pretrain_gpt builds from the auto flags and from the manual flags, saved to `tmp`."""
+    import pretrain_gpt
+    from megatron_auto.plan import save_plan
+
+    paths = []
+    for name, extra in (("auto", AUTO), ("manual", manual_flags)):
+        args = pretrain_gpt.parse_args([*COMMON, "--train-iters", "1", *extra])
+        vocab = pretrain_gpt.make_tokenizer(args.tokenizer_type, args.vocab_size).vocab_size
+        plan = pretrain_gpt.choose_plan(args, pretrain_gpt.model_from_args(args, vocab), 4,
+                                        pretrain_gpt.settings_from_args(args, vocab))
+        paths.append(tmp / f"{name}.json")
+        save_plan(plan, str(paths[-1]))
+    return paths[0], paths[1]
+
+
+def in_process_ab(manual_flags: list[str], blocks: int, launches: int) -> list[list[float]]:
+    """Per ab_steps.py launch, the block ratios auto/manual of wall time (A = manual plan, B = auto plan)."""
+    found = []
+    with tempfile.TemporaryDirectory() as tmp:
+        auto, manual = plans_of_both_paths(manual_flags, Path(tmp))
+        for _ in range(launches):
+            times = ab_steps.launch(manual, auto, blocks, COMMON, Path(tmp) / "ab.json")
+            found.append(ab_steps.block_ratios(times["a"], times["b"]))
+            sys.stderr.write(f"A/B launch: manual {statistics.median(times['a']):.1f} ms, auto "
+                             f"{statistics.median(times['b']):.1f} ms, median block ratio "
+                             f"{statistics.median(found[-1]):.3f}\n")
+    return found
+
+
+def _verdict(summary) -> str:
+    if summary.meets(1.02):
+        return "met (the whole interval is at or below 1.02)"
+    if summary.median <= 1.02:
+        return "not resolved (median within, interval reaches above 1.02)"
+    return "**not met**"
+
+
+def section(rows: list[dict], ab: list[list[float]], manual_flags: list[str], args: argparse.Namespace,
+            layout: str) -> str:
+    apart = paired_ratio([row["ratio"] for row in rows])
+    inside = paired_ratio([r for ratios in ab for r in ratios])
+    table = "\n".join(f"| {i} | {row['first']} | {row['auto']:.1f} | {row['manual']:.1f} | {row['ratio']:.3f} | "
+                      f"{row['load']:.1f} |" for i, row in enumerate(rows))
+    loads = [row["load"] for row in rows]
+    per_launch = ", ".join(f"{statistics.median(ratios):.3f}" for ratios in ab)
+    return (f"{HEADING}\n\n"
+            f"Command: `.venv/bin/python tools/bench_auto_vs_manual.py --pairs {args.pairs} --iters {args.iters} "
+            f"--blocks {args.blocks} --launches {args.launches}` (takes the heavy-job lock; tiny GPT of the README "
+            f"demo on the shipped corpus, OMP_NUM_THREADS=1 per rank).\n\n"
+            f"Same job on both paths, checked in every pair: the same plan table (`{layout}`) and bit-identical "
+            f"losses at every iteration; tests/runtime/test_auto_matches_flags.py checks that the printed flags "
+            f"rebuild the auto plan field for field (cluster label and prediction aside). Manual flags: "
+            f"`{' '.join(manual_flags)}`.\n\n"
+            f"1. pretrain_gpt launches, one pair after another in alternating order, median step time of "
+            f"{args.iters - WARMUP} steps after {WARMUP} warm-up steps per launch:\n\n"
+            f"| pair | first | auto median ms | manual median ms | auto/manual | load avg before |\n"
+            f"|---|---|---|---|---|---|\n{table}\n\n"
+            f"   Median of the pair ratios auto/manual: {apart.describe()}; target at most 1.02: {_verdict(apart)}. "
+            f"Load average {min(loads):.1f}-{max(loads):.1f} on 2 cores.\n"
+            f"2. In one launch (tools/ab_steps.py): the Plans that pretrain_gpt's `choose_plan` builds from the "
+            f"`--auto-parallel` flags and from the manual flags, both built into sessions on the same 4 ranks; "
+            f"{args.blocks} blocks of steps manual, auto, auto, manual per launch, {args.launches} launches, one "
+            f"ratio (two auto steps)/(two manual steps) per block: {inside.describe()}; target at most 1.02: "
+            f"{_verdict(inside)}. Per launch: {per_launch}.\n\n"
+            f"Why both: (1) is the target's own setting, but on this shared 2-core machine the median step time of "
+            f"the same command moves by 10-30% from one launch to the next as other jobs come and go (and so does "
+            f"its CPU time per step; starting the two launches side by side did not cancel it either: 4 such "
+            f"pairs gave 1.00-1.17), which alternating pairs only cancel when it is slower than a launch (~40 s). "
+            f"(2) alternates the two paths' plans every step, so outside load falls on both alike. What (2) "
+            f"leaves out is the launch before the first step (the search runs only on the auto path): a check "
+            f"with gc callbacks found the same Python heap after it (403.6k vs 403.1k objects) and under 5 ms of "
+            f"garbage collection in 120 steps on either path.\n")
+
+
 def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, default=10, help="pairs of launches (at least 6)")
+    parser.add_argument("--iters", type=int, default=125, help="iterations per launch (the first WARMUP untimed)")
+    parser.add_argument("--blocks", type=int, default=300, help="blocks per in-process A/B launch")
+    parser.add_argument("--launches", type=int, default=3, help="in-process A/B launches")
+    parser.add_argument("--no-docs", action="store_true", help="print the section, leave docs/benchmarks.md alone")
+    args = parser.parse_args()
+    if not held_lock_fds():
+        os.execvp("flock", ["flock", LOCK, PYTHON, *sys.argv])
     ensure_data()
-    first = run(["--micro-batch-size", "2", "--auto-parallel"])
-    manual_flags = without_flag(planned_flags(first), "--global-batch-size")
-    auto_runs, manual_runs = [step_times(first)], []
-    for round_ in range(ROUNDS):
-        manual_runs.append(step_times(run(manual_flags)))
-        if round_ < ROUNDS - 1:
-            auto_runs.append(step_times(run(["--micro-batch-size", "2", "--auto-parallel"])))
-    auto, manual = sum(auto_runs, []), sum(manual_runs, [])
-    ratio = statistics.median(auto) / statistics.median(manual)
-    per_run = ", ".join(f"{statistics.median(a):.1f}/{statistics.median(m):.1f}" for a, m in zip(auto_runs, manual_runs))
-    section = ("## --auto-parallel against the same flags by hand (4 CPU gloo ranks)\n\n"
-               "Command: `.venv/bin/python tools/bench_auto_vs_manual.py` (tiny GPT of the README demo, "
-               f"{len(auto)} auto and {len(manual)} manual steps after {WARMUP} warm-up steps per run).\n\n"
-               f"| path | median step ms |\n|---|---|\n| --auto-parallel | {statistics.median(auto):.1f} |\n"
-               f"| manual `{' '.join(manual_flags)}` | {statistics.median(manual):.1f} |\n\n"
-               f"Ratio auto / manual: **{ratio:.3f}** (target at most 1.02). Per-round medians, auto/manual ms: "
-               f"{per_run} (the spread between rounds of the same command is this machine's noise).\n")
-    docs = ROOT / "docs" / "benchmarks.md"
-    text = docs.read_text()
-    text = replace_section(text, "## --auto-parallel against the same flags by hand", section)
-    docs.write_text(text)
-    sys.stdout.write(section)
+    first = run(AUTO, args.iters)
+    commands = (AUTO, without_flag(planned_flags(first), "--global-batch-size"))
+    ab = in_process_ab(commands[1], args.blocks, args.launches)
+    rows = sequential_pairs(commands, args.pairs, args.iters)
+    layout = "; ".join(line.strip() for line in plan_layout(first).splitlines() if "layers" in line)
+    text = section(rows, ab, commands[1], args, layout)
+    if not args.no_docs:
+        docs = ROOT / "docs" / "benchmarks.md"
+        docs.write_text(replace_section(docs.read_text(), HEADING, text))
+    sys.stdout.write(text)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,33 @@
+"""`--auto-parallel` and the flags it prints build the same job (tools/bench_auto_vs_manual.py times the two)."""
+from __future__ import annotations
+
+import dataclasses
+import sys
+
+from launcher import REPO
+
+sys.path.insert(0, str(REPO / "tools"))
+
+import pretrain_gpt  # noqa: E402
+from megatron_auto.megatron_flags import megatron_flags  # noqa: E402
+from megatron_auto.runtime.layout import layout_from_plan  # noqa: E402
+
+README_JOB = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+              "--max-position-embeddings", "64", "--global-batch-size", "16", "--train-iters", "45",
+              "--lr", "3e-3", "--mock-data", "--tokenizer-type", "ByteTokenizer"]
+
+
+def _plan(argv: list[str]):
+    args = pretrain_gpt.parse_args(argv)
+    vocab = pretrain_gpt.make_tokenizer(args.tokenizer_type, args.vocab_size).vocab_size
+    settings = pretrain_gpt.settings_from_args(args, vocab)
+    return pretrain_gpt.choose_plan(args, pretrain_gpt.model_from_args(args, vocab), 4, settings)
+
+
+def test_printed_flags_rebuild_the_auto_plan():
+    auto = _plan([*README_JOB, "--micro-batch-size", "2", "--auto-parallel"])
+    manual = _plan([*README_JOB, *megatron_flags(auto)])
+    assert layout_from_plan(auto) == layout_from_plan(manual)
+    # Only the labels differ: where the plan came from and what the planner predicted for it.
+    assert dataclasses.replace(auto, cluster="", prediction=None, model=None) == \
+        dataclasses.replace(manual, cluster="", prediction=None, model=None)
