@@ -6,6 +6,8 @@ finds the fastest strategies for every stage length within the memory left after
 the stage's fixed parts, once per ceiling on the transient memory. Then the
 partition step balances the stages (partition.py). Virtual stages are searched
 in the megatron space, whose best plan the hybrid search also considers.
+Candidates run in order of a memory-free bound; before its DP, each must also
+beat the best plan so far under the Lagrangian memory relaxation (relaxation.py).
 """
 from __future__ import annotations
 
