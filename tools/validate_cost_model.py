@@ -24,7 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -168,6 +168,8 @@ class Row:
     measured_s: float
     predicted_bytes: float
     measured_bytes: float
+    measured_samples_s: list[float] = field(default_factory=list)
+    """Every round's median step seconds (`measured_s` is their median)."""
 
 
 def build_plans(job: Job, configs: dict[str, UniformConfig], cluster, training,
@@ -185,20 +187,35 @@ def build_plans(job: Job, configs: dict[str, UniformConfig], cluster, training,
     return plans | {"planner pick": pick}
 
 
-def measure_all(job: Job, plans: dict[str, Plan], analytic, profiled, training,
-                reuse: dict[str, tuple[float, float]] | None = None) -> list[Row]:
-    """Run every plan once (or take its measurement from `reuse`); predictions under both cost models."""
-    rows = []
+def measure_rounds(job: Job, plans: dict[str, Plan], rounds: int) -> dict[str, tuple[float, float, list[float]]]:
+    """Run every plan `rounds` times, the order reversed every other round (against drift in the
+    machine's other load); per plan the median step seconds, the largest peak bytes and the samples."""
+    samples: dict[str, list[float]] = {name: [] for name in plans}
+    peaks: dict[str, float] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        for name, plan in plans.items():
-            seconds, peak = reuse[name] if reuse is not None else run_plan(plan, job, Path(tmp))
-            a = estimate_plan(plan, job.model(), analytic, training)
-            p = estimate_plan(plan, job.model(), profiled, training)
-            predicted = p.peak_memory_gib * GIB - profiled.framework_overhead_bytes
-            rows.append(Row(name, a.iteration_time_s, p.iteration_time_s, seconds, predicted, peak))
-            sys.stderr.write(f"{name:28s} measured {seconds * 1e3:8.1f} ms  analytic {a.iteration_time_s * 1e3:8.1f}"
-                             f"  profiled {p.iteration_time_s * 1e3:8.1f}  memory {peak / 2**20:.1f} MiB"
-                             f" (predicted {predicted / 2**20:.1f})\n")
+        for round_index in range(rounds):
+            for name in (list(plans) if round_index % 2 == 0 else list(reversed(plans))):
+                seconds, peak = run_plan(plans[name], job, Path(tmp))
+                samples[name].append(seconds)
+                peaks[name] = max(peaks.get(name, 0.0), peak)
+                sys.stderr.write(f"round {round_index + 1}: {name:28s} {seconds * 1e3:8.1f} ms\n")
+    return {name: (statistics.median(samples[name]), peaks[name], samples[name]) for name in plans}
+
+
+def measure_all(job: Job, plans: dict[str, Plan], analytic, profiled, training,
+                reuse: dict[str, tuple[float, float, list[float]]] | None = None, rounds: int = 1) -> list[Row]:
+    """Measure every plan (or take its measurement from `reuse`); predictions under both cost models."""
+    measured = reuse if reuse is not None else measure_rounds(job, plans, rounds)
+    rows = []
+    for name, plan in plans.items():
+        seconds, peak, samples = measured[name]
+        a = estimate_plan(plan, job.model(), analytic, training)
+        p = estimate_plan(plan, job.model(), profiled, training)
+        predicted = p.peak_memory_gib * GIB - profiled.framework_overhead_bytes
+        rows.append(Row(name, a.iteration_time_s, p.iteration_time_s, seconds, predicted, peak, list(samples)))
+        sys.stderr.write(f"{name:28s} measured {seconds * 1e3:8.1f} ms  analytic {a.iteration_time_s * 1e3:8.1f}"
+                         f"  profiled {p.iteration_time_s * 1e3:8.1f}  memory {peak / 2**20:.1f} MiB"
+                         f" (predicted {predicted / 2**20:.1f})\n")
     return rows
 
 
@@ -284,6 +301,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-hybrid", dest="hybrid", action="store_false",
                         help="leave out the per-layer (hybrid runtime) plan")
     parser.add_argument("--plans", nargs="*", help="only the fixed plans whose names contain one of these")
+    parser.add_argument("--rounds", type=int, default=1, help="runs of every plan (median; the order "
+                                                                 "reversed every other round)")
+    parser.add_argument("--notes", help="markdown file whose text goes under the table in the --benchmarks "
+                                        "section (the job, the profile commands, the reading of the numbers)")
     return parser.parse_args(argv)
 
 
@@ -298,13 +319,14 @@ def main(argv: list[str] | None = None) -> int:
     reuse = None
     if args.reuse:
         stored = json.loads(Path(args.reuse).read_text())["rows"]
-        reuse = {r["name"]: (r["measured_s"], r["measured_bytes"]) for r in stored}
+        reuse = {r["name"]: (r["measured_s"], r["measured_bytes"], r.get("measured_samples_s", [r["measured_s"]]))
+                 for r in stored}
         if not any("planner pick" in name and name in reuse for name in plans):
             raise SystemExit("the planner now picks a plan the --reuse file did not measure; run without --reuse")
         plans = {name: plan for name, plan in plans.items() if name in reuse}
         if set(reuse) - set(plans):
             raise SystemExit(f"--reuse rows without a plan of that name: {sorted(set(reuse) - set(plans))}")
-    rows = measure_all(job, plans, analytic, profiled, training, reuse)
+    rows = measure_all(job, plans, analytic, profiled, training, reuse, args.rounds)
     stats = summary(rows)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -314,10 +336,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.results:
         Path(args.results).write_text(json.dumps({"rows": [r.__dict__ for r in rows], "summary": stats}, indent=2))
     if args.benchmarks:
-        command = "`.venv/bin/python tools/validate_cost_model.py " + " ".join(
-            ["--profile", *args.profile] if args.profile else []) + f" --benchmarks {args.benchmarks}`"
+        command = "`flock /tmp/megatron-auto-heavy.lock .venv/bin/python tools/validate_cost_model.py " + " ".join(
+            ["--profile", *args.profile] if args.profile else []) + "".join(
+            f" --{flag} {getattr(args, flag)}" for flag in ("rounds", "results", "notes") if getattr(args, flag)) \
+            + f" --benchmarks {args.benchmarks}`"
+        notes = Path(args.notes).read_text().strip() + "\n" if args.notes else ""
         replace_section(Path(args.benchmarks), "Cost model: predicted vs measured (4 CPU gloo ranks)",
-                        f"Command: {command}. Plot: `docs/cost_model_validation.png`.\n\n{text}")
+                        f"Command: {command} (`--reuse RESULTS` recomputes the predictions from the stored "
+                        f"measurements). Plot: `docs/cost_model_validation.png`.\n\n{text}\n{notes}")
     sys.stdout.write(text)
     return 0
 

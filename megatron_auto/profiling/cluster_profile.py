@@ -10,7 +10,8 @@ import torch
 import torch.distributed as dist
 
 from ..specs.profiles import ClusterProfile, CollectiveCurve
-from .cluster_bench import OPS, ClusterBenchConfig, group_shapes, time_collective, time_p2p
+from .cluster_bench import (OPS, ClusterBenchConfig, compute_chunk, group_shapes, tiled_groups, time_collective,
+                            time_p2p)
 from .overlap import grad_overlap_fraction
 
 logger = logging.getLogger(__name__)
@@ -33,12 +34,18 @@ def init_from_env(timeout_s: float = 600.0) -> tuple[torch.device, str]:
     return device, backend
 
 
-def _groups(world: int, per_node: int) -> list[tuple[int, int, list[int], object, bool]]:
-    """(size, stride, ranks, group, inter_node) for each shape; every rank creates every group."""
-    out = []
+def _groups(world: int, per_node: int) -> list[tuple[int, int, object, bool]]:
+    """(size, stride, this rank's group, inter_node) for each shape, the world tiled into the
+    shape's groups (cluster_bench.tiled_groups); every rank creates every group (new_group's rule)."""
+    rank, out = dist.get_rank(), []
     for size, stride in group_shapes(world):
-        ranks = [i * stride for i in range(size)]
-        out.append((size, stride, ranks, dist.new_group(ranks), ranks[-1] // per_node != 0))
+        mine = None
+        for ranks in tiled_groups(world, size, stride):
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine = group
+        inter = any(ranks[-1] // per_node != ranks[0] // per_node for ranks in tiled_groups(world, size, stride))
+        out.append((size, stride, mine, inter))
     return out
 
 
@@ -58,13 +65,14 @@ def profile_cluster(config: ClusterBenchConfig, progress: Optional[Callable[[flo
     groups = _groups(world, per_node)
     pairs = _p2p_pairs(world, per_node)
     total = (len(groups) * len(OPS) + len(pairs)) * len(config.message_bytes) + 1
+    chunk = compute_chunk(device, config.compute_between_s) if config.compute_between_s > 0 else None
     done = 0
     curves = []
-    for size, stride, ranks, group, inter in groups:
+    for size, stride, group, inter in groups:
         for op in OPS:
             seconds = []
             for nbytes in config.message_bytes:
-                seconds.append(time_collective(op, ranks, group, nbytes // FLOAT_BYTES, config.iters, device))
+                seconds.append(time_collective(op, group, size, nbytes // FLOAT_BYTES, config, device, chunk))
                 done += 1
                 if progress:
                     progress(done / total)
@@ -72,7 +80,7 @@ def profile_cluster(config: ClusterBenchConfig, progress: Optional[Callable[[flo
     for a, b, inter in pairs:
         seconds = []
         for nbytes in config.message_bytes:
-            seconds.append(time_p2p(a, b, nbytes // FLOAT_BYTES, config.iters, device))
+            seconds.append(time_p2p(a, b, nbytes // FLOAT_BYTES, config, device))
             done += 1
             if progress:
                 progress(done / total)
