@@ -54,11 +54,25 @@ def test_model_parameters_match_sc21_closed_form():
 
 
 def test_swiglu_gqa_layer_parameters():
-    # tiny-llama: h=64, a=4, g=2 (kv=16), f=176, SwiGLU.
+    # h=64, a=4, g=2 (kv=16), f=176, SwiGLU, with biases and LayerNorm.
     # QKV: 64*(64+2*32) + 128 = 8320; proj: 64*64 + 64 = 4160;
     # fc1 (gate+up): 64*352 + 352 = 22880; fc2: 176*64 + 64 = 11328; norms: 4*64 = 256.
-    layer = MODEL_PRESETS["tiny-llama"].layers[0]
+    layer = LayerSpec(64, 4, 2, 176, swiglu=True)
     assert layer.num_parameters == 8320 + 4160 + 22880 + 11328 + 256
+
+
+def test_llama_layer_has_no_biases_and_rms_norms():
+    # tiny-llama: as above without the 128 + 64 + 352 + 64 biases, norms 2*64 (RMSNorm: scale only).
+    layer = MODEL_PRESETS["tiny-llama"].layers[0]
+    assert layer.num_parameters == (8320 - 128) + (4160 - 64) + (22880 - 352) + (11328 - 64) + 128
+
+
+def test_llama_presets_match_the_published_parameter_counts():
+    # Meta's model cards / Hugging Face configs: exact parameter counts of the released weights.
+    assert MODEL_PRESETS["llama2-7b"].num_parameters == 6_738_415_616
+    assert MODEL_PRESETS["llama2-70b"].num_parameters == 68_976_648_192
+    assert MODEL_PRESETS["llama3-8b"].num_parameters == 8_030_261_248
+    assert MODEL_PRESETS["llama3-8b"].rotary_base == 500000
 
 
 def test_untied_head_adds_vocab_times_hidden():
@@ -87,7 +101,8 @@ def test_compact_model_json_optional_keys(tmp_path):
     path = _write(tmp_path, "llama.json", {
         "num_layers": 32, "hidden_size": 4096, "num_attention_heads": 32, "seq_length": 8192,
         "vocab_size": 128256, "ffn_hidden_size": 14336, "num_query_groups": 8, "swiglu": True,
-        "untie_embeddings_and_output_weights": True, "schema_version": 1})
+        "untie_embeddings_and_output_weights": True, "normalization": "RMSNorm", "add_bias_linear": False,
+        "position_embedding_type": "rope", "rotary_base": 500000, "schema_version": 1})
     assert load_model(path).num_parameters == MODEL_PRESETS["llama3-8b"].num_parameters
 
 

@@ -63,6 +63,19 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--hidden-dropout", type=float, default=0.1)
     group.add_argument("--attention-dropout", type=float, default=0.1)
     group.add_argument("--init-method-std", type=float, default=0.02)
+    group.add_argument("--position-embedding-type", choices=("learned_absolute", "rope", "none"),
+                       default="learned_absolute")
+    group.add_argument("--use-rotary-position-embeddings", action="store_true",
+                       help="older Megatron-LM spelling of --position-embedding-type rope")
+    group.add_argument("--no-position-embedding", action="store_true",
+                       help="no learned position table (older scripts pair it with rotary embeddings)")
+    group.add_argument("--rotary-base", type=int, default=10000)
+    group.add_argument("--rotary-percent", type=float, default=1.0)
+    group.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default="LayerNorm")
+    group.add_argument("--norm-epsilon", type=float, default=1e-5)
+    group.add_argument("--disable-bias-linear", action="store_true")
+    group.add_argument("--group-query-attention", action="store_true",
+                       help="accepted as in Megatron-LM; --num-query-groups sets the groups")
 
 
 def _training_args(parser: argparse.ArgumentParser) -> None:
@@ -74,6 +87,7 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--min-lr", type=float, default=0.0)
     group.add_argument("--lr-decay-style", default="linear", choices=("constant", "linear", "cosine", "inverse-square-root"))
     group.add_argument("--lr-warmup-iters", type=int, default=0)
+    group.add_argument("--lr-warmup-fraction", type=float)
     group.add_argument("--lr-decay-iters", type=int)
     group.add_argument("--weight-decay", type=float, default=0.01)
     group.add_argument("--clip-grad", type=float, default=1.0)
@@ -124,11 +138,52 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--finetune", action="store_true")
 
 
+# Megatron-LM flags of common launch scripts that select kernels, logging sinks or I/O
+# back-ends this runtime picks for itself: accepted, so a script runs unchanged, and
+# listed in the log as without effect.
+NO_EFFECT_SWITCHES = (
+    "--use-mcore-models", "--use-flash-attn", "--attention-softmax-in-fp32", "--no-masked-softmax-fusion",
+    "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-rope-fusion",
+    "--no-gradient-accumulation-fusion", "--overlap-grad-reduce", "--overlap-param-gather",
+    "--accumulate-allreduce-grads-in-fp32", "--log-throughput", "--log-timers-to-tensorboard",
+    "--log-validation-ppl-to-tensorboard", "--log-memory-to-tensorboard", "--log-params-norm",
+    "--no-load-optim", "--no-load-rng", "--use-checkpoint-args", "--manual-gc", "--async-save",
+)
+NO_EFFECT_VALUES = (
+    "--distributed-backend", "--transformer-impl", "--tensorboard-dir", "--tensorboard-log-interval",
+    "--num-workers", "--dataloader-type", "--ckpt-format", "--timing-log-level", "--wandb-project",
+    "--wandb-exp-name", "--wandb-save-dir", "--data-cache-path", "--manual-gc-interval",
+)
+
+
+def _compatibility_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("Megatron-LM flags accepted without effect (kernels, logging sinks, I/O)")
+    for flag in NO_EFFECT_SWITCHES:
+        group.add_argument(flag, action="store_true", dest=_no_effect_dest(flag))
+    for flag in NO_EFFECT_VALUES:
+        group.add_argument(flag, dest=_no_effect_dest(flag), metavar="VALUE")
+
+
+def _no_effect_dest(flag: str) -> str:
+    return "no_effect_" + flag.lstrip("-").replace("-", "_")
+
+
+def no_effect_flags(args: argparse.Namespace) -> list[str]:
+    """The accepted-without-effect flags this run was given."""
+    given = [f for f in NO_EFFECT_SWITCHES if getattr(args, _no_effect_dest(f))]
+    return given + [f for f in NO_EFFECT_VALUES if getattr(args, _no_effect_dest(f)) is not None]
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for add in (_model_args, _training_args, _parallel_args, _data_args):
+    for add in (_model_args, _training_args, _parallel_args, _data_args, _compatibility_args):
         add(parser)
     args = parser.parse_args(argv)
+    if args.lr_warmup_fraction is not None:
+        if args.lr_warmup_iters:
+            parser.error("give --lr-warmup-iters or --lr-warmup-fraction, not both")
+        # Megatron-LM: warm-up steps = fraction x decay steps (the training steps by default).
+        args.lr_warmup_iters = int(args.lr_warmup_fraction * (args.lr_decay_iters or args.train_iters))
     if not args.mock_data and not args.data_path:
         parser.error("give --data-path PREFIX or --mock-data")
     if args.data_path and len(args.data_path) > 1:
@@ -136,12 +191,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def position_embedding_type(args: argparse.Namespace) -> str:
+    """Megatron-LM's resolution of --position-embedding-type and the older rotary/no-position flags."""
+    if args.use_rotary_position_embeddings:
+        return "rope"
+    if args.no_position_embedding and args.position_embedding_type == "learned_absolute":
+        return "none"
+    return args.position_embedding_type
+
+
 def model_from_args(args: argparse.Namespace, vocab_size: int) -> ModelSpec:
     try:
         return uniform_model("pretrain_gpt", args.num_layers, args.hidden_size, args.num_attention_heads,
                              args.seq_length, vocab_size, ffn_hidden_size=args.ffn_hidden_size,
                              num_query_groups=args.num_query_groups, swiglu=args.swiglu,
-                             untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights)
+                             untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
+                             normalization=args.normalization, add_bias_linear=not args.disable_bias_linear,
+                             position_embedding_type=position_embedding_type(args), rotary_base=args.rotary_base)
     except ValueError as error:
         raise UserError(f"model flags: {error}") from None
 
@@ -153,7 +219,8 @@ def settings_from_args(args: argparse.Namespace, vocab_size: int) -> TrainSettin
         lr_warmup_iters=args.lr_warmup_iters, lr_decay_iters=args.lr_decay_iters, weight_decay=args.weight_decay,
         clip_grad=args.clip_grad, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
         precision=precision, hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
-        init_method_std=args.init_method_std, seed=args.seed,
+        init_method_std=args.init_method_std, seed=args.seed, norm_epsilon=args.norm_epsilon,
+        rotary_percent=args.rotary_percent,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
         max_position_embeddings=args.max_position_embeddings, log_interval=args.log_interval,
         eval_interval=args.eval_interval, eval_iters=args.eval_iters, save=args.save, load=args.load,
@@ -212,6 +279,8 @@ def run(args: argparse.Namespace) -> None:
     info = distributed.init_distributed(settings.timeout_s)
     try:
         if session.is_logging_rank():
+            if no_effect_flags(args):
+                logger.info("accepted without effect here: %s", " ".join(no_effect_flags(args)))
             logger.info("parallel plan (%s):\n%s", "auto-parallel" if args.auto_parallel else "flags", plan_table(plan))
         job = session.build_session(plan, model, settings, info.backend, info.device)
         if settings.load:

@@ -27,7 +27,7 @@ def layer_spec(model: ModelSpec):
 
     if transformer_engine_available():
         return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
-    return gpt_layer_specs.get_gpt_layer_local_spec()
+    return gpt_layer_specs.get_gpt_layer_local_spec(normalization=model.layers[0].normalization)
 
 
 def set_random_seed(seed: int) -> None:
@@ -58,13 +58,19 @@ def build_chunks(model: ModelSpec, layout: MegatronLayout, settings: TrainSettin
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=not virtual, vp_stage=stage),
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=not virtual, vp_stage=stage),
             share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
-            position_embedding_type="learned_absolute",
             vp_stage=stage,
+            **position_embedding_args(model, settings),
         )
         for param in chunk.parameters():
             tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
         chunks.append(chunk.to(device))
     return chunks
+
+
+def position_embedding_args(model: ModelSpec, settings: TrainSettings) -> dict:
+    """GPTModel's position-embedding arguments for the model's type (learned_absolute, rope or none)."""
+    return dict(position_embedding_type=model.position_embedding_type, rotary_base=model.rotary_base,
+                rotary_percent=settings.rotary_percent)
 
 
 def wrap_ddp(chunks: list[torch.nn.Module], config, ddp_config) -> list[torch.nn.Module]:

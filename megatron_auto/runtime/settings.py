@@ -49,6 +49,10 @@ class TrainSettings:
     attention_dropout: float = 0.1
     init_method_std: float = 0.02
     """Standard deviation of the normal weight initialisation."""
+    norm_epsilon: float = 1e-5
+    """Epsilon of the LayerNorm / RMSNorm layers (--norm-epsilon)."""
+    rotary_percent: float = 1.0
+    """Share of each head's channels that RoPE rotates (--rotary-percent)."""
     seed: int = 1234
     make_vocab_size_divisible_by: int = 128
     """Megatron pads the vocabulary to a multiple of this times the TP degree."""

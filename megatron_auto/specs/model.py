@@ -16,6 +16,8 @@ from ..serde import CachedHash
 from ..errors import UserError
 
 MODEL_SCHEMA_VERSION = 1
+NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
 
 
 @dataclass(frozen=True)
@@ -34,9 +36,15 @@ class LayerSpec(CachedHash):
     """Inner width of the MLP."""
     swiglu: bool = False
     """Gated SwiGLU MLP (three weight matrices) instead of GeLU (two)."""
+    normalization: str = "LayerNorm"
+    """LayerNorm (weight and bias) or RMSNorm (weight only), Megatron's --normalization."""
+    add_bias_linear: bool = True
+    """Biases on the linear layers; False is Megatron's --disable-bias-linear (LLaMA)."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(f"normalization must be one of {', '.join(NORMALIZATIONS)}, got {self.normalization!r}")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}")
         if self.num_attention_heads % self.num_query_groups:
@@ -48,14 +56,19 @@ class LayerSpec(CachedHash):
         return self.hidden_size // self.num_attention_heads
 
     @property
+    def norm_parameters(self) -> int:
+        """One norm's weights: scale and shift for LayerNorm, scale only for RMSNorm."""
+        return self.hidden_size * (2 if self.normalization == "LayerNorm" else 1)
+
+    @property
     def num_parameters(self) -> int:
         """Weights and biases of the layer (Megatron's layout: QKV, proj, MLP, two norms)."""
         h, kv = self.hidden_size, self.kv_channels
         qkv_out = (self.num_attention_heads + 2 * self.num_query_groups) * kv
-        attention = h * qkv_out + qkv_out + h * h + h
         mlp_in = self.ffn_hidden_size * (2 if self.swiglu else 1)
-        mlp = h * mlp_in + mlp_in + self.ffn_hidden_size * h + h
-        return attention + mlp + 4 * h
+        weights = h * qkv_out + h * h + h * mlp_in + self.ffn_hidden_size * h
+        biases = (qkv_out + h + mlp_in + h) if self.add_bias_linear else 0
+        return weights + biases + 2 * self.norm_parameters
 
 
 @dataclass(frozen=True)
@@ -74,6 +87,10 @@ class ModelSpec(CachedHash):
     """Vocabulary size, V (padded by the runtime as Megatron pads it)."""
     untie_embeddings_and_output_weights: bool = False
     """True when the LM head has its own weight matrix."""
+    position_embedding_type: str = "learned_absolute"
+    """learned_absolute (a learned s x h table), rope (rotary, no weights) or none; Megatron's flag."""
+    rotary_base: int = 10000
+    """RoPE's base (Megatron's --rotary-base; LLaMA-3 uses 500000)."""
     schema_version: int = MODEL_SCHEMA_VERSION
     """Version of this record's layout."""
 
@@ -84,6 +101,10 @@ class ModelSpec(CachedHash):
             raise ValueError("a model needs at least one layer")
         if len({layer.hidden_size for layer in self.layers}) != 1:
             raise ValueError("all layers must share one hidden_size (the residual stream)")
+        if self.position_embedding_type not in POSITION_EMBEDDINGS:
+            raise ValueError(f"position_embedding_type must be one of {', '.join(POSITION_EMBEDDINGS)}, "
+                             f"got {self.position_embedding_type!r}")
+        _check_positive(self, "rotary_base")
 
     @property
     def num_layers(self) -> int:
@@ -95,13 +116,14 @@ class ModelSpec(CachedHash):
 
     @property
     def embedding_parameters(self) -> int:
-        """Word plus learned position embeddings (V*h + s*h)."""
-        return self.vocab_size * self.hidden_size + self.seq_length * self.hidden_size
+        """Word plus, with learned_absolute positions, position embeddings (V*h + s*h)."""
+        positions = self.seq_length if self.position_embedding_type == "learned_absolute" else 0
+        return (self.vocab_size + positions) * self.hidden_size
 
     @property
     def num_parameters(self) -> int:
         head = self.vocab_size * self.hidden_size if self.untie_embeddings_and_output_weights else 0
-        final_norm = 2 * self.hidden_size
+        final_norm = self.layers[-1].norm_parameters
         return self.embedding_parameters + sum(l.num_parameters for l in self.layers) + final_norm + head
 
     @cached_property
@@ -116,7 +138,9 @@ class ModelSpec(CachedHash):
 def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_heads: int,
                   seq_length: int, vocab_size: int, *, ffn_hidden_size: int | None = None,
                   num_query_groups: int | None = None, swiglu: bool = False,
-                  untie_embeddings_and_output_weights: bool = False) -> ModelSpec:
+                  untie_embeddings_and_output_weights: bool = False, normalization: str = "LayerNorm",
+                  add_bias_linear: bool = True, position_embedding_type: str = "learned_absolute",
+                  rotary_base: int = 10000) -> ModelSpec:
     """A model whose layers are all alike, from Megatron's flag values."""
     layer = LayerSpec(
         hidden_size=hidden_size,
@@ -124,17 +148,23 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
         num_query_groups=num_query_groups or num_attention_heads,
         ffn_hidden_size=ffn_hidden_size or 4 * hidden_size,
         swiglu=swiglu,
+        normalization=normalization,
+        add_bias_linear=add_bias_linear,
     )
     return ModelSpec(name=name, layers=(layer,) * num_layers, seq_length=seq_length,
                      vocab_size=vocab_size,
-                     untie_embeddings_and_output_weights=untie_embeddings_and_output_weights)
+                     untie_embeddings_and_output_weights=untie_embeddings_and_output_weights,
+                     position_embedding_type=position_embedding_type, rotary_base=rotary_base)
 
 
 _COMPACT_KEYS = {
     "num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size",
     "ffn_hidden_size", "num_query_groups", "swiglu", "untie_embeddings_and_output_weights",
     "name", "schema_version", "max_position_embeddings",
+    "normalization", "add_bias_linear", "position_embedding_type", "rotary_base",
 }
+_COMPACT_TYPES = {"swiglu": bool, "untie_embeddings_and_output_weights": bool, "add_bias_linear": bool,
+                  "normalization": str, "position_embedding_type": str}
 
 
 def model_from_dict(data: dict, label: str = "model") -> ModelSpec:
@@ -152,7 +182,7 @@ def model_from_dict(data: dict, label: str = "model") -> ModelSpec:
     _check_version(data.get("schema_version", MODEL_SCHEMA_VERSION), MODEL_SCHEMA_VERSION, label, UserError)
     kwargs = {k: v for k, v in data.items() if k not in ("name", "schema_version", "max_position_embeddings")}
     for key, value in kwargs.items():
-        expected = bool if key in ("swiglu", "untie_embeddings_and_output_weights") else int
+        expected = _COMPACT_TYPES.get(key, int)
         if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
             raise UserError(f"{label}.{key}: expected {expected.__name__}, got {value!r}")
     try:

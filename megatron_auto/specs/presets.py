@@ -26,13 +26,16 @@ _GPT3_SHAPES = {
     "gpt3-1t": (128, 25600, 160),
 }
 
-# name: (layers, hidden, heads, kv groups, ffn, seq, vocab)
+# name: (layers, hidden, heads, kv groups, ffn, seq, vocab, rotary base)
 _LLAMA_SHAPES = {
-    "llama2-7b": (32, 4096, 32, 32, 11008, 4096, 32000),
-    "llama2-13b": (40, 5120, 40, 40, 13824, 4096, 32000),
-    "llama2-70b": (80, 8192, 64, 8, 28672, 4096, 32000),
-    "llama3-8b": (32, 4096, 32, 8, 14336, 8192, 128256),
+    "llama2-7b": (32, 4096, 32, 32, 11008, 4096, 32000, 10000),
+    "llama2-13b": (40, 5120, 40, 40, 13824, 4096, 32000, 10000),
+    "llama2-70b": (80, 8192, 64, 8, 28672, 4096, 32000, 10000),
+    "llama3-8b": (32, 4096, 32, 8, 14336, 8192, 128256, 500000),
 }
+# LLaMA's architecture: SwiGLU, RMSNorm, no linear biases, rotary positions, untied head.
+_LLAMA_ARCHITECTURE = dict(swiglu=True, normalization="RMSNorm", add_bias_linear=False,
+                           position_embedding_type="rope", untie_embeddings_and_output_weights=True)
 
 
 def _model_presets() -> dict[str, ModelSpec]:
@@ -40,16 +43,14 @@ def _model_presets() -> dict[str, ModelSpec]:
         name: uniform_model(name, layers, hidden, heads, seq_length=2048, vocab_size=51200)
         for name, (layers, hidden, heads) in _GPT3_SHAPES.items()
     }
-    for name, (layers, hidden, heads, groups, ffn, seq, vocab) in _LLAMA_SHAPES.items():
+    for name, (layers, hidden, heads, groups, ffn, seq, vocab, base) in _LLAMA_SHAPES.items():
         presets[name] = uniform_model(name, layers, hidden, heads, seq, vocab, ffn_hidden_size=ffn,
-                                      num_query_groups=groups, swiglu=True,
-                                      untie_embeddings_and_output_weights=True)
+                                      num_query_groups=groups, rotary_base=base, **_LLAMA_ARCHITECTURE)
     # Tiny models for tests and CPU runs.
     presets["tiny-gpt"] = uniform_model("tiny-gpt", 4, 64, 4, seq_length=32, vocab_size=128)
     presets["tiny-gpt-8l"] = uniform_model("tiny-gpt-8l", 8, 128, 8, seq_length=64, vocab_size=512)
     presets["tiny-llama"] = uniform_model("tiny-llama", 4, 64, 4, seq_length=32, vocab_size=128,
-                                          ffn_hidden_size=176, num_query_groups=2, swiglu=True,
-                                          untie_embeddings_and_output_weights=True)
+                                          ffn_hidden_size=176, num_query_groups=2, **_LLAMA_ARCHITECTURE)
     return presets
 
 

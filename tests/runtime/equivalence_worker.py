@@ -1,7 +1,8 @@
 """One rank of an equivalence launch: run several parallel layouts of the same tiny GPT in turn.
 
 Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python equivalence_worker.py CASES.json RESULTS.json
-Each case: {"name", "flags": ManualParallelism fields, "steps", optional "load_weights" (checkpoint dir,
+Each case: {"name", "flags": ManualParallelism fields, "steps", optional "model" ("gpt" or "llama"),
+optional "load_weights" (checkpoint dir,
 weights only), "resume" (checkpoint dir, full state), "save" + "save_interval", "force_batch_p2p"}.
 The last rank writes {name: {"iterations", "losses", "grad_norms"} or {"error"}} to RESULTS.json.
 """
@@ -23,6 +24,12 @@ from megatron_auto.specs.model import uniform_model  # noqa: E402
 
 MODEL = uniform_model("equivalence-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
                       seq_length=32, vocab_size=256)
+# LLaMA's architecture at test size: GQA (2 groups), SwiGLU, RMSNorm, no linear biases, RoPE, untied head.
+LLAMA = uniform_model("equivalence-llama", num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
+                      vocab_size=256, num_query_groups=2, ffn_hidden_size=176, swiglu=True, normalization="RMSNorm",
+                      add_bias_linear=False, position_embedding_type="rope", rotary_base=500000,
+                      untie_embeddings_and_output_weights=True)
+MODELS = {"gpt": MODEL, "llama": LLAMA}
 SETTINGS = TrainSettings(train_iters=5, lr=1e-3, hidden_dropout=0.0, attention_dropout=0.0, clip_grad=1.0,
                          weight_decay=0.01, seed=1234, timeout_s=90.0, data=DataSettings(vocab_size=256))
 
@@ -33,8 +40,9 @@ def run_case(case: dict, info) -> dict:
     settings = dataclasses.replace(SETTINGS, train_iters=case.get("steps", 5), save=case.get("save"),
                                    save_interval=case.get("save_interval", 0))
     world = torch.distributed.get_world_size()
-    plan = plan_from_flags(MODEL, world, ManualParallelism(**case["flags"]))
-    run = session.build_session(plan, MODEL, settings, info.backend, info.device)
+    model = MODELS[case.get("model", "gpt")]
+    plan = plan_from_flags(model, world, ManualParallelism(**case["flags"]))
+    run = session.build_session(plan, model, settings, info.backend, info.device)
     if case.get("force_batch_p2p"):
         for chunk in run.model:
             chunk.config.batch_p2p_comm = True

@@ -1,7 +1,7 @@
 """One rank of a hybrid equivalence launch: run hybrid plans of a tiny GPT in turn.
 
 Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python hybrid_worker.py CASES.json RESULTS.json
-Each case: {"name", "plan": plan.json path or {"chunks": [[strategy, ...], ...], "embedding": strategy,
+Each case: {"name", optional "model" ("gpt" or "llama"), "plan": plan.json path or {"chunks": [[strategy, ...], ...], "embedding": strategy,
 "micro_batches": m, "virtual_stages": v}, "init": state-dict path, optional "reference": true (stock single-process run that
 saves its initial state dict to "init"), optional "dropout": p (hidden and attention dropout), optional
 "probe": true (before training, every rank draws 4 numbers per segment inside the segment's TP-region
@@ -29,6 +29,12 @@ from megatron_auto.specs.model import uniform_model  # noqa: E402
 
 MODEL = uniform_model("hybrid-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
                       seq_length=32, vocab_size=256)
+# LLaMA's architecture at test size: GQA (2 groups), SwiGLU, RMSNorm, no linear biases, RoPE, untied head.
+LLAMA = uniform_model("hybrid-llama", num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
+                      vocab_size=256, num_query_groups=2, ffn_hidden_size=176, swiglu=True, normalization="RMSNorm",
+                      add_bias_linear=False, position_embedding_type="rope", rotary_base=500000,
+                      untie_embeddings_and_output_weights=True)
+MODELS = {"gpt": MODEL, "llama": LLAMA}
 SETTINGS = TrainSettings(train_iters=5, lr=1e-3, hidden_dropout=0.0, attention_dropout=0.0, clip_grad=1.0,
                          weight_decay=0.01, seed=1234, timeout_s=90.0, make_vocab_size_divisible_by=64,
                          data=DataSettings(vocab_size=256))
@@ -65,15 +71,16 @@ def run_case(case: dict, info) -> dict:
     dropout = case.get("dropout", 0.0)
     settings = dataclasses.replace(SETTINGS, train_iters=case.get("steps", 5), hidden_dropout=dropout,
                                    attention_dropout=dropout)
+    model = MODELS[case.get("model", "gpt")]
     if case.get("reference"):
-        plan = plan_from_flags(MODEL, world, ManualParallelism(global_batch_size=GLOBAL_BATCH, micro_batch_size=2))
-        run = session.build_session(plan, MODEL, settings, info.backend, info.device)
+        plan = plan_from_flags(model, world, ManualParallelism(global_batch_size=GLOBAL_BATCH, micro_batch_size=2))
+        run = session.build_session(plan, model, settings, info.backend, info.device)
         torch.save(run.model[0].module.state_dict(), case["init"])
     else:
         spec = case["plan"]
         plan = load_plan(spec) if isinstance(spec, str) else hybrid_plan(spec, world)
         state = torch.load(case["init"], weights_only=True)
-        run = session.build_session(plan, MODEL, settings, info.backend, info.device, initial_state=state)
+        run = session.build_session(plan, model, settings, info.backend, info.device, initial_state=state)
     probe = probe_dropout_streams(run) if case.get("probe") else None
     results = session.train(run)
     out = {"losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results]}

@@ -37,6 +37,11 @@ def _four_rank_cases(tmp) -> list[dict]:
          **init},
         {"name": "resume_1rank_ckpt_as_tp2_pp2", "flags": {**BATCH, "tensor_parallel": 2, "pipeline_parallel": 2},
          "resume": str(tmp / "reference"), "resume_step": 3},
+        {"name": "llama_tp2_sp_dp2", "model": "llama", "flags": {**BATCH, "tensor_parallel": 2,
+                                                                 "sequence_parallel": True},
+         "load_weights": str(tmp / "init_llama")},
+        {"name": "llama_pp2_dp2", "model": "llama", "flags": {**BATCH, "pipeline_parallel": 2},
+         "load_weights": str(tmp / "init_llama")},
         {"name": "vpp_batched_p2p_refused", "flags": {**BATCH, "pipeline_parallel": 2, "layers_per_virtual_stage": 1},
          "force_batch_p2p": True, "expect_error": True, "steps": 1, **init},
     ]
@@ -61,14 +66,22 @@ def workdir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(workdir) -> dict:
-    case = {"name": "reference", "flags": {"global_batch_size": 8, "micro_batch_size": 2},
-            "save_initial": str(workdir / "init"), "save": str(workdir / "reference"), "save_interval": 3}
-    return _run(workdir, 1, [case], timeout_s=180)["reference"]
+def references(workdir) -> dict:
+    flags = {"global_batch_size": 8, "micro_batch_size": 2}
+    cases = [{"name": "reference", "flags": flags, "save_initial": str(workdir / "init"),
+              "save": str(workdir / "reference"), "save_interval": 3},
+             # The LLaMA architecture (GQA, SwiGLU, RMSNorm, no biases, RoPE, untied head).
+             {"name": "llama_reference", "model": "llama", "flags": flags, "save_initial": str(workdir / "init_llama")}]
+    return _run(workdir, 1, cases, timeout_s=180)
 
 
 @pytest.fixture(scope="module")
-def four_rank(workdir, reference) -> dict:
+def reference(references) -> dict:
+    return references["reference"]
+
+
+@pytest.fixture(scope="module")
+def four_rank(workdir, references) -> dict:
     return _run(workdir, 4, _four_rank_cases(workdir), timeout_s=360)
 
 
@@ -88,17 +101,24 @@ def assert_matches_reference(result: dict, reference: dict) -> None:
             f"iteration {iteration}: grad norm {grad_norm} != {ref_norm}"
 
 
-def test_reference_learns(reference):
+@pytest.mark.parametrize("which", ["reference", "llama_reference"])
+def test_reference_learns(references, which):
+    reference = references[which]
     assert reference["iterations"] == list(range(1, STEPS + 1))
     assert all(math.isfinite(x) for x in reference["losses"] + reference["grad_norms"])
     # Distinct steps: equality below is not the trivial equality of constant numbers.
     assert len(set(reference["losses"])) == STEPS
 
 
+def test_llama_architecture_differs_from_gpt(references):
+    assert references["llama_reference"]["losses"][0] != references["reference"]["losses"][0]
+
+
 @pytest.mark.parametrize("name", [c["name"] for c in _four_rank_cases(__import__("pathlib").Path("."))
                                   if not c.get("expect_error")])
-def test_four_ranks_match_single_process(four_rank, reference, name):
-    assert_matches_reference(four_rank[name], reference)
+def test_four_ranks_match_single_process(four_rank, references, name):
+    model = next(c.get("model", "gpt") for c in _four_rank_cases(__import__("pathlib").Path(".")) if c["name"] == name)
+    assert_matches_reference(four_rank[name], references["llama_reference" if model == "llama" else "reference"])
 
 
 def test_resumed_run_continues_the_uninterrupted_one(four_rank):

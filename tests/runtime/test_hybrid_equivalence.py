@@ -41,6 +41,12 @@ FOUR_RANK = {
     "recompute_on_some_layers": {"chunks": [[{**TP2DP2, "recompute": "full"}, TP2DP2,
                                              {**TP4, "recompute": "selective"}, DP4]], "embedding": DP4},
 }
+LLAMA_FOUR_RANK = {
+    # RoPE tables reach every segment; RMSNorm under SP; 2 KV groups split over TP2 (TP4 would not divide them).
+    "llama_tp2dp2_then_dp4_then_tp2dp2": {"chunks": [[TP2DP2, DP4, {**TP2DP2, "sp": False}, TP2DP2]],
+                                          "embedding": TP2DP2},
+    "llama_pp2_vpp2_tp2_and_dp2_chunks": FOUR_RANK["vpp2_pp2_tp2_and_dp2_chunks"],
+}
 DROPOUT_PLAN = {"chunks": [[{"tp": 4}, TP2DP2, DP4, TP4]], "embedding": TP2DP2}
 """TP4 without SP (attention dropout in the TP region), TP2xDP2 and TP4 with SP (hidden dropout too)."""
 EIGHT_RANK = {
@@ -68,9 +74,15 @@ def workdir(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def reference(workdir) -> dict:
-    case = {"name": "reference", "reference": True, "init": str(workdir / "init.pt")}
-    return _run(workdir, 1, [case], timeout_s=120)["reference"]
+def references(workdir) -> dict:
+    cases = [{"name": "reference", "reference": True, "init": str(workdir / "init.pt")},
+             {"name": "llama_reference", "model": "llama", "reference": True, "init": str(workdir / "init_llama.pt")}]
+    return _run(workdir, 1, cases, timeout_s=150)
+
+
+@pytest.fixture(scope="module")
+def reference(references) -> dict:
+    return references["reference"]
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +93,9 @@ def four_rank(workdir, reference) -> dict:
     cases.append({"name": "planner", "plan": str(workdir / "planned.json"), "init": init})
     cases += [{"name": f"dropout_{run}", "plan": DROPOUT_PLAN, "init": init, "dropout": 0.1, "probe": True}
               for run in "ab"]
-    return _run(workdir, 4, cases, timeout_s=240)
+    cases += [{"name": name, "model": "llama", "plan": plan, "init": str(workdir / "init_llama.pt")}
+              for name, plan in LLAMA_FOUR_RANK.items()]
+    return _run(workdir, 4, cases, timeout_s=270)
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +140,11 @@ def test_tp_ranks_of_a_segment_draw_their_own_dropout_streams(four_rank):
             assert len(set(outside)) == 1, f"tp{tp} ranks {first}..: different masks outside TP regions"
     # Two segments with the same TP rank still draw different streams.
     assert probe[0]["inside"][0] != probe[3]["inside"][0]
+
+
+@pytest.mark.parametrize("name", list(LLAMA_FOUR_RANK))
+def test_llama_architecture_hybrid_plans_match_single_process(four_rank, references, name):
+    assert_matches(four_rank[name], references["llama_reference"])
 
 
 @pytest.mark.parametrize("name", list(EIGHT_RANK))

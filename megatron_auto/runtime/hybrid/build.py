@@ -124,12 +124,25 @@ def _shell(ctx: BuildContext, pre_process: bool, post_process: bool, vp_stage):
         vocab_size=ctx.padded_vocab, max_sequence_length=ctx.settings.max_position_embeddings or ctx.model.seq_length,
         pre_process=pre_process, post_process=post_process,
         share_embeddings_and_output_weights=not ctx.model.untie_embeddings_and_output_weights,
-        position_embedding_type="learned_absolute", pg_collection=pg_collection(ctx, strategy), vp_stage=vp_stage)
+        pg_collection=pg_collection(ctx, strategy), vp_stage=vp_stage,
+        **models.position_embedding_args(ctx.model, ctx.settings))
     use_group_cross_entropy(shell)
     if post_process and not pre_process and shell.share_embeddings_and_output_weights:
         # The last stage's copy of the tied embedding: counted once (on the first stage) in the norm.
         shell.output_layer.weight.shared = True
     return shell, config
+
+
+def _rotary(ctx: BuildContext, config):
+    """The decoder's own RoPE table (rope models): stages without the GPT shell need one too,
+    and it does not depend on the layout, since attention sees the whole sequence."""
+    if ctx.model.position_embedding_type != "rope":
+        return None
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    return RotaryEmbedding(kv_channels=config.kv_channels, rotary_percent=ctx.settings.rotary_percent,
+                           rotary_interleaved=config.rotary_interleaved, rotary_base=ctx.model.rotary_base,
+                           use_cpu_initialization=config.use_cpu_initialization)
 
 
 def part_rng(ctx: BuildContext, strategy: LayerStrategy, part_index: int) -> PartRng:
@@ -148,7 +161,8 @@ def build_chunk(ctx: BuildContext, chunk_index: int, vp_stage) -> HybridChunk:
     rngs = [part_rng(ctx, seg.strategy, seg.first + 1) for seg in segments]
     blocks = [block for block, _ in built]  # fully_shard (ZeRO-3) wraps a block in place
     decoder = HybridDecoder(blocks, [s.strategy for s in segments], plan.embedding if first else boundary,
-                            plan.embedding if last else boundary, ctx.pgs, rngs)
+                            plan.embedding if last else boundary, ctx.pgs, rngs,
+                            rotary=_rotary(ctx, built[0][1]) if built else None)
     members = [(block, seg.strategy, config, False) for (block, config), seg in zip(built, segments)]
     shell, config = None, hconfigs.segment_config(ctx.model, plan, plan.embedding, ctx.settings, ctx.backend)
     if first or last:

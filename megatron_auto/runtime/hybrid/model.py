@@ -28,8 +28,10 @@ class HybridDecoder(torch.nn.Module):
     """
 
     def __init__(self, segments: list, strategies: list[LayerStrategy], input_strategy: LayerStrategy,
-                 output_strategy: LayerStrategy, pgs, rngs: list | None = None) -> None:
+                 output_strategy: LayerStrategy, pgs, rngs: list | None = None, rotary=None) -> None:
         super().__init__()
+        self.rotary = rotary
+        """RotaryEmbedding of a rope model (None otherwise): every block gets its table."""
         self.__dict__["segment_modules"] = segments
         self.strategies = strategies
         self.rngs = rngs if rngs is not None else [None] * len(segments)
@@ -37,6 +39,11 @@ class HybridDecoder(torch.nn.Module):
         self.input_strategy, self.output_strategy = input_strategy, output_strategy
         self.pgs = pgs
         self.input_tensor = None
+
+    def sequence_length(self, hidden_states) -> int:
+        """Full sequence length of the input [s', b', h]: s' x TP under an SP input layout."""
+        split = self.input_strategy.tp if self.input_strategy.sp else 1
+        return hidden_states.shape[0] * split
 
     @property
     def layers(self) -> list:
@@ -51,10 +58,11 @@ class HybridDecoder(torch.nn.Module):
         if hidden_states is None:
             hidden_states = self.input_tensor
         current = self.input_strategy
+        rope = {} if self.rotary is None else {"rotary_pos_emb": self.rotary(self.sequence_length(hidden_states))}
         for module, strategy, rng in zip(self.segment_modules, self.strategies, self.rngs):
             hidden_states = relayout(hidden_states, current, strategy, self.pgs)
             with rng.active() if rng is not None else contextlib.nullcontext():
-                hidden_states = module(hidden_states=hidden_states, attention_mask=attention_mask)
+                hidden_states = module(hidden_states=hidden_states, attention_mask=attention_mask, **rope)
             current = strategy
         return relayout(hidden_states, current, self.output_strategy, self.pgs)
 

@@ -66,12 +66,11 @@ class ShardedPart(torch.nn.Module):
 
     @contextlib.contextmanager
     def no_sync(self):
-        """Accumulate unsharded gradients locally; the next backward outside reduce-scatters them."""
-        self.module.set_requires_gradient_sync(False)
-        try:
-            yield
-        finally:
-            self.module.set_requires_gradient_sync(True)
+        """Nothing to defer: ZeRO-3 reduce-scatters every micro-batch's gradients into the shards
+        (DeepSpeed's and FSDP's default), so no rank holds a whole layer's gradients between
+        micro-batches; the cost model charges one reduce-scatter per micro-batch and 1/d of the
+        gradients (cost.communication.zero3_comm_time, cost.memory.model_state_bytes)."""
+        yield
 
     def finish_grad_sync(self) -> None:
         """FSDP2 waits for its reduce-scatters at the end of backward: nothing left to do."""

@@ -11,15 +11,26 @@ import torch
 from .sharded import copy_into_shard
 
 
-def _slice_for_rank(full: torch.Tensor, param: torch.nn.Parameter, tp_group) -> torch.Tensor:
+def _slice_for_rank(full: torch.Tensor, param: torch.nn.Parameter, tp_group, gated: bool) -> torch.Tensor:
+    """This TP rank's cut. A gated (SwiGLU) fc1 stacks [gate; up]; each TP rank holds
+    [gate shard; up shard] (Megatron-Core's swiglu sharded state dict), so both halves are cut."""
     if not getattr(param, "tensor_model_parallel", False):
         return full
     size, rank = torch.distributed.get_world_size(tp_group), torch.distributed.get_rank(tp_group)
+    if gated:
+        return torch.cat([half.chunk(size, dim=0)[rank] for half in full.chunk(2, dim=0)], dim=0)
     return full.chunk(size, dim=param.partition_dim)[rank]
 
 
-def _shell_key(name: str) -> str:
-    return "embedding.word_embeddings.weight" if name == "output_layer.weight" else name
+def _is_gated_fc1(key: str, param: torch.nn.Parameter, gated_linear_unit: bool) -> bool:
+    return gated_linear_unit and ".mlp.linear_fc1." in key and getattr(param, "partition_dim", None) == 0
+
+
+def _shell_key(name: str, state: dict) -> str:
+    """A tied LM head's weight is the word embedding's; an untied head has its own entry."""
+    if name == "output_layer.weight" and name not in state:
+        return "embedding.word_embeddings.weight"
+    return name
 
 
 def _segment_key(name: str, first: int) -> str:
@@ -36,13 +47,14 @@ def load_full_state(chunks, state: dict[str, torch.Tensor], segment_firsts: list
     for chunk, firsts in zip(chunks, segment_firsts):
         named = []
         if chunk.shell is not None:
-            named += [(chunk.shell_tp_group, _shell_key(n), p) for n, p in chunk.shell.named_parameters()]
+            named += [(chunk.shell_tp_group, _shell_key(n, state), p) for n, p in chunk.shell.named_parameters()]
         for block, tp_group, first in zip(chunk.segments, chunk.block_tp_groups, firsts):
             named += [(tp_group, _segment_key(n, first), p) for n, p in block.named_parameters()]
         for tp_group, key, param in named:
             if key not in state:
                 raise KeyError(f"no '{key}' in the state dict")
-            full = _slice_for_rank(state[key], param, tp_group)
+            gated = _is_gated_fc1(key, param, chunk.config.gated_linear_unit)
+            full = _slice_for_rank(state[key], param, tp_group, gated)
             if getattr(param, "__fsdp_param__", False):
                 copy_into_shard(param, full)
             else:
