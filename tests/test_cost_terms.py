@@ -371,3 +371,14 @@ def test_head_weights_only_with_a_pipeline_or_untied():
     embedding = embedding_cost(GPT, strategy, B, TOY, BF16, 2).embedding
     assert embedding.state_bytes == approx((51200 + 512) * H * 18 / 4)
     assert embedding.tp_comm_s == approx(TP_AR)  # one all-reduce of the embedding output
+
+
+def test_cross_entropy_adds_three_token_all_reduces_under_tp():
+    from megatron_auto.cost.embedding import cross_entropy_comm_time
+    from megatron_auto.cost.models import comm_model
+    from megatron_auto.specs.presets import CLUSTER_PRESETS
+
+    cluster = CLUSTER_PRESETS["dgx-a100-80gb"]
+    assert cross_entropy_comm_time(4096, LayerStrategy(tp=1, dp=8), cluster) == 0.0
+    one = comm_model(cluster).collective_time("all_reduce", 4.0 * 4096, 8, 1, cluster)
+    assert cross_entropy_comm_time(4096, LayerStrategy(tp=8, dp=1), cluster) == pytest.approx(3 * one)

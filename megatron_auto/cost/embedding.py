@@ -10,7 +10,7 @@ from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
 from .communication import dp_comm_time, tp_comm_time
 from .flops import Gemm
-from .models import compute_model
+from .models import comm_model, compute_model
 from .memory import embedding_activation_bytes, logits_activation_bytes, model_state_bytes
 
 
@@ -50,13 +50,24 @@ def embedding_cost(model: ModelSpec, strategy: LayerStrategy, samples: int, clus
     )
     logits = compute_model(cluster).gemm_time(Gemm(samples * s, h, vocab // strategy.tp), cluster)
     head_params = vocab * h if (pipeline_parallel > 1 or model.untie_embeddings_and_output_weights) else 0
+    loss_comm = cross_entropy_comm_time(s * samples, strategy, cluster)
     head = PartCost(
-        micro_batch_s=3 * logits + one_collective, backward_s=2 * logits, tp_comm_s=one_collective,
+        micro_batch_s=3 * logits + one_collective + loss_comm, backward_s=2 * logits,
+        tp_comm_s=one_collective + loss_comm,
         dp_comm_per_iteration_s=dp_comm_time(head_params, strategy, cluster, training),
         state_bytes=model_state_bytes(head_params, strategy, training),
         activation_bytes=logits_activation_bytes(model, samples, strategy),
     )
     return EmbeddingCost(embedding=embedding, head=head)
+
+
+def cross_entropy_comm_time(tokens: int, strategy: LayerStrategy, cluster: ClusterSpec) -> float:
+    """The vocab-parallel cross entropy's three all-reduces over TP, of one fp32 value per token
+    each: the logits' max, the target logit and the sum of exponentials (Megatron-Core
+    tensor_parallel/cross_entropy.py, _VocabParallelCrossEntropy.forward)."""
+    if strategy.tp == 1:
+        return 0.0
+    return 3 * comm_model(cluster).collective_time("all_reduce", 4.0 * tokens, strategy.tp, 1, cluster)
 
 
 def _no_recompute(strategy: LayerStrategy) -> LayerStrategy:
