@@ -1,6 +1,7 @@
 """estimate_plan: the cost model's prediction for a whole Plan."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from ..errors import UserError
@@ -13,7 +14,7 @@ from .embedding import EmbeddingCost, embedding_cost
 from .flops import model_flops_per_iteration
 from .layer_cost import LayerCost, layer_cost
 from .memory import in_flight_micro_batches
-from .models import comm_model, compute_model, runtime_overhead
+from .models import comm_model, compute_model, core_share, profiled_cpu_cores, runtime_overhead
 from .pipeline import bubble_time, exposed_dp_time, pipeline_time
 
 __all__ = ["estimate_plan", "model_flops_per_iteration", "StageCost", "stage_costs"]
@@ -198,6 +199,10 @@ def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: 
     memory = [stage_memory_bytes(plan, i, s, model, cluster, training) for i, s in enumerate(stages)]
     budget = training.budget_for(cluster.gpu.memory_bytes)
     critical = max(range(len(stages)), key=lambda i: times[i])
+    if profiled_cpu_cores(cluster):
+        lockstep = max(s.tp for s in plan.distinct_strategies | {plan.embedding})
+        iteration = time_sliced_iteration(iteration, cpu_work(stages[critical], m), core_share(cluster),
+                                          profiled_cpu_cores(cluster), cluster.gpus_per_node, lockstep)
     return Prediction(
         iteration_time_s=iteration,
         tflops_per_gpu=model_flops_per_iteration(model, plan.global_batch_size) / iteration / plan.world_size / 1e12,
@@ -208,6 +213,32 @@ def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: 
         stage_time_s=tuple(m * t for t in times),
         breakdown=_breakdown(stages[critical], m, bubble_time(times, m, v)),
     )
+
+
+def cpu_work(stage: StageCost, m: int) -> float:
+    """Seconds of one iteration a rank of `stage` spends computing: layers, recomputation, the
+    runtime's own work and the optimizer step (the rest is waiting on collectives and the bubble)."""
+    return m * (stage.compute_s + stage.recompute_s + stage.runtime_s) + stage.optimizer_s + stage.step_overhead_s
+
+
+def time_sliced_iteration(iteration: float, profiled_work: float, share: float, cores: int, ranks: int,
+                          lockstep: int = 1) -> float:
+    """The iteration when `ranks` processes time-slice fewer CPU cores (mean-field processor sharing).
+
+    The profiles timed the compute with every process busy, each at `share` (cores /
+    processes) of a core, so the work takes W = profiled_work x share seconds of a whole
+    core; the rest of the iteration, Q, is waiting. The g = `lockstep` ranks of a TP
+    group compute and wait together (every layer synchronises them); each other rank is
+    busy a fraction f = x / (x + Q) of the iteration (x: a rank's compute wall time),
+    independently. A computing rank then gets C / (g + (R - g) f) of a core when that is
+    below one (processor sharing: Kleinrock, JACM 1967), so x = W (g + (R - g) f) / C,
+    i.e. C x^2 + (C Q - W R) x - W g Q = 0. With Q = 0 this gives back the profiled work.
+    """
+    work = profiled_work * share
+    waiting = max(0.0, iteration - profiled_work)
+    b = cores * waiting - work * ranks
+    busy = (-b + math.sqrt(b * b + 4 * cores * work * lockstep * waiting)) / (2 * cores)
+    return waiting + max(work, busy)
 
 
 def _breakdown(stage: StageCost, m: int, bubble: float) -> TimeBreakdown:

@@ -103,6 +103,23 @@ def comm_model(cluster: ClusterSpec) -> CommModel:
     return profiled_comm(measured.cluster, cluster.grad_overlap)
 
 
+def core_share(cluster: ClusterSpec) -> float:
+    """The share of a core each process had while the layer profile timed it: cores / processes
+    when more processes than cores ran at once on a CPU, else 1 (no oversubscription)."""
+    cores = profiled_cpu_cores(cluster)
+    return 1.0 if cores == 0 else cores / cluster.measured.model.concurrent_processes
+
+
+def profiled_cpu_cores(cluster: ClusterSpec) -> int:
+    """The CPU cores the layer profile's processes shared, when there were fewer cores than
+    processes (0 otherwise: no time-slicing to model)."""
+    measured = cluster.measured
+    profile = None if measured is None else measured.model
+    if profile is None or profile.cpu_cores <= 0 or profile.concurrent_processes <= profile.cpu_cores:
+        return 0
+    return profile.cpu_cores
+
+
 def runtime_overhead(cluster: ClusterSpec) -> tuple[float, float]:
     """(seconds per iteration, seconds per micro-batch per chunk) of the training runtime's own
     work beyond layers, collectives and optimizer: measured (ClusterProfile) or none."""

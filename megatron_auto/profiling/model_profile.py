@@ -87,4 +87,15 @@ def profile_model(model: ModelSpec, sweep: ModelSweep,
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return ModelProfile(name=model.name, device=name, precision=sweep.settings.precision,
                         concurrent_processes=dist.get_world_size(), layers=tuple(entries),
-                        optimizer_s_per_state_byte=optimizer_rate)
+                        optimizer_s_per_state_byte=optimizer_rate,
+                        cpu_cores=0 if device.type == "cuda" else usable_cpu_cores())
+
+
+def usable_cpu_cores() -> int:
+    """Cores this process may run on (its affinity mask; the whole machine where that is unknown)."""
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1

@@ -18,6 +18,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from ..cost.estimate import estimate_plan
+from ..cost.models import core_share
 from ..errors import UserError
 from ..plan import Chunk, LayerStrategy, Plan, boundary_layout_for
 from ..specs.cluster import ClusterSpec
@@ -194,7 +195,7 @@ def _solve(candidate: Candidate, model, cluster, training, options, stats,
     budget = training.budget_for(cluster.gpu.memory_bytes)
     unit = budget / options.memory_units
     max_len = min(model.num_layers - pp + 1, int(options.max_stage_factor * math.ceil(model.num_layers / pp)) + 1)
-    if incumbent < math.inf:
+    if incumbent < math.inf and core_share(cluster) == 1.0:
         with stats.timed("hybrid space: relaxed bound"):
             if _relaxed_bound(candidate, model, budget, max_len, m, incumbent) >= incumbent:
                 stats.drop("memory-relaxed-bound")
@@ -227,6 +228,9 @@ def search_hybrid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     and every candidate whose bound cannot beat it is skipped unsolved.
     """
     stats = stats or SpaceStats()
+    # Where ranks time-slice CPU cores, estimate_plan (cost.estimate.time_sliced_iteration)
+    # can undercut the DP's sums, which then bound nothing: no candidate is skipped on a bound.
+    bounded = core_share(cluster) == 1.0
     candidates = []
     for pp in pipeline_degrees(model, cluster, constraints):
         sizes = micro_batch_sizes(training, pp, cluster.world_size // pp)
@@ -237,7 +241,7 @@ def search_hybrid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     best: Optional[Plan] = None
     for index, candidate in enumerate(candidates):
         bound = min(incumbent, best.prediction.iteration_time_s if best else math.inf)
-        if candidate.lower_bound >= bound:
+        if bounded and candidate.lower_bound >= bound:
             stats.drop("lower-bound", len(candidates) - index)
             break
         plan = _solve(candidate, model, cluster, training, options, stats, bound)
@@ -255,7 +259,9 @@ def _best_embedding(best: Plan, model, cluster, training, constraints, options, 
     samples = training.global_batch_size // best.num_micro_batches
     for tp in sorted({s.tp for s in best.layer_strategies}):
         candidate = _prepare(model, cluster, training, constraints, best.pipeline_parallel, samples, stats, tp)
-        if candidate is None or candidate.lower_bound >= best.prediction.iteration_time_s:
+        hopeless = core_share(cluster) == 1.0 and candidate is not None \
+            and candidate.lower_bound >= best.prediction.iteration_time_s
+        if candidate is None or hopeless:
             continue
         plan = _solve(candidate, model, cluster, training, options, stats, best.prediction.iteration_time_s)
         if plan is not None and plan.prediction.iteration_time_s < best.prediction.iteration_time_s:

@@ -8,6 +8,7 @@ from typing import Optional, Sequence
 
 from ..cost.estimate import estimate_plan
 from ..cost.layer_cost import layer_cost
+from ..cost.models import core_share
 from ..errors import UserError
 from ..plan import Chunk, LayerStrategy, Plan
 from ..specs.cluster import ClusterSpec
@@ -117,16 +118,19 @@ def pipeline_lower_bound(model: ModelSpec, cluster: ClusterSpec, training: Train
     `max_virtual_stages`. Each stage's slot holds at least its layers' micro_batch_s
     (compute, TP traffic, selective recomputation); full recomputation is left out
     because its layer count is still open, so the bound stays below every choice of it.
+    Where ranks time-slice CPU cores the compute counts at a whole core, its least
+    (cost.estimate.time_sliced_iteration).
     """
     dp = cluster.world_size // (config.tp * config.pp)
     recompute = config.recompute if config.recompute != "full" else "none"
     strategy = LayerStrategy(tp=config.tp, dp=dp, zero=1 if config.distributed_optimizer else 0,
                              sp=config.sequence_parallel and config.tp > 1, recompute=recompute)
     m = training.global_batch_size // (micro_batch_size * dp)
-    work = 0.0
+    work, idle = 0.0, 1.0 - core_share(cluster)
     for spec in set(model.layers):
         cost = layer_cost(spec, strategy, micro_batch_size, model.seq_length, cluster, training)
-        work += model.layers.count(spec) * cost.micro_batch_s
+        compute = cost.forward_s + cost.backward_s + cost.recompute_s
+        work += model.layers.count(spec) * (cost.micro_batch_s - idle * compute)
     return (m + (config.pp - 1) / max_virtual_stages) * work / config.pp
 
 

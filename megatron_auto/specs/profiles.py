@@ -141,6 +141,8 @@ class ModelProfile(CachedHash):
     """One entry per distinct layer type."""
     optimizer_s_per_state_byte: float = 0.0
     """Seconds of one Adam step per byte of model state (0: unmeasured; the analytic rate is used)."""
+    cpu_cores: int = 0
+    """CPU cores those processes shared (on CPU; 0: not recorded, or a GPU profile)."""
     kind: str = MODEL_PROFILE_KIND
     """Record type tag."""
     schema_version: int = PROFILE_SCHEMA_VERSION
