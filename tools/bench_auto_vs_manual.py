@@ -30,7 +30,7 @@ from pathlib import Path
 
 import ab_steps
 from docs_sections import replace_section
-from heavy_lock import LOCK, held_lock_fds
+from heavy_lock import held_lock_fds, hold_lock_or_relaunch
 from paired_ratio import load_average, pair_order, paired_ratio
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -210,8 +210,7 @@ def main() -> None:
     parser.add_argument("--launches", type=int, default=3, help="in-process A/B launches")
     parser.add_argument("--no-docs", action="store_true", help="print the section, leave docs/benchmarks.md alone")
     args = parser.parse_args()
-    if not held_lock_fds():
-        os.execvp("flock", ["flock", LOCK, PYTHON, *sys.argv])
+    hold_lock_or_relaunch(PYTHON, sys.argv)
     ensure_data()
     first = run(AUTO, args.iters)
     commands = (AUTO, without_flag(planned_flags(first), "--global-batch-size"))

@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import ab_steps  # noqa: E402
 from docs_sections import replace_section  # noqa: E402
-from heavy_lock import LOCK, held_lock_fds, lock_prefix  # noqa: E402
+from heavy_lock import held_lock_fds, hold_lock_or_relaunch, lock_prefix  # noqa: E402
 from paired_ratio import load_average, paired_ratio  # noqa: E402
 
 PYTHON = sys.executable
@@ -220,8 +220,7 @@ def main() -> None:
     parser.add_argument("--launches", type=int, default=3, help="in-process A/B launches")
     parser.add_argument("--no-docs", action="store_true", help="print the section, leave docs/benchmarks.md alone")
     args = parser.parse_args()
-    if not held_lock_fds():
-        os.execvp("flock", ["flock", LOCK, PYTHON, *sys.argv])
+    hold_lock_or_relaunch(PYTHON, sys.argv)
     before = load_average()
     with tempfile.TemporaryDirectory() as tmp:
         stock, hybrids, paths = plans_for(Path(tmp))

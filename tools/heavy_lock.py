@@ -29,3 +29,9 @@ def held_lock_fds() -> tuple[int, ...]:
 def lock_prefix() -> list[str]:
     """`["flock", LOCK]`, or nothing when an ancestor holds the lock already."""
     return [] if held_lock_fds() else ["flock", LOCK]
+
+
+def hold_lock_or_relaunch(python: str, argv: list[str]) -> None:
+    """Return when this process holds the lock (inherited); otherwise replace it by itself under `flock`."""
+    if not held_lock_fds():
+        os.execvp("flock", ["flock", LOCK, python, *argv])

@@ -199,10 +199,11 @@ def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: 
     memory = [stage_memory_bytes(plan, i, s, model, cluster, training) for i, s in enumerate(stages)]
     budget = training.budget_for(cluster.gpu.memory_bytes)
     critical = max(range(len(stages)), key=lambda i: times[i])
-    if profiled_cpu_cores(cluster):
+    cores = profiled_cpu_cores(cluster)
+    if cores:
         lockstep = max(s.tp for s in plan.distinct_strategies | {plan.embedding})
         iteration = time_sliced_iteration(iteration, cpu_work(stages[critical], m), core_share(cluster),
-                                          profiled_cpu_cores(cluster), cluster.gpus_per_node, lockstep)
+                                          cores, cluster.gpus_per_node, lockstep)
     return Prediction(
         iteration_time_s=iteration,
         tflops_per_gpu=model_flops_per_iteration(model, plan.global_batch_size) / iteration / plan.world_size / 1e12,

@@ -70,14 +70,20 @@ def partition_lower_bound(stage_times: Sequence[np.ndarray], num_layers: int, nu
             or least_sum * (num_micro_batches - 1 + stages) / stages >= enough):
         return least_sum * (num_micro_batches - 1 + stages) / stages
     values = np.unique(np.concatenate([t[np.isfinite(t)] for t in stage_times]))
-    low, high = -1, values.size - 1          # smallest feasible max by bisection
+    return (num_micro_batches - 1) * float(values[_least_feasible_max(stage_times, num_layers, values)]) + least_sum
+
+
+def _least_feasible_max(stage_times: Sequence[np.ndarray], num_layers: int, values: np.ndarray) -> int:
+    """Index into the sorted `values` of the least bound on every stage's time under which some
+    partition fits, by bisection (the largest value must be feasible)."""
+    low, high = -1, values.size - 1
     while low + 1 < high:
         middle = (low + high) // 2
         if np.isfinite(_min_sum_under(stage_times, num_layers, values[middle])[0]):
             high = middle
         else:
             low = middle
-    return (num_micro_batches - 1) * float(values[high]) + least_sum
+    return high
 
 
 def _unwind(choices: list[np.ndarray], num_layers: int) -> list[tuple[int, int]]:
@@ -96,13 +102,7 @@ def best_partition(stage_times: Sequence[np.ndarray], num_layers: int, num_micro
         return None
     if not np.isfinite(_min_sum_under(stage_times, num_layers, values[-1])[0]):
         return None
-    low, high = -1, values.size - 1          # smallest feasible bound by bisection
-    while low + 1 < high:
-        middle = (low + high) // 2
-        if np.isfinite(_min_sum_under(stage_times, num_layers, values[middle])[0]):
-            high = middle
-        else:
-            low = middle
+    high = _least_feasible_max(stage_times, num_layers, values)
     best: Optional[Partition] = None
     bounds = values[high:] if num_micro_batches > 1 else values[-1:]
     for bound in bounds:

@@ -26,15 +26,11 @@ from megatron_auto.runtime import distributed, session  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
+from worker_models import llama_model  # noqa: E402
 
 MODEL = uniform_model("hybrid-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
                       seq_length=32, vocab_size=256)
-# LLaMA's architecture at test size: GQA (2 groups), SwiGLU, RMSNorm, no linear biases, RoPE, untied head.
-LLAMA = uniform_model("hybrid-llama", num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32,
-                      vocab_size=256, num_query_groups=2, ffn_hidden_size=176, swiglu=True, normalization="RMSNorm",
-                      add_bias_linear=False, position_embedding_type="rope", rotary_base=500000,
-                      untie_embeddings_and_output_weights=True)
-MODELS = {"gpt": MODEL, "llama": LLAMA}
+MODELS = {"gpt": MODEL, "llama": llama_model("hybrid-llama")}
 SETTINGS = TrainSettings(train_iters=5, lr=1e-3, hidden_dropout=0.0, attention_dropout=0.0, clip_grad=1.0,
                          weight_decay=0.01, seed=1234, timeout_s=90.0, make_vocab_size_divisible_by=64,
                          data=DataSettings(vocab_size=256))

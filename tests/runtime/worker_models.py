@@ -1,0 +1,12 @@
+"""Test-size models the equivalence workers share."""
+from __future__ import annotations
+
+from megatron_auto.specs.model import ModelSpec, uniform_model
+
+
+def llama_model(name: str) -> ModelSpec:
+    """LLaMA's architecture at test size: GQA (2 groups), SwiGLU, RMSNorm, no linear biases, RoPE, untied head."""
+    return uniform_model(name, num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=256,
+                         num_query_groups=2, ffn_hidden_size=176, swiglu=True, normalization="RMSNorm",
+                         add_bias_linear=False, position_embedding_type="rope", rotary_base=500000,
+                         untie_embeddings_and_output_weights=True)
