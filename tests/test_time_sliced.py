@@ -1,4 +1,4 @@
-"""Ranks that outnumber the CPU cores time-slice them: cost.estimate.time_sliced_iteration."""
+"""Ranks that outnumber the CPU cores time-slice them: cost.timeslice."""
 from __future__ import annotations
 
 import math
@@ -6,8 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from megatron_auto.cost.estimate import estimate_plan, time_sliced_iteration
+from megatron_auto.cost.estimate import estimate_plan
 from megatron_auto.cost.models import core_share, profiled_cpu_cores
+from megatron_auto.cost.pipeline import pipeline_time
+from megatron_auto.cost.timeslice import StageLoad, schedule_order, simulate_iteration
 from megatron_auto.search.uniform import UniformConfig, build_uniform_plan, pipeline_lower_bound
 from megatron_auto.specs.model import uniform_model
 from megatron_auto.specs.presets import CLUSTER_PRESETS
@@ -32,19 +34,61 @@ def test_core_share_only_when_processes_outnumber_cores(processes, cores, share,
     assert (core_share(cluster), profiled_cpu_cores(cluster)) == (share, sliced)
 
 
-def test_no_waiting_gives_back_the_profiled_work():
-    assert time_sliced_iteration(1.0, 1.0, 0.5, 2, 4) == pytest.approx(1.0)
+def _stage(work_f: float, work_b: float, wait: float = 0.0, group: int = 1, replicas: int = 1,
+           sync: float = 0.0, step: float = 0.0) -> StageLoad:
+    return StageLoad(group=group, replicas=replicas, forward=(work_f, wait), backward=(work_b, wait),
+                     sync=sync, step_work=step)
 
 
-def test_hand_computed_fixed_point():
-    # Profiled work 0.8 s at half a core (W = 0.4 s of a whole core), 0.5 s waiting, 4 ranks on
-    # 2 cores, TP groups of 2: 2x^2 + (2*0.5 - 0.4*4)x - 0.4*2*0.5 = 0 -> x = (0.6 + sqrt(0.36 + 3.2)) / 4.
+def test_interleaved_order_is_megatrons():
+    # p = 2, v = 2, m = 4: micro-batches in groups of p, chunk by chunk (schedules.get_model_chunk_id);
+    # stage 0 warms up (p - 1) 2 + (v - 1) p = 4 chunk forwards, stage 1 warms up 2.
+    order = schedule_order(2, 4, 2, 0)
+    assert order[:5] == [("F", 0, 0), ("F", 0, 1), ("F", 1, 0), ("F", 1, 1), ("F", 0, 2)]
+    assert order[5] == ("B", 1, 0)
+    assert [op for op in schedule_order(2, 4, 2, 1)[:3]] == [("F", 0, 0), ("F", 0, 1), ("F", 1, 0)]
+    for stage in range(2):
+        ops = schedule_order(2, 4, 2, stage)
+        assert sorted(ops) == sorted({(k, c, mb) for k in "FB" for c in range(2) for mb in range(4)})
+
+
+@pytest.mark.parametrize("stages, micro_batches, chunks, schedule", [
+    (1, 3, 1, "1f1b"), (2, 4, 1, "1f1b"), (4, 8, 1, "1f1b"), (4, 2, 1, "1f1b"), (2, 4, 2, "1f1b"),
+    (4, 8, 2, "1f1b"), (2, 4, 1, "gpipe")])
+def test_enough_cores_give_the_pipeline_formula(stages, micro_batches, chunks, schedule):
+    # With a core per rank nothing is shared: balanced stages take (m + (p - 1) / v) T (cost.pipeline).
+    forward, backward = 0.01, 0.02
+    loads = [_stage(forward / chunks, backward / chunks)] * stages
+    expected = pipeline_time([forward + backward] * stages, micro_batches, chunks)
+    assert simulate_iteration(loads, micro_batches, chunks, cores=stages, schedule=schedule) == \
+        pytest.approx(expected)
+
+
+def test_one_stage_solves_the_mean_field_fixed_point():
+    # W = 0.4 s at a whole core, 0.5 s waiting, 2 TP groups of 2 ranks on 2 cores: the other group
+    # is busy f = x / (x + 0.5), so x = 0.4 (2 + 2 f) / 2, i.e. 2x^2 + (2*0.5 - 0.4*4)x - 0.4*2*0.5 = 0.
     busy = (0.6 + math.sqrt(0.36 + 3.2)) / 4
-    assert time_sliced_iteration(1.3, 0.8, 0.5, 2, 4, lockstep=2) == pytest.approx(0.5 + busy)
-    # Lone ranks (g = 1) overlap more of their compute with others' waiting than TP pairs do.
-    assert time_sliced_iteration(1.3, 0.8, 0.5, 2, 4) < time_sliced_iteration(1.3, 0.8, 0.5, 2, 4, lockstep=2)
-    # Never below the work at a whole core plus the waiting, never above the plain sum.
-    assert 0.5 + 0.4 <= time_sliced_iteration(1.3, 0.8, 0.5, 2, 4) <= 1.3
+    load = StageLoad(group=2, replicas=2, forward=(0.4, 0.5), backward=(0.0, 0.0), sync=0.0, step_work=0.0)
+    assert simulate_iteration([load], 1, 1, cores=2) == pytest.approx(0.5 + busy)
+    # A lone group (no other replica) computes at a whole core.
+    alone = StageLoad(group=2, replicas=1, forward=(0.4, 0.5), backward=(0.0, 0.0), sync=0.0, step_work=0.0)
+    assert simulate_iteration([alone], 1, 1, cores=2) == pytest.approx(0.9)
+
+
+def test_gradient_sync_and_step_are_not_shared():
+    # One stage, 4 ranks on 2 cores, no waiting inside micro-batches: every op runs at half a core;
+    # the sync is pure waiting by all ranks at once, so it adds in full.
+    load = _stage(0.1, 0.2, replicas=4, sync=0.05, step=0.01)
+    assert simulate_iteration([load], 3, 1, cores=2) == pytest.approx(3 * 0.6 + 0.05 + 0.02)
+
+
+def test_pipeline_bubble_is_filled_by_the_other_stage():
+    # 2 stages of 2 ranks on 2 cores, F = 1, B = 2 at a whole core, m = 4: while one stage waits
+    # the other runs at a whole core, so the step is the total work over the cores (4 x 12 / 2),
+    # below the sum model's (m + p - 1) x 6.
+    loads = [_stage(1.0, 2.0, replicas=2)] * 2
+    assert simulate_iteration(loads, 4, 1, cores=2) == pytest.approx(24.0)
+    assert pipeline_time([6.0, 6.0], 4) == pytest.approx(30.0)
 
 
 def test_estimate_and_bound_on_a_time_sliced_cluster():

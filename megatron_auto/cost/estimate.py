@@ -1,7 +1,6 @@
 """estimate_plan: the cost model's prediction for a whole Plan."""
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from ..errors import UserError
@@ -16,6 +15,7 @@ from .layer_cost import LayerCost, layer_cost
 from .memory import in_flight_micro_batches
 from .models import comm_model, compute_model, core_share, profiled_cpu_cores, runtime_overhead
 from .pipeline import bubble_time, exposed_dp_time, pipeline_time
+from .timeslice import StageLoad, simulate_iteration
 
 __all__ = ["estimate_plan", "model_flops_per_iteration", "StageCost", "stage_costs"]
 
@@ -26,6 +26,8 @@ class StageCost:
 
     micro_batch_s: float = 0.0
     compute_s: float = 0.0
+    backward_s: float = 0.0
+    """The part of compute_s that runs in the backward pass (recompute_s not included)."""
     recompute_s: float = 0.0
     tp_comm_s: float = 0.0
     pp_comm_s: float = 0.0
@@ -52,6 +54,7 @@ class StageCost:
         """Add `count` consecutive layers of identical cost."""
         self.micro_batch_s += count * cost.micro_batch_s
         self.compute_s += count * (cost.forward_s + cost.backward_s + cost.zero3_exposed_s)
+        self.backward_s += count * cost.backward_s
         self.recompute_s += count * cost.recompute_s
         self.tp_comm_s += count * cost.tp_comm_s
         self.add_dp_comm(cost.dp_comm_per_iteration_s, cost.backward_s, count)
@@ -156,6 +159,7 @@ def _add_part(stage: StageCost, part) -> None:
     """The embedding (before the first layer) or the LM head (after the last)."""
     stage.micro_batch_s += part.micro_batch_s
     stage.compute_s += part.micro_batch_s - part.tp_comm_s
+    stage.backward_s += part.backward_s
     stage.tp_comm_s += part.tp_comm_s
     stage.add_dp_comm(part.dp_comm_per_iteration_s, part.backward_s)
     stage.state_bytes += part.state_bytes
@@ -201,9 +205,7 @@ def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: 
     critical = max(range(len(stages)), key=lambda i: times[i])
     cores = profiled_cpu_cores(cluster)
     if cores:
-        lockstep = max(s.tp for s in plan.distinct_strategies | {plan.embedding})
-        iteration = time_sliced_iteration(iteration, cpu_work(stages[critical], m), core_share(cluster),
-                                          cores, cluster.gpus_per_node, lockstep)
+        iteration = simulate_iteration(stage_loads(plan, stages, core_share(cluster)), m, v, cores, plan.schedule)
     return Prediction(
         iteration_time_s=iteration,
         tflops_per_gpu=model_flops_per_iteration(model, plan.global_batch_size) / iteration / plan.world_size / 1e12,
@@ -216,30 +218,22 @@ def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: 
     )
 
 
-def cpu_work(stage: StageCost, m: int) -> float:
-    """Seconds of one iteration a rank of `stage` spends computing: layers, recomputation, the
-    runtime's own work and the optimizer step (the rest is waiting on collectives and the bubble)."""
-    return m * (stage.compute_s + stage.recompute_s + stage.runtime_s) + stage.optimizer_s + stage.step_overhead_s
-
-
-def time_sliced_iteration(iteration: float, profiled_work: float, share: float, cores: int, ranks: int,
-                          lockstep: int = 1) -> float:
-    """The iteration when `ranks` processes time-slice fewer CPU cores (mean-field processor sharing).
-
-    The profiles timed the compute with every process busy, each at `share` (cores /
-    processes) of a core, so the work takes W = profiled_work x share seconds of a whole
-    core; the rest of the iteration, Q, is waiting. The g = `lockstep` ranks of a TP
-    group compute and wait together (every layer synchronises them); each other rank is
-    busy a fraction f = x / (x + Q) of the iteration (x: a rank's compute wall time),
-    independently. A computing rank then gets C / (g + (R - g) f) of a core when that is
-    below one (processor sharing: Kleinrock, JACM 1967), so x = W (g + (R - g) f) / C,
-    i.e. C x^2 + (C Q - W R) x - W g Q = 0. With Q = 0 this gives back the profiled work.
-    """
-    work = profiled_work * share
-    waiting = max(0.0, iteration - profiled_work)
-    b = cores * waiting - work * ranks
-    busy = (-b + math.sqrt(b * b + 4 * cores * work * lockstep * waiting)) / (2 * cores)
-    return waiting + max(work, busy)
+def stage_loads(plan: Plan, stages: list[StageCost], share: float) -> list[StageLoad]:
+    """The stages as cost.timeslice sees them: work at a whole core (the profiled compute and
+    the runtime's own work x `share`) and waiting (TP, p2p and relayout traffic), per
+    micro-batch chunk, forward and backward each taking half of the runtime work and waiting."""
+    group = max(s.tp for s in plan.distinct_strategies | {plan.embedding})
+    v = plan.virtual_stages
+    loads = []
+    for stage in stages:
+        forward = stage.compute_s - stage.backward_s + stage.runtime_s / 2
+        backward = stage.backward_s + stage.recompute_s + stage.runtime_s / 2
+        wait = (stage.tp_comm_s + stage.pp_comm_s + stage.transition_s) / 2
+        loads.append(StageLoad(group=group, replicas=plan.gpus_per_stage // group,
+                               forward=(forward * share / v, wait / v), backward=(backward * share / v, wait / v),
+                               sync=stage.exposed_dp_s,
+                               step_work=(stage.optimizer_s + stage.step_overhead_s) * share))
+    return loads
 
 
 def _breakdown(stage: StageCost, m: int, bubble: float) -> TimeBreakdown:

@@ -228,7 +228,7 @@ def search_hybrid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     and every candidate whose bound cannot beat it is skipped unsolved.
     """
     stats = stats or SpaceStats()
-    # Where ranks time-slice CPU cores, estimate_plan (cost.estimate.time_sliced_iteration)
+    # Where ranks time-slice CPU cores, estimate_plan (cost.timeslice)
     # can undercut the DP's sums, which then bound nothing: no candidate is skipped on a bound.
     bounded = core_share(cluster) == 1.0
     candidates = []

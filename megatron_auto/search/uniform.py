@@ -119,7 +119,7 @@ def pipeline_lower_bound(model: ModelSpec, cluster: ClusterSpec, training: Train
     (compute, TP traffic, selective recomputation); full recomputation is left out
     because its layer count is still open, so the bound stays below every choice of it.
     Where ranks time-slice CPU cores the compute counts at a whole core, its least
-    (cost.estimate.time_sliced_iteration).
+    (cost.timeslice).
     """
     dp = cluster.world_size // (config.tp * config.pp)
     recompute = config.recompute if config.recompute != "full" else "none"

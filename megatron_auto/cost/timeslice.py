@@ -1,0 +1,148 @@
+"""Ranks that outnumber the CPU cores: the pipeline schedule simulated under processor sharing.
+
+The layer profile timed each layer with every process busy, each at `share` (cores /
+processes) of a core. In a real step a rank that waits, in a collective or for a
+neighbouring pipeline stage, gives its core to the others, so the step is shorter
+than the profiled compute plus the waiting. This module replays the schedule, one
+operation (a micro-batch chunk's forward or backward, the gradient sync, the
+optimizer step) at a time per stage, and between events shares the cores:
+
+- the ranks of one TP group compute and wait together (every layer synchronises them);
+- the stage's DP replicas are independent until the gradient sync, each busy a fraction
+  f = x / (x + T) of its operation (x: its compute wall time, T: its waiting), the
+  mean-field assumption of processor sharing (Kleinrock, JACM 1967);
+- a computing rank then gets min(1, C / load) of a core, load = its group + the other
+  busy ranks of every running stage, so x = W max(1, load / C) for W seconds of work at a
+  whole core, solved as a fixed point.
+
+A stage that waits on another stage's operation (the fill and drain of the pipeline)
+uses no core, so the stages that run meanwhile go faster: the bubble is partly
+filled, which the sum of the stage times cannot show. The operation order is
+Megatron-Core's (pipeline_parallel/schedules.py): 1F1B with (p - s - 1) warm-up
+forwards, its interleaved form with (p - s - 1) 2 + (v - 1) p warm-up chunk forwards
+and micro-batches taken p at a time, or GPipe (all forwards, then all backwards).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FORWARD, BACKWARD, SYNC, STEP = "F", "B", "sync", "step"
+
+
+@dataclass(frozen=True)
+class StageLoad:
+    """One pipeline stage's operations: (work at a whole core, waiting) seconds each."""
+
+    group: int
+    """Ranks of one TP group (they compute and wait together)."""
+    replicas: int
+    """Independent TP groups in the stage (its DP degree)."""
+    forward: tuple[float, float]
+    """One micro-batch through one of the stage's chunks, forward."""
+    backward: tuple[float, float]
+    """The same, backward (with any recomputation)."""
+    sync: float
+    """Per iteration: the exposed gradient sync (waiting only)."""
+    step_work: float
+    """Per iteration: the optimizer step and the runtime's per-step work."""
+
+
+def schedule_order(stages: int, micro_batches: int, chunks: int, stage: int,
+                   schedule: str = "1f1b") -> list[tuple[str, int, int]]:
+    """(kind, chunk, micro-batch) in the order stage `stage` runs them."""
+    total = micro_batches * chunks
+    if schedule == "gpipe":
+        warmup = total
+    elif chunks == 1:
+        warmup = min(stages - stage - 1, total)
+    else:
+        warmup = min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
+    forwards = [_virtual(k, stages, chunks, True) for k in range(total)]
+    backwards = [_virtual(k, stages, chunks, False) for k in range(total)]
+    order = [(FORWARD, *f) for f in forwards[:warmup]]
+    for index in range(total - warmup):
+        order += [(FORWARD, *forwards[warmup + index]), (BACKWARD, *backwards[index])]
+    return order + [(BACKWARD, *b) for b in backwards[total - warmup:]]
+
+
+def _virtual(k: int, stages: int, chunks: int, forward: bool) -> tuple[int, int]:
+    """(chunk, micro-batch) of a stage's k-th chunk forward or backward (Megatron-Core's
+    get_model_chunk_id: micro-batches in groups of p, chunk by chunk)."""
+    if chunks == 1:
+        return 0, k
+    in_group = k % (stages * chunks)
+    chunk = in_group // stages
+    micro_batch = (k // (stages * chunks)) * stages + in_group % stages
+    return (chunk if forward else chunks - 1 - chunk), micro_batch
+
+
+def dependency(kind: str, chunk: int, micro_batch: int, stage: int, stages: int,
+               chunks: int) -> tuple[str, int, int, int] | None:
+    """The operation (kind, chunk, micro-batch, stage) that must finish first, if any."""
+    if kind == FORWARD:
+        if stage > 0:
+            return FORWARD, chunk, micro_batch, stage - 1
+        return (FORWARD, chunk - 1, micro_batch, stages - 1) if chunk > 0 else None
+    if stage < stages - 1:
+        return BACKWARD, chunk, micro_batch, stage + 1
+    if chunk < chunks - 1:
+        return BACKWARD, chunk + 1, micro_batch, 0
+    return FORWARD, chunk, micro_batch, stage
+
+
+def shared_compute_times(running: dict[int, tuple[float, float]], loads: list[StageLoad],
+                         cores: int) -> dict[int, float]:
+    """Compute wall time x of each running stage's operation (work W, waiting T) while those
+    stages share `cores`: the fixed point of x = W max(1, load / C) (module docstring)."""
+    busy = {s: (1.0 if work > 0 else 0.0) for s, (work, _) in running.items()}
+    compute = {s: work for s, (work, _) in running.items()}
+    for _ in range(200):
+        others = sum(loads[s].group * loads[s].replicas * busy[s] for s in running)
+        moved = 0.0
+        for s, (work, wait) in running.items():
+            load = others - loads[s].group * busy[s] + loads[s].group
+            compute[s] = work * max(1.0, load / cores)
+            fraction = compute[s] / (compute[s] + wait) if compute[s] + wait > 0 else 0.0
+            moved, busy[s] = max(moved, abs(fraction - busy[s])), fraction
+        if moved < 1e-12:
+            break
+    return compute
+
+
+def simulate_iteration(loads: list[StageLoad], micro_batches: int, chunks: int, cores: int,
+                       schedule: str = "1f1b") -> float:
+    """Seconds of one iteration: every stage's schedule, its gradient sync and its step."""
+    stages = len(loads)
+    orders = [schedule_order(stages, micro_batches, chunks, s, schedule) + [(SYNC, 0, 0), (STEP, 0, 0)]
+              for s in range(stages)]
+    position, left = [0] * stages, [0.0] * stages
+    finished: set[tuple[str, int, int, int]] = set()
+    now = 0.0
+    while any(p < len(order) for p, order in zip(position, orders)):
+        for s in range(stages):
+            if left[s] == 0.0 and position[s] < len(orders[s]):
+                kind, chunk, micro_batch = orders[s][position[s]]
+                needed = dependency(kind, chunk, micro_batch, s, stages, chunks) if kind in (FORWARD, BACKWARD) else None
+                left[s] = 1.0 if needed is None or needed in finished else 0.0
+        running = {s: _operation(loads[s], orders[s][position[s]][0]) for s in range(stages) if left[s] > 0}
+        if not running:
+            raise RuntimeError("pipeline schedule deadlocked")  # a bug in the order, never the input
+        compute = shared_compute_times(running, loads, cores)
+        duration = {s: compute[s] + running[s][1] for s in running}
+        step = min(left[s] * duration[s] for s in running)
+        now += step
+        for s in running:
+            left[s] = 0.0 if duration[s] == 0 else max(0.0, left[s] - step / duration[s])
+            if left[s] <= 1e-12:
+                kind, chunk, micro_batch = orders[s][position[s]]
+                finished.add((kind, chunk, micro_batch, s))
+                position[s], left[s] = position[s] + 1, 0.0
+    return now
+
+
+def _operation(load: StageLoad, kind: str) -> tuple[float, float]:
+    if kind == FORWARD:
+        return load.forward
+    if kind == BACKWARD:
+        return load.backward
+    return (0.0, load.sync) if kind == SYNC else (load.step_work, 0.0)
