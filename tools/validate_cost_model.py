@@ -18,6 +18,7 @@ tools/heavy_lock.py). `--tiny` runs the 2-plan, 2-rank smoke case.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import re
 import statistics
@@ -170,6 +171,34 @@ class Row:
     measured_bytes: float
     measured_samples_s: list[float] = field(default_factory=list)
     """Every round's median step seconds (`measured_s` is their median)."""
+    plan_digest: str = ""
+    """plan_digest(plan) of the plan measured (matches --reuse rows to today's plans)."""
+
+
+PICK = " (planner pick)"
+
+
+def plan_digest(plan: Plan) -> str:
+    """A short fingerprint of what a run executes: layout, micro-batches, chunks, schedule."""
+    key = repr((plan.pipeline_parallel, plan.num_micro_batches, plan.virtual_stages, plan.schedule,
+                plan.chunks, plan.embedding))
+    return hashlib.sha256(key.encode()).hexdigest()[:12]
+
+
+def reusable_measurements(stored: list[dict], plans: dict[str, Plan]) -> dict[str, tuple[float, float, list[float]]]:
+    """The stored measurements of today's plans, by name less the pick mark. A plan that is
+    no fixed configuration (today's pick, named "planner pick") is matched only by its digest:
+    an older file's "planner pick" may be another plan. Unmatched plans are left out (stderr)."""
+    by_base = {r["name"].removesuffix(PICK): r for r in stored}
+    by_digest = {r["plan_digest"]: r for r in stored if r.get("plan_digest")}
+    reuse = {}
+    for name, plan in plans.items():
+        row = by_digest.get(plan_digest(plan)) if name == "planner pick" else by_base.get(name.removesuffix(PICK))
+        if row is None:
+            sys.stderr.write(f"{name}: not measured in the --reuse file, left out\n")
+            continue
+        reuse[name] = (row["measured_s"], row["measured_bytes"], row.get("measured_samples_s", [row["measured_s"]]))
+    return reuse
 
 
 def build_plans(job: Job, configs: dict[str, UniformConfig], cluster, training,
@@ -212,7 +241,8 @@ def measure_all(job: Job, plans: dict[str, Plan], analytic, profiled, training,
         a = estimate_plan(plan, job.model(), analytic, training)
         p = estimate_plan(plan, job.model(), profiled, training)
         predicted = p.peak_memory_gib * GIB - profiled.framework_overhead_bytes
-        rows.append(Row(name, a.iteration_time_s, p.iteration_time_s, seconds, predicted, peak, list(samples)))
+        rows.append(Row(name, a.iteration_time_s, p.iteration_time_s, seconds, predicted, peak, list(samples),
+                        plan_digest(plan)))
         sys.stderr.write(f"{name:28s} measured {seconds * 1e3:8.1f} ms  analytic {a.iteration_time_s * 1e3:8.1f}"
                          f"  profiled {p.iteration_time_s * 1e3:8.1f}  memory {peak / 2**20:.1f} MiB"
                          f" (predicted {predicted / 2**20:.1f})\n")
@@ -223,7 +253,7 @@ def summary(rows: list[Row]) -> dict[str, float | bool | str]:
     """MAPE and Spearman of both models, the memory error, and the planner pick's standing."""
     measured = [r.measured_s for r in rows]
     fastest = min(rows, key=lambda r: r.measured_s)
-    pick = next(r for r in rows if "planner pick" in r.name)
+    pick = next((r for r in rows if "planner pick" in r.name), None)
     return {
         "analytic_mape_pct": mape([r.analytic_s for r in rows], measured),
         "profiled_mape_pct": mape([r.profiled_s for r in rows], measured),
@@ -232,7 +262,7 @@ def summary(rows: list[Row]) -> dict[str, float | bool | str]:
         "memory_mape_pct": mape([r.predicted_bytes for r in rows], [r.measured_bytes for r in rows]),
         "memory_max_error_pct": 100 * max(abs(r.predicted_bytes / r.measured_bytes - 1) for r in rows),
         "fastest_measured": fastest.name,
-        "pick_vs_fastest_pct": 100 * (pick.measured_s / fastest.measured_s - 1),
+        "pick_vs_fastest_pct": None if pick is None else 100 * (pick.measured_s / fastest.measured_s - 1),
     }
 
 
@@ -249,10 +279,14 @@ def table(rows: list[Row], stats: dict) -> str:
     lines.append(f"Step time: profiled MAPE {stats['profiled_mape_pct']:.1f}% (target <= 15%), Spearman "
                  f"{stats['profiled_spearman']:.2f} (target >= 0.8); analytic MAPE {stats['analytic_mape_pct']:.1f}%, "
                  f"Spearman {stats['analytic_spearman']:.2f}. Planner pick vs fastest measured "
-                 f"({stats['fastest_measured']}): {stats['pick_vs_fastest_pct']:+.1f}% (target <= 10%). "
+                 f"({stats['fastest_measured']}): {_percent(stats['pick_vs_fastest_pct'])} (target <= 10%). "
                  f"Peak memory: MAPE {stats['memory_mape_pct']:.1f}%, worst {stats['memory_max_error_pct']:.1f}% "
                  f"(target <= 10%).")
     return "\n".join(lines) + "\n"
+
+
+def _percent(value: float | None) -> str:
+    return "not measured" if value is None else f"{value:+.1f}%"
 
 
 def scatter_png(rows: list[Row], path: Path) -> None:
@@ -318,14 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     plans = build_plans(job, configs, profiled, training, hybrid=not args.tiny and args.hybrid)
     reuse = None
     if args.reuse:
-        stored = json.loads(Path(args.reuse).read_text())["rows"]
-        reuse = {r["name"]: (r["measured_s"], r["measured_bytes"], r.get("measured_samples_s", [r["measured_s"]]))
-                 for r in stored}
-        if not any("planner pick" in name and name in reuse for name in plans):
-            raise SystemExit("the planner now picks a plan the --reuse file did not measure; run without --reuse")
+        reuse = reusable_measurements(json.loads(Path(args.reuse).read_text())["rows"], plans)
         plans = {name: plan for name, plan in plans.items() if name in reuse}
-        if set(reuse) - set(plans):
-            raise SystemExit(f"--reuse rows without a plan of that name: {sorted(set(reuse) - set(plans))}")
     rows = measure_all(job, plans, analytic, profiled, training, reuse, args.rounds)
     stats = summary(rows)
     out = Path(args.out_dir)
