@@ -109,10 +109,18 @@ def prediction_lines(prediction: Prediction) -> list[str]:
         "  time breakdown (critical stage)",
     ]
     total = prediction.iteration_time_s or 1.0
-    for field in fields(prediction.breakdown):
-        seconds = getattr(prediction.breakdown, field.name)
-        label = field.name[:-2].replace("_", " ")
+    parts = [(field.name[:-2].replace("_", " "), getattr(prediction.breakdown, field.name))
+             for field in fields(prediction.breakdown)]
+    # Ranks that time-slice CPU cores (cost.timeslice) finish sooner than the sum of the
+    # parts, which are priced at the profiled core share: the difference gets its own line.
+    shared = prediction.iteration_time_s - sum(seconds for _, seconds in parts)
+    if shared < -1e-9 * total:
+        parts.append(("core sharing", shared))
+    for label, seconds in parts:
         lines.append(f"    {label:<14} {seconds:9.3f} s  {100.0 * seconds / total:5.1f}%")
+    if shared < -1e-9 * total:
+        lines.append("    (ranks outnumber the CPU cores: the parts are at the profiled share of a core, and a"
+                     " waiting rank lends its core to the others; cost/timeslice.py)")
     return lines
 
 

@@ -85,3 +85,17 @@ def test_progress_bar_env_switch(monkeypatch, forced, expected):
 def test_progress_bar_is_off_when_stderr_is_not_a_terminal(monkeypatch):
     monkeypatch.delenv("MEGATRON_AUTO_PROGRESS", raising=False)
     assert ProgressBar("x", stream=io.StringIO()).enabled is False
+
+
+def test_breakdown_lines_sum_to_the_iteration_when_ranks_share_cores():
+    from megatron_auto.report import prediction_lines
+
+    plan = build_uniform_plan(MODEL, CLUSTER, TRAINING, UniformConfig(tp=1, pp=2, micro_batch_size=4))
+    prediction = estimate_plan(plan, MODEL, CLUSTER, TRAINING)
+    assert not any("core sharing" in line for line in prediction_lines(prediction))
+    parts = sum(getattr(prediction.breakdown, name) for name in prediction.breakdown.__dataclass_fields__)
+    sliced = replace(prediction, iteration_time_s=0.7 * parts)
+    lines = prediction_lines(sliced)
+    sharing = next(line for line in lines if line.strip().startswith("core sharing"))
+    assert float(sharing.split()[2]) == pytest.approx(-0.3 * parts, abs=1e-3)
+    assert "cost/timeslice.py" in lines[-1]
