@@ -18,6 +18,8 @@ The same job with the parallelism spelled out (what Megatron-LM users type today
 
 Other forms: `--mock-data --tokenizer-type NullTokenizer --vocab-size 256` instead of a
 dataset; `--auto-parallel-plan plan.json` runs a saved plan (`megatron-auto plan --out`);
+`--auto-parallel-profile cluster.json model.json` prices the search from the files that
+`megatron-auto profile-cluster` and `profile-model` wrote (the analytic model otherwise);
 `--save DIR --save-interval N` / `--load DIR` checkpoint through Megatron-Core's
 dist_checkpointing, and a run may resume under another plan or world size. On GPUs, the
 same command under torchrun uses NCCL and detects the cluster preset from the GPU name.
@@ -116,6 +118,9 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--auto-parallel", action="store_true", help="let the planner choose the parallelism")
     group.add_argument("--auto-parallel-cluster", help="cluster preset or JSON (default: detected)")
     group.add_argument("--auto-parallel-plan", help="run this plan file (megatron or hybrid space)")
+    group.add_argument("--auto-parallel-profile", nargs="+", metavar="FILE", default=[],
+                       help="cluster and/or model profile JSON (megatron-auto profile-cluster / profile-model):"
+                            " the search prices plans from these measurements")
     group.add_argument("--auto-parallel-space", choices=("megatron", "hybrid"), default="megatron",
                        help="search space of --auto-parallel: one layout (megatron) or per-layer layouts (hybrid)")
 
@@ -262,7 +267,8 @@ def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, set
     training = (TrainingSpec.fp32(global_batch) if settings.precision == "fp32"
                 else TrainingSpec(global_batch_size=global_batch, precision=settings.precision))
     return planning.search_for_job(model, world_size, args.auto_parallel_cluster, training,
-                                   search_constraints(args, model), args.auto_parallel_space)
+                                   search_constraints(args, model), args.auto_parallel_space,
+                                   args.auto_parallel_profile)
 
 
 def run(args: argparse.Namespace) -> None:

@@ -3,12 +3,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from typing import Sequence
 
 from ..errors import UserError
 from ..plan import Plan, load_plan
 from ..search.constraints import SearchConstraints
 from ..specs.cluster import ClusterSpec, load_cluster
 from ..specs.model import ModelSpec
+from ..specs.profiles import measured_costs
 from ..specs.training import TrainingSpec
 
 logger = logging.getLogger(__name__)
@@ -39,8 +41,9 @@ def cluster_for_world(cluster: ClusterSpec, world_size: int) -> ClusterSpec:
 
 
 def search_for_job(model: ModelSpec, world_size: int, cluster_name: str | None, training: TrainingSpec,
-                   constraints: SearchConstraints, space: str = "megatron") -> Plan:
-    """The planner's best plan of `space` for this model on `world_size` ranks.
+                   constraints: SearchConstraints, space: str = "megatron", profiles: Sequence[str] = ()) -> Plan:
+    """The planner's best plan of `space` for this model on `world_size` ranks, priced from the
+    measured `profiles` (specs.profiles.measured_costs) when given, else analytically.
 
     The hybrid runtime runs ZeRO 0, 1 and 3 per layer (ZeRO-3 through FSDP2), so
     the hybrid search is not held to the distributed optimizer.
@@ -48,6 +51,8 @@ def search_for_job(model: ModelSpec, world_size: int, cluster_name: str | None, 
     from ..search import search_plan
 
     cluster = cluster_for_world(load_cluster(cluster_name or detect_cluster_name()), world_size)
+    if profiles:
+        cluster = dataclasses.replace(cluster, measured=measured_costs(list(profiles)))
     result = search_plan(model, cluster, training, space, constraints)
     logger.debug("search took %.2fs over %d candidates", result.search_time_s, result.candidates_evaluated)
     return result.plan

@@ -60,3 +60,41 @@ def test_unknown_normalization_exits_2(capsys):
     with pytest.raises(SystemExit) as exit_info:
         pretrain_gpt.parse_args(BASE + ["--normalization", "ScaleNorm"])
     assert exit_info.value.code == 2
+
+
+VALIDATION_JOB = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8", "--seq-length", "128",
+                  "--max-position-embeddings", "128", "--global-batch-size", "16", "--train-iters", "6",
+                  "--mock-data", "--vocab-size", "512", "--auto-parallel", "--auto-parallel-cluster", "cpu-gloo"]
+PROFILES = [str(REPO / "docs" / "profiles" / name) for name in ("cpu4_cluster.json", "cpu4_model.json")]
+
+
+def _choose(flags):
+    args = pretrain_gpt.parse_args(flags)
+    model = pretrain_gpt.model_from_args(args, 513)
+    return model, pretrain_gpt.choose_plan(args, model, 4, pretrain_gpt.settings_from_args(args, 513))
+
+
+def test_auto_parallel_profile_prices_the_search_from_the_measured_files():
+    from dataclasses import replace
+
+    from megatron_auto.search import search_plan
+    from megatron_auto.specs.presets import CLUSTER_PRESETS
+    from megatron_auto.specs.profiles import measured_costs
+    from megatron_auto.specs.training import TrainingSpec
+
+    model, profiled = _choose(VALIDATION_JOB + ["--auto-parallel-profile", *PROFILES])
+    _, analytic = _choose(VALIDATION_JOB)
+    cluster = replace(CLUSTER_PRESETS["cpu-gloo"], gpus_per_node=4, measured=measured_costs(PROFILES))
+    expected = search_plan(model, cluster, TrainingSpec.fp32(16), "megatron").plan
+    assert (profiled.chunks, profiled.num_micro_batches) == (expected.chunks, expected.num_micro_batches)
+    assert profiled.prediction == expected.prediction
+    assert profiled.prediction != analytic.prediction
+
+
+def test_unreadable_auto_parallel_profile_is_a_user_error(tmp_path):
+    from megatron_auto.errors import UserError
+
+    broken = tmp_path / "cluster.json"
+    broken.write_text("{not json")
+    with pytest.raises(UserError):
+        _choose(VALIDATION_JOB + ["--auto-parallel-profile", str(broken)])
