@@ -117,6 +117,7 @@ def simulate_iteration(loads: list[StageLoad], micro_batches: int, chunks: int, 
               for s in range(stages)]
     position, left = [0] * stages, [0.0] * stages
     finished: set[tuple[str, int, int, int]] = set()
+    durations: dict[tuple[tuple[int, str], ...], dict[int, float]] = {}
     now = 0.0
     while any(p < len(order) for p, order in zip(position, orders)):
         for s in range(stages):
@@ -124,14 +125,17 @@ def simulate_iteration(loads: list[StageLoad], micro_batches: int, chunks: int, 
                 kind, chunk, micro_batch = orders[s][position[s]]
                 needed = dependency(kind, chunk, micro_batch, s, stages, chunks) if kind in (FORWARD, BACKWARD) else None
                 left[s] = 1.0 if needed is None or needed in finished else 0.0
-        running = {s: _operation(loads[s], orders[s][position[s]][0]) for s in range(stages) if left[s] > 0}
-        if not running:
+        kinds = tuple((s, orders[s][position[s]][0]) for s in range(stages) if left[s] > 0)
+        if not kinds:
             raise RuntimeError("pipeline schedule deadlocked")  # a bug in the order, never the input
-        compute = shared_compute_times(running, loads, cores)
-        duration = {s: compute[s] + running[s][1] for s in running}
-        step = min(left[s] * duration[s] for s in running)
+        if kinds not in durations:  # few distinct sets of running operations recur all along
+            running = {s: _operation(loads[s], kind) for s, kind in kinds}
+            compute = shared_compute_times(running, loads, cores)
+            durations[kinds] = {s: compute[s] + running[s][1] for s in running}
+        duration = durations[kinds]
+        step = min(left[s] * duration[s] for s in duration)
         now += step
-        for s in running:
+        for s in duration:
             left[s] = 0.0 if duration[s] == 0 else max(0.0, left[s] - step / duration[s])
             if left[s] <= 1e-12:
                 kind, chunk, micro_batch = orders[s][position[s]]

@@ -8,7 +8,7 @@ from typing import Optional, Sequence
 
 from ..cost.estimate import estimate_plan
 from ..cost.layer_cost import layer_cost
-from ..cost.models import core_share
+from ..cost.models import core_share, profiled_cpu_cores
 from ..errors import UserError
 from ..plan import Chunk, LayerStrategy, Plan
 from ..specs.cluster import ClusterSpec
@@ -119,19 +119,26 @@ def pipeline_lower_bound(model: ModelSpec, cluster: ClusterSpec, training: Train
     (compute, TP traffic, selective recomputation); full recomputation is left out
     because its layer count is still open, so the bound stays below every choice of it.
     Where ranks time-slice CPU cores the compute counts at a whole core, its least
-    (cost.timeslice).
+    (cost.timeslice); and since the cores serve at most their number of ranks at a
+    time, the iteration is also at least all ranks' compute at a whole core over the cores.
     """
     dp = cluster.world_size // (config.tp * config.pp)
     recompute = config.recompute if config.recompute != "full" else "none"
     strategy = LayerStrategy(tp=config.tp, dp=dp, zero=1 if config.distributed_optimizer else 0,
                              sp=config.sequence_parallel and config.tp > 1, recompute=recompute)
     m = training.global_batch_size // (micro_batch_size * dp)
-    work, idle = 0.0, 1.0 - core_share(cluster)
+    work, compute_total, idle = 0.0, 0.0, 1.0 - core_share(cluster)
     for spec in set(model.layers):
         cost = layer_cost(spec, strategy, micro_batch_size, model.seq_length, cluster, training)
         compute = cost.forward_s + cost.backward_s + cost.recompute_s
         work += model.layers.count(spec) * (cost.micro_batch_s - idle * compute)
-    return (m + (config.pp - 1) / max_virtual_stages) * work / config.pp
+        compute_total += model.layers.count(spec) * compute
+    bound = (m + (config.pp - 1) / max_virtual_stages) * work / config.pp
+    cores = profiled_cpu_cores(cluster)
+    if cores:
+        ranks_per_stage = cluster.world_size // config.pp
+        bound = max(bound, m * compute_total * core_share(cluster) * ranks_per_stage / cores)
+    return bound
 
 
 def states_overflow(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig) -> bool:
