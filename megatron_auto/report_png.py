@@ -134,7 +134,10 @@ def _draw_breakdown(ax, prediction: Optional[Prediction]) -> None:
         left += seconds
     ax.set_xlim(0, total)
     ax.set_yticks([])
-    ax.set_xlabel("seconds per iteration (critical stage)")
+    shared = total - prediction.iteration_time_s
+    ax.set_xlabel("seconds per iteration (critical stage)" if shared <= 1e-9 * total else
+                  f"seconds per iteration (critical stage) at the profiled share of a CPU core; ranks that"
+                  f" time-slice the cores save {shared:.3g} s of it (cost/timeslice.py)")
     ax.set_title(f"predicted iteration {prediction.iteration_time_s:.3f} s, "
                  f"{prediction.tflops_per_gpu:.3g} TFLOP/s per GPU: where the time goes", fontsize=10)
     ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.75), ncol=4, fontsize=8, frameon=False)
