@@ -299,6 +299,9 @@ def run(args: argparse.Namespace) -> None:
 def configure_logging() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout)
     logging.getLogger("megatron").setLevel(logging.WARNING)
+    if int(os.environ.get("RANK", "0")) != 0:
+        # Every rank runs the same deterministic search; one rank reports it.
+        logging.getLogger("megatron_auto.search").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", module="megatron")
     warnings.filterwarnings("ignore", category=UserWarning)
     warnings.filterwarnings("ignore", category=FutureWarning)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import logging
 
 import pytest
 
@@ -98,3 +99,13 @@ def test_unreadable_auto_parallel_profile_is_a_user_error(tmp_path):
     broken.write_text("{not json")
     with pytest.raises(UserError):
         _choose(VALIDATION_JOB + ["--auto-parallel-profile", str(broken)])
+
+
+@pytest.mark.parametrize("rank, level", [("0", logging.NOTSET), ("3", logging.WARNING)])
+def test_only_rank_0_reports_the_search(monkeypatch, rank, level):
+    search_logger = logging.getLogger("megatron_auto.search")
+    monkeypatch.setattr(search_logger, "level", logging.NOTSET)
+    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setattr(logging.getLogger("megatron"), "level", logging.getLogger("megatron").level)
+    pretrain_gpt.configure_logging()
+    assert search_logger.level == level
