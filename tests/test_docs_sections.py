@@ -16,3 +16,14 @@ def test_replaces_only_the_named_section():
 def test_last_section_and_missing_heading():
     assert replace_section(DOC, "## Second", "## Second\nnew\n").endswith("## First\nold\n\n## Second\nnew\n")
     assert replace_section(DOC, "## Third", "## Third\nx\n").endswith("## Second\nkept\n\n## Third\nx\n")
+
+
+def test_write_section_creates_the_file_and_ends_it_in_one_newline(tmp_path):
+    from docs_sections import write_section
+
+    path = tmp_path / "benchmarks.md"
+    write_section(path, "## First", "## First\nnew\n\n\n")
+    assert path.read_text() == "# Benchmarks\n\n## First\nnew\n"
+    write_section(path, "## Second", "## Second\nx\n")
+    write_section(path, "## First", "## First\nnewer\n\n")
+    assert path.read_text() == "# Benchmarks\n\n## First\nnewer\n\n## Second\nx\n"

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 import ab_steps
-from docs_sections import replace_section
+from docs_sections import write_section
 from heavy_lock import held_lock_fds, hold_lock_or_relaunch
 from paired_ratio import load_average, pair_order, paired_ratio
 
@@ -219,8 +219,7 @@ def main() -> None:
     layout = "; ".join(line.strip() for line in plan_layout(first).splitlines() if "layers" in line)
     text = section(rows, ab, commands[1], args, layout)
     if not args.no_docs:
-        docs = ROOT / "docs" / "benchmarks.md"
-        docs.write_text(replace_section(docs.read_text(), HEADING, text))
+        write_section(ROOT / "docs" / "benchmarks.md", HEADING, text)
     sys.stdout.write(text)
 
 

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import ab_steps  # noqa: E402
-from docs_sections import replace_section  # noqa: E402
+from docs_sections import write_section  # noqa: E402
 from heavy_lock import held_lock_fds, hold_lock_or_relaunch, lock_prefix  # noqa: E402
 from paired_ratio import load_average, paired_ratio  # noqa: E402
 
@@ -228,8 +228,7 @@ def main() -> None:
         steps = measure(paths, args.iters, args.rounds)
     text = section(stock, hybrids, steps, ab, args, (before, load_average()))
     if not args.no_docs:
-        docs = ROOT / "docs" / "benchmarks.md"
-        docs.write_text(replace_section(docs.read_text(), HEADING, text))
+        write_section(ROOT / "docs" / "benchmarks.md", HEADING, text)
     sys.stdout.write(text)
 
 

@@ -26,7 +26,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from docs_sections import replace_section  # noqa: E402
+from docs_sections import write_section  # noqa: E402
 from megatron_auto.calibration import load_rows  # noqa: E402
 from megatron_auto.plan import Plan  # noqa: E402
 from megatron_auto.search import search_plan  # noqa: E402
@@ -248,8 +248,7 @@ def main() -> None:
             sys.stdout.flush()
     body = section(results, time.perf_counter() - started)
     if len(cases) == len(CASES):
-        docs = ROOT / "docs" / "benchmarks.md"
-        docs.write_text(replace_section(docs.read_text(), HEADING, body))
+        write_section(ROOT / "docs" / "benchmarks.md", HEADING, body)
     sys.stdout.write(body)
 
 

@@ -18,15 +18,16 @@ Target: |error| <= 10% on every row (aim 5%). `--no-write` only prints.
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tools"))
 
 from megatron_auto.calibration import load_rows, predict_row  # noqa: E402
 from megatron_auto.specs.presets import CLUSTER_PRESETS  # noqa: E402
+from docs_sections import write_section  # noqa: E402
 
 HEADING = "## Published rows (SC21 Table 1)"
 COMMAND = ".venv/bin/python tools/bench_published_rows.py"
@@ -79,16 +80,6 @@ def render(results: list[dict], compute: str) -> str:
     return "\n".join(lines)
 
 
-def replace_section(document: str, section: str) -> str:
-    """Swap the `## Published rows` section (up to the next `## ` heading) for `section`."""
-    pattern = re.compile(rf"^{re.escape(HEADING)}\n.*?(?=^## |\Z)", re.S | re.M)
-    if pattern.search(document):
-        return pattern.sub(lambda _: section + "\n", document, count=1)
-    if not document.strip():
-        document = "# Benchmarks\n"
-    return document.rstrip("\n") + "\n\n" + section
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=str(DEFAULT_ROWS))
@@ -100,8 +91,7 @@ def main() -> None:
     print(section)
     if not args.no_write:
         out = Path(args.out)
-        document = out.read_text() if out.exists() else ""
-        out.write_text(replace_section(document, section))
+        write_section(out, HEADING, section + "\n")
         print(f"wrote {out}")
 
 

@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from docs_sections import replace_section  # noqa: E402
+from docs_sections import write_section  # noqa: E402
 from megatron_auto.errors import UserError  # noqa: E402
 from megatron_auto.search import search_plan  # noqa: E402
 from megatron_auto.specs import TrainingSpec, load_cluster  # noqa: E402
@@ -116,8 +116,7 @@ def main() -> None:
                                  f"{r['peak_mib']:7.1f} MiB  {r['found']}  [{time.perf_counter() - started:.0f} s]\n")
                 sys.stdout.flush()
     body = section(rows, time.perf_counter() - started)
-    docs = ROOT / "docs" / "benchmarks.md"
-    docs.write_text(replace_section(docs.read_text(), HEADING, body))
+    write_section(ROOT / "docs" / "benchmarks.md", HEADING, body)
     sys.stdout.write(body)
 
 

@@ -39,9 +39,11 @@ from megatron_auto.specs.model import ModelSpec, uniform_model  # noqa: E402
 from megatron_auto.specs.presets import CLUSTER_PRESETS  # noqa: E402
 from megatron_auto.specs.profiles import measured_costs  # noqa: E402
 from megatron_auto.specs.training import GIB, TrainingSpec  # noqa: E402
+from docs_sections import write_section  # noqa: E402
 from heavy_lock import held_lock_fds, lock_prefix  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+HEADING = "## Cost model: predicted vs measured (4 CPU gloo ranks)"
 ELAPSED = re.compile(r"elapsed time per iteration \(ms\): ([0-9.]+)")
 
 
@@ -314,15 +316,6 @@ def scatter_png(rows: list[Row], path: Path) -> None:
     plt.close(fig)
 
 
-def replace_section(path: Path, title: str, body: str) -> None:
-    """Replace (or append) the `## title` section of a markdown file, leaving the others alone."""
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    pattern = re.compile(rf"^## {re.escape(title)}\n.*?(?=^## |\Z)", re.S | re.M)
-    section = f"## {title}\n\n{body.rstrip()}\n\n"
-    text = pattern.sub(lambda _: section, text) if pattern.search(text) else text.rstrip() + "\n\n" + section
-    path.write_text(text.rstrip() + "\n")
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--profile", nargs="*", default=[], help="cluster and model profile JSON files")
@@ -369,9 +362,9 @@ def main(argv: list[str] | None = None) -> int:
             f" --{flag} {getattr(args, flag)}" for flag in ("rounds", "results", "notes") if getattr(args, flag)) \
             + f" --benchmarks {args.benchmarks}`"
         notes = Path(args.notes).read_text().strip() + "\n" if args.notes else ""
-        replace_section(Path(args.benchmarks), "Cost model: predicted vs measured (4 CPU gloo ranks)",
-                        f"Command: {command} (`--reuse RESULTS` recomputes the predictions from the stored "
-                        f"measurements). Plot: `docs/cost_model_validation.png`.\n\n{text}\n{notes}")
+        body = (f"Command: {command} (`--reuse RESULTS` recomputes the predictions from the stored "
+                f"measurements). Plot: `docs/cost_model_validation.png`.\n\n{text}\n{notes}")
+        write_section(Path(args.benchmarks), HEADING, f"{HEADING}\n\n{body.rstrip()}\n\n")
     sys.stdout.write(text)
     return 0
 
