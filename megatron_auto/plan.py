@@ -7,7 +7,7 @@ plan in the `megatron` space uses one TP/DP/SP/ZeRO layout for all layers.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Optional
@@ -116,6 +116,11 @@ class TimeBreakdown:
     """The Adam step."""
     runtime_s: float = 0.0
     """The training runtime's own per-step and per-micro-batch work (measured; cost.models.runtime_overhead)."""
+
+    @property
+    def total_s(self) -> float:
+        """The parts summed: the iteration, except where ranks time-slice CPU cores (cost.timeslice)."""
+        return sum(getattr(self, f.name) for f in fields(self))
 
 
 @dataclass(frozen=True)

@@ -113,12 +113,11 @@ def prediction_lines(prediction: Prediction) -> list[str]:
              for field in fields(prediction.breakdown)]
     # Ranks that time-slice CPU cores (cost.timeslice) finish sooner than the sum of the
     # parts, which are priced at the profiled core share: the difference gets its own line.
-    shared = prediction.iteration_time_s - sum(seconds for _, seconds in parts)
-    if shared < -1e-9 * total:
-        parts.append(("core sharing", shared))
-    for label, seconds in parts:
+    shared = prediction.iteration_time_s - prediction.breakdown.total_s
+    sliced = shared < -1e-9 * total
+    for label, seconds in parts + ([("core sharing", shared)] if sliced else []):
         lines.append(f"    {label:<14} {seconds:9.3f} s  {100.0 * seconds / total:5.1f}%")
-    if shared < -1e-9 * total:
+    if sliced:
         lines.append("    (ranks outnumber the CPU cores: the parts are at the profiled share of a core, and a"
                      " waiting rank lends its core to the others; cost/timeslice.py)")
     return lines

@@ -122,7 +122,7 @@ def _draw_breakdown(ax, prediction: Optional[Prediction]) -> None:
         ax.set_axis_off()
         return
     parts = [(f.name[:-2].replace("_", " "), getattr(prediction.breakdown, f.name)) for f in fields(prediction.breakdown)]
-    total = sum(seconds for _, seconds in parts) or 1.0
+    total = prediction.breakdown.total_s or 1.0
     left = 0.0
     for index, (name, seconds) in enumerate(parts):
         share = seconds / total

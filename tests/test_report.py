@@ -93,7 +93,7 @@ def test_breakdown_lines_sum_to_the_iteration_when_ranks_share_cores():
     plan = build_uniform_plan(MODEL, CLUSTER, TRAINING, UniformConfig(tp=1, pp=2, micro_batch_size=4))
     prediction = estimate_plan(plan, MODEL, CLUSTER, TRAINING)
     assert not any("core sharing" in line for line in prediction_lines(prediction))
-    parts = sum(getattr(prediction.breakdown, name) for name in prediction.breakdown.__dataclass_fields__)
+    parts = prediction.breakdown.total_s
     sliced = replace(prediction, iteration_time_s=0.7 * parts)
     lines = prediction_lines(sliced)
     sharing = next(line for line in lines if line.strip().startswith("core sharing"))

@@ -10,6 +10,7 @@ from __future__ import annotations
 from ..plan import LayerStrategy
 from ..specs.model import LayerSpec, ModelSpec
 from ..specs.training import TrainingSpec
+from .pipeline import warmup_chunk_forwards
 
 MASK_BYTES = 1  # dropout masks are stored as bytes on CUDA (Korthikanti et al., Sec. 4.1); see ClusterSpec
 
@@ -85,7 +86,5 @@ def in_flight_micro_batches(stage: int, pipeline_parallel: int, num_micro_batche
     """
     if schedule == "gpipe":
         return float(num_micro_batches)
-    if virtual_stages == 1:
-        return float(min(pipeline_parallel - stage, num_micro_batches))
-    chunks = (pipeline_parallel - stage - 1) * 2 + (virtual_stages - 1) * pipeline_parallel + 1
+    chunks = warmup_chunk_forwards(pipeline_parallel, virtual_stages, stage) + 1
     return min(chunks, num_micro_batches * virtual_stages) / virtual_stages

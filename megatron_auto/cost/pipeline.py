@@ -35,3 +35,12 @@ def exposed_dp_time(dp_comm_s: float, backward_s: float, overlap: float = 1.0) -
     measured `grad_overlap_fraction` otherwise).
     """
     return dp_comm_s - overlap * min(dp_comm_s, backward_s)
+
+
+def warmup_chunk_forwards(stages: int, chunks: int, stage: int) -> int:
+    """Chunk forwards stage `stage` runs before its first backward under 1F1B, before
+    capping at the m x v it has: p - s - 1, or (p - s - 1) 2 + (v - 1) p when interleaved
+    (Megatron-Core pipeline_parallel/schedules.py)."""
+    if chunks == 1:
+        return stages - stage - 1
+    return (stages - stage - 1) * 2 + (chunks - 1) * stages

@@ -26,6 +26,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from .pipeline import warmup_chunk_forwards
+
 FORWARD, BACKWARD, SYNC, STEP = "F", "B", "sync", "step"
 
 
@@ -51,12 +53,7 @@ def schedule_order(stages: int, micro_batches: int, chunks: int, stage: int,
                    schedule: str = "1f1b") -> list[tuple[str, int, int]]:
     """(kind, chunk, micro-batch) in the order stage `stage` runs them."""
     total = micro_batches * chunks
-    if schedule == "gpipe":
-        warmup = total
-    elif chunks == 1:
-        warmup = min(stages - stage - 1, total)
-    else:
-        warmup = min((stages - stage - 1) * 2 + (chunks - 1) * stages, total)
+    warmup = total if schedule == "gpipe" else min(warmup_chunk_forwards(stages, chunks, stage), total)
     forwards = [_virtual(k, stages, chunks, True) for k in range(total)]
     backwards = [_virtual(k, stages, chunks, False) for k in range(total)]
     order = [(FORWARD, *f) for f in forwards[:warmup]]
