@@ -209,10 +209,10 @@ def test_zero3_per_micro_batch_traffic():
 
 
 def test_dp_gradient_traffic_uses_gradient_bytes():
-    # BUG PIN: Megatron-LM reduces bf16 gradients in fp32 (megatron/training/arguments.py:
-    # "bfloat16 requires gradient accumulation and all-reduce to be done in fp32"), and this
-    # project's runtime sets grad_reduce_in_fp32=True (runtime/config.py). TrainingSpec's
-    # grad_bytes=4 says the same, but dp_comm_time moves param_bytes=2 per gradient.
+    # Megatron-LM reduces bf16 gradients in fp32 (megatron/training/arguments.py: "bfloat16
+    # requires gradient accumulation and all-reduce to be done in fp32"), and this project's
+    # runtime sets grad_reduce_in_fp32=True (runtime/config.py): dp_comm_time moves
+    # TrainingSpec.grad_bytes (4) per gradient, not param_bytes (2).
     # ZeRO-0: all-reduce of 1e9/2 x 4 B = 2e9 B: 2*3/4 * 2e9 / 50e9 + 6 x 10 us = 0.06006 s.
     assert dp_comm_time(1e9, LayerStrategy(tp=2, dp=4), TOY, BF16) == approx(0.06 + 6e-5)
     # ZeRO-1: reduce-scatter of fp32 gradients (3/4 * 2e9 / 50e9 = 0.03 s + 30 us) plus
@@ -232,10 +232,10 @@ def test_pipeline_p2p_scatter_gather():
 
 
 def test_pipeline_p2p_over_a_node_boundary_is_inter_node():
-    # BUG PIN: 2 nodes, pp=4, 4 GPUs per stage. Stage 1 (ranks 4-7) sends to stage 2
-    # (ranks 8-11): that boundary crosses InfiniBand, and the slowest boundary sets the
-    # pipeline's pace. 2 x (2,097,152 / 10e9 + 20 us) = 4.594304e-4 s. The code picks
-    # NVLink because the stride (4) is below the node size (8).
+    # 2 nodes, pp=4, 4 GPUs per stage. Stage 1 (ranks 4-7) sends to stage 2 (ranks 8-11):
+    # that boundary crosses InfiniBand, and the slowest boundary sets the pipeline's pace,
+    # although the stage stride (4) is below the node size (8).
+    # 2 x (2,097,152 / 10e9 + 20 us) = 4.594304e-4 s.
     assert pipeline_p2p_time(H, S, 8, 4, 4, TOY, 2) == approx(2 * (2_097_152 / 10e9 + 2e-5))
 
 

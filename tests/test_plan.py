@@ -241,7 +241,7 @@ def test_flags_reject_hybrid_and_non_block_recompute():
 
 
 def test_interleaving_needs_micro_batches_in_multiples_of_pp():
-    # BUG PIN: megatron-core 0.16.1 (pipeline_parallel/schedules.py) runs the interleaved
+    # megatron-core 0.16.1 (pipeline_parallel/schedules.py) runs the interleaved
     # schedule in groups of microbatch_group_size_per_vp_stage = p micro-batches and raises
     # unless p <= m and m % p == 0. Here p=4, v=2 with m=2 and m=6.
     two = LayerStrategy(tp=1, dp=2)
