@@ -34,3 +34,23 @@ def test_tiling_golden():
     assert tiled_groups(4, 2, 1) == [[0, 1], [2, 3]]
     assert tiled_groups(4, 2, 2) == [[0, 2], [1, 3]]
     assert tiled_groups(8, 2, 4) == [[0, 4], [1, 5], [2, 6], [3, 7]]
+
+
+def test_a_swamped_paired_difference_falls_back_to_the_call_alone(monkeypatch):
+    """Where noise makes (chunk + call) - chunk non-positive, the call's own time is recorded, never 0."""
+    from megatron_auto.profiling import cluster_bench
+    from megatron_auto.profiling.cluster_bench import ClusterBenchConfig, time_collective
+
+    call, chunk = (lambda: None), (lambda: None)
+    times = {"call": 0.003, "chunk": 1.2, "both": 1.0}
+
+    def fake_block_seconds(fn, iters, warmup=1, barrier=None, repeats=1):
+        return times["call" if fn is call else "chunk" if fn is chunk else "both"]
+
+    monkeypatch.setattr(cluster_bench, "_collective", lambda *args: call)
+    monkeypatch.setattr(cluster_bench, "block_seconds", fake_block_seconds)
+    monkeypatch.setattr(cluster_bench, "_max_over_world", lambda value, device: value)
+    config = ClusterBenchConfig(message_bytes=(1024,))
+    assert time_collective("all_reduce", None, 2, 256, config, "cpu", chunk) == 0.003
+    times.update(chunk=1.0, both=1.2)
+    assert time_collective("all_reduce", None, 2, 256, config, "cpu", chunk) == pytest.approx(0.2)

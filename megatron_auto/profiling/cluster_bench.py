@@ -120,7 +120,7 @@ def time_collective(op: str, group, size: int, numel: int, config: ClusterBenchC
     (see the module docstring): blocks between world barriers, the maximum over ranks. With
     `chunk`, each repeat times a block of (chunk, call) pairs and a block of chunks alone, and
     the per-call time is the median over repeats of their difference (paired against drift in
-    the machine's other load)."""
+    the machine's other load), or the call timed alone where that difference is not positive."""
     run = _collective(op, numel, size, group, device)
     if chunk is None:
         return _max_over_world(block_seconds(run, config.iters, barrier=dist.barrier, repeats=config.repeats),
@@ -131,7 +131,12 @@ def time_collective(op: str, group, size: int, numel: int, config: ClusterBenchC
                              barrier=dist.barrier, repeats=1)
         alone = block_seconds(chunk, config.iters, warmup=0, barrier=dist.barrier, repeats=1)
         differences.append(both - alone)
-    return _max_over_world(max(statistics.median(differences), 0.0), device)
+    paired = _max_over_world(statistics.median(differences), device)
+    if paired > 0:
+        return paired
+    # The machine's noise swamped a short call: its time alone is the better figure than none
+    # (every rank sees the same `paired`, so all take this branch together).
+    return time_collective(op, group, size, numel, config, device)
 
 
 def time_p2p(peer_a: int, peer_b: int, numel: int, config: ClusterBenchConfig, device) -> float:
