@@ -6,6 +6,7 @@ from dataclasses import replace
 from typing import Optional
 
 from ..errors import UserError
+from ..kernels import resolve_attention_backend, resolve_optimizer_impl
 from ..specs import ClusterSpec, ModelSpec, TrainingSpec, load_cluster, load_model
 from ..specs.training import GIB
 
@@ -44,12 +45,17 @@ def fit_cluster_to_world(cluster: ClusterSpec, world_size: int, args: argparse.N
 
 
 def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size: int) -> TrainingSpec:
-    """Batch, precision and memory budget; fp32 is the default on the CPU cluster."""
-    precision = args.precision or ("fp32" if cluster_name == CPU_CLUSTER_PRESET else "bf16")
+    """Batch, precision, memory budget and kernels; fp32 and the CPU's kernels are the defaults on
+    the CPU cluster."""
+    on_gpu = cluster_name != CPU_CLUSTER_PRESET
+    precision = args.precision or ("bf16" if on_gpu else "fp32")
     budget = int(args.memory_budget_gib * GIB) if args.memory_budget_gib else 0
+    kernels = dict(attention_backend=resolve_attention_backend(getattr(args, "attention_backend", "auto"), on_gpu),
+                   optimizer_impl=resolve_optimizer_impl(getattr(args, "optimizer_impl", "auto"), on_gpu))
     if precision == "fp32":
-        return TrainingSpec.fp32(global_batch_size, memory_budget_bytes=budget)
-    return TrainingSpec(global_batch_size=global_batch_size, precision=precision, memory_budget_bytes=budget)
+        return TrainingSpec.fp32(global_batch_size, memory_budget_bytes=budget, **kernels)
+    return TrainingSpec(global_batch_size=global_batch_size, precision=precision, memory_budget_bytes=budget,
+                        **kernels)
 
 
 def load_job(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:

@@ -5,6 +5,7 @@ import argparse
 import sys
 from typing import NoReturn, Optional
 
+from ..kernels import ATTENTION_BACKENDS, OPTIMIZER_IMPLS
 from ..plan import RECOMPUTE_KINDS, SPACES
 
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -53,6 +54,11 @@ def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) ->
                         help="usable memory per GPU in GiB (default: the GPU's memory)")
     parser.add_argument("--precision", choices=PRECISIONS,
                         help="training precision (default: fp32 on the cpu-gloo cluster, else bf16)")
+    parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                        help="core attention to price, Megatron-LM's names (auto: what the runtime runs on "
+                             "that cluster: flash on GPUs, unfused on cpu-gloo)")
+    parser.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="auto",
+                        help="optimizer step to price (auto: fused on GPUs, foreach on cpu-gloo)")
     parser.add_argument("--profile", action="append", metavar="FILE",
                         help="measured cluster and/or model profile JSON (profile-cluster, profile-model); "
                              "repeat for both. Without it the cost model is analytic")

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..kernels import PRICED_ATTENTION, PRICED_OPTIMIZER
 from ..serde import CachedHash
 
 from .model import _check_version
@@ -30,6 +31,10 @@ class TrainingSpec(CachedHash):
     (Megatron-LM docs/distrib_optimizer: 18 bytes/param = 2 + 4 + 12 without sharding.)"""
     memory_budget_bytes: int = 0
     """Usable memory per GPU; 0 means the GPU's memory."""
+    attention_backend: str = "flash"
+    """Core attention that runs: flash (SDPA, no s x s scores kept) or unfused (megatron_auto.kernels)."""
+    optimizer_impl: str = "fused"
+    """Optimizer step that runs: fused (no temporaries) or foreach (megatron_auto.kernels)."""
     schema_version: int = TRAINING_SCHEMA_VERSION
     """Version of this record's layout."""
 
@@ -41,6 +46,11 @@ class TrainingSpec(CachedHash):
             raise ValueError(f"precision must be bf16, fp16 or fp32, got {self.precision!r}")
         if self.memory_budget_bytes < 0:
             raise ValueError("memory budget must not be negative")
+        if self.attention_backend not in PRICED_ATTENTION:
+            raise ValueError(f"attention backend must be one of {PRICED_ATTENTION}, got {self.attention_backend!r}")
+        if self.optimizer_impl not in PRICED_OPTIMIZER:
+            raise ValueError(f"optimizer implementation must be one of {PRICED_OPTIMIZER}, "
+                             f"got {self.optimizer_impl!r}")
 
     @property
     def activation_bytes(self) -> int:
@@ -51,7 +61,10 @@ class TrainingSpec(CachedHash):
         return self.memory_budget_bytes or gpu_memory_bytes
 
     @classmethod
-    def fp32(cls, global_batch_size: int, memory_budget_bytes: int = 0) -> "TrainingSpec":
-        """Full fp32 training, as on CPU: 4-byte weights and grads, 8 bytes of Adam moments."""
+    def fp32(cls, global_batch_size: int, memory_budget_bytes: int = 0, attention_backend: str = "unfused",
+             optimizer_impl: str = "foreach") -> "TrainingSpec":
+        """Full fp32 training, as on CPU: 4-byte weights and grads, 8 bytes of Adam moments
+        (and by default the CPU's kernels, megatron_auto.kernels)."""
         return cls(global_batch_size=global_batch_size, precision="fp32", param_bytes=4,
-                   grad_bytes=4, optimizer_bytes=8, memory_budget_bytes=memory_budget_bytes)
+                   grad_bytes=4, optimizer_bytes=8, memory_budget_bytes=memory_budget_bytes,
+                   attention_backend=attention_backend, optimizer_impl=optimizer_impl)

@@ -1,0 +1,56 @@
+"""Which kernels a run uses: the core-attention backend and the optimizer step's implementation.
+
+Planning prices the kernels the runtime will run, so both sides resolve the user's
+choice (`auto` included) through these functions. Pure: no torch import.
+
+Attention backends use Megatron-LM's names (`--attention-backend`, megatron.core's
+AttnBackend). Without Transformer Engine the runtime has two kinds of core attention:
+- `flash`: torch's scaled_dot_product_attention (flash / memory-efficient / cuDNN
+  kernels on CUDA), which never materialises the s x s scores;
+- `unfused`: Megatron-Core's DotProductAttention (scores, softmax and dropout as
+  separate kernels, the s x s tensors kept for backward).
+`fused` (cuDNN fused attention, a TE backend) runs as `flash` here, since SDPA picks
+cuDNN's kernel itself where it is fastest; `local` is Megatron's name for `unfused`.
+
+Optimizer implementations: `fused` is one multi-tensor kernel per step (torch's
+`fused=True` Adam, apex/TE FusedAdam) with no per-parameter temporaries; `foreach`
+is torch's default multi-tensor path, which allocates temporaries of the size of the
+fp32 state it updates (measured: about 4 bytes per parameter,
+../shared/reference/h100/README.md).
+"""
+from __future__ import annotations
+
+ATTENTION_BACKENDS = ("auto", "flash", "fused", "unfused", "local")
+"""What `--attention-backend` accepts (Megatron-LM's spelling)."""
+PRICED_ATTENTION = ("flash", "unfused")
+"""The kinds of core attention the runtime runs and the cost model prices."""
+OPTIMIZER_IMPLS = ("auto", "fused", "foreach")
+"""What `--optimizer-impl` accepts."""
+PRICED_OPTIMIZER = ("fused", "foreach")
+"""The optimizer-step implementations the cost model prices."""
+
+_ATTENTION_KIND = {"flash": "flash", "fused": "flash", "unfused": "unfused", "local": "unfused"}
+
+
+def resolve_attention_backend(requested: str, on_gpu: bool) -> str:
+    """`flash` or `unfused`: the core attention that runs for `requested`.
+
+    `auto` is `flash` on GPUs. On CPU it is `unfused`: the CPU is the test bed, its measured
+    profiles and validation were taken with Megatron's own attention, and `flash` stays
+    selectable there (tests compare the two).
+    """
+    if requested not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention backend must be one of {', '.join(ATTENTION_BACKENDS)}, got {requested!r}")
+    if requested == "auto":
+        return "flash" if on_gpu else "unfused"
+    return _ATTENTION_KIND[requested]
+
+
+def resolve_optimizer_impl(requested: str, on_gpu: bool) -> str:
+    """`fused` or `foreach`: the optimizer step that runs for `requested` (`auto`: fused on GPUs)."""
+    if requested not in OPTIMIZER_IMPLS:
+        raise ValueError(f"optimizer implementation must be one of {', '.join(OPTIMIZER_IMPLS)}, "
+                         f"got {requested!r}")
+    if requested == "auto":
+        return "fused" if on_gpu else "foreach"
+    return requested
