@@ -3,8 +3,10 @@ plus memory-bound element-wise kernels at HBM speed.
 
 The GEMM efficiency law is ours (docs/cost_model.md): each of the three GEMM
 dimensions d contributes a factor d / (d + half_dim), so large tiles saturate at
-`max_fraction` of peak and sharding a dimension by TP costs efficiency. Its two
-constants are fitted once per GPU type (tools/calibrate_compute.py).
+`max_fraction` of peak and sharding a dimension by TP costs efficiency. Its
+constants are fitted once per GPU type (tools/calibrate_compute.py). Clusters
+whose ComputeEfficiency is `kernel_level` (H100) price layers kernel by kernel
+instead (cost/layer_kernels.py).
 """
 from __future__ import annotations
 
@@ -27,9 +29,14 @@ def gemm_efficiency(gemm: Gemm, model: ComputeEfficiency) -> float:
     return fraction
 
 
-def gemm_time(gemm: Gemm, cluster: ClusterSpec) -> float:
-    """Seconds for one forward GEMM."""
+def gemm_compute_time(gemm: Gemm, cluster: ClusterSpec) -> float:
+    """GPU seconds of one GEMM under the efficiency law (inside a layer: no lone-GEMM floor)."""
     return gemm.flops / (cluster.gpu.peak_flops * gemm_efficiency(gemm, cluster.compute))
+
+
+def gemm_time(gemm: Gemm, cluster: ClusterSpec) -> float:
+    """Seconds for one forward GEMM issued on its own (at least ComputeEfficiency.latency_s)."""
+    return max(cluster.compute.latency_s, gemm_compute_time(gemm, cluster))
 
 
 def elementwise_elements(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool) -> float:
@@ -57,8 +64,14 @@ class ComputeTimes:
 
 
 def layer_compute_times(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool,
-                        cluster: ClusterSpec, activation_bytes: int) -> ComputeTimes:
-    """Forward, backward (2x the forward GEMMs: dgrad + wgrad, SC21 Sec. 5.1)."""
+                        cluster: ClusterSpec, activation_bytes: int, attention_backend: str = "flash") -> ComputeTimes:
+    """Forward, backward (2x the forward GEMMs: dgrad + wgrad, SC21 Sec. 5.1); kernel by kernel
+    (cost/layer_kernels.py) on clusters whose ComputeEfficiency is `kernel_level`."""
+    if cluster.compute.kernel_level:
+        from .layer_kernels import kernel_level_times  # it builds on this module's GEMM law
+
+        return ComputeTimes(*kernel_level_times(layer, seq, samples, tp, sp, cluster, activation_bytes,
+                                                attention_backend))
     gemms = layer_gemms(layer, seq, samples, tp)
     gemm_seconds = [gemm_time(g, cluster) for g in gemms]
     bandwidth = cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION

@@ -42,8 +42,11 @@ def embedding_cost(model: ModelSpec, strategy: LayerStrategy, samples: int, clus
     # One collective each: the embedding's output all-reduce in forward, the LM
     # head's input-gradient all-reduce in backward (tp_comm_time counts a layer's four).
     one_collective = tp_comm_time(h, s, samples, _no_recompute(strategy), cluster, word) / 4
+    embedding_forward, embedding_backward, head_forward, head_backward = _memory_bound_times(
+        model, samples * s, strategy.tp, word, cluster)
     embedding = PartCost(
-        micro_batch_s=one_collective, backward_s=0.0, tp_comm_s=one_collective,
+        micro_batch_s=one_collective + embedding_forward + embedding_backward, backward_s=embedding_backward,
+        tp_comm_s=one_collective,
         dp_comm_per_iteration_s=dp_comm_time(model.embedding_parameters, strategy, cluster, training),
         state_bytes=model_state_bytes(model.embedding_parameters, strategy, training),
         activation_bytes=embedding_activation_bytes(model, samples, strategy, word, cluster.dropout_mask_bytes),
@@ -52,13 +55,26 @@ def embedding_cost(model: ModelSpec, strategy: LayerStrategy, samples: int, clus
     head_params = vocab * h if (pipeline_parallel > 1 or model.untie_embeddings_and_output_weights) else 0
     loss_comm = cross_entropy_comm_time(s * samples, strategy, cluster)
     head = PartCost(
-        micro_batch_s=3 * logits + one_collective + loss_comm, backward_s=2 * logits,
+        micro_batch_s=3 * logits + head_forward + head_backward + one_collective + loss_comm,
+        backward_s=2 * logits + head_backward,
         tp_comm_s=one_collective + loss_comm,
         dp_comm_per_iteration_s=dp_comm_time(head_params, strategy, cluster, training),
         state_bytes=model_state_bytes(head_params, strategy, training),
         activation_bytes=logits_activation_bytes(model, samples, strategy),
     )
     return EmbeddingCost(embedding=embedding, head=head)
+
+
+def _memory_bound_times(model: ModelSpec, tokens: int, tp: int, word: int,
+                        cluster: ClusterSpec) -> tuple[float, float, float, float]:
+    """(embedding forward, backward, head forward, backward) seconds of memory-bound work: priced
+    kernel by kernel on `kernel_level` clusters (cost/layer_kernels.py), else not modelled."""
+    if not cluster.compute.kernel_level or cluster.measured is not None:
+        return 0.0, 0.0, 0.0, 0.0
+    from .layer_kernels import embedding_times, head_memory_times
+
+    h, vocab = model.hidden_size, model.vocab_size
+    return (*embedding_times(tokens, h, vocab, tp, word, cluster), *head_memory_times(tokens, h, vocab, tp, word, cluster))
 
 
 def cross_entropy_comm_time(tokens: int, strategy: LayerStrategy, cluster: ClusterSpec) -> float:

@@ -128,7 +128,7 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
             stage.add_seconds(p2p, "pp_comm_s")
     _add_part(stages[(len(plan.chunks) - 1) % plan.pipeline_parallel], embedding.head)
     for stage in stages:
-        stage.optimizer_s = optimizer_step_time(stage.state_bytes, cluster)
+        stage.optimizer_s = optimizer_step_time(stage.state_bytes, cluster, training.optimizer_impl)
     return stages
 
 
@@ -166,9 +166,10 @@ def _add_part(stage: StageCost, part) -> None:
     stage.transient_bytes = max(stage.transient_bytes, part.transient_bytes)
 
 
-def optimizer_step_time(state_bytes: float, cluster: ClusterSpec) -> float:
-    """One Adam step over `state_bytes` of model state (cost.models: analytic or measured)."""
-    return compute_model(cluster).optimizer_time(state_bytes, cluster)
+def optimizer_step_time(state_bytes: float, cluster: ClusterSpec, impl: str = "fused") -> float:
+    """One Adam step over `state_bytes` of model state (cost.models: analytic or measured);
+    `impl` is TrainingSpec.optimizer_impl."""
+    return compute_model(cluster).optimizer_time(state_bytes, cluster, impl)
 
 
 def stage_time_per_micro_batch(stage: StageCost, num_micro_batches: int) -> float:

@@ -48,7 +48,8 @@ def layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int
                cluster: ClusterSpec, training: TrainingSpec) -> LayerCost:
     """Cost of `layer` with `samples` sequences per micro-batch on each of its DP ranks."""
     word = training.activation_bytes
-    times = compute_model(cluster).layer_times(layer, seq, samples, strategy.tp, strategy.sp, cluster, word)
+    times = compute_model(cluster).layer_times(layer, seq, samples, strategy.tp, strategy.sp, cluster, word,
+                                               training.attention_backend)
     recompute = recompute_time(times, strategy.recompute)
     compute = times.forward_s + times.backward_s + recompute
     zero3 = zero3_comm_time(layer.num_parameters, strategy, cluster, training, strategy.recompute == "full")

@@ -14,6 +14,13 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
 from . import collectives
 from .compute import ComputeTimes, gemm_time, layer_compute_times
+
+
+def layer_kernels_bandwidth(cluster: ClusterSpec) -> float:
+    """Bytes/s of memory-bound kernels in the kernel-level model."""
+    from .layer_kernels import ELEMENTWISE_BANDWIDTH_FRACTION
+
+    return cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
 from .flops import Gemm
 
 
@@ -21,14 +28,14 @@ class ComputeModel(Protocol):
     """Seconds of computation on one shard."""
 
     def layer_times(self, layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool,
-                    cluster: ClusterSpec, activation_bytes: int) -> ComputeTimes:
+                    cluster: ClusterSpec, activation_bytes: int, attention_backend: str = "flash") -> ComputeTimes:
         """Forward, backward and attention-core forward of one micro-batch through one layer."""
 
     def gemm_time(self, gemm: Gemm, cluster: ClusterSpec) -> float:
         """One forward GEMM outside the layers (the LM head)."""
 
-    def optimizer_time(self, state_bytes: float, cluster: ClusterSpec) -> float:
-        """One optimizer step over `state_bytes` of model state."""
+    def optimizer_time(self, state_bytes: float, cluster: ClusterSpec, impl: str = "fused") -> float:
+        """One optimizer step over `state_bytes` of model state (`impl`: TrainingSpec.optimizer_impl)."""
 
 
 class CommModel(Protocol):
@@ -49,14 +56,20 @@ class CommModel(Protocol):
 class AnalyticCompute:
     """GEMM-efficiency law plus element-wise kernels at memory bandwidth (cost/compute.py)."""
 
-    def layer_times(self, layer, seq, samples, tp, sp, cluster, activation_bytes) -> ComputeTimes:
-        return layer_compute_times(layer, seq, samples, tp, sp, cluster, activation_bytes)
+    def layer_times(self, layer, seq, samples, tp, sp, cluster, activation_bytes,
+                    attention_backend: str = "flash") -> ComputeTimes:
+        return layer_compute_times(layer, seq, samples, tp, sp, cluster, activation_bytes, attention_backend)
 
     def gemm_time(self, gemm: Gemm, cluster: ClusterSpec) -> float:
         return gemm_time(gemm, cluster)
 
-    def optimizer_time(self, state_bytes: float, cluster: ClusterSpec) -> float:
-        """Adam is memory-bound: it reads and writes every byte of model state once (x2)."""
+    def optimizer_time(self, state_bytes: float, cluster: ClusterSpec, impl: str = "fused") -> float:
+        """Adam is memory-bound: it reads and writes every byte of model state once (x2); kernel by
+        kernel (H100), the passes of the implementation that runs (cost/layer_kernels.py)."""
+        if cluster.compute.kernel_level:
+            from .layer_kernels import optimizer_step_bytes
+
+            return optimizer_step_bytes(state_bytes, impl) / layer_kernels_bandwidth(cluster)
         return 2.0 * state_bytes / cluster.gpu.memory_bandwidth_bytes_per_s
 
 

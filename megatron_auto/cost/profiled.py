@@ -99,16 +99,17 @@ class ProfiledCompute:
         return times, tp0, seq0
 
     def layer_times(self, layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool,
-                    cluster: ClusterSpec, activation_bytes: int) -> ComputeTimes:
+                    cluster: ClusterSpec, activation_bytes: int, attention_backend: str = "flash") -> ComputeTimes:
         entry = self.profile.for_layer(layer)
         if entry is None:
-            return ANALYTIC_COMPUTE.layer_times(layer, seq, samples, tp, sp, cluster, activation_bytes)
+            return ANALYTIC_COMPUTE.layer_times(layer, seq, samples, tp, sp, cluster, activation_bytes,
+                                                attention_backend)
         times, tp0, seq0 = self.measured_times(entry, seq, samples, tp)
         if (tp0, seq0) == (tp, seq):
             return times
         # Unmeasured (tp, seq): the analytic model's ratio carries the nearest measured point over.
-        want = layer_compute_times(layer, seq, samples, tp, sp, cluster, activation_bytes)
-        have = layer_compute_times(layer, seq0, samples, tp0, sp, cluster, activation_bytes)
+        want = layer_compute_times(layer, seq, samples, tp, sp, cluster, activation_bytes, attention_backend)
+        have = layer_compute_times(layer, seq0, samples, tp0, sp, cluster, activation_bytes, attention_backend)
         return ComputeTimes(times.forward_s * want.forward_s / have.forward_s,
                             times.backward_s * want.backward_s / have.backward_s,
                             times.attention_core_forward_s * want.attention_core_forward_s
@@ -134,10 +135,10 @@ class ProfiledCompute:
         rate = self.flop_rate(gemm.m * gemm.batch)
         return gemm.flops / rate if rate else ANALYTIC_COMPUTE.gemm_time(gemm, cluster)
 
-    def optimizer_time(self, state_bytes: float, cluster: ClusterSpec) -> float:
+    def optimizer_time(self, state_bytes: float, cluster: ClusterSpec, impl: str = "fused") -> float:
         if self.profile.optimizer_s_per_state_byte > 0:
             return state_bytes * self.profile.optimizer_s_per_state_byte
-        return ANALYTIC_COMPUTE.optimizer_time(state_bytes, cluster)
+        return ANALYTIC_COMPUTE.optimizer_time(state_bytes, cluster, impl)
 
 
 @lru_cache(maxsize=64)

@@ -60,7 +60,8 @@ def layer_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
         for j, strategy in enumerate(strategies):
             c = layer_cost(spec, strategy, micro_batch_samples // strategy.dp, model.seq_length, cluster, training)
             hidden = exposed_dp_time(c.dp_comm_per_iteration_s, c.backward_s, comm_model(cluster).grad_overlap)
-            time[l, j] = c.micro_batch_s + (hidden + optimizer_step_time(c.state_bytes, cluster)) / m
+            optimizer = optimizer_step_time(c.state_bytes, cluster, training.optimizer_impl)
+            time[l, j] = c.micro_batch_s + (hidden + optimizer) / m
             first[l, j] = (c.dp_comm_per_iteration_s - hidden) / m
             state[l, j], act[l, j], transient[l, j] = c.state_bytes, c.activation_bytes, c.transient_bytes
     layouts = sorted({(s.tp, s.dp, s.sp) for s in strategies})
@@ -108,7 +109,7 @@ def stage_fixed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         _add_part(head, parts.head)
     in_flight = in_flight_micro_batches(stage, pp, num_micro_batches, 1, "1f1b")
     exposed = acc.exposed_dp_s + head.exposed_dp_s
-    optimizer = optimizer_step_time(acc.state_bytes + head.state_bytes, cluster)
+    optimizer = optimizer_step_time(acc.state_bytes + head.state_bytes, cluster, training.optimizer_impl)
     memory = (acc.state_bytes + head.state_bytes + cluster.framework_overhead_bytes
               + (in_flight * parts.embedding.activation_bytes if stage == 0 else 0.0)
               + (parts.head.activation_bytes if stage == pp - 1 else 0.0))

@@ -26,6 +26,9 @@ class GpuSpec:
     """Dense 16-bit tensor FLOP/s from the datasheet (fp32 FLOP/s for CPU processes)."""
     memory_bandwidth_bytes_per_s: float
     """HBM (or DRAM share) bandwidth, for memory-bound element-wise kernels."""
+    kernel_launch_s: float = 0.0
+    """Host seconds to issue one eager PyTorch op of a Megatron-Core layer: with small shards the GPU
+    waits on the host and a layer takes at least ops x this (cost/layer_kernels.py); 0: not modelled."""
 
 
 @dataclass(frozen=True)
@@ -50,14 +53,23 @@ class ComputeEfficiency:
 
     A GEMM of shape (m, k, n) reaches `max_fraction * prod(d / (d + half_dim))`
     of peak over its three dimensions: large tiles saturate, and sharding a
-    dimension by TP pulls it toward `half_dim`, where it costs half. See
-    docs/cost_model.md for the calibration against Megatron SC21 Table 1.
+    dimension by TP pulls it toward `half_dim`, where it costs half; issued alone
+    it takes at least `latency_s`. See docs/cost_model.md for the calibrations
+    (A100: Megatron SC21 Table 1; H100: measured GEMMs and layers).
     """
 
     max_fraction: float
     """Ceiling of achieved/peak for very large GEMMs."""
     half_dim: float
     """GEMM dimension at which that dimension alone halves the efficiency."""
+    latency_s: float = 0.0
+    """Floor of one GEMM issued alone: eager back-to-back GEMMs never run faster than the host issues them."""
+    kernel_level: bool = False
+    """Price a layer kernel by kernel (cost/layer_kernels.py: element-wise passes, the attention core per
+    backend, weight-gradient accumulation, the host's per-op floor), as fitted on H100 measurements;
+    False: the aggregate SC21-era model the A100 constants were fitted with."""
+    flash_fraction: float = 0.35
+    """Fraction of peak that the flash attention kernel reaches on the FLOPs it runs (kernel_level only)."""
 
 
 @dataclass(frozen=True)

@@ -59,9 +59,16 @@ MODEL_PRESETS: dict[str, ModelSpec] = _model_presets()
 # One GEMM-efficiency model per GPU type; the A100 constants are fitted once to
 # all five rows of SC21 Table 1 by tools/calibrate_compute.py (docs/cost_model.md).
 A100_COMPUTE = ComputeEfficiency(max_fraction=0.70, half_dim=96.0)
-# No public per-configuration table ships for H100 here: same shape law, with the
-# ceiling scaled by the ratio of large-GEMM efficiency H100/A100 (cuBLAS reaches ~74% of peak on H100, ~87% on A100).
-H100_COMPUTE = ComputeEfficiency(max_fraction=0.70 * 0.74 / 0.87, half_dim=128.0)
+# H100: the same law fitted to 160 measured bf16 GEMMs (data/reference/h100/gemm_bf16.jsonl) by
+# `.venv/bin/python tools/calibrate_compute.py --gemms` (least squares for max_fraction on a
+# (half_dim, latency_s) grid; mean |error| 5.2%); layers priced kernel by kernel (cost/layer_kernels.py,
+# docs/cost_model.md "H100 calibration"). Flash attention (SDPA, FlashAttention-2 kernels) reaches
+# about 35% of the H100's peak (Dao 2023, FlashAttention-2, H100 benchmarks: ~335 TFLOP/s).
+H100_COMPUTE = ComputeEfficiency(max_fraction=0.7435, half_dim=100.0, latency_s=20e-6, kernel_level=True,
+                                 flash_fraction=0.35)
+# Host seconds per eager op of a Megatron-Core layer: the 7.5B layer at t=8 takes 1.68-1.73 ms forward and
+# 1.99-2.08 ms backward at micro-batch 1 and 2 alike (host-bound), over 66 and 86 ops (cost/layer_kernels.py).
+H100_KERNEL_LAUNCH_S = 25e-6
 
 CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     "dgx-a100-80gb": ClusterSpec(
@@ -73,7 +80,7 @@ CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     ),
     "dgx-h100-80gb": ClusterSpec(
         name="dgx-h100-80gb", num_nodes=1, gpus_per_node=8,
-        gpu=GpuSpec("H100-SXM5-80GB", 80 * GIB, 989e12, 3.35e12),
+        gpu=GpuSpec("H100-SXM5-80GB", 80 * GIB, 989e12, 3.35e12, kernel_launch_s=H100_KERNEL_LAUNCH_S),
         intra_node=LinkSpec(450e9, 5e-6, efficiency=0.78),   # NVLink 4, 450 GB/s each way
         inter_node=LinkSpec(50e9, 10e-6, efficiency=0.85),   # 1x NDR 400 Gb/s per GPU
         compute=H100_COMPUTE, framework_overhead_bytes=3 * GIB,

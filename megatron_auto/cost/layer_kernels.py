@@ -1,0 +1,165 @@
+"""A layer priced kernel by kernel: GEMMs, element-wise passes, the attention core per backend,
+the weight-gradient accumulation and the host's per-op floor (ComputeEfficiency.kernel_level).
+
+What runs is Megatron-Core's TransformerLayer on the local spec with every fusion off
+(runtime/config.py, profiling/layer_bench.py): separate bias adds, dropouts and residual adds,
+torch LayerNorm and GeLU, and for `unfused` attention DotProductAttention's baddbmm, fp32
+softmax (TransformerConfig.attention_softmax_in_fp32, default True: FusedScaleMaskSoftmax's
+torch path casts to fp32, masks in place, softmax, casts back), dropout and bmm. The tensor
+sizes are Korthikanti et al. 2022 (arXiv 2205.05198), Sec. 4.1: per token, h-wide LayerNorm,
+bias-dropout-add and residual tensors, f-wide MLP tensors and a*s attention scores.
+
+Memory-bound work moves its bytes at ELEMENTWISE_BANDWIDTH_FRACTION of HBM bandwidth. The
+attention-core GEMMs are memory-bound too (k or n = h/a): each runs at the slower of the GEMM
+law and its s x s operand's bytes. The layer takes at least ops x GpuSpec.kernel_launch_s: with
+small shards the host, not the GPU, sets the pace (eager PyTorch issues one op at a time; the
+GPU's queue hides the host only while kernels outlast it), hence max(host, GPU) per pass.
+"""
+from __future__ import annotations
+
+from ..specs.cluster import ClusterSpec
+from ..specs.model import LayerSpec
+from .compute import gemm_compute_time
+from .flops import ATTENTION_CORE_GEMMS, Gemm, layer_gemms
+
+ELEMENTWISE_BANDWIDTH_FRACTION = 0.7
+"""Share of HBM bandwidth element-wise kernels reach (as cost/compute.py; not refitted on H100)."""
+SOFTMAX_BYTES = 4
+"""The unfused softmax runs in fp32 (TransformerConfig.attention_softmax_in_fp32 = True)."""
+MAIN_GRAD_BYTES = 4
+"""Megatron-Core's DDP accumulates each weight gradient into an fp32 main_grad buffer."""
+HOST_OPS_FORWARD = 66
+HOST_OPS_BACKWARD = 86
+HOST_OPS_CORE = 16
+"""Aten ops that one local-spec GPT layer dispatches in its forward and backward pass (and its
+attention core's forward), counted with a TorchDispatchMode on megatron-core 0.16.1 (the CPU's
+three-op dropout counted as CUDA's one native_dropout; docs/cost_model.md, H100 calibration)."""
+
+
+def _bandwidth(cluster: ClusterSpec) -> float:
+    return cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
+
+
+def elementwise_bytes(layer: LayerSpec, tokens: int, tp: int, sp: bool, word: int,
+                      mask_bytes: int) -> tuple[float, float]:
+    """(forward, backward) bytes of the layer's element-wise kernels outside the attention core.
+
+    Per token, forward: two LayerNorms (read+write h each), two bias-dropout-adds (bias add 2h,
+    dropout 2h + mask, residual add 3h), the QKV bias add, the query reshape and the context's
+    permute copy (2 x width each), the fc1 bias add and the activation (2f for GeLU; SwiGLU
+    reads 2f and writes f in silu and the product). Backward: LayerNorm 3h each, dropout 2h +
+    mask each, two residual-gradient sums 3h each, bias gradients (a read of each output) and
+    the activation 3f (GeLU) or 5f (SwiGLU). h-wide work splits over TP only with SP.
+    """
+    h_shard = layer.hidden_size / (tp if sp else 1)
+    qkv = (layer.num_attention_heads + 2 * layer.num_query_groups) * layer.kv_channels / tp
+    attn = layer.num_attention_heads * layer.kv_channels / tp
+    f = layer.ffn_hidden_size / tp
+    bias = 1.0 if layer.add_bias_linear else 0.0
+    mask = mask_bytes / word
+    fc1_width = f * (2 if layer.swiglu else 1)
+    forward = (4 * h_shard + 2 * (2 * bias * h_shard + 2 * h_shard + mask * h_shard + 3 * h_shard)
+               + 2 * bias * qkv + 4 * attn + 2 * bias * fc1_width + (5 if layer.swiglu else 2) * f)
+    backward = (6 * h_shard + 2 * (2 * h_shard + mask * h_shard) + 6 * h_shard + 4 * attn
+                + bias * (qkv + 2 * h_shard + fc1_width) + (5 if layer.swiglu else 3) * f)
+    return tokens * word * forward, tokens * word * backward
+
+
+def attention_core_times(layer: LayerSpec, seq: int, samples: int, tp: int, cluster: ClusterSpec,
+                         word: int, backend: str) -> tuple[float, float]:
+    """(forward, backward) GPU seconds of the core attention: softmax(QK^T)V per head."""
+    heads = samples * layer.num_attention_heads // tp
+    d = layer.kv_channels
+    if backend == "flash":
+        # SDPA's flash kernel with is_causal skips the tiles above the diagonal: it runs half of
+        # the 4bs^2h of SC21's count; its backward recomputes QK^T, 2.5x the forward's FLOPs
+        # (Dao 2023, FlashAttention-2, Sec. 3.1-3.2). Scores and dropout stay on chip.
+        flops = 0.5 * 4.0 * heads * seq * seq * d
+        rate = cluster.gpu.peak_flops * cluster.compute.flash_fraction
+        return flops / rate, 2.5 * flops / rate
+    scores = heads * seq * seq  # elements of the b * np * s * s score tensor
+    bandwidth = _bandwidth(cluster)
+    operand = word * scores / bandwidth  # the s x s operand each core GEMM reads or writes
+    qk = max(gemm_compute_time(Gemm(seq, d, seq, heads), cluster), operand)
+    pv = max(gemm_compute_time(Gemm(seq, seq, d, heads), cluster), operand)
+    mask = cluster.dropout_mask_bytes
+    cast = 0 if word == SOFTMAX_BYTES else word + SOFTMAX_BYTES  # one fp32<->16-bit cast pass
+    # forward: cast up, masked_fill_ and softmax (read+write fp32), cast down, dropout.
+    forward = 2 * cast + 4 * SOFTMAX_BYTES + 2 * word + mask
+    # backward: dropout, cast, softmax backward, masked_fill, cast. Rows longer than 1024 take
+    # ATen's non-persistent softmax backward, which reads output and gradient once for the row
+    # sum and again for the update (5 fp32 passes; the persistent kernel needs only 3).
+    softmax_backward = 5 if seq > 1024 else 3
+    backward = 2 * word + mask + 2 * cast + softmax_backward * SOFTMAX_BYTES + 2 * SOFTMAX_BYTES
+    return (qk + pv + forward * scores / bandwidth,
+            2 * (qk + pv) + backward * scores / bandwidth)
+
+
+def weight_grad_accumulation_bytes(layer: LayerSpec, tp: int, word: int) -> float:
+    """Bytes of adding each new weight gradient into its fp32 main_grad (read new, read+write old)."""
+    return layer.num_parameters / tp * (word + 2 * MAIN_GRAD_BYTES)
+
+
+def kernel_level_times(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool, cluster: ClusterSpec,
+                       word: int, backend: str) -> tuple[float, float, float]:
+    """(forward, backward, attention-core forward) seconds of one micro-batch on one shard."""
+    gemms = layer_gemms(layer, seq, samples, tp)
+    dense = sum(gemm_compute_time(g, cluster) for i, g in enumerate(gemms) if i not in ATTENTION_CORE_GEMMS)
+    core_forward, core_backward = attention_core_times(layer, seq, samples, tp, cluster, word, backend)
+    forward_bytes, backward_bytes = elementwise_bytes(layer, samples * seq, tp, sp, word, cluster.dropout_mask_bytes)
+    backward_bytes += weight_grad_accumulation_bytes(layer, tp, word)
+    bandwidth = _bandwidth(cluster)
+    launch = cluster.gpu.kernel_launch_s
+    forward = max(HOST_OPS_FORWARD * launch, dense + core_forward + forward_bytes / bandwidth)
+    # dgrad + wgrad: twice the forward GEMMs (SC21 Sec. 5.1).
+    backward = max(HOST_OPS_BACKWARD * launch, 2 * dense + core_backward + backward_bytes / bandwidth)
+    return forward, backward, max(HOST_OPS_CORE * launch, core_forward)
+
+
+MIXED_STATE_BYTES_PER_PARAM = 18
+"""bf16 weight, fp32 main_grad, fp32 master, momentum and variance (TrainingSpec defaults)."""
+ADAM_STEP_BYTES_PER_PARAM = {"fused": 42, "foreach": 94}
+"""HBM bytes one optimizer step moves per parameter. Both: the grad-norm read of the fp32
+gradient (4), the bf16 copy of the updated master (read 4, write 2) and zeroing main_grad (4).
+fused (one kernel): read the gradient, read+write master, momentum, variance (28). foreach
+(torch's _multi_tensor_adamw, one pass per op over fp32 lists): weight decay on the master
+(8), lerp_ of the momentum (12), mul_ and addcmul_ of the variance (8 + 12), sqrt, div_ and
+add_ of the denominator (8 each) and addcdiv_ into the master (16): 80."""
+
+
+def optimizer_step_bytes(state_bytes: float, impl: str) -> float:
+    """HBM bytes of one optimizer step over `state_bytes` of model state, scaled per parameter from
+    the mixed-precision layout (with ZeRO the shards scale alike to first order)."""
+    return state_bytes * ADAM_STEP_BYTES_PER_PARAM[impl] / MIXED_STATE_BYTES_PER_PARAM
+
+
+CROSS_ENTROPY_BYTES_PER_LOGIT = (38, 14)
+"""(forward, backward) HBM bytes per logit of Megatron-Core's vocab-parallel cross entropy
+(tensor_parallel/cross_entropy.py): forward casts the bf16 logits to fp32 (6), takes the max
+(4), subtracts it and exponentiates in place (8 + 8), sums (4) and divides in place (8);
+backward scales the saved softmax in place (8) and casts the gradient back to bf16 (6)."""
+
+
+def embedding_times(tokens: int, hidden: int, vocab: int, tp: int, word: int,
+                    cluster: ClusterSpec) -> tuple[float, float]:
+    """(forward, backward) seconds of the word embedding on one shard: a gather, the position
+    add and dropout (7.5 words per hidden element); backward writes a dense vocab x hidden
+    gradient (zeroed, then scattered into) and adds it into main_grad."""
+    table = vocab * hidden / tp
+    forward = tokens * hidden * word * 7.5
+    backward = table * (2 * word + word + 2 * MAIN_GRAD_BYTES)
+    bandwidth = _bandwidth(cluster)
+    return forward / bandwidth, backward / bandwidth
+
+
+def head_memory_times(tokens: int, hidden: int, vocab: int, tp: int, word: int,
+                      cluster: ClusterSpec) -> tuple[float, float]:
+    """(forward, backward) memory-bound seconds of the LM head beside its GEMMs: the final
+    LayerNorm, the cross entropy over the tokens x vocab/tp logits, and the output weight's
+    gradient added into main_grad."""
+    logits = tokens * vocab / tp
+    forward_bytes, backward_bytes = CROSS_ENTROPY_BYTES_PER_LOGIT
+    forward = 2 * tokens * hidden * word + forward_bytes * logits
+    backward = 3 * tokens * hidden * word + backward_bytes * logits + vocab * hidden / tp * (word + 2 * MAIN_GRAD_BYTES)
+    bandwidth = _bandwidth(cluster)
+    return forward / bandwidth, backward / bandwidth
