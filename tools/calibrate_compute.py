@@ -1,8 +1,17 @@
-"""Fit the A100 GEMM-efficiency law (ComputeEfficiency.max_fraction, half_dim) to SC21 Table 1.
+"""Fit the GEMM-efficiency law (ComputeEfficiency): A100 to SC21 Table 1, H100 to measured GEMMs.
 
 Run from the repository root:
 
-    .venv/bin/python tools/calibrate_compute.py
+    .venv/bin/python tools/calibrate_compute.py            # A100, SC21 Table 1
+    .venv/bin/python tools/calibrate_compute.py --gemms    # H100, data/reference/h100/gemm_bf16.jsonl
+
+With --gemms: the 160 bf16 GEMMs measured on one H100 (data/reference/h100/README.md).
+time = max(latency_s, 2mkn / (peak x max_fraction x prod d/(d + half_dim))); on a grid of
+half_dim (0-396, step 4) and latency_s (10-30 us, step 0.5 us), max_fraction is the least-squares
+fit in relative error over the GEMMs above the floor (megatron_auto.h100_reference.fit_gemm_law),
+and the grid point of least mean |error| wins (about 1 s). Prints the constants (shipped as
+H100_COMPUTE in megatron_auto/specs/presets.py) and the mean and worst |error| of the fit and of
+the shipped constants.
 
 Each of the five published rows of shared/reference/megatron_sc21_table1_subset.json
 (Narayanan et al. SC21, Table 1) is estimated with its (t, p, d, batch) and full
@@ -98,14 +107,31 @@ def print_efficiency_table(base: str) -> None:
               f"{layer * cluster.gpu.peak_flops / 1e12:.0f} |")
 
 
+def fit_measured_gemms() -> None:
+    """Fit and print the H100 GEMM law on data/reference/h100/gemm_bf16.jsonl."""
+    from megatron_auto.h100_reference import fit_gemm_law, gemm_errors
+
+    cluster = CLUSTER_PRESETS["dgx-h100-80gb"]
+    fitted, _ = fit_gemm_law(cluster.gpu.peak_flops)
+    for label, compute in (("fitted", fitted), ("shipped", cluster.compute)):
+        errors = gemm_errors(compute)
+        print(f"{label}: max_fraction={compute.max_fraction}, half_dim={compute.half_dim}, "
+              f"latency_s={compute.latency_s:g}  mean |error| {abs(errors).mean():.2%}, "
+              f"worst {abs(errors).max():.2%} over {len(errors)} GEMMs")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", default=str(DEFAULT_ROWS))
     parser.add_argument("--base", default="dgx-a100-80gb")
     parser.add_argument("--efficiency-table", action="store_true")
+    parser.add_argument("--gemms", action="store_true", help="fit the H100 law to the measured GEMMs")
     args = parser.parse_args()
     if args.efficiency_table:
         print_efficiency_table(args.base)
+        return
+    if args.gemms:
+        fit_measured_gemms()
         return
     rows = load_rows(args.rows)
     start = time.perf_counter()
