@@ -74,7 +74,8 @@ def _memory_bound_times(model: ModelSpec, tokens: int, tp: int, word: int,
     from .layer_kernels import embedding_times, head_memory_times
 
     h, vocab = model.hidden_size, model.vocab_size
-    return (*embedding_times(tokens, h, vocab, tp, word, cluster), *head_memory_times(tokens, h, vocab, tp, word, cluster))
+    return (*embedding_times(tokens, h, vocab, tp, word, cluster),
+            *head_memory_times(tokens, h, vocab, tp, word, cluster))
 
 
 def cross_entropy_comm_time(tokens: int, strategy: LayerStrategy, cluster: ClusterSpec) -> float:
