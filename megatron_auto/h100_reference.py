@@ -148,6 +148,27 @@ def run_points(cluster: ClusterSpec | None = None) -> list[RunPoint]:
     return points
 
 
+TORCH_REFERENCE_S = {2: 0.883, 4: 0.786}
+"""Seconds per iteration of scripts/torch_reference.py (plain PyTorch, GPT 1.7B shape, global batch 16,
+SDPA flash attention, fused AdamW, bf16, eager) by micro-batch size: data/reference/h100/README.md."""
+
+
+def flash_reference_errors(cluster: ClusterSpec | None = None) -> dict[int, tuple[float, float]]:
+    """{micro-batch: (measured, predicted)} for the flash + fused reference runs (not Megatron runs:
+    a check of the flash attention and fused Adam pricing, which no Megatron measurement ran)."""
+    from .search.uniform import UniformConfig, best_uniform_plan
+
+    cluster = cluster or h100_cluster()
+    training = TrainingSpec(global_batch_size=16, attention_backend="flash", optimizer_impl="fused")
+    result = {}
+    for micro_batch, measured in TORCH_REFERENCE_S.items():
+        config = UniformConfig(tp=1, pp=1, micro_batch_size=micro_batch, recompute="none")
+        plan = best_uniform_plan(gpt_1_7b(), cluster, training, config, choose_micro_batch=False,
+                                 choose_virtual_stages=False)
+        result[micro_batch] = (measured, plan.prediction.iteration_time_s)
+    return result
+
+
 def mape(errors) -> float:
     """Mean absolute relative error."""
     values = [abs(e) for e in errors if e is not None]

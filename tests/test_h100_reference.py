@@ -12,8 +12,8 @@ from megatron_auto.cost.flops import Gemm
 from megatron_auto.cost.layer_kernels import (ELEMENTWISE_BANDWIDTH_FRACTION, HOST_OPS_BACKWARD, HOST_OPS_FORWARD,
                                               attention_core_times, optimizer_step_bytes)
 from megatron_auto.cost.models import ANALYTIC_COMPUTE
-from megatron_auto.h100_reference import (PROFILES, fit_gemm_law, gemm_errors, h100_cluster, layer_points, mape,
-                                          run_points)
+from megatron_auto.h100_reference import (PROFILES, fit_gemm_law, flash_reference_errors, gemm_errors,
+                                          h100_cluster, layer_points, mape, run_points)
 from megatron_auto.specs.presets import CLUSTER_PRESETS, H100_COMPUTE, MODEL_PRESETS
 
 LAYER_17B = MODEL_PRESETS["gpt3-1.7b"].layers[0]
@@ -51,6 +51,12 @@ def test_six_gpt_1_7b_runs_iteration_time_within_10_percent():
     timed = [p for p in points if p.measured_s is not None]
     assert len(timed) == 5
     assert mape(p.error for p in timed) <= 0.10
+
+
+def test_flash_and_fused_adam_within_10_percent_of_the_torch_reference():
+    # The README's plain-PyTorch runs (SDPA flash, fused AdamW): the only flash measurements.
+    for measured, predicted in flash_reference_errors().values():
+        assert abs(predicted / measured - 1) <= 0.10
 
 
 def test_unfused_core_is_two_gemms_plus_score_passes():

@@ -14,7 +14,9 @@ Prints, and writes into docs/benchmarks.md under "H100 reference: predicted vs m
   `megatron-auto estimate --model gpt3-1.7b --cluster dgx-h100-80gb --num-nodes 1
   --gpus-per-node 1 --global-batch-size 16 --tp 1 --pp 1 --micro-batch-size M --recompute R
   --attention-backend unfused --optimizer-impl foreach`: seconds per iteration, and the
-  peak memory and fit that `estimate_plan` reports beside the measured peak allocation.
+  peak memory and fit that `estimate_plan` reports beside the measured peak allocation;
+- the README's plain-PyTorch reference (SDPA flash attention, fused AdamW) at micro-batch 2
+  and 4, priced with `--attention-backend flash --optimizer-impl fused`.
 Targets (tests/test_h100_reference.py): GEMM, layer and run-time mean |error| at most 7%, 10%, 10%.
 """
 from __future__ import annotations
@@ -28,7 +30,8 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
 
 from docs_sections import write_section  # noqa: E402
-from megatron_auto.h100_reference import PROFILES, gemm_errors, layer_points, mape, run_points  # noqa: E402
+from megatron_auto.h100_reference import (PROFILES, flash_reference_errors, gemm_errors, layer_points,  # noqa: E402
+                                          mape, run_points)
 from megatron_auto.specs.presets import H100_COMPUTE  # noqa: E402
 
 HEADING = "## H100 reference: predicted vs measured"
@@ -71,12 +74,22 @@ def run_lines() -> list[str]:
             f"model, reported as is): mean |error| {mape(memory):.1%} against the peak allocation.", ""] + lines
 
 
+def flash_lines() -> list[str]:
+    lines = ["", "Flash attention and fused Adam, against the plain-PyTorch reference script of the README "
+             "(`scripts/torch_reference.py`, SDPA flash, fused AdamW; not a Megatron run), priced with "
+             "`--attention-backend flash --optimizer-impl fused`:", "",
+             "| micro-batch | measured s/iter | predicted s/iter | error |", "|---|---|---|---|"]
+    for micro_batch, (measured, predicted) in flash_reference_errors().items():
+        lines.append(f"| {micro_batch} | {measured:.3f} | {predicted:.3f} | {predicted / measured - 1:+.1%} |")
+    return lines
+
+
 def report() -> str:
     body = [HEADING, "", "Data: data/reference/h100/ (one H100 80GB, megatron-core 0.16.1, unfused attention, "
             "torch foreach Adam, bf16). Priced with `--attention-backend unfused --optimizer-impl foreach` on "
             "dgx-h100-80gb, one GPU. Calibration: docs/cost_model.md, \"H100 calibration\".", "",
             "    " + COMMAND, ""]
-    return "\n".join(body + gemm_lines() + layer_lines() + run_lines()) + "\n"
+    return "\n".join(body + gemm_lines() + layer_lines() + run_lines() + flash_lines()) + "\n"
 
 
 def main() -> None:
