@@ -63,7 +63,12 @@ def _train_attempt(plan: Plan, basis: PlanBasis, settings: TrainSettings, info, 
     if settings.load:
         sessions.resume(job)
     stop = min(settings.train_iters, settings.exit_interval or settings.train_iters)
-    check = MemoryCheck(plan, basis, rank, job.iteration, stop)
+    try:
+        check = MemoryCheck(plan, basis, rank, job.iteration, stop)
+    except (UserError, ValueError) as error:  # a hand-made plan the cost model cannot price
+        logger.info("rank %d: memory not checked: the cost model cannot price this plan (%s)", rank, error)
+        sessions.train(job)
+        return
     budget = basis.training.budget_for(basis.cluster.gpu.memory_bytes)
     guard = oom.OomGuard(lambda s: sessions.run_iteration(s), group, check.predicted_bytes, budget,
                          check.check_at, injection)

@@ -15,6 +15,14 @@ collective or p2p transfer that waits for it. So:
   budget to re-plan under (`lowered_budget`): the caller frees the session
   (`release`) and re-plans, or stops with the plan to use.
 
+On NCCL, a rank whose collective waits for a rank that left is ended by the
+ProcessGroupNCCL watchdog after the group's timeout (torch's default
+TORCH_NCCL_ASYNC_ERROR_HANDLING tears the process down); the rank that ran out of
+memory then sees its vote fail and stops with the re-planned plan (exit 2, the
+plan written beside the run: runtime.fit). When every rank runs out of memory at
+the same point (the usual case for data parallelism, whose ranks hold the same
+bytes), or on one GPU, the vote completes and the job re-plans in-process.
+
 On CPU nothing runs out of memory; `MEGATRON_AUTO_INJECT_OOM=RANK:ITERATION[:SHARE]`
 raises torch.OutOfMemoryError in rank RANK's first forward of iteration
 ITERATION (1-based, the first attempt only), as if the device held SHARE x the
@@ -171,7 +179,10 @@ class OomGuard:
         except torch.OutOfMemoryError:
             own = self._out_of_memory_vote(session.device)  # the traceback (and its tensors) is dropped here
         except RuntimeError as failure:
-            error, own = failure, Vote(False, True)
+            if "out of memory" in str(failure).lower():  # raised as a plain error (e.g. by NCCL's allocations)
+                own = self._out_of_memory_vote(session.device)
+            else:
+                error, own = failure, Vote(False, True)
         try:
             votes = exchange(own, self.group)
         except RuntimeError:
@@ -207,5 +218,24 @@ def release(session) -> None:
         torch.cuda.synchronize(session.device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(session.device)
+    groups = megatron_groups()
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
+    for group in groups:  # destroy_model_parallel only forgets them; NCCL communicators hold device memory
+        try:
+            torch.distributed.destroy_process_group(group)
+        except (ValueError, RuntimeError):  # destroyed already (Megatron destroys its gloo groups itself)
+            continue
+
+
+def megatron_groups() -> list:
+    """The process groups parallel_state holds now (its module globals), the default group left out."""
+    from megatron.core import parallel_state
+
+    world = torch.distributed.group.WORLD
+    found = []
+    for value in vars(parallel_state).values():
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, torch.distributed.ProcessGroup) and item is not world and item not in found:
+                found.append(item)
+    return found
