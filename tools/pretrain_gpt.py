@@ -27,6 +27,13 @@ same command under torchrun uses NCCL and detects the cluster preset from the GP
 Parallelism flags given beside `--auto-parallel` become constraints on the search;
 `--micro-batch-size` is then the planner's to choose. A user error (a plan for another
 world size or model, a bad flag combination) prints one line on stderr and exits 2.
+
+Each rank logs its device memory at start and, after iteration 2, its measured peak against
+the cost model's peak for its pipeline stage (runtime/memory_check.py). An out-of-memory
+error in the first two iterations is agreed on by all ranks (runtime/oom.py): under
+`--auto-parallel` the job re-plans under a budget lowered by the overshoot and starts again;
+otherwise it writes the re-planned plan to `auto_parallel_replan.json` (in `--save` or the
+working directory) and exits 2 with one line naming it (runtime/fit.py).
 """
 from __future__ import annotations
 
