@@ -161,7 +161,8 @@ def run_plan_cuda(plan: Plan, job, workdir: Path, command_for) -> GpuMeasurement
     for old in memory_dir.glob("rank*.json"):
         old.unlink()
     save_plan(plan, plan_path)
-    done = subprocess.run(command_for(plan_path, memory_dir), capture_output=True, text=True, cwd=ROOT,
+    # In `workdir`: a run that runs out of memory writes its re-plan (runtime/fit.py) to the working directory.
+    done = subprocess.run(command_for(plan_path, memory_dir), capture_output=True, text=True, cwd=workdir,
                           timeout=1800)
     steps = [float(x) / 1000 for x in re.findall(r"elapsed time per iteration \(ms\): ([0-9.]+)", done.stdout)]
     out_of_memory = "out of memory" in (done.stdout + done.stderr).lower() and done.returncode != 0

@@ -125,3 +125,18 @@ def test_replan_that_fits_nothing_is_one_line(tmp_path, monkeypatch):
     result = launch(2, ["tools/pretrain_gpt.py", *tiny], LAUNCH_TIMEOUT_S, tmp_path)
     assert result.returncodes == (2, 2), result.output[-5000:]
     assert "no plan fits the lowered budget of" in result.output and "Traceback" not in result.output
+
+
+def test_cuda_peak_adds_what_the_process_holds_outside_torch(monkeypatch):
+    import torch
+
+    # A fake 80 GiB device: 70 GiB in use, of which torch's allocator reserves 66 GiB now.
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * GIB, 80 * GIB))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 66 * GIB)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: 68 * GIB)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: 64 * GIB)
+    peak = memory_check.measure_peak(torch.device("cuda", 0))
+    assert (peak.allocated_bytes, peak.reserved_bytes, peak.outside_torch_bytes) == (64 * GIB, 68 * GIB, 4 * GIB)
+    assert peak.device_bytes == 72 * GIB
+    assert oom.device_capacity_bytes(torch.device("cuda", 0), 60 * GIB, None) == 80 * GIB
+    assert memory_check.measure_peak(torch.device("cpu")) is None
