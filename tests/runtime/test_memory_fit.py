@@ -8,10 +8,10 @@ from launcher import launch
 from megatron_auto.runtime import memory_check, oom
 from megatron_auto.specs.training import GIB
 
-# Big enough that the planner's pick (dp2, ZeRO-1) has a leaner alternative (tp2 + SP) 5% below it
-# on cpu-gloo, whose 256 MiB framework overhead dominates smaller models.
-MODEL = ["--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "128",
-         "--max-position-embeddings", "128", "--global-batch-size", "8", "--train-iters", "4", "--mock-data",
+# Big enough that the planner's pick (dp2, ZeRO-1, micro-batch 4) has a leaner alternative (micro-batch 2)
+# 17% below it on cpu-gloo, whose 256 MiB framework overhead dominates smaller models.
+MODEL = ["--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "512",
+         "--max-position-embeddings", "512", "--global-batch-size", "8", "--train-iters", "4", "--mock-data",
          "--vocab-size", "512", "--log-interval", "1", "--distributed-timeout-minutes", "0.25"]
 # Every rank's collectives time out after 15 s, the vote after 90 s: a hang would outlast this.
 LAUNCH_TIMEOUT_S = 240
