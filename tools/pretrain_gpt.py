@@ -27,6 +27,13 @@ same command under torchrun uses NCCL and detects the cluster preset from the GP
 Parallelism flags given beside `--auto-parallel` become constraints on the search;
 `--micro-batch-size` is then the planner's to choose. A user error (a plan for another
 world size or model, a bad flag combination) prints one line on stderr and exits 2.
+
+Each rank logs its device memory at start and, after iteration 2, its measured peak against
+the cost model's peak for its pipeline stage (runtime/memory_check.py). An out-of-memory
+error in the first two iterations is agreed on by all ranks (runtime/oom.py): under
+`--auto-parallel` the job re-plans under a budget lowered by the overshoot and starts again;
+otherwise it writes the re-planned plan to `auto_parallel_replan.json` (in `--save` or the
+working directory) and exits 2 with one line naming it (runtime/fit.py).
 """
 from __future__ import annotations
 
@@ -256,6 +263,13 @@ def search_constraints(args: argparse.Namespace, model: ModelSpec) -> SearchCons
                              recompute=args.recompute_granularity)
 
 
+def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_size: int) -> TrainingSpec:
+    """What the search prices: the global batch and precision of the run."""
+    global_batch = args.global_batch_size or args.micro_batch_size * world_size
+    return (TrainingSpec.fp32(global_batch) if settings.precision == "fp32"
+            else TrainingSpec(global_batch_size=global_batch, precision=settings.precision))
+
+
 def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, settings: TrainSettings):
     from megatron_auto.runtime import planning
 
@@ -263,18 +277,48 @@ def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, set
         return planning.plan_from_file(args.auto_parallel_plan, model, world_size)
     if not args.auto_parallel:
         return plan_from_flags(model, world_size, manual_flags(args))
-    global_batch = args.global_batch_size or args.micro_batch_size * world_size
-    training = (TrainingSpec.fp32(global_batch) if settings.precision == "fp32"
-                else TrainingSpec(global_batch_size=global_batch, precision=settings.precision))
-    return planning.search_for_job(model, world_size, args.auto_parallel_cluster, training,
+    return planning.search_for_job(model, world_size, args.auto_parallel_cluster,
+                                   training_for_job(args, settings, world_size),
                                    search_constraints(args, model), args.auto_parallel_space,
                                    args.auto_parallel_profile)
+
+
+def plan_basis(args: argparse.Namespace, plan, model: ModelSpec, world_size: int, settings: TrainSettings):
+    """The cluster and training spec the plan is priced under (runtime.memory_check.PlanBasis);
+    None when no cluster preset matches the device of a run that did not search."""
+    from dataclasses import replace
+
+    from megatron_auto.runtime import planning
+    from megatron_auto.runtime.memory_check import PlanBasis
+
+    try:
+        cluster = planning.job_cluster(world_size, args.auto_parallel_cluster, args.auto_parallel_profile)
+    except UserError:
+        if args.auto_parallel:
+            raise
+        logger.info("no cluster preset for this device: the plan's memory is not checked")
+        return None
+    training = replace(training_for_job(args, settings, world_size), global_batch_size=plan.global_batch_size)
+    return PlanBasis(plan.model or model, cluster, training)
+
+
+def replanner(args: argparse.Namespace, basis, world_size: int):
+    """The search's plan under a lowered memory budget, with --auto-parallel's constraints
+    (none when the plan came from flags or a file: the planner's free choice is the suggestion)."""
+    from dataclasses import replace
+
+    from megatron_auto.runtime import planning
+
+    constraints = search_constraints(args, basis.model) if args.auto_parallel else SearchConstraints()
+    return lambda budget: planning.search_for_job(
+        basis.model, world_size, args.auto_parallel_cluster, replace(basis.training, memory_budget_bytes=budget),
+        constraints, args.auto_parallel_space, args.auto_parallel_profile)
 
 
 def run(args: argparse.Namespace) -> None:
     import patches
     from megatron_auto.report import plan_table
-    from megatron_auto.runtime import distributed, session
+    from megatron_auto.runtime import distributed, fit, session
 
     tokenizer = make_tokenizer(args.tokenizer_type, args.vocab_size)
     settings = settings_from_args(args, tokenizer.vocab_size)
@@ -288,10 +332,15 @@ def run(args: argparse.Namespace) -> None:
             if no_effect_flags(args):
                 logger.info("accepted without effect here: %s", " ".join(no_effect_flags(args)))
             logger.info("parallel plan (%s):\n%s", "auto-parallel" if args.auto_parallel else "flags", plan_table(plan))
-        job = session.build_session(plan, model, settings, info.backend, info.device)
-        if settings.load:
-            session.resume(job)
-        session.train(job)
+        basis = plan_basis(args, plan, model, world_size, settings)
+        if basis is None:
+            job = session.build_session(plan, model, settings, info.backend, info.device)
+            if settings.load:
+                session.resume(job)
+            session.train(job)
+        else:
+            fit.train_fitting(plan, basis, settings, info, replanner(args, basis, world_size),
+                              restart=args.auto_parallel)
     finally:
         distributed.shutdown()
 

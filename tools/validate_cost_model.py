@@ -14,6 +14,11 @@ model's peak less `framework_overhead_bytes` (the non-tensor part of a process).
 Every launch is wrapped in `flock /tmp/megatron-auto-heavy.lock` so it never
 overlaps another heavy job (not when the caller holds that lock already:
 tools/heavy_lock.py). `--tiny` runs the 2-plan, 2-rank smoke case.
+
+On a machine with CUDA the same command (no arguments) runs the GPU validation of
+tools/cost_validation_gpu.py instead: the GPT 1.7B shape on this machine's GPUs over
+NCCL, time and peak memory (allocated and reserved), written to the section
+"Cost model on GPUs" of docs/benchmarks.md. `--device cpu` keeps the CPU validation.
 """
 from __future__ import annotations
 
@@ -59,6 +64,8 @@ class Job:
     global_batch: int = 16
     ranks: int = 4
     iters: int = 6
+    extra_flags: tuple[str, ...] = ()
+    """Further pretrain_gpt flags (precision, kernels) of every run."""
 
     def model(self) -> ModelSpec:
         # pretrain_gpt's NullTokenizer adds an end-of-document id (Megatron's rule).
@@ -68,7 +75,8 @@ class Job:
         return ["--num-layers", str(self.layers), "--hidden-size", str(self.hidden), "--num-attention-heads",
                 str(self.heads), "--seq-length", str(self.seq), "--max-position-embeddings", str(self.seq),
                 "--global-batch-size", str(self.global_batch), "--train-iters", str(self.iters), "--mock-data",
-                "--tokenizer-type", "NullTokenizer", "--vocab-size", str(self.vocab), "--log-interval", "1"]
+                "--tokenizer-type", "NullTokenizer", "--vocab-size", str(self.vocab), "--log-interval", "1",
+                *self.extra_flags]
 
 
 FULL_CONFIGS = {
@@ -119,12 +127,9 @@ def run_plan(plan: Plan, job: Job, workdir: Path) -> tuple[float, float]:
     for old in memory_dir.glob("rank*.json"):
         old.unlink()
     save_plan(plan, plan_path)
-    command = [*lock_prefix(), sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(job.ranks),
-               "--master_port", "29533", str(ROOT / "tools" / "validation_worker.py"), "--memory-out",
-               str(memory_dir), *job.flags(), "--auto-parallel-plan", str(plan_path)]
     env = {**__import__("os").environ, "OMP_NUM_THREADS": "1"}
-    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=ROOT, timeout=900,
-                          pass_fds=held_lock_fds())
+    done = subprocess.run(worker_command(job, plan_path, memory_dir), capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=900, pass_fds=held_lock_fds())
     steps = [float(x) / 1000 for x in ELAPSED.findall(done.stdout)]
     if done.returncode != 0 or len(steps) < job.iters:
         raise RuntimeError(f"run failed ({done.returncode}):\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
@@ -133,6 +138,13 @@ def run_plan(plan: Plan, job: Job, workdir: Path) -> tuple[float, float]:
     sys.stderr.write(f"  peak on rank {top['rank']}: {top['baseline_bytes'] / 2**20:.1f} MiB before the step"
                      f" + {top['step_peak_bytes'] / 2**20:.1f} MiB in it\n")
     return statistics.median(steps[1:-1]), float(top["peak_bytes"])
+
+
+def worker_command(job: Job, plan_path: Path, memory_dir: Path) -> list[str]:
+    """torchrun of tools/validation_worker.py: `plan_path` on `job.ranks` ranks, peaks into `memory_dir`."""
+    return [*lock_prefix(), sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(job.ranks),
+            "--master_port", "29533", str(ROOT / "tools" / "validation_worker.py"), "--memory-out",
+            str(memory_dir), *job.flags(), "--auto-parallel-plan", str(plan_path)]
 
 
 def spearman(xs: list[float], ys: list[float]) -> float:
@@ -332,11 +344,60 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                                  "reversed every other round)")
     parser.add_argument("--notes", help="markdown file whose text goes under the table in the --benchmarks "
                                         "section (the job, the profile commands, the reading of the numbers)")
+    parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                        help="cuda: the GPU validation (tools/cost_validation_gpu.py); auto: cuda when available")
+    parser.add_argument("--gpus", type=int, help="with cuda: GPUs to use (default: all)")
     return parser.parse_args(argv)
+
+
+def use_cuda(device: str) -> bool:
+    if device != "auto":
+        return device == "cuda"
+    import torch
+
+    return torch.cuda.is_available()
+
+
+GPU_JOB = Job(layers=24, hidden=2304, heads=24, seq=2048, vocab=51200, global_batch=16, ranks=1, iters=10,
+              extra_flags=("--bf16",))
+"""The GPT 1.7B shape of data/reference/h100/runs_gpt_1.7b.json."""
+
+
+def main_cuda(args: argparse.Namespace) -> int:
+    """The GPU validation: every configuration of gpu_configs on this machine, table into docs."""
+    import torch
+
+    import cost_validation_gpu as gpu
+    from megatron_auto.runtime.planning import detect_cluster_name, job_cluster
+
+    world = args.gpus or torch.cuda.device_count()
+    job = replace(GPU_JOB, ranks=world, extra_flags=(*GPU_JOB.extra_flags, *gpu.kernel_flags()))
+    cluster, training = job_cluster(world, detect_cluster_name()), gpu.gpu_training(job.global_batch)
+    configs = gpu.gpu_configs(world, job.layers, job.heads, job.global_batch)
+    if args.plans:
+        configs = {name: c for name, c in configs.items() if any(key in name for key in args.plans)}
+    plans = build_plans(job, configs, cluster, training)
+    measured = gpu.measure_cuda(job, plans, lambda plan_path, memory_dir: worker_command(job, plan_path, memory_dir))
+    rows = [gpu.gpu_row(name, plan, job.model(), cluster, training, measured[name]) for name, plan in plans.items()]
+    text = gpu.gpu_table(rows)
+    if args.results:
+        Path(args.results).write_text(json.dumps([{**r.__dict__, "measured": r.measured.__dict__} for r in rows],
+                                                 indent=2))
+    heading = f"## Cost model on GPUs: predicted vs measured ({world} x {torch.cuda.get_device_name(0)})"
+    command = "`python3 tools/validate_cost_model.py" + (f" --gpus {args.gpus}" if args.gpus else "") + "`"
+    body = (f"Command: {command} on the GPU machine (GPT 1.7B shape, global batch 16, bf16, {job.iters} "
+            f"iterations per run; tools/cost_validation_gpu.py says what is compared). Cluster preset "
+            f"`{cluster.name}`.\n\n{text}")
+    target = Path(args.benchmarks or ROOT / "docs" / "benchmarks.md")
+    write_section(target, heading, f"{heading}\n\n{body.rstrip()}\n\n")
+    sys.stdout.write(text)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if use_cuda(args.device):
+        return main_cuda(args)
     job, configs = (TINY_JOB, TINY_CONFIGS) if args.tiny else (Job(), FULL_CONFIGS)
     if args.plans:
         configs = {name: c for name, c in configs.items() if any(key in name for key in args.plans)}

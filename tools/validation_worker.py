@@ -18,6 +18,11 @@ looks like a leak (40 reduce-scatter + all-gather rounds of 1.25 MiB read as a
 42 MiB peak). `track_frees_on_all_threads` sets the flag (exported by libc10)
 before anything is allocated. The process's non-tensor memory (interpreter,
 libraries, gloo buffers) is not counted: ClusterSpec.framework_overhead_bytes.
+
+On CUDA no profiler runs: after the last iteration the rank writes
+torch.cuda.max_memory_allocated (`peak_bytes`), max_memory_reserved
+(`reserved_bytes`) and the device memory used at the peak (`device_bytes`:
+reserved plus what the process holds outside torch), all over the whole run.
 """
 from __future__ import annotations
 
@@ -58,12 +63,33 @@ def peak_step_bytes(run) -> tuple[object, int, int]:
     return result, before, max(e["Total Allocated"] for e in events)
 
 
+def cuda_peaks(device) -> dict:
+    """torch.cuda's peaks over the run (allocated, reserved) and the device memory used at them."""
+    from megatron_auto.runtime.memory_check import measure_peak
+
+    peak = measure_peak(device)
+    return {"baseline_bytes": 0, "step_peak_bytes": peak.allocated_bytes, "peak_bytes": peak.allocated_bytes,
+            "reserved_bytes": peak.reserved_bytes, "device_bytes": peak.device_bytes}
+
+
 def install(memory_dir: str) -> None:
-    """Wrap the session's iteration so the last one is measured."""
+    """Wrap the session's iteration so the last one is measured (on CUDA: the run's peaks after it)."""
+    import torch
+
     from megatron_auto.runtime import session
 
-    track_frees_on_all_threads()
     original = session.run_iteration
+    if torch.cuda.is_available():
+        def run_iteration_cuda(job):
+            result = original(job)
+            if job.iteration == job.settings.train_iters:
+                rank = int(os.environ.get("RANK", "0"))
+                Path(memory_dir, f"rank{rank}.json").write_text(json.dumps({"rank": rank, **cuda_peaks(job.device)}))
+            return result
+
+        session.run_iteration = run_iteration_cuda
+        return
+    track_frees_on_all_threads()
 
     def run_iteration(job):
         if job.iteration + 1 < job.settings.train_iters:

@@ -40,6 +40,15 @@ def cluster_for_world(cluster: ClusterSpec, world_size: int) -> ClusterSpec:
     return cluster.with_nodes(world_size // cluster.gpus_per_node)
 
 
+def job_cluster(world_size: int, cluster_name: str | None = None, profiles: Sequence[str] = ()) -> ClusterSpec:
+    """The cluster the search prices a job under: the preset (detected when not named) shaped
+    to `world_size`, with the measured `profiles` attached when given."""
+    cluster = cluster_for_world(load_cluster(cluster_name or detect_cluster_name()), world_size)
+    if profiles:
+        cluster = dataclasses.replace(cluster, measured=measured_costs(list(profiles)))
+    return cluster
+
+
 def search_for_job(model: ModelSpec, world_size: int, cluster_name: str | None, training: TrainingSpec,
                    constraints: SearchConstraints, space: str = "megatron", profiles: Sequence[str] = ()) -> Plan:
     """The planner's best plan of `space` for this model on `world_size` ranks, priced from the
@@ -50,9 +59,7 @@ def search_for_job(model: ModelSpec, world_size: int, cluster_name: str | None, 
     """
     from ..search import search_plan
 
-    cluster = cluster_for_world(load_cluster(cluster_name or detect_cluster_name()), world_size)
-    if profiles:
-        cluster = dataclasses.replace(cluster, measured=measured_costs(list(profiles)))
+    cluster = job_cluster(world_size, cluster_name, profiles)
     result = search_plan(model, cluster, training, space, constraints)
     logger.debug("search took %.2fs over %d candidates", result.search_time_s, result.candidates_evaluated)
     return result.plan

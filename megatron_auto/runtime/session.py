@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import torch
 
@@ -166,8 +166,12 @@ def _maybe_save(session: Session, last: bool) -> None:
                                    session.iteration, session.iteration * session.layout.global_batch_size)
 
 
-def train(session: Session) -> list[StepResult]:
-    """Run from session.iteration to train_iters (or exit_interval), logging, evaluating and saving."""
+def train(session: Session, run: Optional[Callable[[Session], StepResult]] = None,
+          after_iteration: Optional[Callable[[Session, StepResult], None]] = None) -> list[StepResult]:
+    """Run from session.iteration to train_iters (or exit_interval), logging, evaluating and saving.
+
+    `run` replaces run_iteration (runtime.oom.OomGuard); `after_iteration` is called after each
+    iteration (runtime.memory_check.MemoryCheck)."""
     settings = session.settings
     stop = min(settings.train_iters, settings.exit_interval or settings.train_iters)
     flops = metrics.model_flops_per_iteration(session.model_spec, session.layout.global_batch_size,
@@ -175,7 +179,7 @@ def train(session: Session) -> list[StepResult]:
     results = []
     while session.iteration < stop:
         start = time.perf_counter()
-        result = run_iteration(session)
+        result = (run or run_iteration)(session)
         elapsed = time.perf_counter() - start
         results.append(result)
         if is_logging_rank() and session.iteration % max(1, settings.log_interval) == 0:
@@ -185,4 +189,6 @@ def train(session: Session) -> list[StepResult]:
             if is_logging_rank():
                 logger.info(metrics.format_eval(session.iteration, loss))
         _maybe_save(session, last=session.iteration == stop)
+        if after_iteration is not None:
+            after_iteration(session, result)
     return results

@@ -1,0 +1,93 @@
+"""tools/validate_cost_model.py's CUDA path (tools/cost_validation_gpu.py), on CPU with fake measurements."""
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+
+import cost_validation_gpu as gpu  # noqa: E402
+import validate_cost_model as validate  # noqa: E402
+from megatron_auto.runtime.planning import job_cluster  # noqa: E402
+from megatron_auto.search.uniform import build_uniform_plan  # noqa: E402
+from megatron_auto.specs.training import GIB  # noqa: E402
+
+
+def test_one_gpu_grid_is_the_reference_grid():
+    configs = gpu.gpu_configs(1, 24, 24, 16)
+    assert {(c.micro_batch_size, c.recompute) for c in configs.values()} == {
+        (m, r) for m in (1, 2, 4, 8) for r in ("none", "selective", "full")}
+
+
+@pytest.mark.parametrize("world", [2, 4, 8])
+def test_every_multi_gpu_layout_is_a_valid_plan(world):
+    job = validate.GPU_JOB
+    cluster, training = job_cluster(world, "dgx-h100-80gb"), gpu.gpu_training(job.global_batch)
+    configs = gpu.gpu_configs(world, job.layers, job.heads, job.global_batch)
+    layouts = {(c.tp, c.pp) for c in configs.values()}
+    assert layouts == {(t, p) for t in (1, 2, 4, 8) for p in (1, 2, 4, 8) if t * p <= world and world % (t * p) == 0}
+    for config in configs.values():
+        plan = build_uniform_plan(job.model(), cluster, training, config)
+        assert plan.world_size == world and plan.global_batch_size == 16
+
+
+def _fake_measurement(prediction_row: gpu.GpuRow, out_of_memory: bool = False) -> gpu.GpuMeasurement:
+    # The run took 25% longer, held 10% more tensors and 20% more device memory than predicted.
+    return gpu.GpuMeasurement(
+        seconds=None if out_of_memory else prediction_row.predicted_s * 1.25,
+        allocated_bytes=prediction_row.predicted_tensor_bytes * 1.1,
+        reserved_bytes=prediction_row.predicted_tensor_bytes * 1.15,
+        device_bytes=prediction_row.predicted_peak_bytes * 1.2, out_of_memory=out_of_memory)
+
+
+def test_row_errors_are_predicted_over_measured():
+    job = validate.GPU_JOB
+    cluster, training = job_cluster(1, "dgx-h100-80gb"), gpu.gpu_training(16)
+    plan = build_uniform_plan(job.model(), cluster, training, gpu.gpu_configs(1, 24, 24, 16)["mbs2 rc=none"])
+    blank = gpu.gpu_row("mbs2", plan, job.model(), cluster, training, gpu.GpuMeasurement(None))
+    row = gpu.gpu_row("mbs2", plan, job.model(), cluster, training, _fake_measurement(blank))
+    assert row.time_error == pytest.approx(1 / 1.25 - 1)
+    assert row.allocated_error == pytest.approx(1 / 1.1 - 1)
+    assert row.device_error == pytest.approx(1 / 1.2 - 1)
+    assert row.predicted_peak_bytes - row.predicted_tensor_bytes == cluster.framework_overhead_bytes
+    assert row.fit_agrees == row.predicted_fits
+
+
+def test_measurement_takes_the_median_between_warm_up_and_last_and_the_max_over_ranks():
+    ranks = [{"peak_bytes": 5.0, "reserved_bytes": 6.0, "device_bytes": 7.0},
+             {"peak_bytes": 4.0, "reserved_bytes": 8.0, "device_bytes": 9.0}]
+    m = gpu.measurement_from_ranks(ranks, [9.0, 1.0, 3.0, 2.0, 7.0], out_of_memory=False)
+    assert (m.seconds, m.allocated_bytes, m.reserved_bytes, m.device_bytes) == (2.0, 5.0, 8.0, 9.0)
+    assert gpu.measurement_from_ranks([], [1.0], out_of_memory=True).seconds is None
+
+
+def test_cuda_main_writes_the_docs_section(tmp_path, monkeypatch):
+    import torch
+
+    import megatron_auto.runtime.planning as planning
+
+    monkeypatch.setattr(planning, "detect_cluster_name", lambda: "dgx-h100-80gb")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA H100 80GB HBM3")
+
+    def fake_measure(job, plans, command_for):
+        command = command_for(tmp_path / "plan.json", tmp_path / "memory")
+        assert "--bf16" in command and "--auto-parallel-plan" in command
+        cluster, training = job_cluster(1, "dgx-h100-80gb"), gpu.gpu_training(job.global_batch)
+        rows = {name: gpu.gpu_row(name, plan, job.model(), cluster, training, gpu.GpuMeasurement(None))
+                for name, plan in plans.items()}
+        return {name: _fake_measurement(row, out_of_memory=not row.predicted_fits) for name, row in rows.items()}
+
+    monkeypatch.setattr(gpu, "measure_cuda", fake_measure)
+    docs = tmp_path / "benchmarks.md"
+    docs.write_text("# Benchmarks\n\n## Other\n\nkept\n")
+    assert validate.main(["--device", "cuda", "--gpus", "1", "--benchmarks", str(docs)]) == 0
+    text = docs.read_text()
+    assert "## Other\n\nkept" in text
+    assert "## Cost model on GPUs: predicted vs measured (1 x NVIDIA H100 80GB HBM3)" in text
+    assert "| mbs8 rc=full |" in text and "-20.0%" in text and "planner pick" in text
+    # The fake runs ran out of memory exactly where the model said they would not fit.
+    assert re.search(r"Fits / out of memory predicted right for (\d+) of \1\.", text)
+    assert "| out of memory |" in text  # mbs8 without recompute does not fit 80 GB
