@@ -111,6 +111,16 @@ def optimizer_config(layout: MegatronLayout, settings: TrainSettings):
         fp16=settings.precision == "fp16",
         params_dtype=DTYPES[settings.precision],
         use_distributed_optimizer=layout.distributed_optimizer,
-        initial_loss_scale=2.0**16 if settings.precision == "fp16" else None,
+        **loss_scaling(settings),
         log_num_zeros_in_grad=False,
     )
+
+
+def loss_scaling(settings: TrainSettings) -> dict:
+    """OptimizerConfig's fp16 loss-scaling fields (Megatron-LM's --loss-scale, --initial-loss-scale,
+    --min-loss-scale, --loss-scale-window, --hysteresis); bf16 and fp32 need no scaling."""
+    if settings.precision != "fp16":
+        return {}
+    return dict(loss_scale=settings.loss_scale, initial_loss_scale=settings.initial_loss_scale,
+                min_loss_scale=settings.min_loss_scale, loss_scale_window=settings.loss_scale_window,
+                hysteresis=settings.hysteresis)
