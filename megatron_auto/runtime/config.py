@@ -65,6 +65,8 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
         bf16=settings.precision == "bf16",
         fp16=settings.precision == "fp16",
         # Identical initial weights for every TP degree: the master weight is drawn on the CPU, then split.
+        # It is drawn in fp32 and cast to params_dtype before the split (tensor_parallel.layers.
+        # _initialize_affine_weight_cpu), so bf16/fp16 weights are the rounded fp32 ones at any TP.
         use_cpu_initialization=True,
         # Over gloo, batched p2p gives wrong interleaved-schedule results (patches/vpp_batched_p2p_guard.py).
         batch_p2p_comm=not on_gloo,
