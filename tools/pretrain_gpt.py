@@ -18,7 +18,8 @@ The same job with the parallelism spelled out (what Megatron-LM users type today
 
 Other forms: `--mock-data --tokenizer-type NullTokenizer --vocab-size 256` instead of a
 dataset; `--auto-parallel-plan plan.json` runs a saved plan (`megatron-auto plan --out`);
-`--auto-parallel-profile cluster.json model.json` prices the search from the files that
+`--bf16`, or `--fp16` with Megatron-LM's loss-scaling flags, trains in 16-bit with fp32 master
+weights; `--auto-parallel-profile cluster.json model.json` prices the search from the files that
 `megatron-auto profile-cluster` and `profile-model` wrote (the analytic model otherwise);
 `--save DIR --save-interval N` / `--load DIR` checkpoint through Megatron-Core's
 dist_checkpointing, and a run may resume under another plan or world size. On GPUs, the
@@ -229,7 +230,14 @@ def precision_from_args(args: argparse.Namespace) -> str:
 
 
 def settings_from_args(args: argparse.Namespace, vocab_size: int) -> TrainSettings:
-    precision = precision_from_args(args)
+    from megatron_auto.runtime.config import check_loss_scaling
+
+    settings = _settings(args, vocab_size, precision_from_args(args))
+    check_loss_scaling(settings)
+    return settings
+
+
+def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> TrainSettings:
     return TrainSettings(
         train_iters=args.train_iters, lr=args.lr, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,
         lr_warmup_iters=args.lr_warmup_iters, lr_decay_iters=args.lr_decay_iters, weight_decay=args.weight_decay,

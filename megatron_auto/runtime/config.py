@@ -118,11 +118,24 @@ def optimizer_config(layout: MegatronLayout, settings: TrainSettings):
     )
 
 
+def check_loss_scaling(settings: TrainSettings) -> None:
+    """UserError for fp16 loss-scaling settings Megatron's grad scaler would assert on."""
+    if settings.precision != "fp16":
+        return
+    if settings.loss_scale is not None and settings.loss_scale <= 0:
+        raise UserError(f"--loss-scale must be positive, got {settings.loss_scale:g}")
+    if settings.initial_loss_scale <= 0 or settings.min_loss_scale <= 0:
+        raise UserError("--initial-loss-scale and --min-loss-scale must be positive")
+    if settings.loss_scale_window < 1 or settings.hysteresis < 1:
+        raise UserError("--loss-scale-window and --hysteresis must be at least 1")
+
+
 def loss_scaling(settings: TrainSettings) -> dict:
     """OptimizerConfig's fp16 loss-scaling fields (Megatron-LM's --loss-scale, --initial-loss-scale,
     --min-loss-scale, --loss-scale-window, --hysteresis); bf16 and fp32 need no scaling."""
     if settings.precision != "fp16":
         return {}
+    check_loss_scaling(settings)
     return dict(loss_scale=settings.loss_scale, initial_loss_scale=settings.initial_loss_scale,
                 min_loss_scale=settings.min_loss_scale, loss_scale_window=settings.loss_scale_window,
                 hysteresis=settings.hysteresis)

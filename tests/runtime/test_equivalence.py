@@ -4,7 +4,10 @@ Three launches (1, 4 and 8 ranks) run every case of the issue in turn inside
 one process group each: the single-process reference saves its initial weights
 (which every parallel case loads, so all start from the same model) and a
 checkpoint at iteration 3 (which other layouts and world sizes resume from).
-Loss and gradient norm of all 5 steps must agree within fp32 tolerance.
+Loss and gradient norm of all 5 steps must agree within fp32 tolerance. Every layout
+also runs in bf16 against a bf16 process, within the tolerance precision_checks derives
+(with a broken run as its negative control); a bf16 run tracks the fp32 one over 20 steps;
+fp16 with dynamic loss scaling trains on four ranks.
 """
 from __future__ import annotations
 

@@ -3,7 +3,9 @@ match one process of the stock Megatron-space runtime, loss and gradient norm, s
 
 Three launches: the single-process reference (which saves its initial weights), one 4-rank
 launch running every 4-rank case in turn (including PP2 with two virtual stages per stage and
-dropout cases), and one 8-rank launch (PP2).
+dropout cases), and one 8-rank launch (PP2). The main 4-rank plans run in bf16 too, against a
+bf16 process (tolerance derived in precision_checks), and fp16 with dynamic loss scaling trains
+a plan of ZeRO-3 and DDP layers.
 """
 from __future__ import annotations
 
