@@ -28,6 +28,7 @@ PATCH_MODULES = (
     "dist_checkpointing_cuda",
     "distrib_optimizer_gather",
     "distrib_optimizer_torch_adam_step",
+    "grad_scaler_cuda",
 )
 
 __all__ = ["PATCH_MODULES", "PatchTargetChanged", "apply_all", "check_all", "patch_modules"]

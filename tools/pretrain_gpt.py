@@ -18,7 +18,8 @@ The same job with the parallelism spelled out (what Megatron-LM users type today
 
 Other forms: `--mock-data --tokenizer-type NullTokenizer --vocab-size 256` instead of a
 dataset; `--auto-parallel-plan plan.json` runs a saved plan (`megatron-auto plan --out`);
-`--auto-parallel-profile cluster.json model.json` prices the search from the files that
+`--bf16`, or `--fp16` with Megatron-LM's loss-scaling flags, trains in 16-bit with fp32 master
+weights; `--auto-parallel-profile cluster.json model.json` prices the search from the files that
 `megatron-auto profile-cluster` and `profile-model` wrote (the analytic model otherwise);
 `--save DIR --save-interval N` / `--load DIR` checkpoint through Megatron-Core's
 dist_checkpointing, and a run may resume under another plan or world size. On GPUs, the
@@ -103,9 +104,13 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--adam-beta1", type=float, default=0.9)
     group.add_argument("--adam-beta2", type=float, default=0.999)
     group.add_argument("--adam-eps", type=float, default=1e-8)
-    precision = group.add_mutually_exclusive_group()
-    precision.add_argument("--bf16", action="store_true")
-    precision.add_argument("--fp16", action="store_true")
+    group.add_argument("--bf16", action="store_true", help="bf16 weights and activations, fp32 master weights")
+    group.add_argument("--fp16", action="store_true", help="fp16 weights and activations with loss scaling")
+    group.add_argument("--loss-scale", type=float, help="--fp16: constant loss scale (default: dynamic)")
+    group.add_argument("--initial-loss-scale", type=float, default=2.0**32)
+    group.add_argument("--min-loss-scale", type=float, default=1.0)
+    group.add_argument("--loss-scale-window", type=int, default=1000)
+    group.add_argument("--hysteresis", type=int, default=2)
     group.add_argument("--seed", type=int, default=1234)
     group.add_argument("--distributed-timeout-minutes", type=float, default=10.0)
 
@@ -224,13 +229,29 @@ def model_from_args(args: argparse.Namespace, vocab_size: int) -> ModelSpec:
         raise UserError(f"model flags: {error}") from None
 
 
+def precision_from_args(args: argparse.Namespace) -> str:
+    """fp32, bf16 or fp16; both 16-bit flags together is a user error."""
+    if args.bf16 and args.fp16:
+        raise UserError("--bf16 and --fp16 are mutually exclusive: give one")
+    return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+
+
 def settings_from_args(args: argparse.Namespace, vocab_size: int) -> TrainSettings:
-    precision = "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
+    from megatron_auto.runtime.config import check_loss_scaling
+
+    settings = _settings(args, vocab_size, precision_from_args(args))
+    check_loss_scaling(settings)
+    return settings
+
+
+def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> TrainSettings:
     return TrainSettings(
         train_iters=args.train_iters, lr=args.lr, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,
         lr_warmup_iters=args.lr_warmup_iters, lr_decay_iters=args.lr_decay_iters, weight_decay=args.weight_decay,
         clip_grad=args.clip_grad, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
-        precision=precision, hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
+        precision=precision, loss_scale=args.loss_scale, initial_loss_scale=args.initial_loss_scale,
+        min_loss_scale=args.min_loss_scale, loss_scale_window=args.loss_scale_window, hysteresis=args.hysteresis,
+        hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
         init_method_std=args.init_method_std, seed=args.seed, norm_epsilon=args.norm_epsilon,
         rotary_percent=args.rotary_percent,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
@@ -315,6 +336,19 @@ def replanner(args: argparse.Namespace, basis, world_size: int):
         constraints, args.auto_parallel_space, args.auto_parallel_profile)
 
 
+def precision_summary(settings: TrainSettings) -> str:
+    """One log line naming the precision (and the loss scaling of fp16)."""
+    if settings.precision == "fp32":
+        return "fp32"
+    text = f"{settings.precision} (fp32 main gradients and master weights in the optimizer"
+    if settings.precision == "fp16":
+        scaling = (f"constant loss scale {settings.loss_scale:g}" if settings.loss_scale else
+                   f"dynamic loss scale from {settings.initial_loss_scale:g}, window {settings.loss_scale_window},"
+                   f" hysteresis {settings.hysteresis}, min {settings.min_loss_scale:g}")
+        text += f"; {scaling}"
+    return text + ")"
+
+
 def run(args: argparse.Namespace) -> None:
     import patches
     from megatron_auto.report import plan_table
@@ -331,6 +365,7 @@ def run(args: argparse.Namespace) -> None:
         if session.is_logging_rank():
             if no_effect_flags(args):
                 logger.info("accepted without effect here: %s", " ".join(no_effect_flags(args)))
+            logger.info("precision: %s", precision_summary(settings))
             logger.info("parallel plan (%s):\n%s", "auto-parallel" if args.auto_parallel else "flags", plan_table(plan))
         basis = plan_basis(args, plan, model, world_size, settings)
         if basis is None:

@@ -62,7 +62,9 @@ def build_layer(layer: LayerSpec, tp: int, settings: LayerBenchSettings, device)
     from megatron.core.transformer.spec_utils import build_module
 
     config = sharded_config(layer, tp, settings)
-    return build_module(get_gpt_layer_local_spec(), config=config, layer_number=1).to(device)
+    module = build_module(get_gpt_layer_local_spec(), config=config, layer_number=1)
+    # Every weight in the run's precision (norms too), as Megatron-LM's Float16Module casts the model.
+    return module.to(device=device, dtype=DTYPES[settings.precision])
 
 
 def saved_activation_bytes(module: torch.nn.Module, hidden: torch.Tensor) -> int:
@@ -126,9 +128,12 @@ def measure_layer(layer: LayerSpec, tp: int, micro_batch: int, seq: int, setting
 
 def optimizer_seconds_per_state_byte(layer: LayerSpec, settings: LayerBenchSettings, device,
                                      barrier: Callable[[], object] = lambda: None) -> float:
-    """Seconds of torch Adam (plus grad-norm clipping) per byte of fp32 state (4+4+8 per weight)."""
+    """Seconds of torch Adam (plus grad-norm clipping) per byte of fp32 state (4+4+8 per weight).
+
+    Adam steps fp32 weights in every precision: with bf16/fp16 these are the optimizer's
+    fp32 master copies (Megatron's Float16OptimizerWithFloat16Params)."""
     module = build_layer(layer, 1, settings, device)
-    params = [p for p in module.parameters()]
+    params = [torch.nn.Parameter(p.detach().float()) for p in module.parameters()]
     for p in params:
         p.grad = torch.randn_like(p)
     optimizer = torch.optim.Adam(params, lr=1e-4)

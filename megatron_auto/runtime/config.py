@@ -65,6 +65,8 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
         bf16=settings.precision == "bf16",
         fp16=settings.precision == "fp16",
         # Identical initial weights for every TP degree: the master weight is drawn on the CPU, then split.
+        # It is drawn in fp32 and cast to params_dtype before the split (tensor_parallel.layers.
+        # _initialize_affine_weight_cpu), so bf16/fp16 weights are the rounded fp32 ones at any TP.
         use_cpu_initialization=True,
         # Over gloo, batched p2p gives wrong interleaved-schedule results (patches/vpp_batched_p2p_guard.py).
         batch_p2p_comm=not on_gloo,
@@ -111,6 +113,29 @@ def optimizer_config(layout: MegatronLayout, settings: TrainSettings):
         fp16=settings.precision == "fp16",
         params_dtype=DTYPES[settings.precision],
         use_distributed_optimizer=layout.distributed_optimizer,
-        initial_loss_scale=2.0**16 if settings.precision == "fp16" else None,
+        **loss_scaling(settings),
         log_num_zeros_in_grad=False,
     )
+
+
+def check_loss_scaling(settings: TrainSettings) -> None:
+    """UserError for fp16 loss-scaling settings Megatron's grad scaler would assert on."""
+    if settings.precision != "fp16":
+        return
+    if settings.loss_scale is not None and settings.loss_scale <= 0:
+        raise UserError(f"--loss-scale must be positive, got {settings.loss_scale:g}")
+    if settings.initial_loss_scale <= 0 or settings.min_loss_scale <= 0:
+        raise UserError("--initial-loss-scale and --min-loss-scale must be positive")
+    if settings.loss_scale_window < 1 or settings.hysteresis < 1:
+        raise UserError("--loss-scale-window and --hysteresis must be at least 1")
+
+
+def loss_scaling(settings: TrainSettings) -> dict:
+    """OptimizerConfig's fp16 loss-scaling fields (Megatron-LM's --loss-scale, --initial-loss-scale,
+    --min-loss-scale, --loss-scale-window, --hysteresis); bf16 and fp32 need no scaling."""
+    if settings.precision != "fp16":
+        return {}
+    check_loss_scaling(settings)
+    return dict(loss_scale=settings.loss_scale, initial_loss_scale=settings.initial_loss_scale,
+                min_loss_scale=settings.min_loss_scale, loss_scale_window=settings.loss_scale_window,
+                hysteresis=settings.hysteresis)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from ..specs.model import ModelSpec
 
@@ -42,6 +43,8 @@ class IterationLog:
     tokens_per_s: float
     tflops_per_gpu: float
     skipped: int = 0
+    loss_scale: Optional[float] = None
+    """fp16 only: the current loss scale (Megatron-LM logs it after the loss)."""
 
 
 def format_iteration(log: IterationLog) -> str:
@@ -55,7 +58,8 @@ def format_iteration(log: IterationLog) -> str:
         f" learning rate: {log.learning_rate:.6E} |"
         f" global batch size: {log.global_batch_size:5d} |"
         f" lm loss: {log.loss:.6E} |"
-        f" grad norm: {log.grad_norm:.6f} |"
+        + (f" loss scale: {log.loss_scale:.1f} |" if log.loss_scale is not None else "")
+        + f" grad norm: {log.grad_norm:.6f} |"
         f" number of skipped iterations: {log.skipped:3d} |"
     )
 

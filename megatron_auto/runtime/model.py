@@ -73,6 +73,17 @@ def position_embedding_args(model: ModelSpec, settings: TrainSettings) -> dict:
                 rotary_percent=settings.rotary_percent)
 
 
+def wrap_float16(chunks: list[torch.nn.Module], config) -> list[torch.nn.Module]:
+    """Megatron-LM's mixed precision: each chunk cast to bf16/fp16 in Float16Module (which casts the
+    first stage's float inputs to 16-bit and the last stage's outputs to fp32); fp32 chunks unchanged.
+    The fp32 master weights live in the optimizer (optimizer_config's bf16/fp16)."""
+    if not (config.bf16 or config.fp16):
+        return chunks
+    from megatron.core.transformer.module import Float16Module
+
+    return [Float16Module(config, chunk) for chunk in chunks]
+
+
 def wrap_ddp(chunks: list[torch.nn.Module], config, ddp_config) -> list[torch.nn.Module]:
     """Megatron DDP around each chunk; only the first chunk's buffers are bucketed (Megatron-LM's rule)."""
     from megatron.core.distributed import DistributedDataParallel

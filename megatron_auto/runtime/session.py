@@ -82,6 +82,7 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
     padded_vocab = configs.padded_vocab_size(settings.data.vocab_size, settings, layout.tensor_parallel)
     tconfig = configs.transformer_config(model_spec, layout, settings, backend)
     chunks = models.build_chunks(model_spec, layout, settings, tconfig, padded_vocab, device)
+    chunks = models.wrap_float16(chunks, tconfig)
     model = models.wrap_ddp(chunks, tconfig, configs.ddp_config(layout))
     optimizer = get_megatron_optimizer(configs.optimizer_config(layout, settings), model,
                                        use_gloo_process_groups=False)
@@ -152,7 +153,8 @@ def _log_iteration(session: Session, result: StepResult, elapsed_s: float, flops
         consumed_samples=session.iteration * layout.global_batch_size, elapsed_s=elapsed_s,
         learning_rate=session.optimizer.param_groups[0]["lr"], global_batch_size=layout.global_batch_size,
         loss=result.loss, grad_norm=result.grad_norm, tokens_per_s=tokens / elapsed_s,
-        tflops_per_gpu=flops / elapsed_s / world / 1e12, skipped=int(result.skipped)))
+        tflops_per_gpu=flops / elapsed_s / world / 1e12, skipped=int(result.skipped),
+        loss_scale=result.loss_scale))
     logger.info(line)
 
 

@@ -44,7 +44,17 @@ class TrainSettings:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     precision: str = "fp32"
-    """fp32, bf16 or fp16."""
+    """fp32, bf16 or fp16 (16-bit weights and activations; fp32 main gradients and master weights)."""
+    loss_scale: Optional[float] = None
+    """fp16 only: a constant loss scale (--loss-scale); None means dynamic loss scaling."""
+    initial_loss_scale: float = 2.0**32
+    """fp16 dynamic scaling: the starting scale (Megatron-LM's --initial-loss-scale default)."""
+    min_loss_scale: float = 1.0
+    """fp16 dynamic scaling: the scale never backs off below this."""
+    loss_scale_window: int = 1000
+    """fp16 dynamic scaling: overflow-free iterations before the scale doubles."""
+    hysteresis: int = 2
+    """fp16 dynamic scaling: overflowing iterations tolerated before the scale halves."""
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     init_method_std: float = 0.02

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
+from typing import Optional
 
 import torch
 
@@ -16,6 +17,8 @@ class StepResult:
     loss: float
     grad_norm: float
     skipped: bool = False
+    loss_scale: Optional[float] = None
+    """fp16: the loss scale after this iteration's update (None without loss scaling)."""
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -81,7 +84,14 @@ def train_step(model: list, optimizer, scheduler, iterators, layout: MegatronLay
     group = hybrid.head_dp_group if hybrid else None
     return StepResult(loss=reduce_reported_loss(losses, device, group),
                       grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
-                      skipped=not update_successful)
+                      skipped=not update_successful, loss_scale=current_loss_scale(optimizer))
+
+
+def current_loss_scale(optimizer) -> Optional[float]:
+    """The fp16 loss scale the next iteration uses; None in fp32 and bf16 (no scaling)."""
+    if not optimizer.config.fp16:
+        return None
+    return float(optimizer.get_loss_scale())
 
 
 def eval_step(model: list, iterators, layout: MegatronLayout, seq_length: int, device: torch.device,

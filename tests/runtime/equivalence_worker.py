@@ -2,9 +2,12 @@
 
 Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python equivalence_worker.py CASES.json RESULTS.json
 Each case: {"name", "flags": ManualParallelism fields, "steps", optional "model" ("gpt" or "llama"),
-optional "load_weights" (checkpoint dir,
-weights only), "resume" (checkpoint dir, full state), "save" + "save_interval", "force_batch_p2p"}.
-The last rank writes {name: {"iterations", "losses", "grad_norms"} or {"error"}} to RESULTS.json.
+optional "load_weights" (checkpoint dir, weights only), "resume" (checkpoint dir, full state),
+"save" + "save_interval", "force_batch_p2p", "settings" (TrainSettings fields, e.g. precision),
+"data_vocab_size" (mock tokens drawn from fewer ids than the padded vocabulary, so that training
+has something to learn), "drop_grad_sync" (a broken run: DDP's gradient reduction skipped)}.
+The last rank writes {name: {"iterations", "losses", "grad_norms", "loss_scales", "skipped",
+"param_dtypes"} or {"error"}} to RESULTS.json.
 """
 from __future__ import annotations
 
@@ -34,7 +37,8 @@ def run_case(case: dict, info) -> dict:
     import torch
 
     settings = dataclasses.replace(SETTINGS, train_iters=case.get("steps", 5), save=case.get("save"),
-                                   save_interval=case.get("save_interval", 0))
+                                   save_interval=case.get("save_interval", 0), **case.get("settings", {}),
+                                   data=DataSettings(vocab_size=case.get("data_vocab_size", 256)))
     world = torch.distributed.get_world_size()
     model = MODELS[case.get("model", "gpt")]
     plan = plan_from_flags(model, world, ManualParallelism(**case["flags"]))
@@ -42,6 +46,9 @@ def run_case(case: dict, info) -> dict:
     if case.get("force_batch_p2p"):
         for chunk in run.model:
             chunk.config.batch_p2p_comm = True
+    if case.get("drop_grad_sync"):  # a negative control: data-parallel gradients never reduced
+        for chunk in run.model:
+            chunk.finish_grad_sync = lambda **_: None
     if case.get("save_initial"):
         from megatron_auto.runtime import checkpoint
         checkpoint.save_checkpoint(case["save_initial"], run.model, run.optimizer, run.scheduler, 0, 0)
@@ -52,7 +59,9 @@ def run_case(case: dict, info) -> dict:
     first = run.iteration
     results = session.train(run)
     return {"iterations": list(range(first + 1, run.iteration + 1)),
-            "losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results]}
+            "losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results],
+            "loss_scales": [r.loss_scale for r in results], "skipped": [r.skipped for r in results],
+            "param_dtypes": sorted({str(p.dtype) for chunk in run.model for p in chunk.parameters()})}
 
 
 def _load_weights(run, path: str) -> None:

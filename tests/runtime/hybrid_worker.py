@@ -1,12 +1,17 @@
 """One rank of a hybrid equivalence launch: run hybrid plans of a tiny GPT in turn.
 
 Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python hybrid_worker.py CASES.json RESULTS.json
-Each case: {"name", optional "model" ("gpt" or "llama"), "plan": plan.json path or {"chunks": [[strategy, ...], ...], "embedding": strategy,
-"micro_batches": m, "virtual_stages": v}, "init": state-dict path, optional "reference": true (stock single-process run that
-saves its initial state dict to "init"), optional "dropout": p (hidden and attention dropout), optional
-"probe": true (before training, every rank draws 4 numbers per segment inside the segment's TP-region
-dropout stream and 4 outside it; gathered as "probe": [{"tp", "inside": [per rank], "outside": [per rank]}])}.
-The last rank writes {name: {"losses", "grad_norms"[, "probe"]}}.
+Each case: {"name", optional "model" ("gpt" or "llama"), "plan": plan.json path or
+{"chunks": [[strategy, ...], ...], "embedding": strategy, "micro_batches": m, "virtual_stages": v},
+"init": state-dict path (optional for plans: else the seeded weights), optional "reference": true
+(stock single-process run that saves its initial state dict to "init"), optional "dropout": p
+(hidden and attention dropout), optional "probe": true (before training, every rank draws 4 numbers
+per segment inside the segment's TP-region dropout stream and 4 outside it; gathered as
+"probe": [{"tp", "inside": [per rank], "outside": [per rank]}]), optional "steps", optional
+"settings" (TrainSettings fields, e.g. precision), optional "data_vocab_size" (mock tokens drawn
+from fewer ids than the padded vocabulary, so that training has something to learn), optional
+"drop_grad_sync": true (a broken run: the parts' DP gradient reductions skipped)}.
+The last rank writes {name: {"losses", "grad_norms", "loss_scales", "skipped", "param_dtypes"[, "probe"]}}.
 """
 from __future__ import annotations
 
@@ -66,7 +71,8 @@ def run_case(case: dict, info) -> dict:
     world = torch.distributed.get_world_size()
     dropout = case.get("dropout", 0.0)
     settings = dataclasses.replace(SETTINGS, train_iters=case.get("steps", 5), hidden_dropout=dropout,
-                                   attention_dropout=dropout)
+                                   attention_dropout=dropout, **case.get("settings", {}),
+                                   data=DataSettings(vocab_size=case.get("data_vocab_size", 256)))
     model = MODELS[case.get("model", "gpt")]
     if case.get("reference"):
         plan = plan_from_flags(model, world, ManualParallelism(global_batch_size=GLOBAL_BATCH, micro_batch_size=2))
@@ -75,11 +81,17 @@ def run_case(case: dict, info) -> dict:
     else:
         spec = case["plan"]
         plan = load_plan(spec) if isinstance(spec, str) else hybrid_plan(spec, world)
-        state = torch.load(case["init"], weights_only=True)
+        state = torch.load(case["init"], weights_only=True) if case.get("init") else None
         run = session.build_session(plan, model, settings, info.backend, info.device, initial_state=state)
+    if case.get("drop_grad_sync"):  # a negative control: no part's data-parallel gradients are reduced
+        for chunk in run.model:
+            for part in chunk.wrapped:
+                part.finish_grad_sync = lambda **_: None
     probe = probe_dropout_streams(run) if case.get("probe") else None
     results = session.train(run)
-    out = {"losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results]}
+    out = {"losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results],
+           "loss_scales": [r.loss_scale for r in results], "skipped": [r.skipped for r in results],
+           "param_dtypes": sorted({str(p.dtype) for chunk in run.model for p in chunk.parameters()})}
     return out if probe is None else {**out, "probe": probe}
 
 

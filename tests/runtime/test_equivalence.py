@@ -4,7 +4,10 @@ Three launches (1, 4 and 8 ranks) run every case of the issue in turn inside
 one process group each: the single-process reference saves its initial weights
 (which every parallel case loads, so all start from the same model) and a
 checkpoint at iteration 3 (which other layouts and world sizes resume from).
-Loss and gradient norm of all 5 steps must agree within fp32 tolerance.
+Loss and gradient norm of all 5 steps must agree within fp32 tolerance. Every layout
+also runs in bf16 against a bf16 process, within the tolerance precision_checks derives
+(with a broken run as its negative control); a bf16 run tracks the fp32 one over 20 steps;
+fp16 with dynamic loss scaling trains on four ranks.
 """
 from __future__ import annotations
 
@@ -12,11 +15,21 @@ import math
 
 import pytest
 
+import precision_checks
 from launcher import run_cases
 
 RTOL = 1e-5
 STEPS = 5
 BATCH = {"global_batch_size": 8, "micro_batch_size": 1}
+LEARNABLE_VOCAB = precision_checks.LEARNABLE_VOCAB
+FP16_STEPS, FP16_SETTINGS = precision_checks.FP16_STEPS, precision_checks.FP16_SETTINGS
+TRACK_STEPS = 20
+TRACK_RTOL = 2e-3
+"""bf16 against fp32 over 20 steps at lr 1e-2: the bf16 run starts from the fp32 weights rounded
+to 8 bits (2^-9 relative each) and every step adds rounding and Adam drift (precision_checks);
+measured on this machine the two losses stay within 3.6e-4 of each other (relative), so 2e-3 is a
+5.5x margin. The fp32 run learns 4.4% in these steps (at least 10x the tolerance is asserted), so a
+bf16 run that stopped learning or diverged fails it."""
 
 
 def _four_rank_cases(tmp) -> list[dict]:
@@ -56,6 +69,20 @@ def _eight_rank_cases(tmp) -> list[dict]:
     ]
 
 
+def bf16_case(case: dict) -> dict:
+    """The same layout in bf16: its own initial weights and checkpoints (the bf16 runs' files)."""
+    out = {**case, "name": case["name"] + "_bf16", "settings": {"precision": "bf16"}}
+    for key in ("load_weights", "save", "resume", "save_initial"):
+        if key in out:
+            out[key] = out[key] + "_bf16"
+    return out
+
+
+def with_bf16(cases: list[dict]) -> list[dict]:
+    """Every case, then its bf16 twin (the refused-p2p case is about p2p, not precision: fp32 only)."""
+    return cases + [bf16_case(c) for c in cases if not c.get("expect_error")]
+
+
 def _run(tmp, world_size: int, cases: list[dict], timeout_s: float) -> dict:
     return run_cases(tmp, world_size, "equivalence_worker.py", cases, timeout_s)
 
@@ -72,7 +99,9 @@ def references(workdir) -> dict:
               "save": str(workdir / "reference"), "save_interval": 3},
              # The LLaMA architecture (GQA, SwiGLU, RMSNorm, no biases, RoPE, untied head).
              {"name": "llama_reference", "model": "llama", "flags": flags, "save_initial": str(workdir / "init_llama")}]
-    return _run(workdir, 1, cases, timeout_s=180)
+    cases += [{"name": f"track_{precision}", "flags": flags, "steps": TRACK_STEPS, "data_vocab_size": LEARNABLE_VOCAB,
+               "settings": {"precision": precision, "lr": 1e-2}} for precision in ("fp32", "bf16")]
+    return _run(workdir, 1, with_bf16(cases), timeout_s=300)
 
 
 @pytest.fixture(scope="module")
@@ -82,12 +111,15 @@ def reference(references) -> dict:
 
 @pytest.fixture(scope="module")
 def four_rank(workdir, references) -> dict:
-    return _run(workdir, 4, _four_rank_cases(workdir), timeout_s=360)
+    fp16 = {"name": "fp16_pp2_dp2", "flags": {**BATCH, "pipeline_parallel": 2}, "steps": FP16_STEPS,
+            "data_vocab_size": LEARNABLE_VOCAB, "settings": FP16_SETTINGS}
+    return _run(workdir, 4, with_bf16(_four_rank_cases(workdir)) + [_dropped_grad_sync_case(workdir), fp16],
+                timeout_s=600)
 
 
 @pytest.fixture(scope="module")
 def eight_rank(workdir, four_rank) -> dict:
-    return _run(workdir, 8, _eight_rank_cases(workdir), timeout_s=420)
+    return _run(workdir, 8, with_bf16(_eight_rank_cases(workdir)), timeout_s=600)
 
 
 def assert_matches_reference(result: dict, reference: dict) -> None:
@@ -135,3 +167,52 @@ def test_eight_ranks_match_single_process(eight_rank, reference, name):
     assert_matches_reference(eight_rank[name], reference)
     if name.startswith("resume"):
         assert eight_rank[name]["iterations"] == [4, 5]
+
+
+def _dropped_grad_sync_case(tmp) -> dict:
+    """A broken bf16 run (DP gradients never reduced): the bf16 tolerance must reject it."""
+    return {**bf16_case({"name": "dp4", "flags": BATCH, "load_weights": str(tmp / "init")}),
+            "name": "dp4_bf16_dropped_grad_sync", "drop_grad_sync": True}
+
+
+def assert_matches_in_bf16(result: dict, reference: dict) -> None:
+    assert "error" not in result, result.get("error")
+    offset = result["iterations"][0] - 1
+    trimmed = {key: reference[key][offset:offset + len(result["losses"])] for key in ("losses", "grad_norms")}
+    assert len(result["losses"]) == len(trimmed["losses"]) > 0
+    trimmed["param_dtypes"] = reference.get("param_dtypes", [])
+    problems = precision_checks.bf16_mismatches(result, trimmed)
+    assert not problems, "; ".join(problems)
+
+
+@pytest.mark.parametrize("name", [c["name"] for c in _four_rank_cases(__import__("pathlib").Path("."))
+                                  if not c.get("expect_error")])
+def test_four_ranks_match_single_process_in_bf16(four_rank, references, name):
+    model = next(c.get("model", "gpt") for c in _four_rank_cases(__import__("pathlib").Path(".")) if c["name"] == name)
+    reference = references["llama_reference_bf16" if model == "llama" else "reference_bf16"]
+    assert_matches_in_bf16(four_rank[name + "_bf16"], reference)
+
+
+@pytest.mark.parametrize("name", ["tp2_pp2_dp2", "resume_4rank_distopt_ckpt_as_tp2_pp2_dp2"])
+def test_eight_ranks_match_single_process_in_bf16(eight_rank, references, name):
+    assert_matches_in_bf16(eight_rank[name + "_bf16"], references["reference_bf16"])
+
+
+def test_bf16_tolerance_rejects_the_fp32_run_and_a_dropped_gradient_reduction(four_rank, references):
+    """The bf16 tolerance can fail: against the fp32 reference, and for DP gradients left unreduced."""
+    with pytest.raises(AssertionError):
+        assert_matches_in_bf16(references["reference"], references["reference_bf16"])
+    with pytest.raises(AssertionError):
+        assert_matches_in_bf16(four_rank["dp4_bf16_dropped_grad_sync"], references["reference_bf16"])
+
+
+def test_bf16_run_tracks_the_fp32_run_over_20_steps(references):
+    fp32, bf16 = references["track_fp32"]["losses"], references["track_bf16"]["losses"]
+    assert len(fp32) == len(bf16) == TRACK_STEPS
+    assert sum(fp32[-3:]) / 3 < (1 - 10 * TRACK_RTOL) * fp32[0], fp32  # it learns 10x the tolerance
+    for step, (ours, ref) in enumerate(zip(bf16, fp32), 1):
+        assert math.isclose(ours, ref, rel_tol=TRACK_RTOL), f"step {step}: bf16 loss {ours} vs fp32 {ref}"
+
+
+def test_fp16_with_dynamic_loss_scaling_trains_on_four_ranks(four_rank):
+    precision_checks.assert_fp16_run_trains(four_rank["fp16_pp2_dp2"], FP16_SETTINGS)

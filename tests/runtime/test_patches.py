@@ -146,3 +146,19 @@ def test_distributed_optimizer_step_is_per_parameter():
     source = inspect.getsource(DistributedOptimizer.load_state_dict.__wrapped_original__)
     assert 's["step"] = step\n' in source  # the shared-tensor line upstream still has
     assert DistributedOptimizer.load_state_dict.__megatron_auto_patched__
+
+
+def test_fp16_loss_scaler_lives_on_the_cpu():
+    from megatron.core.optimizer.grad_scaler import DynamicGradScaler
+
+    def scaler():
+        return DynamicGradScaler(initial_scale=2.0**16, min_scale=1.0, growth_factor=2.0, backoff_factor=0.5,
+                                 growth_interval=2, hysteresis=1)
+
+    first = scaler()
+    assert first.scale.device.type == "cpu"
+    first.update(found_inf=True)
+    assert float(first.scale) == 2.0**15  # backed off, on the CPU
+    resumed = scaler()
+    resumed.load_state_dict(first.state_dict())  # upstream moves the scale with .cuda()
+    assert resumed.scale.device.type == "cpu" and float(resumed.scale) == 2.0**15

@@ -109,3 +109,35 @@ def test_only_rank_0_reports_the_search(monkeypatch, rank, level):
     monkeypatch.setattr(logging.getLogger("megatron"), "level", logging.getLogger("megatron").level)
     pretrain_gpt.configure_logging()
     assert search_logger.level == level
+
+
+def test_fp16_loss_scaling_flags_reach_the_settings_and_megatrons_optimizer_config():
+    from megatron_auto.runtime.config import optimizer_config
+    from megatron_auto.runtime.layout import MegatronLayout
+
+    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
+                            num_micro_batches=1, global_batch_size=1)
+    args = pretrain_gpt.parse_args(BASE + ["--fp16", "--initial-loss-scale", "65536", "--min-loss-scale", "2",
+                                           "--loss-scale-window", "50", "--hysteresis", "3"])
+    settings = pretrain_gpt.settings_from_args(args, 256)
+    assert settings.precision == "fp16"
+    config = optimizer_config(layout, settings)
+    assert (config.fp16, config.bf16, config.loss_scale) == (True, False, None)  # None: dynamic scaling
+    assert (config.initial_loss_scale, config.min_loss_scale, config.loss_scale_window, config.hysteresis) == \
+        (65536.0, 2.0, 50, 3)
+    constant = pretrain_gpt.settings_from_args(pretrain_gpt.parse_args(BASE + ["--fp16", "--loss-scale", "128"]), 256)
+    assert optimizer_config(layout, constant).loss_scale == 128.0
+    defaults = pretrain_gpt.settings_from_args(pretrain_gpt.parse_args(BASE + ["--fp16"]), 256)
+    assert defaults.initial_loss_scale == 2.0**32  # Megatron-LM's default
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--bf16", "--fp16"], "mutually exclusive"),
+    (["--fp16", "--hysteresis", "0"], "--hysteresis must be at least 1"),
+    (["--fp16", "--loss-scale", "-1"], "--loss-scale must be positive"),
+])
+def test_bad_precision_flags_are_user_errors(flags, message):
+    from megatron_auto.errors import UserError
+
+    with pytest.raises(UserError, match=message):
+        pretrain_gpt.settings_from_args(pretrain_gpt.parse_args(BASE + flags), 256)

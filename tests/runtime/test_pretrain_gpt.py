@@ -75,3 +75,22 @@ def test_indivisible_parallel_flags_are_a_user_error():
                       "--tensor-model-parallel-size", "3"])
     assert done.returncode == 2
     assert "not divisible" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_bf16_and_fp16_together_are_refused_with_one_line():
+    done = _pretrain([*TINY, "--train-iters", "1", "--mock-data", "--vocab-size", "256", "--bf16", "--fp16"])
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == ["error: --bf16 and --fp16 are mutually exclusive: give one"]
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_16_bit_runs_train_and_log_their_precision(precision):
+    done = _pretrain([*TINY, "--num-layers", "2", "--train-iters", "3", "--mock-data", "--vocab-size", "256",
+                      "--micro-batch-size", "2", "--log-interval", "1", f"--{precision}", "--initial-loss-scale",
+                      "4096"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"precision: {precision} (fp32 main gradients and master weights" in done.stdout
+    losses = [float(x) for x in re.findall(r"lm loss: (\S+) \|", done.stdout)]
+    assert len(losses) == 3 and all(5.0 < loss < 7.0 for loss in losses)
+    scales = re.findall(r"loss scale: (\S+) \|", done.stdout)
+    assert scales == (["4096.0"] * 3 if precision == "fp16" else [])  # fp16 reports its (dynamic) scale

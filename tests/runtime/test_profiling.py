@@ -65,3 +65,17 @@ def test_validation_pipeline_on_two_ranks(tmp_path):
     assert all(r["measured_s"] > 0 and r["measured_bytes"] > 0 for r in results["rows"])
     assert (tmp_path / "cost_model_validation.png").stat().st_size > 1000
     assert "Cost model: predicted vs measured" in (tmp_path / "b.md").read_text()
+
+
+def test_profile_model_builds_the_layer_in_bf16(tmp_path):
+    from megatron_auto.specs.model import load_model
+
+    out = tmp_path / "model_bf16.json"
+    done = _torchrun(1, ["profile-model", "--model", "tiny-gpt", "--out", str(out), "--tp", "1",
+                         "--micro-batch-size", "1", "--iters", "1", "--precision", "bf16"], 29563)
+    assert done.returncode == 0, done.stderr[-3000:]
+    profile = load_profile(str(out))
+    timing = profile.layers[0].timings[0]
+    assert profile.precision == "bf16" and timing.forward_s > 0 and timing.backward_s > 0
+    # Every weight (LayerNorms too) in 2 bytes, as Megatron-LM's Float16Module casts the model.
+    assert timing.param_bytes == 2 * load_model("tiny-gpt").layers[0].num_parameters

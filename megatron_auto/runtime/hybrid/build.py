@@ -57,9 +57,13 @@ def _wrap(ctx: BuildContext, config, strategy: LayerStrategy, module):
     for param in module.parameters():
         tensor_parallel.set_defaults_if_not_set_tensor_model_parallel_attributes(param)
     module = module.to(ctx.device)
+    compute_dtype = configs.DTYPES[ctx.settings.precision]
     if strategy.zero >= 2:
-        return ShardedPart(config, module, ctx.pgs.dp(strategy), ctx.pgs.tp(strategy),
-                           reshard_after_forward=strategy.zero == 3)
+        # FSDP2 keeps the fp32 shards as the master weights and casts to 16-bit for compute.
+        return ShardedPart(config, module.float(), ctx.pgs.dp(strategy), ctx.pgs.tp(strategy),
+                           reshard_after_forward=strategy.zero == 3, compute_dtype=compute_dtype)
+    # Megatron-LM's Float16Module cast: 16-bit weights here, fp32 masters in the optimizer.
+    module = module.to(compute_dtype)
     ddp_config = configs.ddp_config(hconfigs.strategy_layout(ctx.plan, strategy))
     return DistributedDataParallel(config=config, ddp_config=ddp_config, module=module,
                                    pg_collection=pg_collection(ctx, strategy))

@@ -109,7 +109,9 @@ class HybridChunk(torch.nn.Module):
     def forward(self, input_ids, position_ids, attention_mask, labels=None):
         if self.shell is not None:
             with self.shell_rng.active() if self.shell_rng is not None else contextlib.nullcontext():
-                return self.shell(input_ids, position_ids, attention_mask, labels=labels)
+                output = self.shell(input_ids, position_ids, attention_mask, labels=labels)
+            # The last stage's 16-bit outputs to fp32, as Megatron's Float16Module does.
+            return output.float() if self.shell.post_process and output.dtype != torch.float32 else output
         return self.decoder()
 
     def zero_grad_buffer(self) -> None:

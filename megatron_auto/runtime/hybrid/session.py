@@ -105,6 +105,8 @@ def build(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, backend: s
     schedule_config = chunks[0].config
     schedule_config.no_sync_func = [c.no_sync for c in chunks] if len(chunks) > 1 else chunks[0].no_sync
     schedule_config.finalize_model_grads_func = partial(finalize_grads, head_dp_group=head_dp)
+    if settings.precision == "fp16":
+        schedule_config.grad_scale_func = optimizer.scale_loss
     layout = data_layout(plan)
     slicer = data.BatchSlicer(layout, pgs.dp_rank(plan.embedding))
     seq, batch = _p2p_shape(plan, model_spec.seq_length)

@@ -18,6 +18,10 @@ Gradients are reduce-scattered as sums (divide factor 1, SUM collectives), as
 Megatron's DDP with per-token loss does; `finalize` divides by the token count.
 zero=2 maps to `reshard_after_forward=False` (parameters stay gathered from
 forward to backward; gradients and optimizer states sharded).
+In bf16/fp16 the shards stay fp32 (they are the master weights, stepped by an
+fp32 optimizer) and FSDP2's MixedPrecisionPolicy gathers them in 16-bit for
+compute and reduce-scatters the gradients in fp32, as Megatron-LM's
+Float16Module + fp32 gradient buffers do for the other parts.
 """
 from __future__ import annotations
 
@@ -41,19 +45,21 @@ def _restore_attrs(module: torch.nn.Module, attrs: dict[str, dict]) -> None:
 class ShardedPart(torch.nn.Module):
     """A TransformerBlock fully sharded over `dp_group`, with Megatron DDP's part interface."""
 
-    def __init__(self, config, module: torch.nn.Module, dp_group, tp_group, reshard_after_forward: bool = True):
+    def __init__(self, config, module: torch.nn.Module, dp_group, tp_group, reshard_after_forward: bool = True,
+                 compute_dtype: torch.dtype = torch.float32):
         from megatron.core.distributed import DistributedDataParallelConfig
         from torch.distributed.device_mesh import DeviceMesh
-        from torch.distributed.fsdp import FSDPModule, fully_shard
+        from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
         super().__init__()
         self.config, self.tp_group, self.dp_group = config, tp_group, dp_group
         self.ddp_config = DistributedDataParallelConfig(use_distributed_optimizer=False)
         attrs = _param_attrs(module)
         mesh = DeviceMesh.from_group(dp_group, "cuda" if torch.cuda.is_available() else "cpu")
+        policy = MixedPrecisionPolicy(param_dtype=compute_dtype, reduce_dtype=torch.float32)
         for layer in module.layers:
-            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward)
-        fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward)
+            fully_shard(layer, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
+        fully_shard(module, mesh=mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy)
         _restore_attrs(module, attrs)
         for fsdp_module in (m for m in module.modules() if isinstance(m, FSDPModule)):
             # Sum, not average, over DP (gloo has no PREMUL_SUM/AVG): per-token loss scales once later.
