@@ -193,7 +193,9 @@ def _best_for_recompute(model, cluster, training, constraints, config: UniformCo
     every = evaluate(None)
     if every is None or not every.prediction.fits:
         return every
-    chunk = min(len(c.layers) for c in every.chunks)
+    # The layers of the smallest stage bound recompute_num_layers under every v: the best plan
+    # recomputing every layer may interleave (shorter chunks) while fewer layers fit only with v = 1.
+    chunk = min(config.stage_layers or (model.num_layers // config.pp,))
     low, high, best = 0, chunk, every   # invariant: `high` layers per chunk fit
     while low + 1 < high:
         middle = (low + high) // 2
