@@ -125,14 +125,15 @@ class TimeBreakdown:
 
 @dataclass(frozen=True)
 class MemoryBreakdown:
-    """The peak stage's memory per GPU by term, in GiB (cost.peak_memory, docs/cost_model.md)."""
+    """The peak stage's memory per GPU by term, in GiB (cost.peak_memory, docs/cost_model.md); the
+    allocated peak is the largest moment's sum, not the sum of every term."""
 
     peak_moment: str
     """When the allocated peak occurs: backward, loss or optimizer step."""
     states_gib: float
     """Weights, gradients and optimizer states."""
     activations_gib: float
-    """Activations of the micro-batches in flight (0 at the optimizer step)."""
+    """Activations of the micro-batches in flight (backward and loss moments)."""
     layer_transient_gib: float
     """Backward: one layer's recompute and attention working set, and a waiting tied weight gradient."""
     logits_gib: float

@@ -43,7 +43,9 @@ def summary(plan: Plan) -> dict[str, Any]:
         "space": plan.space,
         "world_size": plan.world_size,
         "pipeline_parallel": plan.pipeline_parallel,
-        "micro_batch_size": plan.local_micro_batch(plan.embedding),
+        # What the layers' ranks run (the largest, for per-layer layouts); the embedding's may differ.
+        "micro_batch_size": max(plan.local_micro_batch(s) for s in plan.distinct_strategies),
+        "embedding_micro_batch_size": plan.local_micro_batch(plan.embedding),
         "num_micro_batches": plan.num_micro_batches,
         "virtual_stages": plan.virtual_stages,
         "megatron_flags": flags_or_none(plan),

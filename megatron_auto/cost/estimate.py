@@ -285,15 +285,15 @@ def _breakdown(stage: StageCost, m: int, bubble: float) -> TimeBreakdown:
 
 
 def memory_breakdown(terms: StageMemory, cluster: ClusterSpec, communicators: int) -> MemoryBreakdown:
-    """The peak stage's memory by term, in GiB, with the moment that sets its peak."""
-    moment = terms.peak_moment
+    """The peak stage's memory by term, in GiB, with the moment that sets its peak (each term
+    counts at its own moment only: cost.peak_memory.StageMemory.moments)."""
     allocated = terms.peak_bytes
     return MemoryBreakdown(
-        peak_moment=moment, states_gib=terms.states / GIB,
-        activations_gib=(terms.activations if moment != "optimizer step" else 0.0) / GIB,
-        layer_transient_gib=(terms.layer_transient + terms.waiting_grad if moment == "backward" else 0.0) / GIB,
-        logits_gib=(terms.logits if moment == "loss" else 0.0) / GIB,
-        optimizer_temporaries_gib=(terms.optimizer_temporaries if moment == "optimizer step" else 0.0) / GIB,
+        peak_moment=terms.peak_moment, states_gib=terms.states / GIB,
+        activations_gib=terms.activations / GIB,
+        layer_transient_gib=(terms.layer_transient + terms.waiting_grad) / GIB,
+        logits_gib=terms.logits / GIB,
+        optimizer_temporaries_gib=terms.optimizer_temporaries / GIB,
         workspace_gib=terms.workspace / GIB, framework_gib=terms.framework / GIB,
         allocator_reserve_gib=(reserved_bytes(allocated, cluster) - allocated) / GIB,
         cuda_context_gib=cluster.cuda_context_bytes / GIB,
