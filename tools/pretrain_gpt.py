@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from megatron_auto.cli.parser import margin_fraction  # noqa: E402
 from megatron_auto.errors import UserError  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
@@ -123,6 +124,10 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
                             " the search prices plans from these measurements")
     group.add_argument("--auto-parallel-space", choices=("megatron", "hybrid"), default="megatron",
                        help="search space of --auto-parallel: one layout (megatron) or per-layer layouts (hybrid)")
+    group.add_argument("--auto-parallel-memory-margin", type=margin_fraction, metavar="FRACTION",
+                       help="safety margin of --auto-parallel: a plan fits when its predicted device memory is at "
+                            "most the GPU's capacity x (1 - FRACTION) (default: the cluster's, as megatron-auto "
+                            "plan --memory-margin)")
 
 
 def _data_args(parser: argparse.ArgumentParser) -> None:
@@ -264,8 +269,9 @@ def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, set
     if not args.auto_parallel:
         return plan_from_flags(model, world_size, manual_flags(args))
     global_batch = args.global_batch_size or args.micro_batch_size * world_size
-    training = (TrainingSpec.fp32(global_batch) if settings.precision == "fp32"
-                else TrainingSpec(global_batch_size=global_batch, precision=settings.precision))
+    margin = args.auto_parallel_memory_margin
+    training = (TrainingSpec.fp32(global_batch, memory_margin=margin) if settings.precision == "fp32"
+                else TrainingSpec(global_batch_size=global_batch, precision=settings.precision, memory_margin=margin))
     return planning.search_for_job(model, world_size, args.auto_parallel_cluster, training,
                                    search_constraints(args, model), args.auto_parallel_space,
                                    args.auto_parallel_profile)
