@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UserError
-from ..plan import Chunk, LayerStrategy, MemoryBreakdown, Plan, Prediction, TimeBreakdown
+from ..plan import Chunk, LayerStrategy, Plan, Prediction, TimeBreakdown
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import GIB, TrainingSpec
@@ -13,8 +13,8 @@ from .embedding import EmbeddingCost, embedding_cost
 from .flops import model_flops_per_iteration
 from .layer_cost import LayerCost, layer_cost
 from .memory import in_flight_micro_batches, tied_embedding_grad_bytes
-from .peak_memory import (StageMemory, communicator_count, device_budget_bytes, device_bytes,
-                          device_overhead_bytes, reserved_bytes)
+from .peak_memory import (StageMemory, communicator_count, device_budget_bytes, device_bytes, memory_breakdown,
+                          reserved_bytes)
 from .models import comm_model, compute_model, core_share, profiled_cpu_cores, runtime_overhead
 from .pipeline import bubble_time, exposed_dp_time, pipeline_time
 from .timeslice import StageLoad, simulate_iteration
@@ -283,20 +283,3 @@ def _breakdown(stage: StageCost, m: int, bubble: float) -> TimeBreakdown:
         runtime_s=m * stage.runtime_s + stage.step_overhead_s,
     )
 
-
-def memory_breakdown(terms: StageMemory, cluster: ClusterSpec, communicators: int) -> MemoryBreakdown:
-    """The peak stage's memory by term, in GiB, with the moment that sets its peak (each term
-    counts at its own moment only: cost.peak_memory.StageMemory.moments)."""
-    allocated = terms.peak_bytes
-    return MemoryBreakdown(
-        peak_moment=terms.peak_moment, states_gib=terms.states / GIB,
-        activations_gib=terms.activations / GIB,
-        layer_transient_gib=(terms.layer_transient + terms.waiting_grad) / GIB,
-        logits_gib=terms.logits / GIB,
-        optimizer_temporaries_gib=terms.optimizer_temporaries / GIB,
-        workspace_gib=terms.workspace / GIB, framework_gib=terms.framework / GIB,
-        allocator_reserve_gib=(reserved_bytes(allocated, cluster) - allocated) / GIB,
-        cuda_context_gib=cluster.cuda_context_bytes / GIB,
-        nccl_gib=(device_overhead_bytes(cluster, communicators) - cluster.cuda_context_bytes) / GIB,
-        nccl_communicators=communicators,
-    )

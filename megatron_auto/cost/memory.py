@@ -1,9 +1,12 @@
-"""Memory per GPU: model states per ZeRO level, activations per Korthikanti et al.
+"""Memory per GPU, term by term: model states per ZeRO level, the optimizer step's
+temporaries, activations per Korthikanti et al. with the attention that runs, the
+attention's workspace and backward working set, and the logits.
 
 Model states: Megatron-LM docs/distrib_optimizer.md (18 bytes/param unsharded in
 bf16 with fp32 grads; 6 + 12/d with the distributed optimizer) and Rajbhandari
 et al. 2020 (ZeRO stages 1-3). Activations: Korthikanti et al. 2022
-(arXiv 2205.05198), Sec. 4, generalised to GQA, SwiGLU and any FFN width.
+(arXiv 2205.05198), Sec. 4, generalised to GQA, SwiGLU and any FFN width. How the
+terms combine into a peak: cost/peak_memory.py; all of it: docs/cost_model.md, Sec. 6.
 """
 from __future__ import annotations
 

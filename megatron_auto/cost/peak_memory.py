@@ -20,9 +20,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Iterable
 
-from ..plan import LayerStrategy
+from ..plan import LayerStrategy, MemoryBreakdown
 from ..specs.cluster import ClusterSpec
-from ..specs.training import TrainingSpec
+from ..specs.training import GIB, TrainingSpec
 
 
 @dataclass(frozen=True)
@@ -99,3 +99,21 @@ def allocated_limit_bytes(cluster: ClusterSpec, training: TrainingSpec, communic
     """The largest allocated peak that fits: device_bytes(x) <= device_budget_bytes, solved for x."""
     room = device_budget_bytes(cluster, training) - device_overhead_bytes(cluster, communicators)
     return room / (1.0 + cluster.allocator_reserve_fraction)
+
+
+def memory_breakdown(terms: StageMemory, cluster: ClusterSpec, communicators: int) -> MemoryBreakdown:
+    """The peak stage's memory by term, in GiB, with the moment that sets its peak (each term
+    counts at its own moment only: cost.peak_memory.StageMemory.moments)."""
+    allocated = terms.peak_bytes
+    return MemoryBreakdown(
+        peak_moment=terms.peak_moment, states_gib=terms.states / GIB,
+        activations_gib=terms.activations / GIB,
+        layer_transient_gib=(terms.layer_transient + terms.waiting_grad) / GIB,
+        logits_gib=terms.logits / GIB,
+        optimizer_temporaries_gib=terms.optimizer_temporaries / GIB,
+        workspace_gib=terms.workspace / GIB, framework_gib=terms.framework / GIB,
+        allocator_reserve_gib=(reserved_bytes(allocated, cluster) - allocated) / GIB,
+        cuda_context_gib=cluster.cuda_context_bytes / GIB,
+        nccl_gib=(device_overhead_bytes(cluster, communicators) - cluster.cuda_context_bytes) / GIB,
+        nccl_communicators=communicators,
+    )
