@@ -124,6 +124,37 @@ class TimeBreakdown:
 
 
 @dataclass(frozen=True)
+class MemoryBreakdown:
+    """The peak stage's memory per GPU by term, in GiB (cost.peak_memory, docs/cost_model.md); the
+    allocated peak is the largest moment's sum, not the sum of every term."""
+
+    peak_moment: str
+    """When the allocated peak occurs: backward, loss or optimizer step."""
+    states_gib: float
+    """Weights, gradients and optimizer states."""
+    activations_gib: float
+    """Activations of the micro-batches in flight (backward and loss moments)."""
+    layer_transient_gib: float
+    """Backward: one layer's recompute and attention working set, and a waiting tied weight gradient."""
+    logits_gib: float
+    """Loss: the cross entropy's fp32 softmax and the logits beside it."""
+    optimizer_temporaries_gib: float
+    """Optimizer step: the foreach Adam's temporaries."""
+    workspace_gib: float
+    """Run-long kernel buffers (the unfused attention's scores buffer)."""
+    framework_gib: float
+    """The framework's plan-independent tensors."""
+    allocator_reserve_gib: float
+    """The caching allocator's reserve above the allocated peak."""
+    cuda_context_gib: float
+    """CUDA context and cuBLAS workspace, outside the allocator."""
+    nccl_gib: float
+    """NCCL communicators' buffers, outside the allocator."""
+    nccl_communicators: int
+    """Communicators counted."""
+
+
+@dataclass(frozen=True)
 class Prediction:
     """What the cost model expects of the plan."""
 
@@ -132,9 +163,9 @@ class Prediction:
     tflops_per_gpu: float
     """Model FLOPs (Narayanan et al., no recompute) per second per GPU, in 10^12."""
     peak_memory_gib: float
-    """Largest per-GPU memory over the stages."""
+    """Largest allocated memory per GPU over the stages (what torch.cuda.max_memory_allocated reports)."""
     memory_budget_gib: float
-    """The usable memory per GPU the plan was checked against."""
+    """Device memory per GPU the plan was checked against: the budget less the safety margin."""
     fits: bool
     """Whether every stage stays within the budget."""
     stage_memory_gib: tuple[float, ...]
@@ -143,6 +174,16 @@ class Prediction:
     """Busy seconds per iteration of each stage (m x its slot)."""
     breakdown: TimeBreakdown
     """The critical stage's time by cause."""
+    peak_reserved_gib: float = 0.0
+    """The caching allocator's reserve at the peak stage (torch.cuda.max_memory_reserved)."""
+    device_memory_gib: float = 0.0
+    """Device memory at the peak: reserved plus CUDA context and NCCL; `fits` compares it to the budget."""
+    memory_breakdown: Optional[MemoryBreakdown] = None
+    """The peak stage's memory by term."""
+    attention_backend: str = ""
+    """The core attention priced (flash or unfused)."""
+    optimizer_impl: str = ""
+    """The optimizer step priced (fused or foreach)."""
 
 
 @dataclass(frozen=True)

@@ -57,9 +57,10 @@ def _stage_header(plan: Plan, stage: int) -> str:
     prediction = plan.prediction
     if prediction is not None:
         memory = prediction.stage_memory_gib[stage]
-        mark = "" if memory <= prediction.memory_budget_gib else "  OVER BUDGET"
+        # fits compares the peak stage's device memory (cost.peak_memory) with the budget.
+        over = not prediction.fits and memory == prediction.peak_memory_gib
         header += (f"; busy {prediction.stage_time_s[stage]:.3f} s/iter; "
-                   f"memory {memory:.2f} / {prediction.memory_budget_gib:.2f} GiB{mark}")
+                   f"memory {memory:.2f} GiB allocated{'  OVER BUDGET' if over else ''}")
     return header
 
 
@@ -75,16 +76,27 @@ def stage_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def micro_batch_line(plan: Plan) -> str:
+    """What each rank of the layers runs per micro-batch: the layers' data-parallel degree
+    decides it (a hybrid plan's embedding may have another; it is named when it differs)."""
+    per_layer = sorted({plan.local_micro_batch(s) for s in plan.distinct_strategies})
+    layers = str(per_layer[0]) if len(per_layer) == 1 else f"{per_layer[0]}-{per_layer[-1]} (by layer)"
+    line = (f"  micro-batch size    {layers} per data-parallel rank "
+            f"({plan.global_batch_size // plan.num_micro_batches} samples per micro-batch)")
+    embedding = plan.local_micro_batch(plan.embedding)
+    if per_layer != [embedding]:
+        line += f"; embedding / head {embedding} per rank"
+    return line
+
+
 def _header_lines(plan: Plan) -> list[str]:
     model = plan.model.name if plan.model is not None else "(not recorded)"
-    micro_batch = plan.local_micro_batch(plan.embedding)
     lines = [
         f"plan ({plan.space} space) for model {model} on {plan.world_size} GPUs"
         + (f" of cluster {plan.cluster}" if plan.cluster else ""),
         f"  pipeline parallel   {plan.pipeline_parallel}  ({plan.gpus_per_stage} GPUs per stage)",
         f"  global batch size   {plan.global_batch_size}",
-        f"  micro-batch size    {micro_batch} per data-parallel rank "
-        f"({plan.global_batch_size // plan.num_micro_batches} samples per micro-batch)",
+        micro_batch_line(plan),
         f"  micro-batches       {plan.num_micro_batches}",
         f"  virtual stages      {plan.virtual_stages}",
         f"  schedule            {plan.schedule}" + (" (interleaved)" if plan.virtual_stages > 1 else ""),
@@ -104,7 +116,7 @@ def prediction_lines(prediction: Prediction) -> list[str]:
         "prediction",
         f"  iteration time      {prediction.iteration_time_s:.3f} s",
         f"  TFLOP/s per GPU     {_number(prediction.tflops_per_gpu)}",
-        f"  peak memory         {prediction.peak_memory_gib:.2f} GiB of {prediction.memory_budget_gib:.2f} GiB budget",
+        *memory_lines(prediction),
         f"  fits                {'yes' if prediction.fits else 'NO'}",
         "  time breakdown (critical stage)",
     ]
@@ -120,6 +132,21 @@ def prediction_lines(prediction: Prediction) -> list[str]:
     if sliced:
         lines.append("    (ranks outnumber the CPU cores: the parts are at the profiled share of a core, and a"
                      " waiting rank lends its core to the others; cost/timeslice.py)")
+    return lines
+
+
+def memory_lines(prediction: Prediction) -> list[str]:
+    """The allocated peak, the allocator's reserve, the device total against the budget, and the
+    kernels priced (cost.peak_memory)."""
+    memory = prediction.memory_breakdown
+    moment = f" (at the {memory.peak_moment})" if memory is not None else ""
+    lines = [f"  peak memory         {prediction.peak_memory_gib:.2f} GiB allocated{moment}, "
+             f"{prediction.peak_reserved_gib:.2f} GiB reserved",
+             f"  device memory       {prediction.device_memory_gib:.2f} GiB of {prediction.memory_budget_gib:.2f} GiB "
+             f"budget (after the safety margin)"]
+    if prediction.attention_backend:
+        lines.append(f"  kernels priced      {prediction.attention_backend} attention, "
+                     f"{prediction.optimizer_impl} optimizer")
     return lines
 
 

@@ -101,7 +101,9 @@ def _draw_memory(ax, plan: Plan, prediction: Optional[Prediction]) -> None:
         ax.set_axis_off()
         return
     memory = prediction.stage_memory_gib
-    over = [m > prediction.memory_budget_gib for m in memory]
+    # Bars are allocated memory; fits compares the peak stage's device memory (cost.peak_memory).
+    over = [m > prediction.memory_budget_gib or (not prediction.fits and m == prediction.peak_memory_gib)
+            for m in memory]
     bars = ax.bar(range(len(memory)), memory, color=["#d62728" if o else "#4c78a8" for o in over], width=0.8)
     if len(memory) <= 32:
         ax.bar_label(bars, labels=[f"{m:.1f}" for m in memory], fontsize=7, label_type="center", color="white")

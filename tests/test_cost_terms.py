@@ -37,6 +37,7 @@ TOY = ClusterSpec(name="toy", num_nodes=2, gpus_per_node=8, gpu=GpuSpec("toy", 8
                   intra_node=INTRA, inter_node=INTER, compute=ComputeEfficiency(0.8, 256.0))
 TOY_ONE_NODE = TOY.with_nodes(1)
 BF16 = TrainingSpec(global_batch_size=8)
+UNFUSED_FOREACH = TrainingSpec(global_batch_size=8, attention_backend="unfused", optimizer_impl="foreach")
 # 16-bit weights and 16-bit gradient reduction: 2-byte traffic whichever byte count the DP terms use.
 GRAD16 = TrainingSpec(global_batch_size=8, precision="fp16", grad_bytes=2)
 # A GPT layer: h=1024, a=16, f=4h; s=512 tokens, b=2 samples per micro-batch.
@@ -291,22 +292,36 @@ def act(t, sp=False, recompute="none"):
     return layer_activation_bytes(LAYER, S, B, LayerStrategy(tp=t, dp=1, sp=sp, recompute=recompute), 2)
 
 
-def test_activation_memory_with_sp_is_sbh_34_over_t_plus_5as_over_ht():
-    # sbh (34/4 + 5*16*512/(1024*4)) = 1,048,576 x (8.5 + 10) = 19,398,656 B
-    assert act(4, sp=True) == approx(SBH * (34 / 4 + 5 * A * S / (H * 4))) == approx(19_398_656)
+# Korthikanti et al. count the softmax output in 16 bits (5as^2b); Megatron-Core's unfused path keeps it
+# in fp32 (attention_softmax_in_fp32): 7as^2b, measured on an H100 (data/reference/h100). The two norms
+# keep fp32 mean and rstd: 16 sb bytes, sequence-split with SP.
+NORM_STATS = 16 * S * B
 
 
-def test_activation_memory_without_sp_is_sbh_10_plus_24_over_t_plus_5as_over_ht():
-    # sbh (10 + 24/4 + 10) = 1,048,576 x 26 = 27,262,976 B
-    assert act(4) == approx(SBH * (10 + 24 / 4 + 5 * A * S / (H * 4))) == approx(27_262_976)
-    # t = 1: sbh (34 + 5as/h) = 1,048,576 x 74
-    assert act(1) == approx(SBH * (34 + 5 * A * S / H))
+def test_activation_memory_with_sp_is_sbh_34_over_t_plus_7as_over_ht():
+    # sbh (34/4 + 7*16*512/(1024*4)) + 16 sb / 4 = 1,048,576 x (8.5 + 14) + 4,096 = 23,597,056 B
+    assert act(4, sp=True) == approx(SBH * (34 / 4 + 7 * A * S / (H * 4)) + NORM_STATS / 4) == approx(23_597_056)
+
+
+def test_activation_memory_without_sp_is_sbh_10_plus_24_over_t_plus_7as_over_ht():
+    # sbh (10 + 24/4 + 14) + 16 sb = 1,048,576 x 30 + 16,384 = 31,473,664 B
+    assert act(4) == approx(SBH * (10 + 24 / 4 + 7 * A * S / (H * 4)) + NORM_STATS) == approx(31_473_664)
+    # t = 1: sbh (34 + 7as/h) + 16 sb
+    assert act(1) == approx(SBH * (34 + 7 * A * S / H) + NORM_STATS)
+
+
+def test_flash_attention_keeps_no_scores_only_the_log_sum_exp():
+    # Korthikanti without 5as/h, plus the fp32 log-sum-exp: 4 a s b / t = 4*16*512*2/4 = 16,384 B
+    flash = layer_activation_bytes(LAYER, S, B, LayerStrategy(tp=4, dp=1, sp=True), 2, attention_backend="flash")
+    assert flash == approx(SBH * 34 / 4 + NORM_STATS / 4 + 16_384)
+    # unfused minus flash: the s x s scores, (4 + 2 + 1) a s^2 b / t = 7*16*512*512*2/4 = 14,680,064 B
+    assert act(4, sp=True) - flash == approx(14_680_064 - 16_384)
 
 
 def test_activation_memory_selective_recompute():
-    # SP: 34 sbh / t = 8,912,896 B; no SP: sbh (10 + 24/t) = 16,777,216 B
-    assert act(4, sp=True, recompute="selective") == approx(34 * SBH / 4) == approx(8_912_896)
-    assert act(4, recompute="selective") == approx(SBH * (10 + 24 / 4))
+    # SP: 34 sbh / t + 16 sb / t = 8,916,992 B; no SP: sbh (10 + 24/t) + 16 sb
+    assert act(4, sp=True, recompute="selective") == approx(34 * SBH / 4 + NORM_STATS / 4) == approx(8_916_992)
+    assert act(4, recompute="selective") == approx(SBH * (10 + 24 / 4) + NORM_STATS)
 
 
 def test_activation_memory_full_recompute_keeps_the_input():
@@ -347,10 +362,24 @@ def test_layer_cost_assembles_the_terms():
     times = layer_compute_times(LAYER, S, B, 4, True, TOY, 2)
     assert cost.recompute_s == approx(times.attention_core_forward_s)
     assert cost.micro_batch_s == approx(times.forward_s * 3 + times.attention_core_forward_s + 4 * TP_AR)
-    assert cost.activation_bytes == approx(34 * SBH / 4)
-    # transient: the recomputed attention core, 5as^2b/t = sbh x 5as/(ht) = 1,048,576 x 10
-    assert cost.transient_bytes == approx(SBH * 10)
+    assert cost.activation_bytes == approx(34 * SBH / 4 + NORM_STATS / 4)
+    # flash (BF16's default): the recomputed core attention kept only its log-sum-exp, 4 a s b / t
+    assert cost.transient_bytes == approx(4 * A * S * B / 4)
+    assert cost.workspace_bytes == 0.0
+    assert cost.optimizer_temporary_bytes == 0.0  # fused Adam (BF16's default)
     assert cost.state_bytes == approx(18 * LAYER.num_parameters / 4)
+
+
+def test_unfused_attention_and_foreach_adam_add_their_bytes():
+    strategy = LayerStrategy(tp=4, dp=1, sp=True, recompute="selective")
+    cost = layer_cost(LAYER, strategy, B, S, TOY, UNFUSED_FOREACH)
+    # transient: the recomputed attention core, 7as^2b/t = sbh x 7as/(ht) = 1,048,576 x 14, and the
+    # softmax backward's two fp32 gradients, 8as^2b/t = 1,048,576 x 16
+    assert cost.transient_bytes == approx(SBH * (14 + 16))
+    # the unfused attention's scores buffer in bf16: 2 a s^2 b / t = 1,048,576 x 4
+    assert cost.workspace_bytes == approx(SBH * 4)
+    # foreach Adam: one fp32 temporary per master weight of the shard, 4 N / t
+    assert cost.optimizer_temporary_bytes == approx(4 * LAYER.num_parameters / 4)
 
 
 def test_zero3_traffic_hides_behind_compute():

@@ -105,8 +105,16 @@ def test_iteration_covers_every_stage_and_memory_covers_every_stage():
 
 def test_budget_decides_fits():
     roomy = predict()[1]
-    assert roomy.fits and roomy.memory_budget_gib == pytest.approx(80.0)
-    tight = TrainingSpec(global_batch_size=32, memory_budget_bytes=int(roomy.peak_memory_gib * GIB) - 1)
+    # The default budget: the GPU's capacity less the cluster's safety margin.
+    margin = CLUSTER_PRESETS["dgx-a100-80gb"].memory_margin
+    assert roomy.fits and roomy.memory_budget_gib == pytest.approx(80.0 * (1 - margin))
+    # fits compares the device memory (allocated peak + allocator reserve + CUDA context + NCCL).
+    assert roomy.device_memory_gib > roomy.peak_reserved_gib > roomy.peak_memory_gib
+    just = TrainingSpec(global_batch_size=32, memory_budget_bytes=int(roomy.device_memory_gib * GIB) + 1,
+                        memory_margin=0.0)
+    assert predict(training=just)[1].fits
+    tight = TrainingSpec(global_batch_size=32, memory_budget_bytes=int(roomy.device_memory_gib * GIB) - 1,
+                         memory_margin=0.0)
     squeezed = predict(training=tight)[1]
     assert not squeezed.fits
     assert squeezed.peak_memory_gib == pytest.approx(roomy.peak_memory_gib)

@@ -12,7 +12,11 @@ from megatron_auto.specs.presets import CLUSTER_PRESETS
 from megatron_auto.specs.training import GIB, TrainingSpec
 
 MODEL = uniform_model("grid-test", 4, 512, 8, seq_length=512, vocab_size=4096)
-CLUSTER = replace(CLUSTER_PRESETS["dgx-a100-80gb"], num_nodes=1, gpus_per_node=4, framework_overhead_bytes=0)
+# No memory outside the model's tensors and no reserve or margin, so that the small budgets below
+# bind on the layers' choices as they were tuned to.
+CLUSTER = replace(CLUSTER_PRESETS["dgx-a100-80gb"], num_nodes=1, gpus_per_node=4, framework_overhead_bytes=0,
+                  cuda_context_bytes=0, nccl_communicator_bytes=0, allocator_reserve_fraction=0.0,
+                  memory_margin=0.0)
 
 
 def _search_time(training: TrainingSpec) -> float:

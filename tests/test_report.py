@@ -9,7 +9,7 @@ import pytest
 from megatron_auto.cli.progress import ProgressBar
 from megatron_auto.cost.estimate import estimate_plan
 from megatron_auto.plan import Chunk, LayerStrategy, Plan
-from megatron_auto.report import plan_table, strategy_runs
+from megatron_auto.report import micro_batch_line, plan_table, strategy_runs
 from megatron_auto.search.uniform import UniformConfig, build_uniform_plan
 from megatron_auto.specs import TrainingSpec, load_cluster, load_model
 
@@ -99,3 +99,17 @@ def test_breakdown_lines_sum_to_the_iteration_when_ranks_share_cores():
     sharing = next(line for line in lines if line.strip().startswith("core sharing"))
     assert float(sharing.split()[2]) == pytest.approx(-0.3 * parts, abs=1e-3)
     assert "cost/timeslice.py" in lines[-1]
+
+
+def test_hybrid_micro_batch_line_says_what_the_layers_run():
+    # Issue 12: the embedding on one TP-4 group sees all 4 samples of a micro-batch, the layers
+    # (dp 4) one each; the line used to print the embedding's 4.
+    a, b = LayerStrategy(tp=4, dp=1, sp=True), LayerStrategy(tp=1, dp=4)
+    plan = Plan(space="hybrid", world_size=4, pipeline_parallel=1, global_batch_size=16, num_micro_batches=4,
+                chunks=(Chunk((b,) * 8),), embedding=a, model=MODEL)
+    assert micro_batch_line(plan) == ("  micro-batch size    1 per data-parallel rank (4 samples per micro-batch); "
+                                      "embedding / head 4 per rank")
+    mixed = replace(plan, chunks=(Chunk((a,) * 2 + (b,) * 6),))
+    assert "micro-batch size    1-4 (by layer) per data-parallel rank" in plan_table(mixed)
+    uniform = replace(plan, chunks=(Chunk((a,) * 8),))
+    assert micro_batch_line(uniform) == "  micro-batch size    4 per data-parallel rank (4 samples per micro-batch)"

@@ -19,7 +19,9 @@ from megatron_auto.specs.profiles import ClusterProfile, CollectiveCurve, Measur
 from megatron_auto.specs.training import GIB, TrainingSpec
 
 MODEL = uniform_model("opt-test", 4, 512, 8, seq_length=512, vocab_size=4096)
-CLUSTER = replace(CLUSTER_PRESETS["dgx-a100-80gb"], num_nodes=1, gpus_per_node=4, framework_overhead_bytes=0)
+# No memory outside the model's tensors, so that the small budgets below bind on the layers' choices.
+CLUSTER = replace(CLUSTER_PRESETS["dgx-a100-80gb"], num_nodes=1, gpus_per_node=4, framework_overhead_bytes=0,
+                  cuda_context_bytes=0, nccl_communicator_bytes=0)
 # The same cluster with a measured runtime overhead (no curves: collectives stay analytic).
 RUNTIME_PROFILE = ClusterProfile(name="overhead-only", backend="nccl", device="a100", world_size=4, gpus_per_node=4,
                                  curves=(), grad_overlap_fraction=1.0, step_overhead_s=3e-3,

@@ -47,6 +47,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from megatron_auto.cli.parser import margin_fraction  # noqa: E402
 from megatron_auto.errors import UserError  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
@@ -135,6 +136,10 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
                             " the search prices plans from these measurements")
     group.add_argument("--auto-parallel-space", choices=("megatron", "hybrid"), default="megatron",
                        help="search space of --auto-parallel: one layout (megatron) or per-layer layouts (hybrid)")
+    group.add_argument("--auto-parallel-memory-margin", type=margin_fraction, metavar="FRACTION",
+                       help="safety margin of --auto-parallel: a plan fits when its predicted device memory is at "
+                            "most the GPU's capacity x (1 - FRACTION) (default: the cluster's, as megatron-auto "
+                            "plan --memory-margin)")
 
 
 def _data_args(parser: argparse.ArgumentParser) -> None:
@@ -285,10 +290,11 @@ def search_constraints(args: argparse.Namespace, model: ModelSpec) -> SearchCons
 
 
 def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_size: int) -> TrainingSpec:
-    """What the search prices: the global batch and precision of the run."""
+    """What the search prices: the global batch, precision and memory margin of the run."""
     global_batch = args.global_batch_size or args.micro_batch_size * world_size
-    return (TrainingSpec.fp32(global_batch) if settings.precision == "fp32"
-            else TrainingSpec(global_batch_size=global_batch, precision=settings.precision))
+    margin = args.auto_parallel_memory_margin
+    return (TrainingSpec.fp32(global_batch, memory_margin=margin) if settings.precision == "fp32"
+            else TrainingSpec(global_batch_size=global_batch, precision=settings.precision, memory_margin=margin))
 
 
 def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, settings: TrainSettings):

@@ -45,17 +45,18 @@ def fit_cluster_to_world(cluster: ClusterSpec, world_size: int, args: argparse.N
 
 
 def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size: int) -> TrainingSpec:
-    """Batch, precision, memory budget and kernels; fp32 and the CPU's kernels are the defaults on
+    """Batch, precision, memory budget and margin, and kernels; fp32 and the CPU's kernels are the defaults on
     the CPU cluster."""
     on_gpu = cluster_name != CPU_CLUSTER_PRESET
     precision = args.precision or ("bf16" if on_gpu else "fp32")
     budget = int(args.memory_budget_gib * GIB) if args.memory_budget_gib else 0
-    kernels = dict(attention_backend=resolve_attention_backend(getattr(args, "attention_backend", "auto"), on_gpu),
-                   optimizer_impl=resolve_optimizer_impl(getattr(args, "optimizer_impl", "auto"), on_gpu))
+    options = dict(attention_backend=resolve_attention_backend(getattr(args, "attention_backend", "auto"), on_gpu),
+                   optimizer_impl=resolve_optimizer_impl(getattr(args, "optimizer_impl", "auto"), on_gpu),
+                   memory_margin=getattr(args, "memory_margin", None))
     if precision == "fp32":
-        return TrainingSpec.fp32(global_batch_size, memory_budget_bytes=budget, **kernels)
+        return TrainingSpec.fp32(global_batch_size, memory_budget_bytes=budget, **options)
     return TrainingSpec(global_batch_size=global_batch_size, precision=precision, memory_budget_bytes=budget,
-                        **kernels)
+                        **options)
 
 
 def load_job(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:

@@ -38,6 +38,17 @@ def positive_float(text: str) -> float:
     return value
 
 
+def margin_fraction(text: str) -> float:
+    """A safety margin: a fraction of the memory budget in [0, 1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}") from None
+    if not 0.0 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"expected a fraction in [0, 1), got {text!r}")
+    return value
+
+
 def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """--model, --cluster, --num-nodes, --global-batch-size and the memory/precision knobs."""
     parser.add_argument("--model", required=required, metavar="PRESET|FILE.json",
@@ -51,7 +62,11 @@ def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) ->
     parser.add_argument("--global-batch-size", type=positive_int, required=required, metavar="G",
                         help="samples per iteration")
     parser.add_argument("--memory-budget-gib", type=positive_float, metavar="X",
-                        help="usable memory per GPU in GiB (default: the GPU's memory)")
+                        help="device memory per GPU in GiB (default: the GPU's usable capacity)")
+    parser.add_argument("--memory-margin", type=margin_fraction, metavar="FRACTION",
+                        help="safety margin: a plan fits when its predicted device memory (allocated peak, "
+                             "allocator reserve, CUDA context, NCCL) is at most budget x (1 - FRACTION) "
+                             "(default: the cluster's, 0.05 on the GPU presets, 0 on cpu-gloo; docs/cost_model.md)")
     parser.add_argument("--precision", choices=PRECISIONS,
                         help="training precision (default: fp32 on the cpu-gloo cluster, else bf16)")
     parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",

@@ -11,7 +11,8 @@ from ..specs.training import TrainingSpec
 from .communication import dp_comm_time, tp_comm_time
 from .flops import Gemm
 from .models import comm_model, compute_model
-from .memory import embedding_activation_bytes, logits_activation_bytes, model_state_bytes
+from .memory import (embedding_activation_bytes, logits_activation_bytes, logits_transient_bytes,
+                     model_state_bytes, optimizer_temporary_bytes)
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,10 @@ class PartCost:
     state_bytes: float
     activation_bytes: float
     transient_bytes: float = 0.0
+    optimizer_temporary_bytes: float = 0.0
+    """The optimizer step's temporaries for this part's weights (cost.memory.optimizer_temporary_bytes)."""
+    loss_bytes: float = 0.0
+    """LM head: bytes beside the kept logits while the loss runs (cost.memory.logits_transient_bytes)."""
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,7 @@ def embedding_cost(model: ModelSpec, strategy: LayerStrategy, samples: int, clus
         dp_comm_per_iteration_s=dp_comm_time(model.embedding_parameters, strategy, cluster, training),
         state_bytes=model_state_bytes(model.embedding_parameters, strategy, training),
         activation_bytes=embedding_activation_bytes(model, samples, strategy, word, cluster.dropout_mask_bytes),
+        optimizer_temporary_bytes=optimizer_temporary_bytes(model.embedding_parameters, strategy, training),
     )
     logits = compute_model(cluster).gemm_time(Gemm(samples * s, h, vocab // strategy.tp), cluster)
     head_params = vocab * h if (pipeline_parallel > 1 or model.untie_embeddings_and_output_weights) else 0
@@ -61,6 +67,8 @@ def embedding_cost(model: ModelSpec, strategy: LayerStrategy, samples: int, clus
         dp_comm_per_iteration_s=dp_comm_time(head_params, strategy, cluster, training),
         state_bytes=model_state_bytes(head_params, strategy, training),
         activation_bytes=logits_activation_bytes(model, samples, strategy),
+        optimizer_temporary_bytes=optimizer_temporary_bytes(head_params, strategy, training),
+        loss_bytes=logits_transient_bytes(model, samples, strategy, word),
     )
     return EmbeddingCost(embedding=embedding, head=head)
 

@@ -12,7 +12,9 @@ from .communication import pipeline_p2p_time, transition_time
 from .embedding import EmbeddingCost, embedding_cost
 from .flops import model_flops_per_iteration
 from .layer_cost import LayerCost, layer_cost
-from .memory import in_flight_micro_batches
+from .memory import in_flight_micro_batches, tied_embedding_grad_bytes
+from .peak_memory import (StageMemory, communicator_count, device_budget_bytes, device_bytes, memory_breakdown,
+                          reserved_bytes)
 from .models import comm_model, compute_model, core_share, profiled_cpu_cores, runtime_overhead
 from .pipeline import bubble_time, exposed_dp_time, pipeline_time
 from .timeslice import StageLoad, simulate_iteration
@@ -43,6 +45,10 @@ class StageCost:
     state_bytes: float = 0.0
     activation_bytes: float = 0.0
     transient_bytes: float = 0.0
+    workspace_bytes: float = 0.0
+    """Run-long kernel buffers (max over the stage's layers: one per process)."""
+    optimizer_temporary_bytes: float = 0.0
+    """The optimizer step's temporaries over the stage's weights."""
     units: int = 0
     """Layers (and embedding/head parts) added so far."""
     parts: EmbeddingCost | None = None
@@ -61,6 +67,8 @@ class StageCost:
         self.state_bytes += count * cost.state_bytes
         self.activation_bytes += count * cost.activation_bytes
         self.transient_bytes = max(self.transient_bytes, cost.transient_bytes)
+        self.workspace_bytes = max(self.workspace_bytes, cost.workspace_bytes)
+        self.optimizer_temporary_bytes += count * cost.optimizer_temporary_bytes
 
     def add_dp_comm(self, dp_comm_s: float, backward_s: float, count: int = 1) -> None:
         """Exposed gradient traffic of `count` units (see cost.pipeline.exposed_dp_time)."""
@@ -164,6 +172,7 @@ def _add_part(stage: StageCost, part) -> None:
     stage.add_dp_comm(part.dp_comm_per_iteration_s, part.backward_s)
     stage.state_bytes += part.state_bytes
     stage.transient_bytes = max(stage.transient_bytes, part.transient_bytes)
+    stage.optimizer_temporary_bytes += part.optimizer_temporary_bytes
 
 
 def optimizer_step_time(state_bytes: float, cluster: ClusterSpec, impl: str = "fused") -> float:
@@ -179,9 +188,9 @@ def stage_time_per_micro_batch(stage: StageCost, num_micro_batches: int) -> floa
     return stage.micro_batch_s + (stage.exposed_dp_s + stage.optimizer_s + stage.step_overhead_s) / num_micro_batches
 
 
-def stage_memory_bytes(plan: Plan, stage_index: int, stage: StageCost, model: ModelSpec,
-                       cluster: ClusterSpec, training: TrainingSpec) -> float:
-    """Peak bytes on one GPU of a stage: states, in-flight activations, transients, overhead."""
+def stage_memory(plan: Plan, stage_index: int, stage: StageCost, model: ModelSpec,
+                 cluster: ClusterSpec, training: TrainingSpec) -> StageMemory:
+    """The allocated terms of one stage's GPU (cost.peak_memory: the peak is their largest moment)."""
     in_flight = in_flight_micro_batches(stage_index, plan.pipeline_parallel, plan.num_micro_batches,
                                         plan.virtual_stages, plan.schedule)
     activations = stage.activation_bytes
@@ -189,9 +198,30 @@ def stage_memory_bytes(plan: Plan, stage_index: int, stage: StageCost, model: Mo
     head_stage = (len(plan.chunks) - 1) % plan.pipeline_parallel
     if stage_index == 0:
         activations += costs.embedding.activation_bytes
-    logits = costs.head.activation_bytes if stage_index == head_stage else 0.0
-    return (stage.state_bytes + in_flight * activations + logits + stage.transient_bytes
-            + cluster.framework_overhead_bytes)
+    activations *= in_flight
+    logits = waiting = 0.0
+    if stage_index == head_stage:
+        logits = costs.head.activation_bytes + costs.head.loss_bytes
+        if plan.schedule == "gpipe":  # the other micro-batches' softmax waits for their backward
+            activations += (plan.num_micro_batches - 1) * costs.head.activation_bytes
+        if plan.pipeline_parallel == 1 and not model.untie_embeddings_and_output_weights:
+            waiting = tied_embedding_grad_bytes(model, plan.embedding, training.activation_bytes)
+    return StageMemory(states=stage.state_bytes, activations=activations, layer_transient=stage.transient_bytes,
+                       workspace=stage.workspace_bytes, logits=logits, waiting_grad=waiting,
+                       optimizer_temporaries=stage.optimizer_temporary_bytes,
+                       framework=cluster.framework_overhead_bytes)
+
+
+def stage_memory_bytes(plan: Plan, stage_index: int, stage: StageCost, model: ModelSpec,
+                       cluster: ClusterSpec, training: TrainingSpec) -> float:
+    """Peak allocated bytes on one GPU of a stage."""
+    return stage_memory(plan, stage_index, stage, model, cluster, training).peak_bytes
+
+
+def plan_communicators(plan: Plan, model: ModelSpec) -> int:
+    """NCCL communicators a rank of `plan` creates (cost.peak_memory.communicator_count)."""
+    tied = not model.untie_embeddings_and_output_weights
+    return communicator_count(plan.distinct_strategies | {plan.embedding}, plan.pipeline_parallel, tied)
 
 
 def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> Prediction:
@@ -201,8 +231,12 @@ def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: 
     m, v = plan.num_micro_batches, plan.virtual_stages
     times = [stage_time_per_micro_batch(s, m) for s in stages]
     iteration = pipeline_time(times, m, v)
-    memory = [stage_memory_bytes(plan, i, s, model, cluster, training) for i, s in enumerate(stages)]
-    budget = training.budget_for(cluster.gpu.memory_bytes)
+    terms = [stage_memory(plan, i, s, model, cluster, training) for i, s in enumerate(stages)]
+    memory = [t.peak_bytes for t in terms]
+    peak_stage = max(range(len(terms)), key=lambda i: memory[i])
+    communicators = plan_communicators(plan, model)
+    device = device_bytes(memory[peak_stage], cluster, communicators)
+    budget = device_budget_bytes(cluster, training)
     critical = max(range(len(stages)), key=lambda i: times[i])
     cores = profiled_cpu_cores(cluster)
     if cores:
@@ -212,10 +246,15 @@ def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: 
         tflops_per_gpu=model_flops_per_iteration(model, plan.global_batch_size) / iteration / plan.world_size / 1e12,
         peak_memory_gib=max(memory) / GIB,
         memory_budget_gib=budget / GIB,
-        fits=max(memory) <= budget,
+        fits=device <= budget,
         stage_memory_gib=tuple(b / GIB for b in memory),
         stage_time_s=tuple(m * t for t in times),
         breakdown=_breakdown(stages[critical], m, bubble_time(times, m, v)),
+        peak_reserved_gib=reserved_bytes(memory[peak_stage], cluster) / GIB,
+        device_memory_gib=device / GIB,
+        memory_breakdown=memory_breakdown(terms[peak_stage], cluster, communicators),
+        attention_backend=training.attention_backend,
+        optimizer_impl=training.optimizer_impl,
     )
 
 
@@ -244,3 +283,4 @@ def _breakdown(stage: StageCost, m: int, bubble: float) -> TimeBreakdown:
         transition_s=m * stage.transition_s, optimizer_s=stage.optimizer_s,
         runtime_s=m * stage.runtime_s + stage.step_overhead_s,
     )
+

@@ -15,7 +15,8 @@ from ..specs.training import TrainingSpec
 from .communication import dp_comm_time, tp_comm_time, zero3_comm_time
 from .compute import recompute_time
 from .models import compute_model
-from .memory import layer_activation_bytes, model_state_bytes, zero3_gathered_bytes
+from .memory import (attention_backward_extra_bytes, attention_workspace_bytes, layer_activation_bytes,
+                     model_state_bytes, optimizer_temporary_bytes, zero3_gathered_bytes)
 
 
 @dataclass(frozen=True)
@@ -35,7 +36,12 @@ class LayerCost:
     activation_bytes: float
     """Activations kept per micro-batch in flight."""
     transient_bytes: float
-    """Extra bytes alive only while this layer runs (ZeRO-3 gathers, recomputed activations)."""
+    """Extra bytes alive only while this layer runs (ZeRO-3 gathers, recomputed activations,
+    the attention's backward working set)."""
+    workspace_bytes: float = 0.0
+    """Buffers the layer's kernels keep for the whole run, shared by all layers of a process (max, not sum)."""
+    optimizer_temporary_bytes: float = 0.0
+    """Temporaries the optimizer step allocates for this layer's shard (cost.memory.optimizer_temporary_bytes)."""
 
     @property
     def micro_batch_s(self) -> float:
@@ -53,12 +59,13 @@ def layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int
     recompute = recompute_time(times, strategy.recompute)
     compute = times.forward_s + times.backward_s + recompute
     zero3 = zero3_comm_time(layer.num_parameters, strategy, cluster, training, strategy.recompute == "full")
-    activations = layer_activation_bytes(layer, seq, samples, strategy, word, cluster.dropout_mask_bytes)
-    rematerialised = 0.0
+    backend = training.attention_backend
+    activations = layer_activation_bytes(layer, seq, samples, strategy, word, cluster.dropout_mask_bytes, backend)
+    rematerialised = attention_backward_extra_bytes(layer, seq, samples, strategy, backend)
     if strategy.recompute != "none":
         kept_without = layer_activation_bytes(layer, seq, samples, _no_recompute(strategy), word,
-                                              cluster.dropout_mask_bytes)
-        rematerialised = kept_without - activations
+                                              cluster.dropout_mask_bytes, backend)
+        rematerialised += kept_without - activations
     return LayerCost(
         forward_s=times.forward_s,
         backward_s=times.backward_s,
@@ -71,6 +78,8 @@ def layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int
         state_bytes=model_state_bytes(layer.num_parameters, strategy, training),
         activation_bytes=activations,
         transient_bytes=zero3_gathered_bytes(layer.num_parameters, strategy, training) + rematerialised,
+        workspace_bytes=attention_workspace_bytes(layer, seq, samples, strategy, word, backend),
+        optimizer_temporary_bytes=optimizer_temporary_bytes(layer.num_parameters, strategy, training),
     )
 
 

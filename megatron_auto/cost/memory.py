@@ -1,9 +1,12 @@
-"""Memory per GPU: model states per ZeRO level, activations per Korthikanti et al.
+"""Memory per GPU, term by term: model states per ZeRO level, the optimizer step's
+temporaries, activations per Korthikanti et al. with the attention that runs, the
+attention's workspace and backward working set, and the logits.
 
 Model states: Megatron-LM docs/distrib_optimizer.md (18 bytes/param unsharded in
 bf16 with fp32 grads; 6 + 12/d with the distributed optimizer) and Rajbhandari
 et al. 2020 (ZeRO stages 1-3). Activations: Korthikanti et al. 2022
-(arXiv 2205.05198), Sec. 4, generalised to GQA, SwiGLU and any FFN width.
+(arXiv 2205.05198), Sec. 4, generalised to GQA, SwiGLU and any FFN width. How the
+terms combine into a peak: cost/peak_memory.py; all of it: docs/cost_model.md, Sec. 6.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from ..specs.training import TrainingSpec
 from .pipeline import warmup_chunk_forwards
 
 MASK_BYTES = 1  # dropout masks are stored as bytes on CUDA (Korthikanti et al., Sec. 4.1); see ClusterSpec
+FP32_BYTES = 4  # fp32 master weights, softmax outputs and norm statistics
 
 
 def model_state_bytes(num_params: float, strategy: LayerStrategy, training: TrainingSpec) -> float:
@@ -36,14 +40,28 @@ def zero3_gathered_bytes(num_params: float, strategy: LayerStrategy, training: T
     return 2 * num_params / strategy.tp * training.param_bytes
 
 
+def optimizer_temporary_bytes(num_params: float, strategy: LayerStrategy, training: TrainingSpec) -> float:
+    """Bytes the optimizer step allocates beyond the states, for this rank's optimizer shard.
+
+    torch's foreach Adam (torch/optim/adam.py, _multi_tensor_adam) holds one temporary per master
+    weight at its peak: `exp_avg_sq_sqrt = torch._foreach_sqrt(exp_avg_sqs)` over the whole param
+    group (the weight-decayed grads of non-decoupled Adam are deleted before it). The masters are fp32
+    (4 bytes) in every precision. The fused kernel (_fused_adam) updates in place: no temporaries.
+    """
+    if training.optimizer_impl != "foreach":
+        return 0.0
+    return FP32_BYTES * num_params / strategy.tp / (strategy.dp if strategy.zero >= 1 else 1)
+
+
 def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
-                           activation_bytes: int, mask_bytes: int = MASK_BYTES) -> float:
+                           activation_bytes: int, mask_bytes: int = MASK_BYTES,
+                           attention_backend: str = "unfused") -> float:
     """Bytes one layer keeps for backward, per micro-batch on one GPU.
 
-    For GPT in 16-bit this is sbh(34/t + 5as/(ht)) with SP, sbh(10 + 24/t + 5as/(ht))
-    without, 34sbh/t (SP) under selective recompute, and 2sbh (/t with SP) under full
-    recompute (Korthikanti et al., Table 2). `mask_bytes`: ClusterSpec.dropout_mask_bytes (1 on
-    CUDA; the word on CPU, where the per-layer saved tensors measured by profile-model match this sum).
+    For GPT in 16-bit this is Korthikanti et al.'s (Table 2) sbh(34/t + 5as/(ht)) with SP,
+    sbh(10 + 24/t + 5as/(ht)) without, 34sbh/t (SP) under selective recompute, and 2sbh (/t with SP)
+    under full recompute, with the s x s terms as the attention really keeps them
+    (`attention_score_bytes`) and the norms' fp32 statistics. `mask_bytes`: ClusterSpec.dropout_mask_bytes.
     """
     s, b, h, t = seq, samples, layer.hidden_size, strategy.tp
     kv_width = layer.num_query_groups * layer.kv_channels
@@ -52,15 +70,64 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
     if strategy.recompute == "full":
         return word * s * b * h / replicated_split
     # Kept whole on every TP rank unless SP: two LayerNorm inputs, two LayerNorm
-    # outputs (QKV and fc1 inputs), and two dropout masks.
-    replicated = s * b * (4 * word * h + 2 * mask_bytes * h)
+    # outputs (QKV and fc1 inputs), two dropout masks, and the norms' statistics.
+    replicated = s * b * (4 * word * h + 2 * mask_bytes * h) + norm_statistics_bytes(layer, s, b)
     # Split over TP: Q, K, V, the projection input, the MLP's inner activations.
     mlp_inner = (3 if layer.swiglu else 2) * layer.ffn_hidden_size
     sharded = word * s * b * (h + 2 * kv_width + h + mlp_inner)
     if strategy.recompute == "none":
-        # softmax output and its dropout output (2 words each) plus the mask: 5as^2b in 16-bit.
-        sharded += (2 * word + mask_bytes) * layer.num_attention_heads * s * s * b
+        sharded += attention_score_bytes(layer, s, b, word, mask_bytes, attention_backend)
     return replicated / replicated_split + sharded / t
+
+
+def norm_statistics_bytes(layer: LayerSpec, seq: int, samples: int) -> float:
+    """The two norms' saved fp32 statistics per token: mean and rstd for LayerNorm, rstd for RMSNorm
+    (ATen's native_layer_norm / rms_norm; measured: profile_gpt_1.7b_bf16.json's saved bytes)."""
+    stats = 1 if layer.normalization == "RMSNorm" else 2
+    return 2 * stats * FP32_BYTES * seq * samples
+
+
+def attention_score_bytes(layer: LayerSpec, seq: int, samples: int, word: int, mask_bytes: int,
+                          attention_backend: str) -> float:
+    """What core attention keeps for backward beyond Q, K, V, before the TP split.
+
+    unfused (Megatron-Core DotProductAttention, torch softmax path of FusedScaleMaskSoftmax):
+    the softmax output in fp32 (attention_softmax_in_fp32), the dropout mask and the dropout
+    output (the second bmm's input) in the activation type: (4 + word + mask) a s^2 b bytes,
+    7as^2b in bf16 on CUDA where Korthikanti et al. count 5 (measured: 7 in
+    data/reference/h100/profile_gpt_1.7b_bf16.json). flash (SDPA): no s x s tensors; the
+    kernel keeps the fp32 log-sum-exp of each query row, 4 a s b (FlashAttention-2, Dao 2023).
+    """
+    heads = layer.num_attention_heads
+    if attention_backend == "flash":
+        return FP32_BYTES * heads * seq * samples
+    return (FP32_BYTES + word + mask_bytes) * heads * seq * seq * samples
+
+
+def attention_workspace_bytes(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
+                              word: int, attention_backend: str) -> float:
+    """The persistent scores buffer of the unfused attention: DotProductAttention takes the
+    baddbmm input [b*np, s, s] from the global memory buffer ("mpu") and keeps it for the whole
+    run, one per process (the largest asked for)."""
+    if attention_backend == "flash":
+        return 0.0
+    return word * layer.num_attention_heads / strategy.tp * seq * seq * samples
+
+
+def attention_backward_extra_bytes(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
+                                   attention_backend: str) -> float:
+    """Bytes above the kept s x s tensors while one layer's unfused attention runs its backward.
+
+    At the softmax backward the fp32 probabilities, their incoming gradient and the outgoing one
+    (3 x 4 bytes per score) are alive with the dropout output and mask: 8 bytes per score more than
+    the kept (4 + word + mask). The measured runs (data/reference/h100/runs_gpt_1.7b.json) show this
+    working set at the same 8 a s^2 b under none, selective and full recompute. Flash attention's
+    backward allocates gradients of Q, K and V only (O(sbh), left out).
+    """
+    if attention_backend == "flash":
+        return 0.0
+    # (3 x 4 + word + mask) - (4 + word + mask) bytes per score element.
+    return 2 * FP32_BYTES * layer.num_attention_heads / strategy.tp * seq * seq * samples
 
 
 def embedding_activation_bytes(model: ModelSpec, samples: int, strategy: LayerStrategy,
@@ -71,8 +138,24 @@ def embedding_activation_bytes(model: ModelSpec, samples: int, strategy: LayerSt
 
 
 def logits_activation_bytes(model: ModelSpec, samples: int, strategy: LayerStrategy) -> float:
-    """Last stage: fp32 logits of the vocab-parallel cross entropy, 4sbV/t (Korthikanti Sec. 4.3)."""
-    return 4.0 * model.seq_length * samples * model.vocab_size / strategy.tp
+    """Last stage: the fp32 softmax the vocab-parallel cross entropy keeps for backward, 4sbV/t
+    (Megatron-Core tensor_parallel/cross_entropy.py: logits.float(), exp and divide in place)."""
+    return FP32_BYTES * model.seq_length * samples * model.vocab_size / strategy.tp
+
+
+def logits_transient_bytes(model: ModelSpec, samples: int, strategy: LayerStrategy, word: int) -> float:
+    """Beside that fp32 softmax while the loss runs: the output layer's logits in the activation
+    type, wsbV/t (the .float() copy is the same tensor in fp32, so nothing in fp32 training); the
+    backward's cast of the gradient back to the activation type holds as much."""
+    if word >= FP32_BYTES:
+        return 0.0
+    return word * model.seq_length * samples * model.vocab_size / strategy.tp
+
+
+def tied_embedding_grad_bytes(model: ModelSpec, strategy: LayerStrategy, word: int) -> float:
+    """With tied weights on one stage, the output layer's weight gradient (word x V x h / t) waits in
+    autograd's input buffer of the shared weight until the embedding's backward adds its own."""
+    return word * model.vocab_size * model.hidden_size / strategy.tp
 
 
 def in_flight_micro_batches(stage: int, pipeline_parallel: int, num_micro_batches: int,

@@ -6,6 +6,7 @@ import math
 import time
 from typing import Callable, Optional
 
+from ..cost.peak_memory import device_budget_bytes
 from ..errors import UserError
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
@@ -59,7 +60,7 @@ def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
 
 
 def _infeasible_message(least_gib: float, training: TrainingSpec, cluster: ClusterSpec) -> str:
-    budget = training.budget_for(cluster.gpu.memory_bytes) / GIB
+    budget = device_budget_bytes(cluster, training) / GIB
     if math.isinf(least_gib):
         return f"no valid plan exists for this model, batch and {cluster.world_size} GPUs"
     return (f"no plan fits in {budget:.1f} GiB per GPU; the least memory any plan needs is "

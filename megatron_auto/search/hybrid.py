@@ -19,6 +19,7 @@ import numpy as np
 
 from ..cost.estimate import estimate_plan
 from ..cost.models import core_share
+from ..cost.peak_memory import allocated_limit_bytes, communicator_count
 from ..errors import UserError
 from ..plan import Chunk, LayerStrategy, Plan, boundary_layout_for
 from ..specs.cluster import ClusterSpec
@@ -116,7 +117,7 @@ def _transient_units(tables: LayerTables, rows: slice, unit: float) -> np.ndarra
 
 def _budget_units(budget: float, fixed: StageFixed, unit: float, ceiling_units: int) -> int:
     """Memory units left for the layers' resident memory under a transient ceiling."""
-    return int((budget - fixed.memory) // unit) - ceiling_units
+    return int((budget - fixed.memory) // unit) - fixed.extra_units(ceiling_units, unit)
 
 
 def _stage_arrays(tables: LayerTables, fixed: StageFixed, rows: slice, unit: float, ceiling_units: int):
@@ -192,7 +193,11 @@ def _solve(candidate: Candidate, model, cluster, training, options, stats,
     its relaxed bound shows it cannot beat `incumbent` seconds."""
     pp, tables, fixed = candidate.pp, candidate.tables, list(candidate.fixed)
     m = training.global_batch_size // candidate.samples
-    budget = training.budget_for(cluster.gpu.memory_bytes)
+    # The fewest communicators any plan of this depth creates: estimate_plan checks the plan found.
+    tied = not model.untie_embeddings_and_output_weights
+    budget = allocated_limit_bytes(cluster, training, communicator_count((), pp, tied))
+    if budget <= 0:
+        return None
     unit = budget / options.memory_units
     max_len = min(model.num_layers - pp + 1, int(options.max_stage_factor * math.ceil(model.num_layers / pp)) + 1)
     if incumbent < math.inf and core_share(cluster) == 1.0:

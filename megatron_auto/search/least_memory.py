@@ -22,7 +22,7 @@ from .uniform import megatron_uneven_splits
 
 def least_memory_gib(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, space: str,
                      constraints: SearchConstraints) -> float:
-    """Smallest predicted peak memory per GPU over the space's leanest layouts (inf if none is valid)."""
+    """Smallest predicted device memory per GPU (at the allocated peak, cost.peak_memory) over the space's leanest layouts (inf if none is valid)."""
     least = math.inf
     for tp, pp in parallel_degrees(model, cluster, training, constraints, SpaceStats()):
         dp = cluster.world_size // (tp * pp)
@@ -35,7 +35,7 @@ def least_memory_gib(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
                             global_batch_size=training.global_batch_size,
                             num_micro_batches=training.global_batch_size // dp,
                             chunks=tuple(Chunk((lean,) * n) for n in split), embedding=embedding, model=model)
-                least = min(least, estimate_plan(plan, model, cluster, training).peak_memory_gib)
+                least = min(least, estimate_plan(plan, model, cluster, training).device_memory_gib)
             except (ValueError, UserError):
                 continue
     return least

@@ -177,11 +177,14 @@ def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats, inc
 
 def _best_for_recompute(model, cluster, training, constraints, config: UniformConfig, stats,
                         incumbent: float) -> Optional[Plan]:
-    def evaluate(num_layers: Optional[int]) -> Optional[Plan]:
+    def evaluate(num_layers: Optional[int], micro_batch: Optional[int] = None) -> Optional[Plan]:
         stats.evaluated += 1
+        fixed = micro_batch or constraints.micro_batch_size
         try:
-            return best_uniform_plan(model, cluster, training, replace(config, recompute_num_layers=num_layers),
-                                     choose_micro_batch=constraints.micro_batch_size is None,
+            return best_uniform_plan(model, cluster, training,
+                                     replace(config, recompute_num_layers=num_layers,
+                                             micro_batch_size=fixed or config.micro_batch_size),
+                                     choose_micro_batch=fixed is None,
                                      choose_virtual_stages=constraints.virtual_stages is None,
                                      incumbent=incumbent)
         except UserError:
@@ -193,13 +196,30 @@ def _best_for_recompute(model, cluster, training, constraints, config: UniformCo
     every = evaluate(None)
     if every is None or not every.prediction.fits:
         return every
-    chunk = min(len(c.layers) for c in every.chunks)
-    low, high, best = 0, chunk, every   # invariant: `high` layers per chunk fit
+    # Memory falls with the recomputed layers at a fixed micro-batch, but the fastest micro-batch
+    # that fits changes with them: bisect per micro-batch size.
+    dp = cluster.world_size // (config.tp * config.pp)
+    sizes = [constraints.micro_batch_size] if constraints.micro_batch_size else \
+        divisors(training.global_batch_size // dp)
+    best = every
+    for size in sizes:
+        plan = _fewest_recomputed_layers(lambda n: evaluate(n, size), config, model)
+        if plan is not None and _key(plan) < _key(best):
+            best = plan
+    return best
+
+
+def _fewest_recomputed_layers(evaluate, config: UniformConfig, model: ModelSpec) -> Optional[Plan]:
+    """Bisection for the fewest layers per chunk that, recomputed, make the plan fit."""
+    # The layers of the smallest stage bound recompute_num_layers under every v: the best plan
+    # recomputing every layer may interleave (shorter chunks) while fewer layers fit only with v = 1.
+    chunk = min(config.stage_layers or (model.num_layers // config.pp,))
+    low, high, best = 0, chunk, None   # `high` layers per chunk fit, or none does
     while low + 1 < high:
         middle = (low + high) // 2
         plan = evaluate(middle)
         if plan is not None and plan.prediction.fits:
-            high, best = middle, (plan if _key(plan) < _key(best) else best)
+            high, best = middle, plan
         else:
             low = middle
     return best

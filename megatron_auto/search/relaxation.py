@@ -56,7 +56,7 @@ def relaxed_spans(tables: LayerTables, fixed: list[StageFixed], budget: float, m
     spans = []
     for stage in fixed:
         memory = tables.state[rows] + stage.in_flight * tables.activation[rows]
-        room = budget - stage.memory
+        room = budget - stage.memory - stage.least_extra()
         lambdas = multipliers(tables.time[rows], memory)
         priced = (tables.time[rows][None] + lambdas[:, None, None] * memory[None]).min(axis=-1)   # [K, rows]
         bound = _uniform_spans if uniform else _layered_spans

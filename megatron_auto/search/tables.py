@@ -5,6 +5,7 @@ the DP scores at T seconds is estimated at T seconds too.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -14,7 +15,7 @@ from ..cost.communication import pipeline_p2p_time, transition_time
 from ..cost.embedding import embedding_cost
 from ..cost.estimate import StageCost, _add_part, optimizer_step_time
 from ..cost.layer_cost import layer_cost
-from ..cost.memory import in_flight_micro_batches
+from ..cost.memory import in_flight_micro_batches, tied_embedding_grad_bytes
 from ..cost.models import comm_model, runtime_overhead
 from ..cost.pipeline import exposed_dp_time
 from ..plan import LayerStrategy
@@ -63,7 +64,9 @@ def layer_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             optimizer = optimizer_step_time(c.state_bytes, cluster, training.optimizer_impl)
             time[l, j] = c.micro_batch_s + (hidden + optimizer) / m
             first[l, j] = (c.dp_comm_per_iteration_s - hidden) / m
-            state[l, j], act[l, j], transient[l, j] = c.state_bytes, c.activation_bytes, c.transient_bytes
+            # The run-long workspace rides with the transient: both are a max over the stage's layers.
+            state[l, j], act[l, j] = c.state_bytes, c.activation_bytes
+            transient[l, j] = c.transient_bytes + c.workspace_bytes
     layouts = sorted({(s.tp, s.dp, s.sp) for s in strategies})
     groups = np.array([layouts.index((s.tp, s.dp, s.sp)) for s in strategies])
     # transition_time depends on the layouts alone: price each layout pair once.
@@ -91,6 +94,19 @@ class StageFixed:
     """[S] seconds per micro-batch to re-lay the stage's input (embedding or boundary layout) for strategy j."""
     exit_transition: np.ndarray
     """[S] seconds per micro-batch to re-lay the output of a last layer in strategy j (to the head or boundary)."""
+    loss_memory: float = 0.0
+    """Bytes the loss adds at its moment (last stage: logits); the peak is max(backward, loss), cost.peak_memory."""
+    waiting_memory: float = 0.0
+    """Bytes added at the backward moment beside the layers' transient (a tied weight gradient)."""
+
+    def extra_units(self, ceiling_units: int, unit: float) -> int:
+        """Memory units above the resident ones at the stage's peak moment, for a transient ceiling."""
+        backward = ceiling_units + math.ceil(self.waiting_memory / unit)
+        return max(backward, math.ceil(self.loss_memory / unit))
+
+    def least_extra(self) -> float:
+        """Bytes above the resident ones at the peak whatever the layers' transients."""
+        return max(self.waiting_memory, self.loss_memory)
 
 
 def stage_fixed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, embedding: LayerStrategy,
@@ -111,8 +127,8 @@ def stage_fixed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     exposed = acc.exposed_dp_s + head.exposed_dp_s
     optimizer = optimizer_step_time(acc.state_bytes + head.state_bytes, cluster, training.optimizer_impl)
     memory = (acc.state_bytes + head.state_bytes + cluster.framework_overhead_bytes
-              + (in_flight * parts.embedding.activation_bytes if stage == 0 else 0.0)
-              + (parts.head.activation_bytes if stage == pp - 1 else 0.0))
+              + (in_flight * parts.embedding.activation_bytes if stage == 0 else 0.0))
+    tied = stage == pp - 1 and pp == 1 and not model.untie_embeddings_and_output_weights
     entry = embedding if stage == 0 else boundary
     exit_ = embedding if stage == pp - 1 else boundary
 
@@ -128,6 +144,9 @@ def stage_fixed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     return StageFixed(time=acc.micro_batch_s + head.micro_batch_s + per_chunk
                       + (exposed + optimizer + per_step) / num_micro_batches,
                       memory=memory, in_flight=in_flight, first_layer_is_first_unit=stage > 0,
+                      loss_memory=parts.head.activation_bytes + parts.head.loss_bytes if stage == pp - 1 else 0.0,
+                      waiting_memory=tied_embedding_grad_bytes(model, embedding, training.activation_bytes)
+                      if tied else 0.0,
                       entry_transition=np.array([relayout(entry, s) for s in strategies]),
                       exit_transition=np.array([relayout(s, exit_) for s in strategies]))
 

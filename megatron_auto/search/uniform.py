@@ -9,6 +9,7 @@ from typing import Optional, Sequence
 from ..cost.estimate import estimate_plan
 from ..cost.layer_cost import layer_cost
 from ..cost.models import core_share, profiled_cpu_cores
+from ..cost.peak_memory import allocated_limit_bytes, communicator_count
 from ..errors import UserError
 from ..plan import Chunk, LayerStrategy, Plan
 from ..specs.cluster import ClusterSpec
@@ -153,7 +154,8 @@ def states_overflow(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         state = min(layer_cost(spec, strategy, 1, model.seq_length, cluster, training).state_bytes
                     for spec in model.distinct_layers)
     most_layers = max(config.stage_layers or even_split(model.num_layers, config.pp) or (0,))
-    budget = training.budget_for(cluster.gpu.memory_bytes)
+    tied = not model.untie_embeddings_and_output_weights
+    budget = allocated_limit_bytes(cluster, training, communicator_count((), config.pp, tied))
     return most_layers * state + cluster.framework_overhead_bytes > budget
 
 

@@ -29,6 +29,13 @@ class GpuSpec:
     kernel_launch_s: float = 0.0
     """Host seconds to issue one eager PyTorch op of a Megatron-Core layer: with small shards the GPU
     waits on the host and a layer takes at least ops x this (cost/layer_kernels.py); 0: not modelled."""
+    usable_memory_bytes: int = 0
+    """Device memory that processes can use (torch.cuda.mem_get_info's total); 0: memory_bytes."""
+
+    @property
+    def capacity_bytes(self) -> int:
+        """The usable device memory: the default memory budget."""
+        return self.usable_memory_bytes or self.memory_bytes
 
 
 @dataclass(frozen=True)
@@ -93,7 +100,8 @@ class ClusterSpec(CachedHash):
     compute: ComputeEfficiency
     """GEMM efficiency model, calibrated per GPU type."""
     framework_overhead_bytes: int = 0
-    """Memory the framework holds regardless of the plan (CUDA context, NCCL buffers, allocator slack)."""
+    """Allocated memory the framework's tensors hold regardless of the plan (inside the caching allocator;
+    the CUDA context, NCCL and the allocator's reserve are the fields below)."""
     grad_overlap: float = 1.0
     """Share of the overlap window that the runtime hides communication in: 1 where Megatron-Core's
     DDP reduces buckets during the backward (overlap_grad_reduce, on CUDA) and FSDP prefetches
@@ -105,6 +113,15 @@ class ClusterSpec(CachedHash):
     """Version of this record's layout."""
     measured: Optional[MeasuredCosts] = None
     """Profiles from `megatron-auto profile-cluster/profile-model` (`--profile`); None: analytic model."""
+    cuda_context_bytes: int = 0
+    """Device memory outside the caching allocator that every process holds: the CUDA context and
+    the cuBLAS workspace (0 on cpu-gloo)."""
+    nccl_communicator_bytes: int = 0
+    """Device memory of one NCCL communicator, outside the caching allocator (0 on cpu-gloo)."""
+    allocator_reserve_fraction: float = 0.0
+    """What the caching allocator reserves above the allocated peak, as a fraction of that peak."""
+    memory_margin: float = 0.0
+    """Default safety margin: a plan fits when its device memory stays below budget x (1 - margin)."""
 
     def __post_init__(self) -> None:
         _check_version(self.schema_version, CLUSTER_SCHEMA_VERSION, "cluster spec")

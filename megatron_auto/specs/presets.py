@@ -70,20 +70,36 @@ H100_COMPUTE = ComputeEfficiency(max_fraction=0.7435, half_dim=100.0, latency_s=
 # 1.99-2.08 ms backward at micro-batch 1 and 2 alike (host-bound), over 66 and 86 ops (cost/layer_kernels.py).
 H100_KERNEL_LAUNCH_S = 25e-6
 
+# Memory outside the model's tensors on an H100 80GB (data/reference/h100/README.md, torch.cuda.mem_get_info):
+# 79.18 GiB usable; CUDA context 0.61 GiB plus 0.06 GiB of cuBLAS workspace; 0.55 GiB per NCCL communicator.
+H100_USABLE_BYTES = round(79.18 * GIB)
+CUDA_CONTEXT_BYTES = round((0.61 + 0.06) * GIB)
+NCCL_COMMUNICATOR_BYTES = round(0.55 * GIB)
+# The caching allocator's reserve above the allocated peak: the mean of max_memory_reserved /
+# max_memory_allocated - 1 over the five completed runs of data/reference/h100/runs_gpt_1.7b.json.
+ALLOCATOR_RESERVE_FRACTION = 0.059
+# The safety margin: the largest shortfall of the predicted device memory below the measured one
+# over those runs, rounded up (docs/cost_model.md, "Memory margin").
+GPU_MEMORY_MARGIN = 0.05
+_CUDA_MEMORY = dict(framework_overhead_bytes=0, cuda_context_bytes=CUDA_CONTEXT_BYTES,
+                    nccl_communicator_bytes=NCCL_COMMUNICATOR_BYTES,
+                    allocator_reserve_fraction=ALLOCATOR_RESERVE_FRACTION, memory_margin=GPU_MEMORY_MARGIN)
+
 CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     "dgx-a100-80gb": ClusterSpec(
         name="dgx-a100-80gb", num_nodes=1, gpus_per_node=8,
         gpu=GpuSpec("A100-SXM4-80GB", 80 * GIB, 312e12, 2.0e12),
         intra_node=LinkSpec(300e9, 5e-6, efficiency=0.78),   # NVLink 3, 300 GB/s each way
         inter_node=LinkSpec(25e9, 10e-6, efficiency=0.85),   # 1x HDR 200 Gb/s per GPU
-        compute=A100_COMPUTE, framework_overhead_bytes=3 * GIB,
+        compute=A100_COMPUTE, **_CUDA_MEMORY,
     ),
     "dgx-h100-80gb": ClusterSpec(
         name="dgx-h100-80gb", num_nodes=1, gpus_per_node=8,
-        gpu=GpuSpec("H100-SXM5-80GB", 80 * GIB, 989e12, 3.35e12, kernel_launch_s=H100_KERNEL_LAUNCH_S),
+        gpu=GpuSpec("H100-SXM5-80GB", 80 * GIB, 989e12, 3.35e12, kernel_launch_s=H100_KERNEL_LAUNCH_S,
+                    usable_memory_bytes=H100_USABLE_BYTES),
         intra_node=LinkSpec(450e9, 5e-6, efficiency=0.78),   # NVLink 4, 450 GB/s each way
         inter_node=LinkSpec(50e9, 10e-6, efficiency=0.85),   # 1x NDR 400 Gb/s per GPU
-        compute=H100_COMPUTE, framework_overhead_bytes=3 * GIB,
+        compute=H100_COMPUTE, **_CUDA_MEMORY,
     ),
     # Up to 8 gloo processes on this 2-core, 24 GiB machine; `megatron-auto
     # profile-cluster` replaces these analytic guesses with measurements.

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional
 
 from ..kernels import PRICED_ATTENTION, PRICED_OPTIMIZER
 from ..serde import CachedHash
@@ -30,13 +31,16 @@ class TrainingSpec(CachedHash):
     """Bytes of Adam state per parameter: fp32 master copy, momentum and variance.
     (Megatron-LM docs/distrib_optimizer: 18 bytes/param = 2 + 4 + 12 without sharding.)"""
     memory_budget_bytes: int = 0
-    """Usable memory per GPU; 0 means the GPU's memory."""
+    """Device memory per GPU a plan may use; 0 means the GPU's usable capacity (GpuSpec.capacity_bytes)."""
     attention_backend: str = "flash"
     """Core attention that runs: flash (SDPA, no s x s scores kept) or unfused (megatron_auto.kernels)."""
     optimizer_impl: str = "fused"
     """Optimizer step that runs: fused (no temporaries) or foreach (megatron_auto.kernels)."""
     schema_version: int = TRAINING_SCHEMA_VERSION
     """Version of this record's layout."""
+    memory_margin: Optional[float] = None
+    """Safety margin on the budget, a fraction in [0, 1): fits when device memory <= budget x (1 - margin);
+    None: the cluster's default (ClusterSpec.memory_margin, derived in docs/cost_model.md)."""
 
     def __post_init__(self) -> None:
         _check_version(self.schema_version, TRAINING_SCHEMA_VERSION, "training spec")
@@ -48,6 +52,8 @@ class TrainingSpec(CachedHash):
             raise ValueError("memory budget must not be negative")
         if self.attention_backend not in PRICED_ATTENTION:
             raise ValueError(f"attention backend must be one of {PRICED_ATTENTION}, got {self.attention_backend!r}")
+        if self.memory_margin is not None and not 0.0 <= self.memory_margin < 1.0:
+            raise ValueError(f"memory margin must be a fraction in [0, 1), got {self.memory_margin}")
         if self.optimizer_impl not in PRICED_OPTIMIZER:
             raise ValueError(f"optimizer implementation must be one of {PRICED_OPTIMIZER}, "
                              f"got {self.optimizer_impl!r}")
@@ -60,11 +66,15 @@ class TrainingSpec(CachedHash):
     def budget_for(self, gpu_memory_bytes: int) -> int:
         return self.memory_budget_bytes or gpu_memory_bytes
 
+    def margin_for(self, cluster_margin: float) -> float:
+        """The safety margin in force: this spec's, else the cluster's default."""
+        return cluster_margin if self.memory_margin is None else self.memory_margin
+
     @classmethod
     def fp32(cls, global_batch_size: int, memory_budget_bytes: int = 0, attention_backend: str = "unfused",
-             optimizer_impl: str = "foreach") -> "TrainingSpec":
+             optimizer_impl: str = "foreach", memory_margin: Optional[float] = None) -> "TrainingSpec":
         """Full fp32 training, as on CPU: 4-byte weights and grads, 8 bytes of Adam moments
         (and by default the CPU's kernels, megatron_auto.kernels)."""
         return cls(global_batch_size=global_batch_size, precision="fp32", param_bytes=4,
                    grad_bytes=4, optimizer_bytes=8, memory_budget_bytes=memory_budget_bytes,
-                   attention_backend=attention_backend, optimizer_impl=optimizer_impl)
+                   attention_backend=attention_backend, optimizer_impl=optimizer_impl, memory_margin=memory_margin)

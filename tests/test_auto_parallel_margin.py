@@ -1,0 +1,37 @@
+"""pretrain_gpt.py --auto-parallel-memory-margin reaches the search's TrainingSpec (same default as plan)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SPEC = importlib.util.spec_from_file_location("pretrain_gpt_margin", ROOT / "tools" / "pretrain_gpt.py")
+pretrain_gpt = importlib.util.module_from_spec(SPEC)
+SPEC.loader.exec_module(pretrain_gpt)
+
+FLAGS = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+         "--max-position-embeddings", "32", "--micro-batch-size", "1", "--global-batch-size", "4",
+         "--train-iters", "1", "--lr", "1e-4", "--mock-data", "--tokenizer-type", "NullTokenizer",
+         "--vocab-size", "128", "--auto-parallel"]
+
+
+@pytest.mark.parametrize("extra, expected", [([], None), (["--auto-parallel-memory-margin", "0.1"], 0.1)])
+def test_margin_flag_reaches_the_search(monkeypatch, extra, expected):
+    from megatron_auto.runtime import planning
+
+    seen = {}
+    monkeypatch.setattr(planning, "search_for_job", lambda model, world, cluster, training, *rest: seen.update(
+        training=training))
+    args = pretrain_gpt.parse_args(FLAGS + extra)
+    model = pretrain_gpt.model_from_args(args, 128)
+    pretrain_gpt.choose_plan(args, model, 1, pretrain_gpt.settings_from_args(args, 128))
+    # None: the cluster's default margin, the one `megatron-auto plan` uses without --memory-margin.
+    assert seen["training"].memory_margin == expected
+
+
+def test_margin_flag_rejects_a_fraction_out_of_range():
+    with pytest.raises(SystemExit) as exit_info:
+        pretrain_gpt.parse_args(FLAGS + ["--auto-parallel-memory-margin", "1.5"])
+    assert exit_info.value.code == 2
