@@ -69,7 +69,7 @@ def _train_attempt(plan: Plan, basis: PlanBasis, settings: TrainSettings, info, 
         logger.info("rank %d: memory not checked: the cost model cannot price this plan (%s)", rank, error)
         sessions.train(job)
         return
-    budget = basis.training.budget_for(basis.cluster.gpu.memory_bytes)
+    budget = basis.training.budget_for(basis.cluster.gpu.capacity_bytes)
     guard = oom.OomGuard(lambda s: sessions.run_iteration(s), group, check.predicted_bytes, budget,
                          check.check_at, injection)
     oom.install_injection(job, injection, rank)

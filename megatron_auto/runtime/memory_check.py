@@ -3,8 +3,8 @@
 At start, rank by rank, the device's free and total memory (torch.cuda.mem_get_info).
 After the warm-up iterations (`WARM_UP_ITERATIONS`), the measured peak against the
 cost model's peak for this rank's pipeline stage (cost.estimate.estimate_plan under
-the cluster and training spec the search used), with a warning when the device
-memory measured exceeds the prediction by more than `TOLERANCE`.
+the cluster and training spec the search used), with a warning when the peak allocated
+or the device memory measured exceeds its prediction by more than `TOLERANCE`.
 
 Why after iteration 2: Adam's moments are allocated lazily inside the first
 optimizer step, after that iteration's activations were freed; iteration 2 is
@@ -16,8 +16,9 @@ cumulative, so the check after iteration 2 covers both iterations.
 On CUDA the measured figure is torch's peak reserved bytes plus what the process
 holds outside torch's allocator (CUDA context, cuBLAS workspace, NCCL buffers:
 used - reserved from mem_get_info), i.e. the device memory the plan really
-needed; the prediction includes ClusterSpec.framework_overhead_bytes for that
-part. On CPU torch keeps no peak of its allocator, so the check says "not
+needed, against the cost model's device memory (cost.peak_memory.device_bytes: the
+allocator's reserve, CUDA context and workspaces, NCCL communicators); torch's peak
+allocated bytes are compared with the cost model's allocated peak. On CPU torch keeps no peak of its allocator, so the check says "not
 measured on CPU" (tools/validate_cost_model.py measures CPU peaks with the
 profiler) and logs the process's peak resident set for information only.
 """
@@ -30,7 +31,8 @@ from typing import Optional
 
 import torch
 
-from ..cost.estimate import estimate_plan
+from ..cost.estimate import estimate_plan, plan_communicators
+from ..cost.peak_memory import device_bytes
 from ..plan import Plan
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
@@ -77,10 +79,21 @@ def stage_of_rank(plan: Plan, rank: int) -> int:
     return rank // plan.gpus_per_stage
 
 
-def predicted_stage_bytes(plan: Plan, basis: PlanBasis, stage: int) -> float:
-    """The cost model's peak bytes on one GPU of `stage` (framework overhead included)."""
+@dataclass(frozen=True)
+class PredictedPeak:
+    """The cost model's peak on one GPU of a stage."""
+
+    allocated_bytes: float
+    """Bytes held by live tensors at the peak (torch.cuda.max_memory_allocated's counterpart)."""
+    device_bytes: float
+    """Device memory in use then: the allocator's reserve and what lives outside it included."""
+
+
+def predicted_stage_peak(plan: Plan, basis: PlanBasis, stage: int) -> PredictedPeak:
+    """The cost model's peak on one GPU of `stage`."""
     prediction = estimate_plan(plan, basis.model, basis.cluster, basis.training)
-    return prediction.stage_memory_gib[stage] * GIB
+    allocated = prediction.stage_memory_gib[stage] * GIB
+    return PredictedPeak(allocated, device_bytes(allocated, basis.cluster, plan_communicators(plan, basis.model)))
 
 
 def measure_peak(device: torch.device) -> Optional[MeasuredPeak]:
@@ -98,20 +111,23 @@ def exceeds(measured_bytes: float, predicted_bytes: float, tolerance: float = TO
     return measured_bytes > predicted_bytes * (1.0 + tolerance)
 
 
-def memory_report(rank: int, stage: int, measured: Optional[MeasuredPeak], predicted_bytes: float,
+def memory_report(rank: int, stage: int, measured: Optional[MeasuredPeak], predicted: PredictedPeak,
                   iteration: int) -> tuple[str, bool]:
-    """The log line of the check and whether it is a warning (measured > predicted + 5%)."""
-    head = f"memory after iteration {iteration}, rank {rank} (stage {stage}): predicted {predicted_bytes / GIB:.2f} GiB"
+    """The log line of the check and whether it is a warning (allocated or device memory measured
+    above its prediction by more than 5%)."""
+    head = (f"memory after iteration {iteration}, rank {rank} (stage {stage}): predicted peak allocated "
+            f"{predicted.allocated_bytes / GIB:.2f} GiB, device {predicted.device_bytes / GIB:.2f} GiB")
     if measured is None:
         rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GIB
         return (f"{head}; peak not measured on CPU (torch keeps no CPU allocator peak; process peak RSS "
                 f"{rss_gib:.2f} GiB, for information only)"), False
-    ratio = measured.device_bytes / predicted_bytes
-    line = (f"{head}; measured {measured.device_bytes / GIB:.2f} GiB of device memory "
-            f"({ratio:.1%} of predicted) = peak reserved {measured.reserved_bytes / GIB:.2f} GiB "
-            f"+ {measured.outside_torch_bytes / GIB:.2f} GiB outside torch; "
-            f"peak allocated {measured.allocated_bytes / GIB:.2f} GiB")
-    if exceeds(measured.device_bytes, predicted_bytes):
+    line = (f"{head}; measured peak allocated {measured.allocated_bytes / GIB:.2f} GiB "
+            f"({measured.allocated_bytes / predicted.allocated_bytes:.1%} of predicted), device "
+            f"{measured.device_bytes / GIB:.2f} GiB ({measured.device_bytes / predicted.device_bytes:.1%}) "
+            f"= peak reserved {measured.reserved_bytes / GIB:.2f} GiB "
+            f"+ {measured.outside_torch_bytes / GIB:.2f} GiB outside torch")
+    if (exceeds(measured.allocated_bytes, predicted.allocated_bytes)
+            or exceeds(measured.device_bytes, predicted.device_bytes)):
         return f"WARNING: {line}: the plan needs more than the cost model predicted (> {TOLERANCE:.0%})", True
     return line, False
 
@@ -134,7 +150,9 @@ class MemoryCheck:
                  stop: Optional[int] = None):
         self.stage = stage_of_rank(plan, rank)
         self.rank = rank
-        self.predicted_bytes = predicted_stage_bytes(plan, basis, self.stage)
+        self.predicted = predicted_stage_peak(plan, basis, self.stage)
+        self.predicted_bytes = self.predicted.device_bytes
+        """The device memory predicted: what a memory budget is compared with."""
         self.check_at = first_iteration + WARM_UP_ITERATIONS
         if stop is not None:  # a shorter run is checked at its last iteration
             self.check_at = max(first_iteration + 1, min(self.check_at, stop))
@@ -144,6 +162,6 @@ class MemoryCheck:
     def __call__(self, session, result=None) -> None:
         if self.report is not None or session.iteration < self.check_at:
             return
-        self.report = memory_report(self.rank, self.stage, measure_peak(session.device), self.predicted_bytes,
+        self.report = memory_report(self.rank, self.stage, measure_peak(session.device), self.predicted,
                                     session.iteration)
         (logger.warning if self.report[1] else logger.info)(self.report[0])

@@ -54,14 +54,17 @@ def test_vote_round_trips_through_its_tensor():
 def test_memory_report_warns_above_five_percent():
     measured = memory_check.MeasuredPeak(allocated_bytes=60 * GIB, reserved_bytes=62 * GIB,
                                          outside_torch_bytes=2 * GIB)
-    line, warned = memory_check.memory_report(0, 0, measured, 60 * GIB, iteration=2)
+    predicted = memory_check.PredictedPeak
+    line, warned = memory_check.memory_report(0, 0, measured, predicted(60 * GIB, 60 * GIB), iteration=2)
     assert warned and line.startswith("WARNING") and "64.00 GiB" in line and "106.7%" in line
-    line, warned = memory_check.memory_report(0, 0, measured, 61 * GIB, iteration=2)
-    assert not warned and "peak allocated 60.00 GiB" in line  # 64/61 = 4.9% over: within tolerance
+    line, warned = memory_check.memory_report(0, 0, measured, predicted(57 * GIB, 70 * GIB), iteration=2)
+    assert warned and "105.3%" in line  # allocated 60/57 = 5.3% over warns on its own
+    line, warned = memory_check.memory_report(0, 0, measured, predicted(58 * GIB, 61 * GIB), iteration=2)
+    assert not warned and "measured peak allocated 60.00 GiB" in line  # 3.4% and 64/61 = 4.9%: within
 
 
 def test_memory_report_on_cpu_says_not_measured():
-    line, warned = memory_check.memory_report(3, 1, None, 1 * GIB, iteration=2)
+    line, warned = memory_check.memory_report(3, 1, None, memory_check.PredictedPeak(GIB, 2 * GIB), iteration=2)
     assert not warned and "not measured on CPU" in line and "rank 3 (stage 1)" in line
 
 
