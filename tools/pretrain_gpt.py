@@ -40,6 +40,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_auto.errors import UserError  # noqa: E402
+from megatron_auto.kernels import (ATTENTION_BACKENDS, OPTIMIZER_IMPLS, resolve_attention_backend,  # noqa: E402
+                                   resolve_optimizer_impl)
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
 from megatron_auto.runtime.tokenizers import TOKENIZER_TYPES, make_tokenizer  # noqa: E402
@@ -100,6 +102,12 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     precision.add_argument("--bf16", action="store_true")
     precision.add_argument("--fp16", action="store_true")
     group.add_argument("--seed", type=int, default=1234)
+    group.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                       help="core attention, Megatron-LM's names (auto: flash on GPUs, unfused on CPU; "
+                            "without Transformer Engine flash/fused run torch SDPA, unfused/local Megatron's own)")
+    group.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="auto",
+                       help="torch Adam's step: fused (one kernel, no temporaries) or foreach "
+                            "(auto: fused on GPUs, foreach on CPU)")
     group.add_argument("--distributed-timeout-minutes", type=float, default=10.0)
 
 
@@ -225,6 +233,7 @@ def settings_from_args(args: argparse.Namespace, vocab_size: int) -> TrainSettin
         clip_grad=args.clip_grad, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
         precision=precision, hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
         init_method_std=args.init_method_std, seed=args.seed, norm_epsilon=args.norm_epsilon,
+        attention_backend=args.attention_backend, optimizer_impl=args.optimizer_impl,
         rotary_percent=args.rotary_percent,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
         max_position_embeddings=args.max_position_embeddings, log_interval=args.log_interval,
@@ -256,6 +265,18 @@ def search_constraints(args: argparse.Namespace, model: ModelSpec) -> SearchCons
                              recompute=args.recompute_granularity)
 
 
+def planned_training(settings: TrainSettings, global_batch: int) -> TrainingSpec:
+    """What the search prices: the batch, the precision and the kernels this run resolves to."""
+    import torch
+
+    on_gpu = torch.cuda.is_available()
+    kernels = dict(attention_backend=resolve_attention_backend(settings.attention_backend, on_gpu),
+                   optimizer_impl=resolve_optimizer_impl(settings.optimizer_impl, on_gpu))
+    if settings.precision == "fp32":
+        return TrainingSpec.fp32(global_batch, **kernels)
+    return TrainingSpec(global_batch_size=global_batch, precision=settings.precision, **kernels)
+
+
 def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, settings: TrainSettings):
     from megatron_auto.runtime import planning
 
@@ -264,8 +285,7 @@ def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, set
     if not args.auto_parallel:
         return plan_from_flags(model, world_size, manual_flags(args))
     global_batch = args.global_batch_size or args.micro_batch_size * world_size
-    training = (TrainingSpec.fp32(global_batch) if settings.precision == "fp32"
-                else TrainingSpec(global_batch_size=global_batch, precision=settings.precision))
+    training = planned_training(settings, global_batch)
     return planning.search_for_job(model, world_size, args.auto_parallel_cluster, training,
                                    search_constraints(args, model), args.auto_parallel_space,
                                    args.auto_parallel_profile)
@@ -274,7 +294,7 @@ def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, set
 def run(args: argparse.Namespace) -> None:
     import patches
     from megatron_auto.report import plan_table
-    from megatron_auto.runtime import distributed, session
+    from megatron_auto.runtime import distributed, kernels, session
 
     tokenizer = make_tokenizer(args.tokenizer_type, args.vocab_size)
     settings = settings_from_args(args, tokenizer.vocab_size)
@@ -287,6 +307,7 @@ def run(args: argparse.Namespace) -> None:
         if session.is_logging_rank():
             if no_effect_flags(args):
                 logger.info("accepted without effect here: %s", " ".join(no_effect_flags(args)))
+            logger.info("%s", kernels.kernels_for_run(model, settings).describe())
             logger.info("parallel plan (%s):\n%s", "auto-parallel" if args.auto_parallel else "flags", plan_table(plan))
         job = session.build_session(plan, model, settings, info.backend, info.device)
         if settings.load:

@@ -3,7 +3,8 @@
 Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python equivalence_worker.py CASES.json RESULTS.json
 Each case: {"name", "flags": ManualParallelism fields, "steps", optional "model" ("gpt" or "llama"),
 optional "load_weights" (checkpoint dir,
-weights only), "resume" (checkpoint dir, full state), "save" + "save_interval", "force_batch_p2p"}.
+weights only), "resume" (checkpoint dir, full state), "save" + "save_interval", "force_batch_p2p",
+"settings" (TrainSettings fields, e.g. attention_backend)}.
 The last rank writes {name: {"iterations", "losses", "grad_norms"} or {"error"}} to RESULTS.json.
 """
 from __future__ import annotations
@@ -34,7 +35,7 @@ def run_case(case: dict, info) -> dict:
     import torch
 
     settings = dataclasses.replace(SETTINGS, train_iters=case.get("steps", 5), save=case.get("save"),
-                                   save_interval=case.get("save_interval", 0))
+                                   save_interval=case.get("save_interval", 0), **case.get("settings", {}))
     world = torch.distributed.get_world_size()
     model = MODELS[case.get("model", "gpt")]
     plan = plan_from_flags(model, world, ManualParallelism(**case["flags"]))
