@@ -102,9 +102,8 @@ def _core_attention_seconds(module, seq: int, micro_batch: int, iters: int, devi
     groups = attention.num_query_groups_per_partition
     width = attention.hidden_size_per_attention_head
     q = torch.randn(seq, micro_batch, heads, width, device=device, dtype=dtype)
+    # K/V keep their groups: each core shares them over the heads itself (repeating them first crashed).
     kv = torch.randn(seq, micro_batch, groups, width, device=device, dtype=dtype)
-    if groups != heads:  # Megatron repeats K/V groups up to the heads before the core
-        kv = kv.repeat_interleave(heads // groups, dim=2)
     core = attention.core_attention
     with torch.no_grad():
         return block_seconds(lambda: core(q, kv, kv, None, attn_mask_type=core.attn_mask_type), iters,

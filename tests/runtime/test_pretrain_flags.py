@@ -52,6 +52,30 @@ def test_kernel_and_logging_flags_are_accepted_and_named():
     assert pretrain_gpt.no_effect_flags(pretrain_gpt.parse_args(BASE)) == []
 
 
+@pytest.mark.parametrize("flags, on_gpu, priced", [
+    ([], True, ("flash", "fused")),
+    ([], False, ("unfused", "foreach")),
+    (["--attention-backend", "fused", "--optimizer-impl", "foreach"], True, ("flash", "foreach")),
+    (["--attention-backend", "local", "--optimizer-impl", "fused"], False, ("unfused", "fused")),
+])
+def test_kernel_flags_reach_the_settings_and_the_searched_training_spec(monkeypatch, flags, on_gpu, priced):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: on_gpu)
+    args = pretrain_gpt.parse_args(BASE + flags)
+    settings = pretrain_gpt.settings_from_args(args, 512)
+    requested = (flags[1], flags[3]) if flags else ("auto", "auto")
+    assert (settings.attention_backend, settings.optimizer_impl) == requested
+    training = pretrain_gpt.planned_training(settings, 8)
+    assert (training.attention_backend, training.optimizer_impl) == priced
+
+
+def test_unknown_attention_backend_exits_2():
+    with pytest.raises(SystemExit) as exit_info:
+        pretrain_gpt.parse_args(BASE + ["--attention-backend", "triton"])
+    assert exit_info.value.code == 2
+
+
 def test_warmup_fraction_counts_decay_iterations():
     args = pretrain_gpt.parse_args(BASE + ["--lr-warmup-fraction", "0.2", "--lr-decay-iters", "50"])
     assert args.lr_warmup_iters == 10
