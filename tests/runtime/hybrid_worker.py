@@ -4,6 +4,7 @@ Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python hybrid_worker.py CASES.js
 Each case: {"name", optional "model" ("gpt" or "llama"), "plan": plan.json path or {"chunks": [[strategy, ...], ...], "embedding": strategy,
 "micro_batches": m, "virtual_stages": v}, "init": state-dict path, optional "reference": true (stock single-process run that
 saves its initial state dict to "init"), optional "dropout": p (hidden and attention dropout), optional
+"settings": TrainSettings fields (e.g. attention_backend), optional
 "probe": true (before training, every rank draws 4 numbers per segment inside the segment's TP-region
 dropout stream and 4 outside it; gathered as "probe": [{"tp", "inside": [per rank], "outside": [per rank]}])}.
 The last rank writes {name: {"losses", "grad_norms"[, "probe"]}}.
@@ -62,11 +63,20 @@ def probe_dropout_streams(run) -> list[dict]:
     return out
 
 
+def run_kernels(run) -> dict:
+    """The core-attention classes and the torch Adam step flags (fused, foreach) this rank ran."""
+    from megatron_auto.runtime.kernels import torch_adams
+
+    cores = {type(m).__name__ for chunk in run.model for n, m in chunk.named_modules() if n.endswith("core_attention")}
+    flags = {(g["fused"], g["foreach"]) for adam in torch_adams(run.optimizer) for g in adam.param_groups}
+    return {"cores": sorted(cores), "adam_flags": sorted(flags)}
+
+
 def run_case(case: dict, info) -> dict:
     world = torch.distributed.get_world_size()
     dropout = case.get("dropout", 0.0)
     settings = dataclasses.replace(SETTINGS, train_iters=case.get("steps", 5), hidden_dropout=dropout,
-                                   attention_dropout=dropout)
+                                   attention_dropout=dropout, **case.get("settings", {}))
     model = MODELS[case.get("model", "gpt")]
     if case.get("reference"):
         plan = plan_from_flags(model, world, ManualParallelism(global_batch_size=GLOBAL_BATCH, micro_batch_size=2))
@@ -79,7 +89,8 @@ def run_case(case: dict, info) -> dict:
         run = session.build_session(plan, model, settings, info.backend, info.device, initial_state=state)
     probe = probe_dropout_streams(run) if case.get("probe") else None
     results = session.train(run)
-    out = {"losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results]}
+    out = {"losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results],
+           "kernels": run_kernels(run)}
     return out if probe is None else {**out, "probe": probe}
 
 

@@ -256,3 +256,30 @@ def test_flash_runtime_learns_like_the_unfused_one(flash_runs):
                                              ("llama_tp2_sp_dp2", "llama_reference")])
 def test_flash_layouts_match_one_process(flash_runs, name, reference):
     assert_matches_reference(flash_runs[name], flash_runs[reference])
+
+
+HYBRID_FLASH_PLAN = {"chunks": [[{"tp": 2, "dp": 2, "sp": True, "zero": 1}, {"dp": 4, "zero": 3},
+                                 {"tp": 4, "recompute": "selective"}, {"dp": 4, "zero": 0}]],
+                     "embedding": {"tp": 2, "dp": 2, "zero": 0}}
+"""Per-layer layouts: TP2xDP2 with SP and ZeRO-1, ZeRO-3 (FSDP2), TP4 recomputing its core attention, DDP."""
+
+
+@pytest.fixture(scope="module")
+def hybrid_flash_runs(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("hybrid_flash")
+    flash = {"settings": {"attention_backend": "flash", "optimizer_impl": "fused"}}
+    reference = run_cases(tmp, 1, "hybrid_worker.py", [
+        {"name": "reference", "reference": True, "init": str(tmp / "init.pt"), **flash}], timeout_s=150)
+    hybrid = run_cases(tmp, 4, "hybrid_worker.py", [
+        {"name": "hybrid", "plan": HYBRID_FLASH_PLAN, "init": str(tmp / "init.pt"), **flash}], timeout_s=240)
+    return {**reference, **hybrid}
+
+
+def test_hybrid_runtime_runs_the_same_kernels_and_matches_one_process(hybrid_flash_runs):
+    reference, hybrid = hybrid_flash_runs["reference"], hybrid_flash_runs["hybrid"]
+    for run in (reference, hybrid):
+        assert run["kernels"] == {"cores": ["SDPAttention"], "adam_flags": [[True, False]]}
+    assert len(set(reference["losses"])) == STEPS
+    for key in ("losses", "grad_norms"):
+        for ours, theirs in zip(hybrid[key], reference[key]):
+            assert math.isclose(ours, theirs, rel_tol=FP32_RTOL)
