@@ -108,6 +108,8 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="auto",
                        help="torch Adam's step: fused (one kernel, no temporaries) or foreach "
                             "(auto: fused on GPUs, foreach on CPU)")
+    for flag in ("--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion"):
+        group.add_argument(flag, action="store_true", help="keep this Megatron fusion off (it runs on GPUs only)")
     group.add_argument("--distributed-timeout-minutes", type=float, default=10.0)
 
 
@@ -156,7 +158,7 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
 # listed in the log as without effect.
 NO_EFFECT_SWITCHES = (
     "--use-mcore-models", "--use-flash-attn", "--attention-softmax-in-fp32", "--no-masked-softmax-fusion",
-    "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-rope-fusion",
+    "--no-rope-fusion",
     "--no-gradient-accumulation-fusion", "--overlap-grad-reduce", "--overlap-param-gather",
     "--accumulate-allreduce-grads-in-fp32", "--log-throughput", "--log-timers-to-tensorboard",
     "--log-validation-ppl-to-tensorboard", "--log-memory-to-tensorboard", "--log-params-norm",
@@ -234,6 +236,8 @@ def settings_from_args(args: argparse.Namespace, vocab_size: int) -> TrainSettin
         precision=precision, hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
         init_method_std=args.init_method_std, seed=args.seed, norm_epsilon=args.norm_epsilon,
         attention_backend=args.attention_backend, optimizer_impl=args.optimizer_impl,
+        bias_activation_fusion=not (args.no_bias_swiglu_fusion if args.swiglu else args.no_bias_gelu_fusion),
+        bias_dropout_fusion=not args.no_bias_dropout_fusion,
         rotary_percent=args.rotary_percent,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
         max_position_embeddings=args.max_position_embeddings, log_interval=args.log_interval,

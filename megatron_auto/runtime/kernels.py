@@ -80,8 +80,9 @@ def _on(flag: bool) -> str:
 
 
 def choose_kernels(layer: LayerSpec, attention_backend: str = "auto", optimizer_impl: str = "auto",
-                   on_gpu: bool | None = None) -> RunKernels:
-    """The kernels of layers like `layer` for the requested backends (`auto` resolved for this host)."""
+                   on_gpu: bool | None = None, fusions: tuple[bool, bool] = (True, True)) -> RunKernels:
+    """The kernels of layers like `layer` for the requested backends (`auto` resolved for this host);
+    `fusions`: whether the bias-activation and the bias-dropout-add fusions are allowed."""
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
     return RunKernels(
         layer_spec="transformer_engine" if on_gpu and transformer_engine_available() else "local",
@@ -89,8 +90,8 @@ def choose_kernels(layer: LayerSpec, attention_backend: str = "auto", optimizer_
         attention_request=attention_backend,
         # Megatron's bias-GeLU kernel needs a bias; its SwiGLU kernel runs with or without one
         # (TransformerConfig.__post_init__ refuses GeLU fusion without bias).
-        bias_activation_fusion=on_gpu and (layer.swiglu or layer.add_bias_linear),
-        bias_dropout_fusion=on_gpu,
+        bias_activation_fusion=fusions[0] and on_gpu and (layer.swiglu or layer.add_bias_linear),
+        bias_dropout_fusion=fusions[1] and on_gpu,
         optimizer_impl=choices.resolve_optimizer_impl(optimizer_impl, on_gpu),
     )
 
@@ -130,7 +131,8 @@ def layer_spec(layer: LayerSpec, kernels: RunKernels):
 
 def kernels_for_run(model: ModelSpec, settings) -> RunKernels:
     """choose_kernels for a run's TrainSettings (its attention_backend and optimizer_impl)."""
-    return choose_kernels(model.layers[0], settings.attention_backend, settings.optimizer_impl)
+    return choose_kernels(model.layers[0], settings.attention_backend, settings.optimizer_impl,
+                          fusions=(settings.bias_activation_fusion, settings.bias_dropout_fusion))
 
 
 def torch_adams(optimizer) -> list:

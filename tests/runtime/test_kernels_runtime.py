@@ -53,6 +53,13 @@ def test_auto_runs_flash_fused_and_the_fusions_on_gpus_only():
     assert cpu.layer_spec == "local"
 
 
+def test_fusions_can_be_turned_off():
+    chosen = kernels.choose_kernels(GPT, on_gpu=True, fusions=(False, True))
+    assert (chosen.bias_activation_fusion, chosen.bias_dropout_fusion) == (False, True)
+    chosen = kernels.choose_kernels(LLAMA, on_gpu=True, fusions=(True, False))
+    assert (chosen.bias_activation_fusion, chosen.bias_dropout_fusion) == (True, False)
+
+
 @pytest.mark.parametrize("layer, activation_fusion", [(GPT, True), (LLAMA, True), (GELU_NO_BIAS, False)])
 def test_fusion_flags_make_a_valid_transformer_config(layer, activation_fusion):
     from megatron.core.transformer import TransformerConfig

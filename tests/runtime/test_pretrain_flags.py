@@ -70,6 +70,19 @@ def test_kernel_flags_reach_the_settings_and_the_searched_training_spec(monkeypa
     assert (training.attention_backend, training.optimizer_impl) == priced
 
 
+@pytest.mark.parametrize("flags, fusions", [
+    ([], (True, True)),
+    (["--no-bias-gelu-fusion"], (False, True)),
+    (["--no-bias-swiglu-fusion"], (True, True)),  # GeLU model: the SwiGLU flag does not apply
+    (["--swiglu", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion"], (False, False)),
+])
+def test_megatron_fusion_switches_take_effect(flags, fusions):
+    args = pretrain_gpt.parse_args(BASE + flags)
+    settings = pretrain_gpt.settings_from_args(args, 512)
+    assert (settings.bias_activation_fusion, settings.bias_dropout_fusion) == fusions
+    assert pretrain_gpt.no_effect_flags(args) == []
+
+
 def test_unknown_attention_backend_exits_2():
     with pytest.raises(SystemExit) as exit_info:
         pretrain_gpt.parse_args(BASE + ["--attention-backend", "triton"])
