@@ -6,8 +6,9 @@ query [sq, b, np, hn], key/value [sk, b, ng, hn] in, context [sq, b, np * hn] ou
 Where DotProductAttention materialises the [b, np, sq, sk] scores, softmax and
 dropout (and keeps them for backward), SDPA runs one kernel (flash, memory-efficient
 or cuDNN on CUDA) that keeps only the output and the row statistics. Measured on an
-H100 (data/reference/h100/README.md): the unfused path made the whole step ~2.6x
-slower than SDPA + fused AdamW in an otherwise identical GPT script.
+H100 (data/reference/h100/README.md, GPT 1.7B shape): the same PyTorch script took
+2.41 s per step with attention written the unfused way and foreach AdamW, 0.883 s with
+SDPA and fused AdamW.
 
 Semantics kept from DotProductAttention:
 - softmax scale: 1/sqrt(hn) or `softmax_scale`; with apply_query_key_layer_scaling

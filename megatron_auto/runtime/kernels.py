@@ -13,9 +13,16 @@ here, so the kernels measured, priced and run are the same. The choice of
   on CUDA only. On CPU they run and match (tests/runtime/test_kernels_runtime.py),
   but the compile costs ~13 s per process the first time (~1.5 s from inductor's
   cache; measured on this repository's 2-core test machine) and the CPU's measured
-  profiles were taken without them. masked_softmax_fusion needs apex: off.
+  profiles were taken without them. Megatron's bias-GeLU kernel computes the tanh
+  approximation of GeLU (as Megatron-LM's default runs do). masked_softmax_fusion
+  needs apex: off.
 - Optimizer step: torch AdamW with `fused=True` (one kernel per step, no
   per-parameter temporaries) or its `foreach` default; see use_optimizer_impl.
+
+None of these patches megatron-core: the attention is a layer-spec choice, the fusions
+are TransformerConfig fields, and the Adam step is torch's own per-group flag, set on
+the torch AdamW that megatron-core 0.16.1 builds without apex/TE (it offers no option
+for it). tests/runtime/test_kernels_runtime.py fails if upstream stops building one.
 """
 from __future__ import annotations
 
