@@ -24,6 +24,11 @@ dataset; `--auto-parallel-plan plan.json` runs a saved plan (`megatron-auto plan
 dist_checkpointing, and a run may resume under another plan or world size. On GPUs, the
 same command under torchrun uses NCCL and detects the cluster preset from the GPU name.
 
+Kernels: `--attention-backend` (Megatron-LM's flash/fused/unfused/local/auto) and
+`--optimizer-impl fused|foreach|auto` choose the core attention and torch Adam's step
+(auto: SDPA, fused Adam and Megatron's bias fusions on GPUs; Megatron's unfused attention
+and foreach Adam on CPU); one log line names what runs, and `--auto-parallel` prices it.
+
 Parallelism flags given beside `--auto-parallel` become constraints on the search;
 `--micro-batch-size` is then the planner's to choose. A user error (a plan for another
 world size or model, a bad flag combination) prints one line on stderr and exits 2.
