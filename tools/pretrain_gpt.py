@@ -25,6 +25,11 @@ weights; `--auto-parallel-profile cluster.json model.json` prices the search fro
 dist_checkpointing, and a run may resume under another plan or world size. On GPUs, the
 same command under torchrun uses NCCL and detects the cluster preset from the GPU name.
 
+Kernels: `--attention-backend` (Megatron-LM's flash/fused/unfused/local/auto) and
+`--optimizer-impl fused|foreach|auto` choose the core attention and torch Adam's step
+(auto: SDPA, fused Adam and Megatron's bias fusions on GPUs; Megatron's unfused attention
+and foreach Adam on CPU); one log line names what runs, and `--auto-parallel` prices it.
+
 Parallelism flags given beside `--auto-parallel` become constraints on the search;
 `--micro-batch-size` is then the planner's to choose. A user error (a plan for another
 world size or model, a bad flag combination) prints one line on stderr and exits 2.
@@ -49,6 +54,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_auto.cli.parser import margin_fraction  # noqa: E402
 from megatron_auto.errors import UserError  # noqa: E402
+from megatron_auto.kernels import (ATTENTION_BACKENDS, OPTIMIZER_IMPLS, resolve_attention_backend,  # noqa: E402
+                                   resolve_optimizer_impl)
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
 from megatron_auto.runtime.tokenizers import TOKENIZER_TYPES, make_tokenizer  # noqa: E402
@@ -113,6 +120,14 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--loss-scale-window", type=int, default=1000)
     group.add_argument("--hysteresis", type=int, default=2)
     group.add_argument("--seed", type=int, default=1234)
+    group.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                       help="core attention, Megatron-LM's names (auto: flash on GPUs, unfused on CPU; "
+                            "without Transformer Engine flash/fused run torch SDPA, unfused/local Megatron's own)")
+    group.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="auto",
+                       help="torch Adam's step: fused (one kernel, no temporaries) or foreach "
+                            "(auto: fused on GPUs, foreach on CPU)")
+    for flag in ("--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion"):
+        group.add_argument(flag, action="store_true", help="keep this Megatron fusion off (it runs on GPUs only)")
     group.add_argument("--distributed-timeout-minutes", type=float, default=10.0)
 
 
@@ -165,7 +180,7 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
 # listed in the log as without effect.
 NO_EFFECT_SWITCHES = (
     "--use-mcore-models", "--use-flash-attn", "--attention-softmax-in-fp32", "--no-masked-softmax-fusion",
-    "--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion", "--no-rope-fusion",
+    "--no-rope-fusion",
     "--no-gradient-accumulation-fusion", "--overlap-grad-reduce", "--overlap-param-gather",
     "--accumulate-allreduce-grads-in-fp32", "--log-throughput", "--log-timers-to-tensorboard",
     "--log-validation-ppl-to-tensorboard", "--log-memory-to-tensorboard", "--log-params-norm",
@@ -258,6 +273,9 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         min_loss_scale=args.min_loss_scale, loss_scale_window=args.loss_scale_window, hysteresis=args.hysteresis,
         hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
         init_method_std=args.init_method_std, seed=args.seed, norm_epsilon=args.norm_epsilon,
+        attention_backend=args.attention_backend, optimizer_impl=args.optimizer_impl,
+        bias_activation_fusion=not (args.no_bias_swiglu_fusion if args.swiglu else args.no_bias_gelu_fusion),
+        bias_dropout_fusion=not args.no_bias_dropout_fusion,
         rotary_percent=args.rotary_percent,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
         max_position_embeddings=args.max_position_embeddings, log_interval=args.log_interval,
@@ -290,11 +308,18 @@ def search_constraints(args: argparse.Namespace, model: ModelSpec) -> SearchCons
 
 
 def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_size: int) -> TrainingSpec:
-    """What the search prices: the global batch, precision and memory margin of the run."""
+    """What the search prices: the global batch, the precision, the kernels this run resolves to and
+    the memory margin."""
+    import torch
+
     global_batch = args.global_batch_size or args.micro_batch_size * world_size
-    margin = args.auto_parallel_memory_margin
-    return (TrainingSpec.fp32(global_batch, memory_margin=margin) if settings.precision == "fp32"
-            else TrainingSpec(global_batch_size=global_batch, precision=settings.precision, memory_margin=margin))
+    on_gpu = torch.cuda.is_available()
+    common = dict(attention_backend=resolve_attention_backend(settings.attention_backend, on_gpu),
+                  optimizer_impl=resolve_optimizer_impl(settings.optimizer_impl, on_gpu),
+                  memory_margin=args.auto_parallel_memory_margin)
+    if settings.precision == "fp32":
+        return TrainingSpec.fp32(global_batch, **common)
+    return TrainingSpec(global_batch_size=global_batch, precision=settings.precision, **common)
 
 
 def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, settings: TrainSettings):
@@ -358,7 +383,7 @@ def precision_summary(settings: TrainSettings) -> str:
 def run(args: argparse.Namespace) -> None:
     import patches
     from megatron_auto.report import plan_table
-    from megatron_auto.runtime import distributed, fit, session
+    from megatron_auto.runtime import distributed, fit, kernels, session
 
     tokenizer = make_tokenizer(args.tokenizer_type, args.vocab_size)
     settings = settings_from_args(args, tokenizer.vocab_size)
@@ -372,6 +397,7 @@ def run(args: argparse.Namespace) -> None:
             if no_effect_flags(args):
                 logger.info("accepted without effect here: %s", " ".join(no_effect_flags(args)))
             logger.info("precision: %s", precision_summary(settings))
+            logger.info("%s", kernels.kernels_for_run(model, settings).describe())
             logger.info("parallel plan (%s):\n%s", "auto-parallel" if args.auto_parallel else "flags", plan_table(plan))
         basis = plan_basis(args, plan, model, world_size, settings)
         if basis is None:

@@ -153,6 +153,11 @@ def _profile_parsers(commands: argparse._SubParsersAction) -> None:
                        help="sequence lengths (default: the model's)")
     model.add_argument("--precision", choices=PRECISIONS, default="fp32")
     model.add_argument("--iters", type=positive_int, default=5, help="timed calls per point (median)")
+    model.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
+                       help="core attention to measure, resolved as tools/pretrain_gpt.py resolves it "
+                            "(auto: flash on GPUs, unfused on CPU)")
+    model.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="auto",
+                       help="Adam step to measure (auto: fused on GPUs, foreach on CPU)")
 
 
 def build_parser() -> OneLineParser:

@@ -72,7 +72,9 @@ def run_profile_model(args: argparse.Namespace) -> int:
 
     model = load_model(args.model)
     sweep = ModelSweep(tuple(args.tp), tuple(args.micro_batch_size), tuple(args.seq_length or [model.seq_length]),
-                       LayerBenchSettings(precision=args.precision, iters=args.iters))
+                       LayerBenchSettings(precision=args.precision, iters=args.iters,
+                                          attention_backend=args.attention_backend,
+                                          optimizer_impl=args.optimizer_impl))
     with _progress("profiling layers") as progress:
         profile = profile_model(model, sweep, progress)
     _write(profile, args.out)

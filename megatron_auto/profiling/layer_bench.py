@@ -35,11 +35,24 @@ class LayerBenchSettings:
     hidden_dropout: float = 0.1
     attention_dropout: float = 0.1
     iters: int = 5
+    attention_backend: str = "auto"
+    """--attention-backend, resolved as the runtime does (runtime/kernels.py)."""
+    optimizer_impl: str = "auto"
+    """--optimizer-impl, resolved as the runtime does."""
+
+
+def bench_kernels(layer: LayerSpec, settings: LayerBenchSettings):
+    """The kernels the runtime would run for `layer` on this host (runtime/kernels.choose_kernels)."""
+    from ..runtime.kernels import choose_kernels
+
+    return choose_kernels(layer, settings.attention_backend, settings.optimizer_impl)
 
 
 def sharded_config(layer: LayerSpec, tp: int, settings: LayerBenchSettings):
     """A tp=1 TransformerConfig at the widths of one of `tp` shards."""
     from megatron.core.transformer import TransformerConfig
+
+    from ..runtime.kernels import config_flags
 
     dtype = DTYPES[settings.precision]
     return TransformerConfig(
@@ -51,20 +64,20 @@ def sharded_config(layer: LayerSpec, tp: int, settings: LayerBenchSettings):
         hidden_dropout=settings.hidden_dropout, attention_dropout=settings.attention_dropout,
         params_dtype=dtype, pipeline_dtype=dtype, bf16=settings.precision == "bf16",
         fp16=settings.precision == "fp16", use_cpu_initialization=True,
-        gradient_accumulation_fusion=False, bias_activation_fusion=False, masked_softmax_fusion=False,
-        bias_dropout_fusion=False, apply_rope_fusion=False, persist_layer_norm=False,
+        **config_flags(bench_kernels(layer, settings)),
     )
 
 
 def build_layer(layer: LayerSpec, tp: int, settings: LayerBenchSettings, device):
-    """Megatron-Core's TransformerLayer on the local spec (the runtime's spec without TE)."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    """Megatron-Core's TransformerLayer on the runtime's spec and kernels (runtime/kernels.py)."""
     from megatron.core.transformer.spec_utils import build_module
 
+    from ..runtime.kernels import layer_spec
+
     config = sharded_config(layer, tp, settings)
-    module = build_module(get_gpt_layer_local_spec(), config=config, layer_number=1)
+    spec = layer_spec(layer, bench_kernels(layer, settings))
     # Every weight in the run's precision (norms too), as Megatron-LM's Float16Module casts the model.
-    return module.to(device=device, dtype=DTYPES[settings.precision])
+    return build_module(spec, config=config, layer_number=1).to(device=device, dtype=DTYPES[settings.precision])
 
 
 def saved_activation_bytes(module: torch.nn.Module, hidden: torch.Tensor) -> int:
@@ -90,9 +103,8 @@ def _core_attention_seconds(module, seq: int, micro_batch: int, iters: int, devi
     groups = attention.num_query_groups_per_partition
     width = attention.hidden_size_per_attention_head
     q = torch.randn(seq, micro_batch, heads, width, device=device, dtype=dtype)
+    # K/V keep their groups: each core shares them over the heads itself (repeating them first crashed).
     kv = torch.randn(seq, micro_batch, groups, width, device=device, dtype=dtype)
-    if groups != heads:  # Megatron repeats K/V groups up to the heads before the core
-        kv = kv.repeat_interleave(heads // groups, dim=2)
     core = attention.core_attention
     with torch.no_grad():
         return block_seconds(lambda: core(q, kv, kv, None, attn_mask_type=core.attn_mask_type), iters,
@@ -136,7 +148,8 @@ def optimizer_seconds_per_state_byte(layer: LayerSpec, settings: LayerBenchSetti
     params = [torch.nn.Parameter(p.detach().float()) for p in module.parameters()]
     for p in params:
         p.grad = torch.randn_like(p)
-    optimizer = torch.optim.Adam(params, lr=1e-4)
+    fused = bench_kernels(layer, settings).optimizer_impl == "fused"
+    optimizer = torch.optim.Adam(params, lr=1e-4, fused=fused, foreach=not fused)
 
     def step() -> None:
         torch.nn.utils.clip_grad_norm_(params, 1.0)

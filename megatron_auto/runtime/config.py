@@ -9,6 +9,7 @@ import torch
 
 from ..errors import UserError
 from ..specs.model import ModelSpec
+from . import kernels
 from .layout import MegatronLayout
 from .settings import TrainSettings
 
@@ -71,13 +72,8 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
         # Over gloo, batched p2p gives wrong interleaved-schedule results (patches/vpp_batched_p2p_guard.py).
         batch_p2p_comm=not on_gloo,
         deallocate_pipeline_outputs=True,
-        # The fused kernels need apex/TE/CUDA; the local spec runs on plain torch.
-        gradient_accumulation_fusion=False,
-        bias_activation_fusion=False,
-        masked_softmax_fusion=False,
-        bias_dropout_fusion=False,
-        apply_rope_fusion=False,
-        persist_layer_norm=False,
+        # The run's fusions (and TE's attention backend): runtime/kernels.py.
+        **kernels.config_flags(kernels.kernels_for_run(model, settings)),
     )
 
 

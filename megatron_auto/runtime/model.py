@@ -12,22 +12,13 @@ from .settings import TrainSettings
 logger = logging.getLogger(__name__)
 
 
-def transformer_engine_available() -> bool:
-    """True when Transformer Engine imports (then its fused layer spec is used)."""
-    try:
-        import transformer_engine  # noqa: F401
-    except Exception:  # any import failure means "not usable here"
-        return False
-    return torch.cuda.is_available()
+def layer_spec(model: ModelSpec, attention_backend: str = "auto"):
+    """The layer spec of the run's kernels (runtime/kernels.py): Transformer Engine's when it imports
+    on a GPU host, else Megatron-Core's local spec with SDPA (`flash`) or Megatron's unfused core attention."""
+    from . import kernels
 
-
-def layer_spec(model: ModelSpec):
-    """Transformer Engine's layer spec when TE imports on a GPU host, else Megatron-Core's local spec."""
-    from megatron.core.models.gpt import gpt_layer_specs
-
-    if transformer_engine_available():
-        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
-    return gpt_layer_specs.get_gpt_layer_local_spec(normalization=model.layers[0].normalization)
+    layer = model.layers[0]
+    return kernels.layer_spec(layer, kernels.choose_kernels(layer, attention_backend))
 
 
 def set_random_seed(seed: int) -> None:
@@ -45,7 +36,7 @@ def build_chunks(model: ModelSpec, layout: MegatronLayout, settings: TrainSettin
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.models.gpt import GPTModel
 
-    spec = layer_spec(model)
+    spec = layer_spec(model, settings.attention_backend)
     chunks = []
     virtual = layout.virtual_stages > 1
     for vp_stage in range(layout.virtual_stages):

@@ -15,7 +15,7 @@ import torch
 
 from ..plan import Plan
 from ..specs.model import ModelSpec
-from . import checkpoint, config as configs, data, distributed, metrics
+from . import checkpoint, config as configs, data, distributed, kernels, metrics
 from . import model as models
 from .layout import MegatronLayout, layout_from_plan
 from .settings import TrainSettings
@@ -86,6 +86,7 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
     model = models.wrap_ddp(chunks, tconfig, configs.ddp_config(layout))
     optimizer = get_megatron_optimizer(configs.optimizer_config(layout, settings), model,
                                        use_gloo_process_groups=False)
+    kernels.use_run_optimizer_impl(optimizer, settings)
     _attach_sync_functions(tconfig, model)
     if optimizer.config.fp16:
         tconfig.grad_scale_func = optimizer.scale_loss

@@ -64,6 +64,14 @@ class TrainSettings:
     rotary_percent: float = 1.0
     """Share of each head's channels that RoPE rotates (--rotary-percent)."""
     seed: int = 1234
+    attention_backend: str = "auto"
+    """--attention-backend (Megatron-LM's names; runtime/kernels.py resolves `auto` for the host)."""
+    optimizer_impl: str = "auto"
+    """--optimizer-impl: fused, foreach, or auto (fused on GPUs, foreach on CPU)."""
+    bias_activation_fusion: bool = True
+    """Megatron's fused bias + GeLU/SwiGLU where the host runs it (CUDA); --no-bias-gelu/swiglu-fusion: off."""
+    bias_dropout_fusion: bool = True
+    """Megatron's fused bias + dropout + add where the host runs it (CUDA); --no-bias-dropout-fusion: off."""
     make_vocab_size_divisible_by: int = 128
     """Megatron pads the vocabulary to a multiple of this times the TP degree."""
     max_position_embeddings: Optional[int] = None

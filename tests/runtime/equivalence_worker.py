@@ -3,7 +3,7 @@
 Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python equivalence_worker.py CASES.json RESULTS.json
 Each case: {"name", "flags": ManualParallelism fields, "steps", optional "model" ("gpt" or "llama"),
 optional "load_weights" (checkpoint dir, weights only), "resume" (checkpoint dir, full state),
-"save" + "save_interval", "force_batch_p2p", "settings" (TrainSettings fields, e.g. precision),
+"save" + "save_interval", "force_batch_p2p", "settings" (TrainSettings fields, e.g. precision, attention_backend),
 "data_vocab_size" (mock tokens drawn from fewer ids than the padded vocabulary, so that training
 has something to learn), "drop_grad_sync" (a broken run: DDP's gradient reduction skipped)}.
 The last rank writes {name: {"iterations", "losses", "grad_norms", "loss_scales", "skipped",

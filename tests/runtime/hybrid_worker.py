@@ -8,10 +8,10 @@ Each case: {"name", optional "model" ("gpt" or "llama"), "plan": plan.json path 
 (hidden and attention dropout), optional "probe": true (before training, every rank draws 4 numbers
 per segment inside the segment's TP-region dropout stream and 4 outside it; gathered as
 "probe": [{"tp", "inside": [per rank], "outside": [per rank]}]), optional "steps", optional
-"settings" (TrainSettings fields, e.g. precision), optional "data_vocab_size" (mock tokens drawn
+"settings" (TrainSettings fields, e.g. precision, attention_backend), optional "data_vocab_size" (mock tokens drawn
 from fewer ids than the padded vocabulary, so that training has something to learn), optional
 "drop_grad_sync": true (a broken run: the parts' DP gradient reductions skipped)}.
-The last rank writes {name: {"losses", "grad_norms", "loss_scales", "skipped", "param_dtypes"[, "probe"]}}.
+The last rank writes {name: {"losses", "grad_norms", "loss_scales", "skipped", "param_dtypes", "kernels"[, "probe"]}}.
 """
 from __future__ import annotations
 
@@ -67,6 +67,15 @@ def probe_dropout_streams(run) -> list[dict]:
     return out
 
 
+def run_kernels(run) -> dict:
+    """The core-attention classes and the torch Adam step flags (fused, foreach) this rank ran."""
+    from megatron_auto.runtime.kernels import torch_adams
+
+    cores = {type(m).__name__ for chunk in run.model for n, m in chunk.named_modules() if n.endswith("core_attention")}
+    flags = {(g["fused"], g["foreach"]) for adam in torch_adams(run.optimizer) for g in adam.param_groups}
+    return {"cores": sorted(cores), "adam_flags": sorted(flags)}
+
+
 def run_case(case: dict, info) -> dict:
     world = torch.distributed.get_world_size()
     dropout = case.get("dropout", 0.0)
@@ -91,7 +100,8 @@ def run_case(case: dict, info) -> dict:
     results = session.train(run)
     out = {"losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results],
            "loss_scales": [r.loss_scale for r in results], "skipped": [r.skipped for r in results],
-           "param_dtypes": sorted({str(p.dtype) for chunk in run.model for p in chunk.parameters()})}
+           "param_dtypes": sorted({str(p.dtype) for chunk in run.model for p in chunk.parameters()}),
+           "kernels": run_kernels(run)}
     return out if probe is None else {**out, "probe": probe}
 
 

@@ -52,6 +52,43 @@ def test_kernel_and_logging_flags_are_accepted_and_named():
     assert pretrain_gpt.no_effect_flags(pretrain_gpt.parse_args(BASE)) == []
 
 
+@pytest.mark.parametrize("flags, on_gpu, priced", [
+    ([], True, ("flash", "fused")),
+    ([], False, ("unfused", "foreach")),
+    (["--attention-backend", "fused", "--optimizer-impl", "foreach"], True, ("flash", "foreach")),
+    (["--attention-backend", "local", "--optimizer-impl", "fused"], False, ("unfused", "fused")),
+])
+def test_kernel_flags_reach_the_settings_and_the_searched_training_spec(monkeypatch, flags, on_gpu, priced):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: on_gpu)
+    args = pretrain_gpt.parse_args(BASE + flags)
+    settings = pretrain_gpt.settings_from_args(args, 512)
+    requested = (flags[1], flags[3]) if flags else ("auto", "auto")
+    assert (settings.attention_backend, settings.optimizer_impl) == requested
+    training = pretrain_gpt.training_for_job(args, settings, world_size=4)
+    assert (training.attention_backend, training.optimizer_impl) == priced
+
+
+@pytest.mark.parametrize("flags, fusions", [
+    ([], (True, True)),
+    (["--no-bias-gelu-fusion"], (False, True)),
+    (["--no-bias-swiglu-fusion"], (True, True)),  # GeLU model: the SwiGLU flag does not apply
+    (["--swiglu", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion"], (False, False)),
+])
+def test_megatron_fusion_switches_take_effect(flags, fusions):
+    args = pretrain_gpt.parse_args(BASE + flags)
+    settings = pretrain_gpt.settings_from_args(args, 512)
+    assert (settings.bias_activation_fusion, settings.bias_dropout_fusion) == fusions
+    assert pretrain_gpt.no_effect_flags(args) == []
+
+
+def test_unknown_attention_backend_exits_2():
+    with pytest.raises(SystemExit) as exit_info:
+        pretrain_gpt.parse_args(BASE + ["--attention-backend", "triton"])
+    assert exit_info.value.code == 2
+
+
 def test_warmup_fraction_counts_decay_iterations():
     args = pretrain_gpt.parse_args(BASE + ["--lr-warmup-fraction", "0.2", "--lr-decay-iters", "50"])
     assert args.lr_warmup_iters == 10

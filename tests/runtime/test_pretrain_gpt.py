@@ -34,6 +34,10 @@ def test_auto_parallel_training_on_four_ranks_lowers_the_loss(dataset, tmp_path)
     losses = [float(x) for x in re.findall(r"iteration +\d+/ +30 \|.*\| lm loss: (\S+) \|", result.output)]
     assert len(losses) == 30
     assert "megatron-lm flags" in result.output  # the chosen plan is printed at start
+    # The kernels of the run, named once (auto on CPU: Megatron's unfused attention, torch's foreach Adam).
+    assert ("kernels: layer spec local, core attention Megatron DotProductAttention (unfused), "
+            "bias-activation fusion off, bias-dropout-add fusion off") in result.output
+    assert "optimizer Adam step foreach" in result.output
     assert "throughput per GPU (TFLOP/s/GPU)" in result.output and "tokens per second" in result.output
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:3]) / 3
 

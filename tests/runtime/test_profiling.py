@@ -9,6 +9,7 @@ import json
 import subprocess
 import sys
 
+import pytest
 from launcher import REPO
 
 from megatron_auto.specs.profiles import COLLECTIVES, load_profile
@@ -53,6 +54,16 @@ def test_profile_model_measures_each_tp_shard(tmp_path):
     # Saved activations grow with the micro-batch.
     assert timings[(1, 2)].activation_bytes > 1.8 * timings[(1, 1)].activation_bytes
     assert profile.optimizer_s_per_state_byte > 0
+
+
+@pytest.mark.parametrize("backend, port", [("unfused", 29563), ("flash", 29564)])
+def test_profile_model_measures_grouped_query_attention_on_either_core(tmp_path, backend, port):
+    out = tmp_path / "model.json"
+    done = _torchrun(1, ["profile-model", "--model", "tiny-llama", "--out", str(out), "--tp", "1", "2",
+                         "--micro-batch-size", "1", "--iters", "1", "--attention-backend", backend], port)
+    assert done.returncode == 0, done.stderr[-3000:]
+    timings = load_profile(str(out)).layers[0].timings
+    assert [t.tp for t in timings] == [1, 2] and all(t.attention_core_forward_s > 0 for t in timings)
 
 
 def test_validation_pipeline_on_two_ranks(tmp_path):

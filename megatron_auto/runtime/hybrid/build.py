@@ -74,7 +74,7 @@ def _segment(ctx: BuildContext, segment: Segment, ends_model: bool):
     from megatron.core.transformer.transformer_block import _get_block_submodules
 
     config = hconfigs.segment_config(ctx.model, ctx.plan, segment.strategy, ctx.settings, ctx.backend)
-    submodules = _get_block_submodules(config, models.layer_spec(ctx.model), None, 0)
+    submodules = _get_block_submodules(config, models.layer_spec(ctx.model, ctx.settings.attention_backend), None, 0)
     # Per-segment seed: a layer's initial weights do not depend on which ranks build it.
     torch.manual_seed(ctx.settings.seed + 1 + segment.first)
     block = segment_block(config, submodules, segment, ends_model, pg_collection(ctx, segment.strategy))

@@ -24,6 +24,7 @@ import math
 import torch
 
 from .. import config as configs
+from .. import kernels
 from ..settings import TrainSettings
 from . import configs as hconfigs
 
@@ -101,6 +102,7 @@ def build_optimizer(chunks, plan, settings: TrainSettings, parts_with_strategy, 
         pgc = pg_collection_for(strategy)
         config = part_optimizer_config(plan, strategy, settings)
         optimizer = get_megatron_optimizer(config, [part], use_gloo_process_groups=False, pg_collection=pgc)
+        kernels.use_run_optimizer_impl(optimizer, settings)
         for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
             inner.tp_group = pgc.tp
             optimizers.append(inner)

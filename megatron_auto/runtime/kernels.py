@@ -1,0 +1,188 @@
+"""The kernels one run uses, chosen once: layer spec, core attention, fusions, optimizer step.
+
+Both runtimes (stock and hybrid) and the layer profiler build their layers from
+here, so the kernels measured, priced and run are the same. The choice of
+`auto` is megatron_auto.kernels' (flash + fused on GPUs, unfused + foreach on CPU).
+
+- Layer spec: Transformer Engine's when it imports on a CUDA host (its own fused
+  attention, chosen by Megatron's `attention_backend`), else Megatron-Core's local
+  spec with the core attention swapped: SDPAttention (runtime/attention.py) for
+  `flash`, Megatron's DotProductAttention for `unfused`.
+- Fusions: Megatron's bias-activation (bias + GeLU / SwiGLU) and bias-dropout-add
+  fusions, which megatron-core compiles with torch.compile (megatron/core/jit.py),
+  on CUDA only. On CPU they run and match (tests/runtime/test_kernels_runtime.py),
+  but the compile costs ~13 s per process the first time (~1.5 s from inductor's
+  cache; measured on this repository's 2-core test machine) and the CPU's measured
+  profiles were taken without them. Megatron's bias-GeLU kernel computes the tanh
+  approximation of GeLU (as Megatron-LM's default runs do). masked_softmax_fusion
+  needs apex: off.
+- Optimizer step: torch AdamW with `fused=True` (one kernel per step, no
+  per-parameter temporaries) or its `foreach` default; see use_optimizer_impl.
+
+None of these patches megatron-core: the attention is a layer-spec choice, the fusions
+are TransformerConfig fields, and the Adam step is torch's own per-group flag, set on
+the torch AdamW that megatron-core 0.16.1 builds without apex/TE (it offers no option
+for it). tests/runtime/test_kernels_runtime.py fails if upstream stops building one.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from .. import kernels as choices
+from ..specs.model import LayerSpec, ModelSpec
+
+logger = logging.getLogger(__name__)
+
+_TE_BACKENDS = {"auto": "auto", "flash": "flash", "fused": "fused", "unfused": "unfused", "local": "unfused"}
+"""Megatron-LM's --attention-backend -> Transformer Engine's backend (AttnBackend), under TE's spec."""
+
+
+@functools.lru_cache(maxsize=None)
+def transformer_engine_available() -> bool:
+    """True when Transformer Engine imports on a CUDA host (then its fused layer spec is used)."""
+    try:
+        import transformer_engine  # noqa: F401
+    except Exception:  # any import failure means "not usable here"
+        return False
+    return torch.cuda.is_available()
+
+
+@dataclass(frozen=True)
+class RunKernels:
+    """The kernels of one run, resolved for this host."""
+
+    layer_spec: str
+    """transformer_engine or local (Megatron-Core's names for the two layer specs)."""
+    attention: str
+    """flash (SDPA) or unfused (DotProductAttention): what the planner prices (kernels.PRICED_ATTENTION)."""
+    attention_request: str
+    """The --attention-backend given (Megatron-LM's name); sets TE's backend under its spec."""
+    bias_activation_fusion: bool
+    """Megatron's fused bias + GeLU/SwiGLU."""
+    bias_dropout_fusion: bool
+    """Megatron's fused bias + dropout + residual add."""
+    optimizer_impl: str
+    """fused (torch Adam fused=True) or foreach (torch's default)."""
+
+    def describe(self) -> str:
+        """One log line naming every choice."""
+        if self.layer_spec == "transformer_engine":
+            attention = f"Transformer Engine ({_TE_BACKENDS[self.attention_request]})"
+        else:
+            attention = ("torch SDPA (flash)" if self.attention == "flash"
+                         else "Megatron DotProductAttention (unfused)")
+        return (f"kernels: layer spec {self.layer_spec}, core attention {attention}, "
+                f"bias-activation fusion {_on(self.bias_activation_fusion)}, "
+                f"bias-dropout-add fusion {_on(self.bias_dropout_fusion)}, masked-softmax fusion off, "
+                f"optimizer Adam step {self.optimizer_impl}")
+
+
+def _on(flag: bool) -> str:
+    return "on" if flag else "off"
+
+
+def choose_kernels(layer: LayerSpec, attention_backend: str = "auto", optimizer_impl: str = "auto",
+                   on_gpu: bool | None = None, fusions: tuple[bool, bool] = (True, True)) -> RunKernels:
+    """The kernels of layers like `layer` for the requested backends (`auto` resolved for this host);
+    `fusions`: whether the bias-activation and the bias-dropout-add fusions are allowed."""
+    on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
+    return RunKernels(
+        layer_spec="transformer_engine" if on_gpu and transformer_engine_available() else "local",
+        attention=choices.resolve_attention_backend(attention_backend, on_gpu),
+        attention_request=attention_backend,
+        # Megatron's bias-GeLU kernel needs a bias; its SwiGLU kernel runs with or without one
+        # (TransformerConfig.__post_init__ refuses GeLU fusion without bias).
+        bias_activation_fusion=fusions[0] and on_gpu and (layer.swiglu or layer.add_bias_linear),
+        bias_dropout_fusion=fusions[1] and on_gpu,
+        optimizer_impl=choices.resolve_optimizer_impl(optimizer_impl, on_gpu),
+    )
+
+
+def config_flags(kernels: RunKernels) -> dict:
+    """TransformerConfig's kernel fields for `kernels` (the fusions without apex/TE stay off)."""
+    flags = dict(
+        bias_activation_fusion=kernels.bias_activation_fusion,
+        bias_dropout_fusion=kernels.bias_dropout_fusion,
+        # These need apex or Transformer Engine kernels, absent from the local spec's host.
+        gradient_accumulation_fusion=False,
+        masked_softmax_fusion=False,
+        apply_rope_fusion=False,
+        persist_layer_norm=False,
+    )
+    if kernels.layer_spec == "transformer_engine":
+        from megatron.core.transformer.enums import AttnBackend
+
+        flags["attention_backend"] = AttnBackend[_TE_BACKENDS[kernels.attention_request]]
+    return flags
+
+
+def layer_spec(layer: LayerSpec, kernels: RunKernels):
+    """The TransformerLayer spec that runs `kernels`: TE's, or the local one with its core attention set."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    if kernels.layer_spec == "transformer_engine":
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization=layer.normalization)
+    if kernels.attention == "flash":
+        from .attention import SDPAttention
+
+        spec = copy.deepcopy(spec)
+        spec.submodules.self_attention.submodules.core_attention = SDPAttention
+    return spec
+
+
+def kernels_for_run(model: ModelSpec, settings) -> RunKernels:
+    """choose_kernels for a run's TrainSettings (its attention_backend and optimizer_impl)."""
+    return choose_kernels(model.layers[0], settings.attention_backend, settings.optimizer_impl,
+                          fusions=(settings.bias_activation_fusion, settings.bias_dropout_fusion))
+
+
+def torch_adams(optimizer) -> list:
+    """The torch Adam/AdamW instances inside a Megatron optimizer (chained or not).
+
+    megatron-core 0.16.1 builds torch.optim.AdamW when neither apex nor TE is installed
+    (megatron/core/optimizer/__init__.py); with them it builds their FusedAdam, found here as none.
+    """
+    found = []
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        torch_optimizer = getattr(inner, "optimizer", None)
+        if isinstance(torch_optimizer, torch.optim.Adam):
+            found.append(torch_optimizer)
+    return found
+
+
+def _set_impl(adam, impl: str) -> None:
+    """Switch torch Adam's step implementation, and keep each `step` count where that one expects it."""
+    fused = impl == "fused"
+    for group in [adam.defaults, *adam.param_groups]:
+        group["fused"], group["foreach"] = fused, not fused
+    for param, state in adam.state.items():
+        if "step" in state:
+            # fused: a float32 scalar on the parameter's device; foreach: one on the CPU. A copy per
+            # parameter: a loaded state may share one tensor, which each update would advance.
+            device = param.device if fused else torch.device("cpu")
+            state["step"] = state["step"].detach().to(dtype=torch.float32, device=device).clone()
+
+
+def use_run_optimizer_impl(optimizer, settings) -> int:
+    """use_optimizer_impl with the run's --optimizer-impl (TrainSettings.optimizer_impl, auto resolved)."""
+    return use_optimizer_impl(optimizer, choices.resolve_optimizer_impl(settings.optimizer_impl,
+                                                                        torch.cuda.is_available()))
+
+
+def use_optimizer_impl(optimizer, impl: str) -> int:
+    """Run the torch Adams of `optimizer` with `impl` (fused or foreach), also after every
+    load_state_dict (a loaded param group carries the saving run's flags); returns how many."""
+    adams = torch_adams(optimizer)
+    for adam in adams:
+        _set_impl(adam, impl)
+        adam.register_load_state_dict_post_hook(functools.partial(_set_impl, impl=impl))
+    if not adams and impl == "foreach":
+        logger.warning("apex/Transformer Engine FusedAdam runs the optimizer step; --optimizer-impl foreach "
+                       "has no effect")
+    return len(adams)

@@ -1,0 +1,292 @@
+"""The run's kernels (runtime/kernels.py, runtime/attention.py): chosen per host, and computing what
+Megatron's own kernels compute.
+
+Launches (gloo, CPU): kernels_worker.py on 1 and 2 ranks (TP = the world size) compares SDPA core
+attention with Megatron's DotProductAttention, the fused layer with the unfused one, and the fused
+Adam step with the foreach one; equivalence_worker.py runs the stock runtime with `flash` on one
+process and on TP2/PP2/DP2 layouts of four.
+"""
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from launcher import run_cases
+from megatron_auto.runtime import kernels
+from megatron_auto.specs.model import uniform_model
+from test_equivalence import BATCH, STEPS, assert_matches_reference
+
+GPT = uniform_model("k", 2, 64, 4, 32, 256).layers[0]
+LLAMA = uniform_model("k", 2, 64, 4, 32, 256, num_query_groups=2, swiglu=True, add_bias_linear=False,
+                      normalization="RMSNorm").layers[0]
+GELU_NO_BIAS = uniform_model("k", 2, 64, 4, 32, 256, add_bias_linear=False).layers[0]
+
+# fp32 attention computed two ways (one fused kernel vs scores, softmax, matmul) differs by rounding:
+# relative errors of a few 1e-7 were measured; 1e-5 leaves 20x margin and is far below any real
+# difference (a wrong scale or mask changes outputs by O(1e-1)).
+FP32_RTOL = 1e-5
+# Megatron's fused bias-GeLU is the tanh approximation of GeLU: it differs from erf-GeLU by at most
+# 4.7e-4 in value and 8.7e-4 in derivative (computed in float64 over [-8, 8]); gradients through it
+# differ relatively by up to ~1e-3 (1.4e-4 measured), so 2e-3.
+TANH_GELU_RTOL = 2e-3
+# Adam's fused and foreach steps run the same fp32 formulas in different orders: after 3 steps
+# parameters of magnitude ~1 differ by ~1e-6 (a few ulps; measured 1.3e-6). A real difference in the
+# step (bias correction, weight decay) moves them by O(lr) = 1e-3 per step; 1e-5 sits between.
+ADAM_ATOL = 1e-5
+# Uniform causal attention over 128 positions, dropout 0.5: row i's output is 2 x (kept of i+1)/(i+1),
+# of variance 1/(i+1); the mean over batch 4 x (4 or 2 heads per rank) x 128 rows has a standard
+# deviation of sqrt(mean(1/(i+1)) / rows) <= 0.0065, so 0.03 is over 4 standard deviations (and seeded).
+DROPOUT_MEAN_ATOL = 0.03
+
+
+def test_auto_runs_flash_fused_and_the_fusions_on_gpus_only():
+    gpu, cpu = kernels.choose_kernels(GPT, on_gpu=True), kernels.choose_kernels(GPT, on_gpu=False)
+    assert (gpu.attention, gpu.optimizer_impl, gpu.bias_activation_fusion, gpu.bias_dropout_fusion) == \
+        ("flash", "fused", True, True)
+    assert (cpu.attention, cpu.optimizer_impl, cpu.bias_activation_fusion, cpu.bias_dropout_fusion) == \
+        ("unfused", "foreach", False, False)
+    assert kernels.choose_kernels(GPT, "flash", "fused", on_gpu=False).attention == "flash"
+    assert kernels.choose_kernels(GPT, "local", on_gpu=True).attention == "unfused"
+    assert cpu.layer_spec == "local"
+
+
+def test_fusions_can_be_turned_off():
+    chosen = kernels.choose_kernels(GPT, on_gpu=True, fusions=(False, True))
+    assert (chosen.bias_activation_fusion, chosen.bias_dropout_fusion) == (False, True)
+    chosen = kernels.choose_kernels(LLAMA, on_gpu=True, fusions=(True, False))
+    assert (chosen.bias_activation_fusion, chosen.bias_dropout_fusion) == (True, False)
+
+
+@pytest.mark.parametrize("layer, activation_fusion", [(GPT, True), (LLAMA, True), (GELU_NO_BIAS, False)])
+def test_fusion_flags_make_a_valid_transformer_config(layer, activation_fusion):
+    from megatron.core.transformer import TransformerConfig
+
+    chosen = kernels.choose_kernels(layer, on_gpu=True)
+    assert chosen.bias_activation_fusion is activation_fusion
+    config = TransformerConfig(
+        num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=layer.num_query_groups,
+        ffn_hidden_size=layer.ffn_hidden_size, gated_linear_unit=layer.swiglu, add_bias_linear=layer.add_bias_linear,
+        activation_func=torch.nn.functional.silu if layer.swiglu else torch.nn.functional.gelu,
+        **kernels.config_flags(chosen))  # __post_init__ refuses fusions that cannot run
+    assert (config.bias_activation_fusion, config.bias_dropout_fusion) == (activation_fusion, True)
+    assert not config.masked_softmax_fusion
+
+
+def test_transformer_engine_gets_the_requested_backend(monkeypatch):
+    from megatron.core.transformer.enums import AttnBackend
+
+    monkeypatch.setattr(kernels, "transformer_engine_available", lambda: True)
+    chosen = kernels.choose_kernels(GPT, "local", on_gpu=True)
+    assert chosen.layer_spec == "transformer_engine"
+    assert kernels.config_flags(chosen)["attention_backend"] == AttnBackend.unfused
+    assert "attention_backend" not in kernels.config_flags(kernels.choose_kernels(GPT, "flash", on_gpu=False))
+    assert "Transformer Engine (unfused)" in chosen.describe()
+
+
+@pytest.mark.parametrize("backend, core", [("flash", "SDPAttention"), ("unfused", "DotProductAttention")])
+def test_local_spec_swaps_the_core_attention(backend, core):
+    spec = kernels.layer_spec(GPT, kernels.choose_kernels(GPT, backend, on_gpu=False))
+    assert spec.submodules.self_attention.submodules.core_attention.__name__ == core
+    # The shared upstream spec object is not modified.
+    again = kernels.layer_spec(GPT, kernels.choose_kernels(GPT, "unfused", on_gpu=False))
+    assert again.submodules.self_attention.submodules.core_attention.__name__ == "DotProductAttention"
+
+
+def test_the_log_line_names_every_kernel():
+    line = kernels.choose_kernels(GPT, "flash", "fused", on_gpu=False).describe()
+    assert line == ("kernels: layer spec local, core attention torch SDPA (flash), bias-activation fusion off, "
+                    "bias-dropout-add fusion off, masked-softmax fusion off, optimizer Adam step fused")
+
+
+def test_sdpa_core_refuses_what_it_does_not_run():
+    from megatron.core.transformer import TransformerConfig
+
+    from megatron_auto.runtime.attention import check_supported
+
+    base = dict(num_layers=1, hidden_size=64, num_attention_heads=4)
+    check_supported(TransformerConfig(**base))
+    with pytest.raises(ValueError, match="sliding-window"):
+        check_supported(TransformerConfig(**base, window_size=(8, 0)))
+    with pytest.raises(ValueError, match="softmax"):
+        check_supported(TransformerConfig(**base, softmax_type="off-by-one"))
+
+
+def _adam_wrapped(impl: str, params):
+    adam = torch.optim.AdamW(params, lr=1e-2, weight_decay=0.1)
+    kernels.use_optimizer_impl(SimpleNamespace(optimizer=adam), impl)
+    return adam
+
+
+def test_optimizer_impl_switches_torch_adam_and_survives_a_load():
+    torch.manual_seed(0)
+    start = [torch.randn(5, 3), torch.randn(7)]
+    runs = {}
+    for impl in ("foreach", "fused"):
+        params = [p.clone().requires_grad_() for p in start]
+        adam = _adam_wrapped(impl, params)
+        for step in range(3):
+            for p in params:
+                p.grad = torch.sin(p.detach() * (step + 1))
+            adam.step()
+        runs[impl] = (adam, params)
+    assert all(g["fused"] and not g["foreach"] for g in runs["fused"][0].param_groups)
+    for got, want in zip(runs["fused"][1], runs["foreach"][1]):
+        assert torch.allclose(got, want, rtol=0, atol=ADAM_ATOL)
+    fused = runs["fused"][0]
+    fused.load_state_dict(runs["foreach"][0].state_dict())  # the saved groups say foreach
+    assert all(g["fused"] and not g["foreach"] for g in fused.param_groups)
+    steps = [s["step"] for s in fused.state.values()]
+    assert len({id(s) for s in steps}) == len(steps) and all(s.dtype == torch.float32 for s in steps)
+
+
+def test_optimizer_impl_leaves_other_optimizers_alone():
+    sgd = torch.optim.SGD([torch.zeros(2, requires_grad=True)], lr=0.1)
+    assert kernels.use_optimizer_impl(SimpleNamespace(optimizer=sgd), "fused") == 0
+    assert "fused" not in sgd.param_groups[0] or not sgd.param_groups[0]["fused"]
+
+
+KERNEL_CASES = [
+    {"name": "core_causal", "kind": "core"},
+    {"name": "core_gqa_with_mask", "kind": "core", "groups": 2, "mask": True},
+    {"name": "core_layer_scaling", "kind": "core", "layer_scaling": True, "layer_number": 3, "softmax_scale": 0.3},
+    {"name": "layer_flash_gpt", "kind": "layer", "attention": "flash"},
+    {"name": "layer_flash_llama", "kind": "layer", "attention": "flash", "swiglu": True, "groups": 2},
+    {"name": "dropout", "kind": "dropout", "dropout": 0.5},
+]
+ONE_RANK_CASES = KERNEL_CASES + [
+    {"name": "layer_fused_gelu", "kind": "layer", "attention": "flash", "fused": True},
+    {"name": "layer_fused_swiglu", "kind": "layer", "attention": "unfused", "fused": True, "swiglu": True,
+     "groups": 2},
+    {"name": "optimizer_dp1", "kind": "optimizer", "flags": {"global_batch_size": 4, "micro_batch_size": 1}},
+]
+TWO_RANK_CASES = KERNEL_CASES + [
+    {"name": "optimizer_tp2", "kind": "optimizer",
+     "flags": {"global_batch_size": 4, "micro_batch_size": 1, "tensor_parallel": 2}},
+    {"name": "optimizer_distopt_dp2", "kind": "optimizer",
+     "flags": {"global_batch_size": 4, "micro_batch_size": 1, "distributed_optimizer": True}},
+]
+
+
+@pytest.fixture(scope="module")
+def kernel_results(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("kernels")
+    return {1: run_cases(tmp, 1, "kernels_worker.py", ONE_RANK_CASES, timeout_s=300),
+            2: run_cases(tmp, 2, "kernels_worker.py", TWO_RANK_CASES, timeout_s=300)}
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("name", ["core_causal", "core_gqa_with_mask", "core_layer_scaling"])
+def test_sdpa_core_matches_megatron_values_and_gradients(kernel_results, world, name):
+    result = kernel_results[world][name]
+    assert result["shape_ok"]
+    assert result["output"] < FP32_RTOL
+    assert max(result["grads"]) < FP32_RTOL  # d/dq, d/dk, d/dv
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("name", ["layer_flash_gpt", "layer_flash_llama"])
+def test_layer_on_sdpa_matches_the_local_layer(kernel_results, world, name):
+    result = kernel_results[world][name]
+    assert result["core"] == "SDPAttention"
+    assert max(result["output"], result["input_grad"], result["param_grad"]) < FP32_RTOL
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_attention_dropout_runs_in_the_kernel_under_the_tp_rng_fork(kernel_results, world):
+    result = kernel_results[world]["dropout"]
+    assert result["eval_max_error"] < FP32_RTOL  # no dropout outside training
+    assert result["changed_fraction"] > 0.5  # dropout changed the training output ...
+    assert abs(result["mean"] - 1.0) < DROPOUT_MEAN_ATOL  # ... and kept its expected value
+    assert result["default_rng_untouched"] and result["tracker_advanced"]
+    if world == 2:
+        assert result["ranks_differ"]  # each TP rank draws its own masks (seed + TP rank)
+
+
+@pytest.mark.parametrize("name, rtol", [("layer_fused_gelu", TANH_GELU_RTOL), ("layer_fused_swiglu", FP32_RTOL)])
+def test_fused_bias_activation_and_dropout_add_match_the_unfused_layer(kernel_results, name, rtol):
+    result = kernel_results[1][name]
+    assert result["fused_calls"] == {"activation": 1, "bias_dropout_add": 2}
+    assert max(result["output"], result["input_grad"], result["param_grad"]) < rtol
+
+
+@pytest.mark.parametrize("world, name", [(1, "optimizer_dp1"), (2, "optimizer_tp2"), (2, "optimizer_distopt_dp2")])
+def test_fused_adam_step_matches_foreach_inside_megatrons_optimizer(kernel_results, world, name):
+    result = kernel_results[world][name]
+    assert result["foreach_flags"] == [[False, True]] and result["fused_flags"] == [[True, False]]
+    assert result["max_abs_param"] > 0.5  # the parameters compared are not all tiny
+    assert result["max_abs_diff"] < ADAM_ATOL
+    if "flags_after_load" in result:
+        assert result["flags_after_load"] == [[True, False]] and result["distinct_steps"]
+        assert result["step_values"] == [3.0]
+
+
+def _flash(**extra) -> dict:
+    return {"settings": {"attention_backend": "flash", **extra}}
+
+
+@pytest.fixture(scope="module")
+def flash_runs(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("flash_equivalence")
+    flags = {"global_batch_size": 8, "micro_batch_size": 2}
+    references = run_cases(tmp, 1, "equivalence_worker.py", [
+        {"name": "reference", "flags": flags, "save_initial": str(tmp / "init"), **_flash()},
+        {"name": "llama_reference", "model": "llama", "flags": flags, "save_initial": str(tmp / "init_llama"),
+         **_flash()},
+        {"name": "unfused_reference", "flags": flags, "load_weights": str(tmp / "init"),
+         "settings": {"attention_backend": "unfused"}},
+    ], timeout_s=240)
+    init = {"load_weights": str(tmp / "init")}
+    parallel = run_cases(tmp, 4, "equivalence_worker.py", [
+        {"name": "tp2_dp2_selective_recompute", "flags": {**BATCH, "tensor_parallel": 2,
+                                                          "recompute_granularity": "selective"}, **init, **_flash()},
+        {"name": "pp2_dp2_fused_adam", "flags": {**BATCH, "pipeline_parallel": 2}, **init,
+         **_flash(optimizer_impl="fused")},
+        {"name": "llama_tp2_sp_dp2", "model": "llama", "flags": {**BATCH, "tensor_parallel": 2,
+                                                                 "sequence_parallel": True},
+         "load_weights": str(tmp / "init_llama"), **_flash()},
+    ], timeout_s=360)
+    return {**references, **parallel}
+
+
+def test_flash_runtime_learns_like_the_unfused_one(flash_runs):
+    flash, unfused = flash_runs["reference"], flash_runs["unfused_reference"]
+    assert flash["iterations"] == list(range(1, STEPS + 1)) and len(set(flash["losses"])) == STEPS
+    for ours, theirs in zip(flash["losses"], unfused["losses"]):
+        assert math.isclose(ours, theirs, rel_tol=FP32_RTOL)
+
+
+@pytest.mark.parametrize("name, reference", [("tp2_dp2_selective_recompute", "reference"),
+                                             ("pp2_dp2_fused_adam", "reference"),
+                                             ("llama_tp2_sp_dp2", "llama_reference")])
+def test_flash_layouts_match_one_process(flash_runs, name, reference):
+    assert_matches_reference(flash_runs[name], flash_runs[reference])
+
+
+HYBRID_FLASH_PLAN = {"chunks": [[{"tp": 2, "dp": 2, "sp": True, "zero": 1}, {"dp": 4, "zero": 3},
+                                 {"tp": 4, "recompute": "selective"}, {"dp": 4, "zero": 0}]],
+                     "embedding": {"tp": 2, "dp": 2, "zero": 0}}
+"""Per-layer layouts: TP2xDP2 with SP and ZeRO-1, ZeRO-3 (FSDP2), TP4 recomputing its core attention, DDP."""
+
+
+@pytest.fixture(scope="module")
+def hybrid_flash_runs(tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("hybrid_flash")
+    flash = {"settings": {"attention_backend": "flash", "optimizer_impl": "fused"}}
+    reference = run_cases(tmp, 1, "hybrid_worker.py", [
+        {"name": "reference", "reference": True, "init": str(tmp / "init.pt"), **flash}], timeout_s=150)
+    hybrid = run_cases(tmp, 4, "hybrid_worker.py", [
+        {"name": "hybrid", "plan": HYBRID_FLASH_PLAN, "init": str(tmp / "init.pt"), **flash}], timeout_s=240)
+    return {**reference, **hybrid}
+
+
+def test_hybrid_runtime_runs_the_same_kernels_and_matches_one_process(hybrid_flash_runs):
+    reference, hybrid = hybrid_flash_runs["reference"], hybrid_flash_runs["hybrid"]
+    for run in (reference, hybrid):
+        assert run["kernels"] == {"cores": ["SDPAttention"], "adam_flags": [[True, False]]}
+    assert len(set(reference["losses"])) == STEPS
+    for key in ("losses", "grad_norms"):
+        for ours, theirs in zip(hybrid[key], reference[key]):
+            assert math.isclose(ours, theirs, rel_tol=FP32_RTOL)
