@@ -3,8 +3,9 @@
 One patch per module; each states why it exists, which megatron-core versions
 it targets and when it can be removed, and offers `check()` (raise
 `PatchTargetChanged` when upstream no longer looks as expected), `apply()`
-(idempotent) and `is_applied()`. `apply_all()` applies every patch, and only
-when CUDA is absent: on a GPU host it changes nothing.
+(idempotent) and `is_applied()`. `apply_all()` applies every patch when CUDA is
+absent; on a GPU host it applies only the patches whose `applies_on_cuda()` says the fault
+they fix is there too (a fallback that apex or Transformer Engine would otherwise replace).
 """
 from __future__ import annotations
 
@@ -45,16 +46,24 @@ def check_all() -> None:
         patch.check()
 
 
+def needed(patch: ModuleType, on_cuda: bool) -> bool:
+    """Whether `patch` applies here: every patch on CPU; on CUDA those whose `applies_on_cuda()` holds."""
+    if not on_cuda:
+        return True
+    applies_on_cuda = getattr(patch, "applies_on_cuda", None)
+    return bool(applies_on_cuda and applies_on_cuda())
+
+
 def apply_all(force: bool = False) -> list[str]:
-    """Apply every patch when CUDA is absent (or when `force`); return the names applied."""
+    """Apply the patches this host needs (every one when `force`); return the names applied."""
     import torch
 
-    if torch.cuda.is_available() and not force:
-        logger.debug("CUDA is available: megatron-core runs unpatched")
-        return []
+    on_cuda = torch.cuda.is_available() and not force
     applied = []
     for patch in patch_modules():
-        patch.apply()
-        applied.append(patch.NAME)
-    logger.debug("applied megatron-core CPU patches: %s", ", ".join(applied))
+        if needed(patch, on_cuda):
+            patch.apply()
+            applied.append(patch.NAME)
+    logger.debug("applied megatron-core patches (%s): %s", "CUDA host" if on_cuda else "CPU host",
+                 ", ".join(applied) or "none")
     return applied

@@ -12,7 +12,9 @@ a `step` tensor in every parameter's state. Two things go wrong on load:
    `KeyError: 'step'`. The patch copies only the keys the checkpoint carries.
 Targets: megatron-core 0.16.1.
 Removable when: upstream skips `step` there (or when apex/TE's fused Adam is installed).
-Applied only when CUDA is absent (patches.apply_all).
+Applied whenever Megatron-Core falls back to torch's Adam (its USING_PYTORCH_OPTIMIZER): on CPU
+always, and on GPUs without apex or Transformer Engine too, where the same two faults hit a
+distributed-optimizer resume (`applies_on_cuda`).
 """
 from __future__ import annotations
 
@@ -30,3 +32,10 @@ TARGETS = (
 
 
 check, apply, is_applied = source_rewrite_patch(NAME, TARGET_VERSIONS, MODULE, "DistributedOptimizer", TARGETS)
+
+
+def applies_on_cuda() -> bool:
+    """True when Megatron-Core's optimizer is torch's Adam (neither TE's nor apex's FusedAdam imported)."""
+    from megatron.core import optimizer
+
+    return bool(getattr(optimizer, "USING_PYTORCH_OPTIMIZER", False))

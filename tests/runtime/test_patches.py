@@ -39,8 +39,13 @@ def test_apply_all_lists_every_patch(applied):
     assert applied == [p.NAME for p in patches.patch_modules()]
 
 
-def test_apply_all_is_a_no_op_when_cuda_is_present(monkeypatch):
+def test_on_cuda_only_the_torch_adam_fix_applies_and_only_with_torch_adam(monkeypatch):
+    from megatron.core import optimizer
+
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(optimizer, "USING_PYTORCH_OPTIMIZER", True)  # no apex, no TE: torch's Adam
+    assert patches.apply_all() == ["distrib_optimizer_torch_adam_step"]
+    monkeypatch.setattr(optimizer, "USING_PYTORCH_OPTIMIZER", False)  # apex/TE FusedAdam
     assert patches.apply_all() == []
 
 
