@@ -209,6 +209,18 @@ def test_bad_command_line_value(tmp_path, capsys, argv):
     run_failing([*argv, "--out", str(out)], capsys, out)
 
 
+@pytest.mark.parametrize("flag", ["--model", "--cluster", "--profile"])
+@pytest.mark.parametrize("problem", ["missing", "a-directory"])
+def test_unreadable_file(tmp_path, capsys, flag, problem):
+    path = tmp_path / "input.json"
+    if problem == "a-directory":
+        path.mkdir()
+    argv = {"--model": "tiny-gpt", "--cluster": "cpu-gloo", flag: str(path)}
+    out = tmp_path / "plan.json"
+    line = run_failing(["plan", *[x for pair in argv.items() for x in pair], *JOB, "--out", str(out)], capsys, out)
+    assert "cannot read" in line and str(path) in line
+
+
 def test_sequence_parallel_at_tp_1_is_turned_off_with_one_warning(capsys):
     """Megatron-LM (arguments.py) disables SP when TP is 1 and warns; so does estimate."""
     argv = ["estimate", "--model", "tiny-gpt", "--cluster", "cpu-gloo", "--gpus-per-node", "2", *JOB,
