@@ -342,13 +342,11 @@ def load_plan(path: str | Path) -> Plan:
 
 
 def _layers_in_file(data: object) -> int:
-    """The most layers that the plan's chunks or its model list, read from the raw JSON."""
-    def listed(items: object, key: str) -> list:
-        return [item[key] for item in items if isinstance(item, dict) and isinstance(item.get(key), list)] \
-            if isinstance(items, list) else []
-
+    """The most layers that the raw JSON's chunks or model list (0 where malformed: from_dict says why)."""
     if not isinstance(data, dict):
         return 0
-    in_chunks = sum(len(layers) for layers in listed(data.get("chunks"), "layers"))
-    in_model = sum(len(layers) for layers in listed([data.get("model")], "layers"))
+    chunks = data["chunks"] if isinstance(data.get("chunks"), list) else []
+    in_chunks = sum(len(c["layers"]) for c in chunks if isinstance(c, dict) and isinstance(c.get("layers"), list))
+    model = data.get("model")
+    in_model = len(model["layers"]) if isinstance(model, dict) and isinstance(model.get("layers"), list) else 0
     return max(in_chunks, in_model)

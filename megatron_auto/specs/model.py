@@ -167,10 +167,10 @@ _COMPACT_TYPES = {"swiglu": bool, "untie_embeddings_and_output_weights": bool, "
                   "normalization": str, "position_embedding_type": str, "name": str}
 
 
-def model_from_dict(data: dict, label: str = "model", where: str = "") -> ModelSpec:
-    """Accept both the rich form (with `layers`) and Megatron's compact form; errors name `where`
-    (default: the label, which also names the model)."""
-    label, name = where or label, label
+def model_from_dict(data: dict, name: str = "model", where: str = "") -> ModelSpec:
+    """Accept both the rich form (with `layers`) and Megatron's compact form. `name` names a model
+    whose file gives none; errors start with `where` (default: the name)."""
+    label = where or name
     if not isinstance(data, dict):
         raise UserError(f"{label}: expected a JSON object")
     if isinstance(data.get("layers"), list):
