@@ -21,6 +21,7 @@ from megatron_auto.specs.presets import CLUSTER_PRESETS
 
 MODEL = {"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32, "vocab_size": 128}
 CLUSTER = serde.to_dict(CLUSTER_PRESETS["cpu-gloo"])
+A100 = serde.to_dict(CLUSTER_PRESETS["dgx-a100-80gb"])
 LAYER = {"hidden_size": 64, "num_attention_heads": 4, "num_query_groups": 4, "ffn_hidden_size": 256}
 CURVE = {"op": "all_reduce", "group_size": 2, "stride": 1, "inter_node": False,
          "message_bytes": [4096, 16384], "seconds": [1e-4, 3e-4]}
@@ -99,6 +100,8 @@ CLUSTER_CASES = [
     ("cluster-max-fraction-above-one", text(edited(CLUSTER, "compute.max_fraction", 2.0))),
     ("cluster-half-dim-nan", text(edited(CLUSTER, "compute.half_dim", float("nan")))),
     ("cluster-flash-fraction-zero", text(edited(CLUSTER, "compute.flash_fraction", 0))),
+    # positive, so loaded, but the cost model's inf x 0 makes a NaN prediction
+    ("cluster-peak-flops-tiny", text(edited(A100, "gpu.peak_flops", 1e-300))),
     ("cluster-gpus-per-node-zero", text(edited(CLUSTER, "gpus_per_node", 0))),
     ("cluster-too-many-gpus", text(edited(CLUSTER, "num_nodes", MAX_GPUS))),
     ("cluster-grad-overlap-above-one", text(edited(CLUSTER, "grad_overlap", 1.5))),
