@@ -203,6 +203,8 @@ CLI_CASES = [
                                   "--pp", "1", "--global-batch-size", str(MAX_GLOBAL_BATCH + 1)]),
     ("memory-budget-nan", ["plan", "--model", "tiny-gpt", "--cluster", "cpu-gloo", *JOB,
                            "--memory-budget-gib", "nan"]),
+    ("memory-budget-below-a-byte", ["plan", "--model", "tiny-gpt", "--cluster", "cpu-gloo", *JOB,
+                                    "--memory-budget-gib", "1e-300"]),
 ]
 
 

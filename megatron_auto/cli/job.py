@@ -54,7 +54,7 @@ def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size
     the CPU cluster."""
     on_gpu = cluster_name != CPU_CLUSTER_PRESET
     precision = args.precision or ("bf16" if on_gpu else "fp32")
-    budget = int(args.memory_budget_gib * GIB) if args.memory_budget_gib else 0
+    budget = max(1, int(args.memory_budget_gib * GIB)) if args.memory_budget_gib else 0  # 0 would mean "all"
     kernels = dict(attention_backend=resolve_attention_backend(getattr(args, "attention_backend", "auto"), on_gpu),
                    optimizer_impl=resolve_optimizer_impl(getattr(args, "optimizer_impl", "auto"), on_gpu))
     try:
