@@ -13,8 +13,9 @@ from pathlib import Path
 from typing import Optional
 
 from . import serde
-from .serde import CachedHash
+from .serde import CachedHash, checked
 from .errors import UserError
+from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS
 from .specs.model import ModelSpec, _check_version
 
 PLAN_SCHEMA_VERSION = 1
@@ -192,11 +193,11 @@ class Plan:
 
     space: str
     """`megatron` (stock Megatron-Core can run it) or `hybrid` (per-layer layouts)."""
-    world_size: int
+    world_size: int = checked(positive=True)
     """GPUs (ranks) in the job."""
     pipeline_parallel: int
     """Pipeline stages, p."""
-    global_batch_size: int
+    global_batch_size: int = checked(positive=True, at_most=MAX_GLOBAL_BATCH)
     """Samples per iteration, B."""
     num_micro_batches: int
     """Micro-batches per iteration, m; each layer's ranks see B / (m * dp) samples each."""
@@ -298,6 +299,12 @@ def _check_chunk_count(plan: Plan) -> None:
         raise ValueError("every chunk needs at least one layer")
 
 
+def _check_limits(plan: Plan) -> None:
+    if plan.world_size > MAX_GPUS or plan.num_layers > MAX_LAYERS:
+        raise ValueError(f"{plan.num_layers} layers on {plan.world_size} GPUs is beyond what megatron-auto plans for "
+                         f"({MAX_LAYERS} layers, {MAX_GPUS} GPUs: megatron_auto/limits.py)")
+
+
 def _check_world_size(plan: Plan) -> None:
     if plan.world_size % plan.pipeline_parallel:
         raise ValueError(f"world size {plan.world_size} is not divisible by pipeline_parallel {plan.pipeline_parallel}")
@@ -350,7 +357,7 @@ def _check_megatron_space(plan: Plan) -> None:
 
 
 PLAN_VALIDATORS = (
-    _check_space_and_schedule, _check_chunk_count, _check_world_size,
+    _check_space_and_schedule, _check_chunk_count, _check_limits, _check_world_size,
     _check_batch_split, _check_model_match, _check_megatron_space,
 )
 
@@ -369,4 +376,18 @@ def load_plan(path: str | Path) -> Plan:
     if isinstance(data, dict) and data.get("schema_version", PLAN_SCHEMA_VERSION) != PLAN_SCHEMA_VERSION:
         raise UserError(f"plan file '{path}' has schema_version {data['schema_version']!r}; "
                         f"this megatron-auto reads version {PLAN_SCHEMA_VERSION}")
+    if _layers_in_file(data) > MAX_LAYERS:  # before building a record per layer
+        raise UserError(f"plan file '{path}' places more than the {MAX_LAYERS} layers megatron-auto plans for "
+                        f"(megatron_auto/limits.py)")
     return serde.from_dict(Plan, data, f"plan '{Path(path).name}'")
+
+
+def _layers_in_file(data: object) -> int:
+    """The most layers that the raw JSON's chunks or model list (0 where malformed: from_dict says why)."""
+    if not isinstance(data, dict):
+        return 0
+    chunks = data["chunks"] if isinstance(data.get("chunks"), list) else []
+    in_chunks = sum(len(c["layers"]) for c in chunks if isinstance(c, dict) and isinstance(c.get("layers"), list))
+    model = data.get("model")
+    in_model = len(model["layers"]) if isinstance(model, dict) and isinstance(model.get("layers"), list) else 0
+    return max(in_chunks, in_model)

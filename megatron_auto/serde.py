@@ -4,11 +4,18 @@ Each record is a frozen dataclass whose fields are ints, floats, strings, bools,
 None, nested records, or tuples of those. `to_dict` writes every field;
 `from_dict` rejects unknown keys, fills in defaults and checks the types, so a
 malformed file fails with one clear `UserError` instead of a `KeyError` later.
+
+It also checks every number it loads, so that no record needs to know the rule:
+a float must be finite, and a number must not be negative (no field of these
+records means anything below zero). A field declared with `checked(...)` must in
+addition be positive (where zero would divide or mean nothing) or stay at most a
+bound (fractions); a field added later gets the generic checks for free.
 """
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from pathlib import Path
 from typing import Any, TypeVar
@@ -16,6 +23,14 @@ from typing import Any, TypeVar
 from .errors import UserError
 
 T = TypeVar("T")
+MAX_INT = 2**53
+"""Largest integer a file may give: above it an int no longer converts to a float exactly, and the
+cost model's products of sizes could overflow a float."""
+
+
+def checked(*, positive: bool = False, at_most: float | None = None, **field_kwargs: Any) -> Any:
+    """A dataclass field that `from_dict` also checks: > 0 when `positive`, <= `at_most` when given."""
+    return dataclasses.field(metadata={"positive": positive, "at_most": at_most}, **field_kwargs)
 
 
 def to_dict(record: Any) -> Any:
@@ -46,6 +61,7 @@ def from_dict(cls: type[T], data: Any, where: str = "") -> T:
     for name, field in fields.items():
         if name in data:
             kwargs[name] = _convert(hints[name], data[name], f"{where}.{name}")
+            _check_bounds(field, kwargs[name], f"{where}.{name}")
         elif field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
             raise UserError(f"{where}: missing required key '{name}'")
     try:
@@ -70,10 +86,33 @@ def _convert(hint: Any, value: Any, where: str) -> Any:
     return _check_scalar(hint, value, where)
 
 
+def _check_bounds(field: dataclasses.Field, value: Any, where: str) -> None:
+    """The bounds that `checked(...)` declared on the field."""
+    if value is None:
+        return
+    if field.metadata.get("positive") and not value > 0:
+        raise UserError(f"{where}: must be positive, got {value!r}")
+    at_most = field.metadata.get("at_most")
+    if at_most is not None and value > at_most:
+        raise UserError(f"{where}: must be at most {at_most}, got {value!r}")
+
+
+def check_number(value: int | float, where: str) -> None:
+    """What every number in a record obeys: finite, not negative, and an int at most MAX_INT."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise UserError(f"{where}: must be a finite number, got {value!r}")
+    if value < 0:
+        raise UserError(f"{where}: must not be negative, got {value!r}")
+    if isinstance(value, int) and value > MAX_INT:
+        raise UserError(f"{where}: must be at most 2**53, got {value!r}")
+
+
 def _check_scalar(hint: Any, value: Any, where: str) -> Any:
     if hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        check_number(value, where)
         return float(value)
     if hint is int and isinstance(value, int) and not isinstance(value, bool):
+        check_number(value, where)
         return value
     if hint in (str, bool) and isinstance(value, hint):
         return value
@@ -83,15 +122,19 @@ def _check_scalar(hint: Any, value: Any, where: str) -> Any:
 
 
 def read_json(path: str | Path, what: str) -> Any:
-    """Parse a JSON file, turning missing files and bad syntax into UserError."""
+    """Parse a JSON file, turning missing files, other encodings and bad syntax into UserError."""
     try:
-        text = Path(path).read_text()
+        text = Path(path).read_bytes().decode("utf-8")
     except OSError as error:
-        raise UserError(f"cannot read {what} file '{path}': {error.strerror}") from None
+        raise UserError(f"cannot read {what} file '{path}': {error.strerror or error}") from None
+    except UnicodeDecodeError as error:
+        raise UserError(f"{what} file '{path}' is not UTF-8 text (byte {error.start})") from None
     try:
         return json.loads(text)
     except json.JSONDecodeError as error:
         raise UserError(f"{what} file '{path}' is not valid JSON: {error.msg} at line {error.lineno}") from None
+    except RecursionError:
+        raise UserError(f"{what} file '{path}' nests JSON too deeply") from None
 
 
 class CachedHash:

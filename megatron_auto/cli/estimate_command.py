@@ -11,7 +11,8 @@ from ..plan import Plan, load_plan
 from ..report import plan_table
 from ..search.uniform import UniformConfig, best_uniform_plan, build_uniform_plan
 from ..specs import ClusterSpec, load_model
-from .job import attach_profiles, fit_cluster_to_world, load_cluster_arg, load_job, training_spec
+from .job import (attach_profiles, fit_cluster_to_world, load_cluster_arg, load_job, sequence_parallel_flag,
+                  training_spec)
 from .output import print_json, summary, write_plan
 
 LAYOUT_FLAGS = ("tp", "pp", "dp", "micro_batch_size", "virtual_stages", "recompute",
@@ -32,7 +33,7 @@ def check_dp(args: argparse.Namespace, cluster: ClusterSpec) -> None:
 def config_from_args(args: argparse.Namespace) -> UniformConfig:
     return UniformConfig(
         tp=args.tp, pp=args.pp, micro_batch_size=args.micro_batch_size or 1,
-        virtual_stages=args.virtual_stages or 1, sequence_parallel=bool(args.sequence_parallel),
+        virtual_stages=args.virtual_stages or 1, sequence_parallel=bool(sequence_parallel_flag(args)),
         distributed_optimizer=bool(args.distributed_optimizer), recompute=args.recompute or "none",
     )
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import logging
 from dataclasses import replace
 from typing import Optional
 
@@ -11,13 +12,17 @@ from ..specs import ClusterSpec, ModelSpec, TrainingSpec, load_cluster, load_mod
 from ..specs.training import GIB
 
 CPU_CLUSTER_PRESET = "cpu-gloo"
+logger = logging.getLogger(__name__)
 
 
 def load_cluster_arg(name: str, num_nodes: Optional[int], gpus_per_node: Optional[int]) -> ClusterSpec:
     """The cluster, with --num-nodes and --gpus-per-node applied."""
     cluster = load_cluster(name, num_nodes)
     if gpus_per_node is not None:
-        cluster = replace(cluster, gpus_per_node=gpus_per_node)
+        try:
+            cluster = replace(cluster, gpus_per_node=gpus_per_node)
+        except ValueError as error:
+            raise UserError(f"--gpus-per-node {gpus_per_node}: {error}") from None
     return cluster
 
 
@@ -49,14 +54,25 @@ def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size
     the CPU cluster."""
     on_gpu = cluster_name != CPU_CLUSTER_PRESET
     precision = args.precision or ("bf16" if on_gpu else "fp32")
-    budget = int(args.memory_budget_gib * GIB) if args.memory_budget_gib else 0
-    options = dict(attention_backend=resolve_attention_backend(getattr(args, "attention_backend", "auto"), on_gpu),
+    budget = max(1, int(args.memory_budget_gib * GIB)) if args.memory_budget_gib else 0  # 0 would mean "all"
+    kernels = dict(attention_backend=resolve_attention_backend(getattr(args, "attention_backend", "auto"), on_gpu),
                    optimizer_impl=resolve_optimizer_impl(getattr(args, "optimizer_impl", "auto"), on_gpu),
                    memory_margin=getattr(args, "memory_margin", None))
-    if precision == "fp32":
-        return TrainingSpec.fp32(global_batch_size, memory_budget_bytes=budget, **options)
-    return TrainingSpec(global_batch_size=global_batch_size, precision=precision, memory_budget_bytes=budget,
-                        **options)
+    try:
+        if precision == "fp32":
+            return TrainingSpec.fp32(global_batch_size, memory_budget_bytes=budget, **kernels)
+        return TrainingSpec(global_batch_size=global_batch_size, precision=precision, memory_budget_bytes=budget,
+                            **kernels)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+
+
+def sequence_parallel_flag(args: argparse.Namespace) -> Optional[bool]:
+    """--sequence-parallel, turned off with a warning at --tp 1, as Megatron-LM's arguments.py does."""
+    if args.sequence_parallel and args.tp == 1:
+        logger.warning("warning: disabling --sequence-parallel because --tp is 1 (as Megatron-LM does)")
+        return False
+    return args.sequence_parallel
 
 
 def load_job(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:

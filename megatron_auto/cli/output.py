@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any, Optional
 
@@ -58,8 +59,22 @@ def print_json(data: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+def check_prediction(plan: Plan) -> None:
+    """Every predicted number is finite: NaN or inf means inputs outside any real range (every value
+    was checked on load, but a speed of 1e-300 FLOP/s is positive and still gives inf x 0)."""
+    prediction = plan.prediction
+    if prediction is None:
+        return
+    values = [prediction.iteration_time_s, prediction.tflops_per_gpu, prediction.peak_memory_gib,
+              *prediction.stage_time_s, *prediction.stage_memory_gib, *serde.to_dict(prediction.breakdown).values()]
+    if not all(math.isfinite(value) for value in values):
+        raise UserError(f"the predicted iteration time is {prediction.iteration_time_s}: a value of the model or "
+                        f"cluster is outside any real range (a speed or size near zero or overflowing)")
+
+
 def write_plan(plan: Plan, path: Optional[str]) -> None:
-    """Write the plan atomically, or do nothing when no --out was given."""
+    """Write the plan atomically (after checking its prediction), or do nothing when no --out was given."""
+    check_prediction(plan)
     if path is None:
         return
     try:

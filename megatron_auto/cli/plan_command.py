@@ -9,7 +9,7 @@ from dataclasses import replace
 from ..cost.estimate import estimate_plan
 from ..report import plan_table
 from ..search.constraints import SearchConstraints
-from .job import load_job
+from .job import load_job, sequence_parallel_flag
 from .output import print_json, summary, write_plan
 from .progress import ProgressBar
 
@@ -20,7 +20,7 @@ def constraints_from_args(args: argparse.Namespace) -> SearchConstraints:
     """The layout flags the user pinned; everything left out is the search's to choose."""
     return SearchConstraints(
         tp=args.tp, pp=args.pp, dp=args.dp, micro_batch_size=args.micro_batch_size,
-        virtual_stages=args.virtual_stages, sequence_parallel=args.sequence_parallel,
+        virtual_stages=args.virtual_stages, sequence_parallel=sequence_parallel_flag(args),
         distributed_optimizer=args.distributed_optimizer, recompute=args.recompute,
     )
 

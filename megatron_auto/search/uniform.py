@@ -107,7 +107,9 @@ def _chunks(stage_layers: tuple[int, ...], v: int, strategy: LayerStrategy, reco
 
 
 def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of n, ascending, in O(sqrt n) steps (n may be a batch of millions)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def pipeline_lower_bound(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig,

@@ -6,8 +6,9 @@ from pathlib import Path
 from typing import Optional
 
 from .. import serde
-from ..serde import CachedHash
+from ..serde import CachedHash, checked
 from ..errors import UserError
+from ..limits import MAX_GPUS
 from .model import _check_version
 from .profiles import MeasuredCosts
 
@@ -20,11 +21,11 @@ class GpuSpec:
 
     name: str
     """Marketing name, for the report."""
-    memory_bytes: int
+    memory_bytes: int = checked(positive=True)
     """Device memory."""
-    peak_flops: float
+    peak_flops: float = checked(positive=True)
     """Dense 16-bit tensor FLOP/s from the datasheet (fp32 FLOP/s for CPU processes)."""
-    memory_bandwidth_bytes_per_s: float
+    memory_bandwidth_bytes_per_s: float = checked(positive=True)
     """HBM (or DRAM share) bandwidth, for memory-bound element-wise kernels."""
     kernel_launch_s: float = 0.0
     """Host seconds to issue one eager PyTorch op of a Megatron-Core layer: with small shards the GPU
@@ -42,11 +43,11 @@ class GpuSpec:
 class LinkSpec:
     """One tier of the network, as seen by one GPU."""
 
-    bandwidth_bytes_per_s: float
+    bandwidth_bytes_per_s: float = checked(positive=True)
     """Datasheet bandwidth per GPU, one direction."""
     latency_s: float
     """Start-up latency of one collective step."""
-    efficiency: float = 0.8
+    efficiency: float = checked(positive=True, at_most=1.0, default=0.8)
     """Fraction of the datasheet bandwidth that collectives reach (bus bandwidth / peak)."""
 
     @property
@@ -65,7 +66,7 @@ class ComputeEfficiency:
     (A100: Megatron SC21 Table 1; H100: measured GEMMs and layers).
     """
 
-    max_fraction: float
+    max_fraction: float = checked(positive=True, at_most=1.0)
     """Ceiling of achieved/peak for very large GEMMs."""
     half_dim: float
     """GEMM dimension at which that dimension alone halves the efficiency."""
@@ -75,7 +76,7 @@ class ComputeEfficiency:
     """Price a layer kernel by kernel (cost/layer_kernels.py: element-wise passes, the attention core per
     backend, weight-gradient accumulation, the host's per-op floor), as fitted on H100 measurements;
     False: the aggregate SC21-era model the A100 constants were fitted with."""
-    flash_fraction: float = 0.35
+    flash_fraction: float = checked(positive=True, at_most=1.0, default=0.35)
     """Fraction of peak that the flash attention kernel reaches on the FLOPs it runs (kernel_level only)."""
 
 
@@ -102,7 +103,7 @@ class ClusterSpec(CachedHash):
     framework_overhead_bytes: int = 0
     """Allocated memory the framework's tensors hold regardless of the plan (inside the caching allocator;
     the CUDA context, NCCL and the allocator's reserve are the fields below)."""
-    grad_overlap: float = 1.0
+    grad_overlap: float = checked(at_most=1.0, default=1.0)
     """Share of the overlap window that the runtime hides communication in: 1 where Megatron-Core's
     DDP reduces buckets during the backward (overlap_grad_reduce, on CUDA) and FSDP prefetches
     ZeRO-3 gathers behind compute; 0 on cpu-gloo, where neither overlaps."""
@@ -127,6 +128,9 @@ class ClusterSpec(CachedHash):
         _check_version(self.schema_version, CLUSTER_SCHEMA_VERSION, "cluster spec")
         if self.num_nodes <= 0 or self.gpus_per_node <= 0:
             raise ValueError("num_nodes and gpus_per_node must be positive")
+        if self.world_size > MAX_GPUS:
+            raise ValueError(f"{self.num_nodes} nodes x {self.gpus_per_node} GPUs is more than the {MAX_GPUS} GPUs "
+                             f"megatron-auto plans for (megatron_auto/limits.py)")
 
     @property
     def world_size(self) -> int:
@@ -137,7 +141,10 @@ class ClusterSpec(CachedHash):
 
         if num_nodes <= 0:
             raise UserError(f"--num-nodes must be positive, got {num_nodes}")
-        return replace(self, num_nodes=num_nodes)
+        try:
+            return replace(self, num_nodes=num_nodes)
+        except ValueError as error:
+            raise UserError(f"--num-nodes {num_nodes}: {error}") from None
 
     def link_for_group(self, group_size: int, stride: int = 1) -> LinkSpec:
         """The slowest tier that groups of `group_size` ranks, `stride` apart, cross.

@@ -14,6 +14,7 @@ from pathlib import Path
 from .. import serde
 from ..serde import CachedHash
 from ..errors import UserError
+from ..limits import MAX_LAYERS
 
 MODEL_SCHEMA_VERSION = 1
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
@@ -97,8 +98,7 @@ class ModelSpec(CachedHash):
     def __post_init__(self) -> None:
         _check_version(self.schema_version, MODEL_SCHEMA_VERSION, "model spec")
         _check_positive(self, "seq_length", "vocab_size")
-        if not self.layers:
-            raise ValueError("a model needs at least one layer")
+        _check_layer_count(len(self.layers))
         if len({layer.hidden_size for layer in self.layers}) != 1:
             raise ValueError("all layers must share one hidden_size (the residual stream)")
         if self.position_embedding_type not in POSITION_EMBEDDINGS:
@@ -145,8 +145,8 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
     layer = LayerSpec(
         hidden_size=hidden_size,
         num_attention_heads=num_attention_heads,
-        num_query_groups=num_query_groups or num_attention_heads,
-        ffn_hidden_size=ffn_hidden_size or 4 * hidden_size,
+        num_query_groups=num_attention_heads if num_query_groups is None else num_query_groups,
+        ffn_hidden_size=4 * hidden_size if ffn_hidden_size is None else ffn_hidden_size,
         swiglu=swiglu,
         normalization=normalization,
         add_bias_linear=add_bias_linear,
@@ -164,15 +164,18 @@ _COMPACT_KEYS = {
     "normalization", "add_bias_linear", "position_embedding_type", "rotary_base",
 }
 _COMPACT_TYPES = {"swiglu": bool, "untie_embeddings_and_output_weights": bool, "add_bias_linear": bool,
-                  "normalization": str, "position_embedding_type": str}
+                  "normalization": str, "position_embedding_type": str, "name": str}
 
 
-def model_from_dict(data: dict, label: str = "model") -> ModelSpec:
-    """Accept both the rich form (with `layers`) and Megatron's compact form."""
+def model_from_dict(data: dict, name: str = "model", where: str = "") -> ModelSpec:
+    """Accept both the rich form (with `layers`) and Megatron's compact form. `name` names a model
+    whose file gives none; errors start with `where` (default: the name)."""
+    label = where or name
     if not isinstance(data, dict):
         raise UserError(f"{label}: expected a JSON object")
     if isinstance(data.get("layers"), list):
-        return serde.from_dict(ModelSpec, {"name": label, **data}, label)
+        _check_layer_count(len(data["layers"]), label)  # before building a record per layer
+        return serde.from_dict(ModelSpec, {"name": name, **data}, label)
     unknown = sorted(set(data) - _COMPACT_KEYS)
     if unknown:
         raise UserError(f"{label}: unknown key(s) {', '.join(unknown)}")
@@ -180,13 +183,12 @@ def model_from_dict(data: dict, label: str = "model") -> ModelSpec:
     if missing:
         raise UserError(f"{label}: missing required key(s) {', '.join(missing)}")
     _check_version(data.get("schema_version", MODEL_SCHEMA_VERSION), MODEL_SCHEMA_VERSION, label, UserError)
+    for key, value in data.items():
+        _check_compact_value(key, value, label)
+    _check_layer_count(data["num_layers"], label)
     kwargs = {k: v for k, v in data.items() if k not in ("name", "schema_version", "max_position_embeddings")}
-    for key, value in kwargs.items():
-        expected = _COMPACT_TYPES.get(key, int)
-        if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-            raise UserError(f"{label}.{key}: expected {expected.__name__}, got {value!r}")
     try:
-        return uniform_model(data.get("name", label), **kwargs)
+        return uniform_model(data.get("name", name), **kwargs)
     except ValueError as error:
         raise UserError(f"{label}: {error}") from None
 
@@ -199,7 +201,29 @@ def load_model(name_or_path: str) -> ModelSpec:
         return MODEL_PRESETS[name_or_path]
     if not name_or_path.endswith(".json") and not Path(name_or_path).exists():
         raise UserError(f"unknown model preset '{name_or_path}'; choose one of: {', '.join(MODEL_PRESETS)} or give a .json file")
-    return model_from_dict(serde.read_json(name_or_path, "model"), Path(name_or_path).stem)
+    path = Path(name_or_path)
+    return model_from_dict(serde.read_json(name_or_path, "model"), path.stem, f"model '{path.name}'")
+
+
+def _check_compact_value(key: str, value: object, label: str) -> None:
+    """A compact-form value: its type, and for the sizes a positive integer (0 never means 'default')."""
+    expected = _COMPACT_TYPES.get(key, int)
+    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+        raise UserError(f"{label}.{key}: expected {expected.__name__}, got {value!r}")
+    if expected is int and key not in ("schema_version", "num_layers") and value <= 0:  # those have their own checks
+        raise UserError(f"{label}.{key}: must be a positive integer, got {value!r}")
+    if expected is int:
+        serde.check_number(value, f"{label}.{key}")
+
+
+def _check_layer_count(count: int, label: str = "") -> None:
+    """At least one layer and at most MAX_LAYERS (megatron_auto/limits.py)."""
+    error = UserError if label else ValueError
+    prefix = f"{label}: " if label else ""
+    if count < 1:
+        raise error(f"{prefix}a model needs at least one layer")
+    if count > MAX_LAYERS:
+        raise error(f"{prefix}{count} layers is more than the {MAX_LAYERS} megatron-auto plans for (megatron_auto/limits.py)")
 
 
 def _check_positive(record: object, *names: str) -> None:

@@ -15,7 +15,7 @@ from typing import Optional
 
 from .. import serde
 from ..errors import UserError
-from ..serde import CachedHash
+from ..serde import CachedHash, checked
 from .model import LayerSpec, _check_version
 
 PROFILE_SCHEMA_VERSION = 1
@@ -30,9 +30,9 @@ class CollectiveCurve:
 
     op: str
     """One of COLLECTIVES."""
-    group_size: int
+    group_size: int = checked(positive=True)
     """Ranks in the group (2 for p2p)."""
-    stride: int
+    stride: int = checked(positive=True)
     """Rank distance between consecutive group members (1: consecutive ranks)."""
     inter_node: bool
     """True when the group spans more than one node."""
@@ -62,13 +62,13 @@ class ClusterProfile(CachedHash):
     """torch.distributed backend: nccl or gloo."""
     device: str
     """GPU name, or `cpu`."""
-    world_size: int
+    world_size: int = checked(positive=True)
     """Ranks that took part."""
-    gpus_per_node: int
+    gpus_per_node: int = checked(positive=True)
     """Ranks per node (LOCAL_WORLD_SIZE)."""
     curves: tuple[CollectiveCurve, ...]
     """One curve per (op, group size, stride)."""
-    grad_overlap_fraction: float = 0.0
+    grad_overlap_fraction: float = checked(at_most=1.0, default=0.0)
     """Share of an all-reduce that ran hidden behind concurrent compute (0: none hidden)."""
     step_overhead_s: float = 0.0
     """Seconds per iteration the training runtime spends outside the layers, collectives and
@@ -91,11 +91,11 @@ class ClusterProfile(CachedHash):
 class LayerTiming:
     """One measured point: a layer at one sharded shape."""
 
-    tp: int
+    tp: int = checked(positive=True)
     """Tensor-parallel degree whose shard was run."""
-    micro_batch: int
+    micro_batch: int = checked(positive=True)
     """Samples per micro-batch on the rank."""
-    seq_length: int
+    seq_length: int = checked(positive=True)
     """Tokens per sample."""
     forward_s: float
     """Median seconds of the forward pass."""
@@ -135,7 +135,7 @@ class ModelProfile(CachedHash):
     """GPU name, or `cpu`."""
     precision: str
     """fp32, bf16 or fp16: the dtype the layers ran in."""
-    concurrent_processes: int
+    concurrent_processes: int = checked(positive=True)
     """Identical benchmark processes run at once (ranks sharing the device's cores)."""
     layers: tuple[LayerProfile, ...]
     """One entry per distinct layer type."""

@@ -5,6 +5,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..kernels import PRICED_ATTENTION, PRICED_OPTIMIZER
+from ..limits import MAX_GLOBAL_BATCH
 from ..serde import CachedHash
 
 from .model import _check_version
@@ -44,8 +45,9 @@ class TrainingSpec(CachedHash):
 
     def __post_init__(self) -> None:
         _check_version(self.schema_version, TRAINING_SCHEMA_VERSION, "training spec")
-        if self.global_batch_size <= 0:
-            raise ValueError(f"global batch size must be positive, got {self.global_batch_size}")
+        if not 0 < self.global_batch_size <= MAX_GLOBAL_BATCH:
+            raise ValueError(f"global batch size must be positive and at most {MAX_GLOBAL_BATCH} "
+                             f"(megatron_auto/limits.py), got {self.global_batch_size}")
         if self.precision not in ("bf16", "fp16", "fp32"):
             raise ValueError(f"precision must be bf16, fp16 or fp32, got {self.precision!r}")
         if self.memory_budget_bytes < 0:
