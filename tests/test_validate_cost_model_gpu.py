@@ -13,6 +13,7 @@ import cost_validation_gpu as gpu  # noqa: E402
 import validate_cost_model as validate  # noqa: E402
 from megatron_auto.runtime.planning import job_cluster  # noqa: E402
 from megatron_auto.search.uniform import build_uniform_plan  # noqa: E402
+from megatron_auto.cost.estimate import estimate_plan  # noqa: E402
 from megatron_auto.specs.training import GIB  # noqa: E402
 
 
@@ -52,7 +53,10 @@ def test_row_errors_are_predicted_over_measured():
     assert row.time_error == pytest.approx(1 / 1.25 - 1)
     assert row.allocated_error == pytest.approx(1 / 1.1 - 1)
     assert row.device_error == pytest.approx(1 / 1.2 - 1)
-    assert row.predicted_peak_bytes - row.predicted_tensor_bytes == cluster.framework_overhead_bytes
+    prediction = estimate_plan(plan, job.model(), cluster, training)
+    assert (row.predicted_tensor_bytes, row.predicted_peak_bytes) == (prediction.peak_memory_gib * GIB,
+                                                                       prediction.device_memory_gib * GIB)
+    assert row.predicted_peak_bytes > row.predicted_tensor_bytes  # reserve, context and NCCL on top
     assert row.fit_agrees == row.predicted_fits
 
 
@@ -78,7 +82,10 @@ def test_cuda_main_writes_the_docs_section(tmp_path, monkeypatch):
         cluster, training = job_cluster(1, "dgx-h100-80gb"), gpu.gpu_training(job.global_batch)
         rows = {name: gpu.gpu_row(name, plan, job.model(), cluster, training, gpu.GpuMeasurement(None))
                 for name, plan in plans.items()}
-        return {name: _fake_measurement(row, out_of_memory=not row.predicted_fits) for name, row in rows.items()}
+        # The runs run out of memory where the model says they do not fit, and one that it says fits
+        # runs out too (a miss the table must show).
+        return {name: _fake_measurement(row, out_of_memory=not row.predicted_fits or name == "mbs1 rc=full")
+                for name, row in rows.items()}
 
     monkeypatch.setattr(gpu, "measure_cuda", fake_measure)
     docs = tmp_path / "benchmarks.md"
@@ -88,6 +95,7 @@ def test_cuda_main_writes_the_docs_section(tmp_path, monkeypatch):
     assert "## Other\n\nkept" in text
     assert "## Cost model on GPUs: predicted vs measured (1 x NVIDIA H100 80GB HBM3)" in text
     assert "| mbs8 rc=full |" in text and "-20.0%" in text and "planner pick" in text
-    # The fake runs ran out of memory exactly where the model said they would not fit.
-    assert re.search(r"Fits / out of memory predicted right for (\d+) of \1\.", text)
-    assert "| out of memory |" in text  # mbs8 without recompute does not fit 80 GB
+    # Every fake run but mbs1 rc=full ran out of memory exactly where the model said it would not fit.
+    right, total = map(int, re.search(r"Fits / out of memory predicted right for (\d+) of (\d+)\.", text).groups())
+    assert right == total - 1
+    assert re.search(r"\| mbs1 rc=full \|.*\| yes \| out of memory \|", text)

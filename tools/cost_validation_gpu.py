@@ -16,9 +16,10 @@ max_memory_reserved over the run (max over ranks) plus what the process holds ou
 torch's allocator (runtime.memory_check.MeasuredPeak). A run that runs out of memory
 is a row too: the prediction said it fits or not.
 
-Compared: the cost model's iteration time; its peak tensor bytes (peak less
-ClusterSpec.framework_overhead_bytes) against the peak allocated; its whole peak
-against the device memory used (peak reserved + outside torch).
+Compared: the cost model's iteration time; its allocated peak (Prediction.peak_memory_gib)
+against the peak allocated; its device memory (Prediction.device_memory_gib: the allocator's
+reserve, the CUDA context, workspaces and NCCL included) against the device memory used
+(peak reserved + outside torch).
 """
 from __future__ import annotations
 
@@ -108,8 +109,9 @@ class GpuRow:
     name: str
     predicted_s: float
     predicted_peak_bytes: float
+    """Device memory at the peak: reserved by the allocator plus what lives outside it."""
     predicted_tensor_bytes: float
-    """The peak less the framework overhead: what torch's allocator holds at the peak."""
+    """The allocated peak: what live tensors hold (torch.cuda.max_memory_allocated's counterpart)."""
     predicted_fits: bool
     measured: GpuMeasurement
 
@@ -136,9 +138,8 @@ def gpu_row(name: str, plan: Plan, model, cluster: ClusterSpec, training: Traini
             measured: GpuMeasurement) -> GpuRow:
     """The cost model's prediction for `plan` beside its measurement."""
     prediction = estimate_plan(plan, model, cluster, training)
-    peak = prediction.peak_memory_gib * GIB
-    return GpuRow(name, prediction.iteration_time_s, peak, peak - cluster.framework_overhead_bytes,
-                  prediction.fits, measured)
+    return GpuRow(name, prediction.iteration_time_s, prediction.device_memory_gib * GIB,
+                  prediction.peak_memory_gib * GIB, prediction.fits, measured)
 
 
 def measurement_from_ranks(ranks: list[dict], steps_s: list[float], out_of_memory: bool) -> GpuMeasurement:
