@@ -42,11 +42,31 @@ def cluster_for_world(cluster: ClusterSpec, world_size: int) -> ClusterSpec:
 
 def job_cluster(world_size: int, cluster_name: str | None = None, profiles: Sequence[str] = ()) -> ClusterSpec:
     """The cluster the search prices a job under: the preset (detected when not named) shaped
-    to `world_size`, with the measured `profiles` attached when given."""
+    to `world_size`, with this device's usable memory and the measured `profiles` attached."""
     cluster = cluster_for_world(load_cluster(cluster_name or detect_cluster_name()), world_size)
+    cluster = with_device_capacity(cluster, device_total_bytes())
     if profiles:
         cluster = dataclasses.replace(cluster, measured=measured_costs(list(profiles)))
     return cluster
+
+
+def device_total_bytes() -> int | None:
+    """What torch can use of this rank's GPU (torch.cuda.mem_get_info's total); None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    return int(torch.cuda.mem_get_info()[1])
+
+
+def with_device_capacity(cluster: ClusterSpec, total_bytes: int | None) -> ClusterSpec:
+    """The cluster with the device's measured usable memory as its capacity (no change without one).
+
+    Identical GPUs report the same total, so every rank's search prices the same capacity."""
+    if not total_bytes:
+        return cluster
+    gpu = dataclasses.replace(cluster.gpu, usable_memory_bytes=total_bytes)
+    return dataclasses.replace(cluster, gpu=gpu)
 
 
 def search_for_job(model: ModelSpec, world_size: int, cluster_name: str | None, training: TrainingSpec,

@@ -143,3 +143,16 @@ def test_cuda_peak_adds_what_the_process_holds_outside_torch(monkeypatch):
     assert peak.device_bytes == 72 * GIB
     assert oom.device_capacity_bytes(torch.device("cuda", 0), 60 * GIB, None) == 80 * GIB
     assert memory_check.measure_peak(torch.device("cpu")) is None
+
+
+def test_the_search_prices_the_capacity_the_device_reports(monkeypatch):
+    import torch
+
+    from megatron_auto.runtime import planning
+    from megatron_auto.specs.cluster import load_cluster
+
+    preset = load_cluster("dgx-h100-80gb").gpu.capacity_bytes
+    assert planning.job_cluster(1, "dgx-h100-80gb").gpu.capacity_bytes == preset  # CPU: the preset's
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda *a: (1 * GIB, 70 * GIB))  # a smaller card
+    assert planning.job_cluster(1, "dgx-h100-80gb").gpu.capacity_bytes == 70 * GIB
