@@ -64,3 +64,37 @@ def test_grid_equals_megatron_search_when_block_recompute_wins():
     assert (grid.config.recompute, grid.config.recompute_num_layers) == ("full", 7)
     searched = search_plan(model, CLUSTER, training, "megatron").plan.prediction.iteration_time_s
     assert grid.time_s == pytest.approx(searched, rel=1e-12)
+
+
+class _Fits:
+    """A stand-in plan for the bisection: only `prediction.fits` is read."""
+
+    def __init__(self, layers: int, fits: bool):
+        self.layers, self.prediction = layers, type("P", (), {"fits": fits})()
+
+
+def test_bisection_goes_below_a_pruned_middle():
+    from megatron_auto.search.megatron_space import _fewest_recomputed_layers
+
+    # 2 or more recomputed layers fit; 4 or more cannot beat the incumbent (pruned: None).
+    def evaluate(n):
+        return None if n >= 4 else _Fits(n, n >= 2)
+
+    assert _fewest_recomputed_layers(evaluate, 8).layers == 2
+    assert _fewest_recomputed_layers(lambda n: None if n >= 1 else _Fits(n, False), 8) is None
+
+
+def test_block_recompute_under_interleaving_is_found_as_the_grid_finds_it():
+    # llama2-70b on 64 H100s under 40 GiB: at t4 p16 the grid's best recomputes 2 layers per stage at v=1,
+    # while 1 layer per chunk fits only at v=5 (5 chunks, so every layer recomputed, and slower): the
+    # fewest layers per chunk that fit is not the best unless each chunk count is bisected on its own.
+    from megatron_auto.search.constraints import SearchConstraints
+    from megatron_auto.search.grid import grid_search_degrees
+    from megatron_auto.specs import load_cluster, load_model
+
+    model, cluster = load_model("llama2-70b"), load_cluster("dgx-h100-80gb", 8)
+    training = TrainingSpec(global_batch_size=512, memory_budget_bytes=40 * GIB)
+    grid = grid_search_degrees(model, cluster, training, 4, 16, split_window=0)
+    found = search_plan(model, cluster, training, "megatron", SearchConstraints(tp=4, pp=16)).plan
+    assert grid.plan is not None and grid.plan.prediction.fits
+    assert found.prediction.iteration_time_s <= grid.plan.prediction.iteration_time_s * (1 + 1e-12)

@@ -177,48 +177,65 @@ def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats, inc
 
 def _best_for_recompute(model, cluster, training, constraints, config: UniformConfig, stats,
                         incumbent: float) -> Optional[Plan]:
-    def evaluate(num_layers: Optional[int], micro_batch: Optional[int] = None) -> Optional[Plan]:
+    def evaluate(num_layers: Optional[int], micro_batch: Optional[int] = None, virtual: Optional[int] = None,
+                 bound: float = incumbent) -> Optional[Plan]:
         stats.evaluated += 1
         fixed = micro_batch or constraints.micro_batch_size
+        chunks = virtual or constraints.virtual_stages
         try:
             return best_uniform_plan(model, cluster, training,
                                      replace(config, recompute_num_layers=num_layers,
-                                             micro_batch_size=fixed or config.micro_batch_size),
-                                     choose_micro_batch=fixed is None,
-                                     choose_virtual_stages=constraints.virtual_stages is None,
-                                     incumbent=incumbent)
+                                             micro_batch_size=fixed or config.micro_batch_size,
+                                             virtual_stages=chunks or config.virtual_stages),
+                                     choose_micro_batch=fixed is None, choose_virtual_stages=chunks is None,
+                                     incumbent=bound)
         except UserError:
             stats.drop("invalid-flags")
             return None
 
     if config.recompute != "full":
         return evaluate(None)
-    every = evaluate(None)
+    # Whether recomputing every layer fits decides whether any fewer layers can; the incumbent
+    # must not prune it, since fewer recomputed layers are faster than it.
+    every = evaluate(None, bound=math.inf)
     if every is None or not every.prediction.fits:
         return every
-    # Memory falls with the recomputed layers at a fixed micro-batch, but the fastest micro-batch
-    # that fits changes with them: bisect per micro-batch size.
+    # Memory falls with the layers recomputed per chunk only at a fixed micro-batch and chunk count
+    # (recompute_num_layers counts per chunk: more chunks recompute more layers), so bisect per pair.
     dp = cluster.world_size // (config.tp * config.pp)
     sizes = [constraints.micro_batch_size] if constraints.micro_batch_size else \
         divisors(training.global_batch_size // dp)
     best = every
-    for size in sizes:
-        plan = _fewest_recomputed_layers(lambda n: evaluate(n, size), config, model)
+    for size, virtual in itertools.product(sizes, _virtual_choices(model, config, constraints)):
+        longest = min(config.stage_layers or (model.num_layers // config.pp,)) // virtual
+        plan = _fewest_recomputed_layers(lambda n: evaluate(n, size, virtual), longest)
         if plan is not None and _key(plan) < _key(best):
             best = plan
     return best
 
 
-def _fewest_recomputed_layers(evaluate, config: UniformConfig, model: ModelSpec) -> Optional[Plan]:
-    """Bisection for the fewest layers per chunk that, recomputed, make the plan fit."""
-    # The layers of the smallest stage bound recompute_num_layers under every v: the best plan
-    # recomputing every layer may interleave (shorter chunks) while fewer layers fit only with v = 1.
-    chunk = min(config.stage_layers or (model.num_layers // config.pp,))
-    low, high, best = 0, chunk, None   # `high` layers per chunk fit, or none does
+def _virtual_choices(model: ModelSpec, config: UniformConfig, constraints: SearchConstraints) -> list[int]:
+    """The chunk counts best_uniform_plan would choose among (every divisor of an even stage)."""
+    if constraints.virtual_stages:
+        return [constraints.virtual_stages]
+    stage_layers = config.stage_layers or even_split(model.num_layers, config.pp) or ()
+    if config.pp > 1 and len(set(stage_layers)) == 1:
+        return divisors(stage_layers[0])
+    return [1]
+
+
+def _fewest_recomputed_layers(evaluate, chunk_layers: int) -> Optional[Plan]:
+    """Bisection for the fewest layers per chunk that, recomputed, make the plan fit (recomputing
+    all `chunk_layers` is the caller's `every`)."""
+    low, high, best = 0, chunk_layers, None   # fewer than `low` layers do not fit; `high` fit or cannot win
     while low + 1 < high:
         middle = (low + high) // 2
         plan = evaluate(middle)
-        if plan is not None and plan.prediction.fits:
+        if plan is None:
+            # Pruned: recomputing `middle` or more layers cannot beat the incumbent (the bound grows
+            # with the layers recomputed), so only fewer layers can win, if they fit.
+            high = middle
+        elif plan.prediction.fits:
             high, best = middle, plan
         else:
             low = middle
