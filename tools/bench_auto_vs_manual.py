@@ -99,7 +99,7 @@ def without_flag(flags: list[str], name: str) -> list[str]:
 def ensure_data() -> None:
     if not Path(f"{DATA_PREFIX}_text_document.bin").exists():
         subprocess.run([PYTHON, str(ROOT / "tools" / "preprocess_data.py"), "--input", str(ROOT / "data" / "tiny_corpus.jsonl"),
-                        "--output-prefix", str(DATA_PREFIX), "--tokenizer-type", "ByteTokenizer"], check=True)
+                        "--output-prefix", str(DATA_PREFIX), "--tokenizer-type", "ByteTokenizer", "--append-eod"], check=True)
 
 
 def check_same_job(auto_log: str, manual_log: str) -> None:
