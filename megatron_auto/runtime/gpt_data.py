@@ -148,7 +148,8 @@ class GPTDatasets:
         if evaluates and not self.splits["eval"]:
             raise UserError(f"--split {data.split} leaves no validation data, but --eval-interval asks for "
                             "evaluation (give the validation split a weight, or --eval-iters 0)")
-        self.description = ", ".join(f"{name} {len(ds) if ds else 0}" for name, ds in self.splits.items())
+        built = ", ".join(f"{name} {len(ds) if ds else 0}" for name, ds in self.splits.items())
+        self.description = f"needed {sizes[0]}/{sizes[1]}/{sizes[2]} (train/eval/test), built {built}"
 
     def sample(self, index: int, split: str = "train") -> np.ndarray:
         """Sample `index` of `split`, the label of the last position included."""
