@@ -169,6 +169,11 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-mmap-bin-files", action="store_false", dest="mmap_bin_files",
                        help="read the .bin files with file reads instead of memory maps")
     group.add_argument("--data-cache-path", help="directory for the dataset index cache (default: beside each dataset)")
+    group.add_argument("--eod-mask-loss", action="store_true", help="no loss on end-of-document tokens")
+    group.add_argument("--reset-position-ids", action="store_true",
+                       help="positions restart after each end-of-document token")
+    group.add_argument("--reset-attention-mask", action="store_true",
+                       help="refused: per-document attention masks are not supported here")
     group.add_argument("--no-create-attention-mask-in-dataloader", action="store_false",
                        dest="create_attention_mask_in_dataloader",
                        help="without effect: the dataloader never builds masks here (attention is causal in the kernel)")
@@ -278,9 +283,13 @@ def data_from_args(args: argparse.Namespace, vocab_size: int) -> DataSettings:
     """The data flags: the `--data-path` blend (empty for --mock-data), split, .bin reading, cache."""
     from megatron_auto.runtime.gpt_data import check_data
 
+    if args.reset_attention_mask:
+        raise UserError("--reset-attention-mask: per-document attention masks are not supported "
+                        "(the attention here is causal over the whole sequence)")
     data = DataSettings(blend=() if args.mock_data else tuple(args.data_path), vocab_size=vocab_size,
                         split=args.split or "969,30,1", mmap_bin_files=args.mmap_bin_files,
-                        cache_path=args.data_cache_path)
+                        cache_path=args.data_cache_path, eod_mask_loss=args.eod_mask_loss,
+                        reset_position_ids=args.reset_position_ids)
     if data.blend:
         check_data(data)  # before any work: a truncated .bin, a bad blend or split is one line
     return data

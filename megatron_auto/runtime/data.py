@@ -63,8 +63,11 @@ class BatchSlicer:
         return range(start, start + mbs)
 
 
-def make_batch(samples: list[np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
-    """Inputs, shifted labels, loss mask and positions for GPTModel."""
+def make_batch(samples: list, device: torch.device) -> dict[str, torch.Tensor]:
+    """Inputs, shifted labels, loss mask and positions for GPTModel, from token arrays of
+    seq_length + 1 (mock data) or from GPTDataset's samples (dicts of those four fields)."""
+    if isinstance(samples[0], dict):
+        return {key: torch.stack([s[key] for s in samples]).contiguous().to(device) for key in samples[0]}
     data = torch.from_numpy(np.stack(samples))
     tokens, labels = data[:, :-1].contiguous(), data[:, 1:].contiguous()
     seq_length = tokens.shape[1]

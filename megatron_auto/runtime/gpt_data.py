@@ -128,8 +128,8 @@ def build_splits(data: DataSettings, seq_length: int, seed: int, sizes: list[int
     config = GPTDatasetConfig(
         random_seed=seed, sequence_length=seq_length, blend=(prefixes, weights), split=data.split,
         path_to_cache=data.cache_path, mmap_bin_files=data.mmap_bin_files,
-        tokenizer=DatasetTokenizer(data.eod, data.vocab_size), reset_position_ids=False,
-        reset_attention_mask=False, eod_mask_loss=False, create_attention_mask=False)
+        tokenizer=DatasetTokenizer(data.eod, data.vocab_size), reset_position_ids=data.reset_position_ids,
+        reset_attention_mask=False, eod_mask_loss=data.eod_mask_loss, create_attention_mask=False)
     blend_logger = logging.getLogger("megatron.core.datasets.blended_dataset")
     level = blend_logger.level
     if data.cache_path is None:  # Megatron warns on every rank that it cannot cache the blend index
@@ -141,7 +141,8 @@ def build_splits(data: DataSettings, seq_length: int, seed: int, sizes: list[int
 
 
 class GPTDatasets:
-    """Samples of seq_length + 1 tokens from megatron-core's train / validation / test datasets."""
+    """Samples from megatron-core's train / validation / test datasets, as GPTDataset makes them
+    (tokens, labels, loss mask and positions: --eod-mask-loss and --reset-position-ids applied)."""
 
     def __init__(self, data: DataSettings, seq_length: int, seed: int, sizes: list[int], evaluates: bool) -> None:
         self.splits = dict(zip(SPLIT_NAMES, build_splits(data, seq_length, seed, sizes)))
@@ -151,8 +152,8 @@ class GPTDatasets:
         built = ", ".join(f"{name} {len(ds) if ds else 0}" for name, ds in self.splits.items())
         self.description = f"needed {sizes[0]}/{sizes[1]}/{sizes[2]} (train/eval/test), built {built}"
 
-    def sample(self, index: int, split: str = "train") -> np.ndarray:
-        """Sample `index` of `split`, the label of the last position included."""
+    def sample(self, index: int, split: str = "train") -> dict:
+        """Sample `index` of `split` (it wraps around the split's length)."""
         dataset = self.splits[split]
         item = dataset[index % len(dataset)]
-        return np.concatenate([item["tokens"].numpy(), item["labels"][-1:].numpy()]).astype(np.int64)
+        return {key: item[key] for key in ("tokens", "labels", "loss_mask", "position_ids")}

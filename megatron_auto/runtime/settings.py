@@ -24,6 +24,10 @@ class DataSettings:
     """False (--no-mmap-bin-files): read the .bin files with file reads instead of memory maps."""
     cache_path: Optional[str] = None
     """--data-cache-path: where the dataset indices are cached (None: beside each dataset)."""
+    eod_mask_loss: bool = False
+    """--eod-mask-loss: end-of-document tokens carry no loss (megatron-core's GPTDataset masks them)."""
+    reset_position_ids: bool = False
+    """--reset-position-ids: positions restart after each end-of-document token (GPTDataset)."""
 
 
 

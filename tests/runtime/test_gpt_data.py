@@ -95,8 +95,10 @@ def test_samples_are_the_token_stream_of_their_split(prefixes):
     datasets = _datasets((prefixes[0],), "949,50,1", [64, 32, 8], seq_length=16)
     documents = IndexedDataset(prefixes[0])
     stream = np.concatenate([np.array(documents[d]) for d in range(664, 699)])
-    sample = datasets.sample(0, "eval")
+    item = datasets.sample(0, "eval")
+    sample = np.concatenate([item["tokens"].numpy(), item["labels"][-1:].numpy()])
     assert sample.shape == (17,)
+    np.testing.assert_array_equal(item["tokens"][1:].numpy(), item["labels"][:-1].numpy())
     starts = [i for i in range(len(stream) - 16) if (stream[i:i + 17] == sample).all()]
     assert starts  # the validation sample is a window of the validation documents
 
@@ -120,3 +122,22 @@ def test_missing_validation_split_is_refused_when_evaluating(prefixes):
     with pytest.raises(UserError, match="leaves no validation data"):
         GPTDatasets(DataSettings(blend=(prefixes[0],), vocab_size=257, eod=256, split="100,0,0"), 32, 1,
                     [64, 32, 8], evaluates=True)
+
+
+def test_eod_mask_loss_and_reset_position_ids_reach_the_samples(prefixes):
+    data = DataSettings(blend=(prefixes[0],), vocab_size=257, eod=256, split="949,50,1",
+                        eod_mask_loss=True, reset_position_ids=True)
+    datasets = GPTDatasets(data, 64, 1234, [64, 32, 8], evaluates=False)
+    seen_eod = 0
+    for index in range(16):
+        item = datasets.sample(index)
+        tokens = item["tokens"].tolist()
+        # Megatron-LM: no loss where the input is end-of-document; positions restart after it.
+        assert item["loss_mask"].tolist() == [0.0 if t == 256 else 1.0 for t in tokens]
+        expected, position = [], 0
+        for token in tokens:
+            expected.append(position)
+            position = 0 if token == 256 else position + 1
+        assert item["position_ids"].tolist() == expected
+        seen_eod += tokens.count(256)
+    assert seen_eod > 0  # documents of ~230 bytes: 16 windows of 64 cross several ends
