@@ -138,10 +138,15 @@ def hugging_face(files: TokenizerFiles) -> RustTokenizer:
         raise UserError(f"--tokenizer-type {kind} needs --tokenizer-model DIR (a local tokenizer directory)")
     directory = path if os.path.isdir(path) else os.path.dirname(path)
     tokenizer_json = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
-    if not os.path.isfile(tokenizer_json):
-        raise UserError(f"--tokenizer-model {path}: no tokenizer.json there (a local directory is "
-                        "needed: nothing is downloaded)")
-    model = tokenizers.Tokenizer.from_file(tokenizer_json)
+    if os.path.isfile(tokenizer_json):
+        model = tokenizers.Tokenizer.from_file(tokenizer_json)
+    elif all(os.path.isfile(os.path.join(directory, f)) for f in ("vocab.json", "merges.txt")):
+        # An older GPT-2-style directory: transformers builds the same byte-level BPE from these.
+        model = gpt2_bpe(TokenizerFiles(vocab_file=os.path.join(directory, "vocab.json"),
+                                        merge_file=os.path.join(directory, "merges.txt"))).model
+    else:
+        raise UserError(f"--tokenizer-model {path}: no tokenizer.json (nor vocab.json + merges.txt) there "
+                        "(a local directory is needed: nothing is downloaded)")
     eos = _eos_token(directory)
     eod = model.token_to_id(eos) if eos else None
     if eod is None:

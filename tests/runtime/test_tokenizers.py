@@ -125,3 +125,15 @@ def test_preprocess_refuses_a_missing_model_with_one_line(tmp_path):
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"error: --tokenizer-model {tmp_path / 'absent.model'}: no such file "
                                                 "(tokenizer files must be local)"]
+
+
+def test_hugging_face_directory_without_tokenizer_json_reads_vocab_and_merges(files, tmp_path):
+    import shutil
+
+    for name in ("vocab", "merges"):
+        shutil.copy(files[name], tmp_path / files[name].name)
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"eos_token": {"content": "<|endoftext|>"}}))
+    hf = make_tokenizer("HuggingFaceTokenizer", files=TokenizerFiles(tokenizer_model=str(tmp_path)))
+    gpt2 = _tokenizer("GPT2BPETokenizer", files)
+    text = tokenizer_files.corpus_texts()[3]
+    assert hf.tokenize(text) == gpt2.tokenize(text) and hf.eod == gpt2.eod
