@@ -236,8 +236,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.lr_warmup_iters = int(args.lr_warmup_fraction * (args.lr_decay_iters or args.train_iters))
     if not args.mock_data and not args.data_path:
         parser.error("give --data-path PREFIX or --mock-data")
-    if args.data_path and args.split is None:
-        args.split = "969,30,1"  # Megatron-LM's default when --split is not given
     return args
 
 
@@ -279,8 +277,18 @@ def settings_from_args(args: argparse.Namespace, vocab_size: int, eod: int = 0) 
     return replace(settings, data=replace(settings.data, eod=eod))
 
 
+def log_tokenizer_and_data(args: argparse.Namespace, tokenizer) -> None:
+    """The tokenizer's line, and the data flags that change nothing here, with the reason."""
+    logger.info("tokenizer: %s, vocabulary %d, end of document %d", tokenizer.kind, tokenizer.vocab_size,
+                tokenizer.eod)
+    if not args.create_attention_mask_in_dataloader:
+        logger.info("--no-create-attention-mask-in-dataloader: without effect here (the dataloader never "
+                    "builds attention masks; the attention kernel applies the causal mask)")
+
+
 def data_from_args(args: argparse.Namespace, vocab_size: int) -> DataSettings:
-    """The data flags: the `--data-path` blend (empty for --mock-data), split, .bin reading, cache."""
+    """The data flags: the `--data-path` blend (empty for --mock-data), split (Megatron-LM's default
+    969,30,1 when not given), .bin reading, cache, masks."""
     from megatron_auto.runtime.gpt_data import check_data
 
     if args.reset_attention_mask:
@@ -427,11 +435,7 @@ def run(args: argparse.Namespace) -> None:
         if session.is_logging_rank():
             if no_effect_flags(args):
                 logger.info("accepted without effect here: %s", " ".join(no_effect_flags(args)))
-            if not args.create_attention_mask_in_dataloader:
-                logger.info("--no-create-attention-mask-in-dataloader: without effect here (the dataloader "
-                            "never builds attention masks; the attention kernel applies the causal mask)")
-            logger.info("tokenizer: %s, vocabulary %d, end of document %d", tokenizer.kind,
-                        tokenizer.vocab_size, tokenizer.eod)
+            log_tokenizer_and_data(args, tokenizer)
             logger.info("precision: %s", precision_summary(settings))
             logger.info("%s", kernels.kernels_for_run(model, settings).describe())
             logger.info("parallel plan (%s):\n%s", "auto-parallel" if args.auto_parallel else "flags", plan_table(plan))
