@@ -135,7 +135,7 @@ def plans_of_both_paths(manual_flags: list[str], tmp: Path) -> tuple[Path, Path]
     paths = []
     for name, extra in (("auto", AUTO), ("manual", manual_flags)):
         args = pretrain_gpt.parse_args([*COMMON, "--train-iters", "1", *extra])
-        vocab = pretrain_gpt.make_tokenizer(args.tokenizer_type, args.vocab_size).vocab_size
+        vocab = pretrain_gpt.tokenizer_from_flags(args).vocab_size
         plan = pretrain_gpt.choose_plan(args, pretrain_gpt.model_from_args(args, vocab), 4,
                                         pretrain_gpt.settings_from_args(args, vocab))
         paths.append(tmp / f"{name}.json")

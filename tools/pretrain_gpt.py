@@ -58,7 +58,7 @@ from megatron_auto.kernels import (ATTENTION_BACKENDS, OPTIMIZER_IMPLS, resolve_
                                    resolve_optimizer_impl)
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
-from megatron_auto.runtime.tokenizers import add_tokenizer_flags, make_tokenizer, tokenizer_from_flags  # noqa: E402,F401
+from megatron_auto.runtime.tokenizers import add_tokenizer_flags, tokenizer_from_flags  # noqa: E402
 from megatron_auto.search.constraints import SearchConstraints  # noqa: E402
 from megatron_auto.specs.model import ModelSpec, uniform_model  # noqa: E402
 from megatron_auto.specs.training import TrainingSpec  # noqa: E402
@@ -163,7 +163,7 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
                        help="Megatron-LM's forms: PREFIX, PREFIX1 PREFIX2 ... (weighted by size), or "
                             "W1 PREFIX1 W2 PREFIX2 ... (a weighted blend)")
     group.add_argument("--mock-data", action="store_true")
-    add_tokenizer_flags(group, default_type="NullTokenizer")
+    add_tokenizer_flags(group, default_type=None)
     group.add_argument("--split", help="train,validation,test weights of each dataset's documents "
                                        "(default 969,30,1, as Megatron-LM)")
     group.add_argument("--no-mmap-bin-files", action="store_false", dest="mmap_bin_files",

@@ -87,9 +87,14 @@ class Tokenizer:
         return " ".join(str(i) for i in ids)
 
 
-def make_tokenizer(kind: str, vocab_size: Optional[int] = None,
+def make_tokenizer(kind: Optional[str], vocab_size: Optional[int] = None,
                    files: TokenizerFiles = TokenizerFiles()) -> TextTokenizer:
-    """The tokenizer Megatron's `--tokenizer-type`, `--vocab-size` and file flags name."""
+    """The tokenizer Megatron's `--tokenizer-type`, `--vocab-size` and file flags name.
+
+    No type: GPT2BPETokenizer when a vocabulary or merge file is given (Megatron-LM's
+    pretrain_gpt.py default), else NullTokenizer (Megatron-LM has no default there)."""
+    if kind is None:
+        kind = "GPT2BPETokenizer" if files.vocab_file or files.merge_file else "NullTokenizer"
     if kind == "ByteTokenizer":
         return Tokenizer(kind, 256)
     if kind == "NullTokenizer":
@@ -103,9 +108,12 @@ def make_tokenizer(kind: str, vocab_size: Optional[int] = None,
     raise UserError(f"unknown --tokenizer-type {kind!r}; choose one of {', '.join(TOKENIZER_TYPES)}")
 
 
-def add_tokenizer_flags(group, default_type: str) -> None:
-    """Megatron-LM's tokenizer flags (tools/pretrain_gpt.py and tools/preprocess_data.py share them)."""
-    group.add_argument("--tokenizer-type", default=default_type, choices=TOKENIZER_TYPES)
+def add_tokenizer_flags(group, default_type: Optional[str]) -> None:
+    """Megatron-LM's tokenizer flags (tools/pretrain_gpt.py and tools/preprocess_data.py share them);
+    a `default_type` of None resolves as make_tokenizer says."""
+    group.add_argument("--tokenizer-type", default=default_type, choices=TOKENIZER_TYPES,
+                       help=f"default: {default_type}" if default_type else
+                       "default: GPT2BPETokenizer with --vocab-file/--merge-file (as Megatron-LM), else NullTokenizer")
     group.add_argument("--vocab-size", type=int,
                        help="NullTokenizer: ids below it (eod = it); TikTokenizer: the vocabulary size "
                             "(default 2**17), special tokens included")

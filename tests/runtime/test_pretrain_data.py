@@ -41,9 +41,10 @@ def _train(tmp_path, argv: list[str]) -> str:
 
 def test_gpt2_bpe_data_trains_with_split(tmp_path):
     vocab, merges = tokenizer_files.gpt2_files(tmp_path / "gpt2")
-    flags = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(vocab), "--merge-file", str(merges)]
-    prefix = _preprocess(tmp_path / "gpt2", flags)
-    output = _train(tmp_path, [*flags, "--data-path", prefix, "--split", "949,50,1",
+    files = ["--vocab-file", str(vocab), "--merge-file", str(merges)]
+    prefix = _preprocess(tmp_path / "gpt2", ["--tokenizer-type", "GPT2BPETokenizer", *files])
+    # Megatron-LM's examples/gpt3 data flags, no --tokenizer-type: pretrain_gpt's default is GPT-2 BPE.
+    output = _train(tmp_path, [*files, "--data-path", prefix, "--split", "949,50,1",
                                "--tensor-model-parallel-size", "2"])
     assert "tokenizer: GPT2BPETokenizer, vocabulary 400, end of document 0" in output
     # Megatron-LM's sizes: 8 iterations x 8 samples; (8 // 4 + 1) evaluations x 1 x 8; 1 x 8.

@@ -137,3 +137,9 @@ def test_hugging_face_directory_without_tokenizer_json_reads_vocab_and_merges(fi
     gpt2 = _tokenizer("GPT2BPETokenizer", files)
     text = tokenizer_files.corpus_texts()[3]
     assert hf.tokenize(text) == gpt2.tokenize(text) and hf.eod == gpt2.eod
+
+
+def test_no_tokenizer_type_is_gpt2_with_vocab_and_merge_files_as_megatron(files):
+    gpt2 = make_tokenizer(None, files=TokenizerFiles(vocab_file=str(files["vocab"]), merge_file=str(files["merges"])))
+    assert gpt2.kind == "GPT2BPETokenizer"
+    assert make_tokenizer(None, 256).kind == "NullTokenizer"  # mock data runs: ids below --vocab-size
