@@ -143,3 +143,17 @@ def test_no_tokenizer_type_is_gpt2_with_vocab_and_merge_files_as_megatron(files)
     gpt2 = make_tokenizer(None, files=TokenizerFiles(vocab_file=str(files["vocab"]), merge_file=str(files["merges"])))
     assert gpt2.kind == "GPT2BPETokenizer"
     assert make_tokenizer(None, 256).kind == "NullTokenizer"  # mock data runs: ids below --vocab-size
+
+
+def test_pretrain_refuses_a_malformed_tokenizer_file_with_one_line(tmp_path):
+    bad = tmp_path / "vocab.json"
+    bad.write_text("{not json")
+    (tmp_path / "merges.txt").write_text("#version: 0.2\n")
+    done = subprocess.run([sys.executable, "tools/pretrain_gpt.py", "--num-layers", "2", "--hidden-size", "32",
+                           "--num-attention-heads", "2", "--seq-length", "32", "--train-iters", "1", "--mock-data",
+                           "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(bad),
+                           "--merge-file", str(tmp_path / "merges.txt")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env=rank_env(0, 1, 29997))
+    assert done.returncode == 2
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: --tokenizer-type GPT2BPETokenizer: cannot load its files")
