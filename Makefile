@@ -39,7 +39,7 @@ demo-train: venv $(DATA_PREFIX)_text_document.bin
 
 $(DATA_PREFIX)_text_document.bin: data/tiny_corpus.jsonl tools/preprocess_data.py | venv
 	$(BIN)/python tools/preprocess_data.py --input data/tiny_corpus.jsonl \
-		--output-prefix $(DATA_PREFIX) --tokenizer-type ByteTokenizer
+		--output-prefix $(DATA_PREFIX) --tokenizer-type ByteTokenizer --append-eod
 
 clean-venv:
 	rm -rf $(VENV)

@@ -55,7 +55,7 @@ def _sessions(plan_paths: list[str], flags: list[str]):
     from megatron_auto.runtime import distributed, session
 
     args = pretrain_gpt.parse_args(flags)
-    tokenizer = pretrain_gpt.make_tokenizer(args.tokenizer_type, args.vocab_size)
+    tokenizer = pretrain_gpt.tokenizer_from_flags(args)
     settings = pretrain_gpt.settings_from_args(args, tokenizer.vocab_size)
     model = pretrain_gpt.model_from_args(args, tokenizer.vocab_size)
     patches.apply_all()

@@ -99,7 +99,7 @@ def without_flag(flags: list[str], name: str) -> list[str]:
 def ensure_data() -> None:
     if not Path(f"{DATA_PREFIX}_text_document.bin").exists():
         subprocess.run([PYTHON, str(ROOT / "tools" / "preprocess_data.py"), "--input", str(ROOT / "data" / "tiny_corpus.jsonl"),
-                        "--output-prefix", str(DATA_PREFIX), "--tokenizer-type", "ByteTokenizer"], check=True)
+                        "--output-prefix", str(DATA_PREFIX), "--tokenizer-type", "ByteTokenizer", "--append-eod"], check=True)
 
 
 def check_same_job(auto_log: str, manual_log: str) -> None:
@@ -135,7 +135,7 @@ def plans_of_both_paths(manual_flags: list[str], tmp: Path) -> tuple[Path, Path]
     paths = []
     for name, extra in (("auto", AUTO), ("manual", manual_flags)):
         args = pretrain_gpt.parse_args([*COMMON, "--train-iters", "1", *extra])
-        vocab = pretrain_gpt.make_tokenizer(args.tokenizer_type, args.vocab_size).vocab_size
+        vocab = pretrain_gpt.tokenizer_from_flags(args).vocab_size
         plan = pretrain_gpt.choose_plan(args, pretrain_gpt.model_from_args(args, vocab), 4,
                                         pretrain_gpt.settings_from_args(args, vocab))
         paths.append(tmp / f"{name}.json")

@@ -1,13 +1,19 @@
-"""Build a Megatron indexed dataset (PREFIX_text_document.bin/.idx) from text or jsonl, offline.
+"""Build Megatron indexed datasets (PREFIX_KEY_document.bin/.idx) from jsonl or text, offline.
+
+Megatron-LM's tools/preprocess_data.py flags:
 
     .venv/bin/python tools/preprocess_data.py --input data/tiny_corpus.jsonl \
-        --output-prefix data/generated/tiny --tokenizer-type ByteTokenizer
+        --output-prefix data/generated/tiny --tokenizer-type ByteTokenizer --append-eod
 
-A `.jsonl` input holds one document per line under `--json-keys` (default
-`text`); any other file is plain text with documents separated by blank lines.
-Each document ends with the tokenizer's end-of-document id. Tokenizers:
-ByteTokenizer (UTF-8 bytes, vocabulary 257) or NullTokenizer (space-separated
-ids, `--vocab-size V`, vocabulary V+1), both offline.
+A `.jsonl` input holds one document per line; each key of `--json-keys` (default `text`)
+becomes its own dataset PREFIX_KEY_document. Any other file is plain text with documents
+separated by blank lines (key `text`). `--append-eod` ends each document with the tokenizer's
+end-of-document id, as Megatron-LM does. Tokenizers (runtime/tokenizers.py), all offline:
+ByteTokenizer, NullTokenizer (`--vocab-size`), GPT2BPETokenizer (`--vocab-file --merge-file`),
+SentencePieceTokenizer / GPTSentencePieceTokenizer / Llama2Tokenizer (`--tokenizer-model`),
+HuggingFaceTokenizer (`--tokenizer-model DIR`), TikTokenizer (`--tokenizer-model FILE.json`,
+`--tiktoken-pattern`, `--tiktoken-num-special-tokens`, `--vocab-size`). `--workers`,
+`--partitions` and `--log-interval` are accepted; one process does the work.
 """
 from __future__ import annotations
 
@@ -20,7 +26,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_auto.errors import UserError  # noqa: E402
-from megatron_auto.runtime.tokenizers import TOKENIZER_TYPES, make_tokenizer  # noqa: E402
+from megatron_auto.runtime.tokenizers import add_tokenizer_flags, tokenizer_from_flags  # noqa: E402
 
 
 def documents(path: Path, key: str):
@@ -37,43 +43,54 @@ def documents(path: Path, key: str):
         yield from (doc.strip() for doc in text.split("\n\n") if doc.strip())
 
 
-def build(input_path: Path, prefix: str, tokenizer) -> tuple[int, int]:
-    """Write PREFIX_text_document.{bin,idx}; return (documents, tokens)."""
-    import numpy as np
+def build(input_path: Path, out: str, key: str, tokenizer, append_eod: bool) -> tuple[int, int]:
+    """Write OUT.{bin,idx} from the documents under `key`; return (documents, tokens)."""
     import torch
-    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
-    out = f"{prefix}_text_document"
     Path(out).parent.mkdir(parents=True, exist_ok=True)
-    dtype = np.uint16 if tokenizer.vocab_size < 65500 else np.int32
-    builder = IndexedDatasetBuilder(out + ".bin", dtype=dtype)
+    builder = IndexedDatasetBuilder(out + ".bin", dtype=DType.optimal_dtype(tokenizer.vocab_size))
     count = tokens = 0
-    for doc in documents(input_path, "text"):
-        ids = tokenizer.tokenize(doc) + [tokenizer.eod]
+    for doc in documents(input_path, key):
+        ids = tokenizer.tokenize(doc)
+        if not ids:  # Megatron-LM drops empty documents (keep_empty is off)
+            continue
+        if append_eod:
+            ids = ids + [tokenizer.eod]
         builder.add_document(torch.tensor(ids, dtype=torch.int64), [len(ids)])
         count, tokens = count + 1, tokens + len(ids)
     builder.finalize(out + ".idx")
     return count, tokens
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--input", required=True, type=Path)
     parser.add_argument("--output-prefix", required=True)
-    parser.add_argument("--tokenizer-type", default="ByteTokenizer", choices=TOKENIZER_TYPES)
-    parser.add_argument("--vocab-size", type=int)
-    args = parser.parse_args(argv)
+    parser.add_argument("--json-keys", nargs="+", default=["text"])
+    parser.add_argument("--append-eod", action="store_true", help="end each document with the end-of-document id")
+    add_tokenizer_flags(parser, default_type="ByteTokenizer")
+    for flag, default in (("--workers", 1), ("--partitions", 1), ("--log-interval", 1000)):
+        parser.add_argument(flag, type=int, default=default, help="accepted; one process does the work")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    logging.getLogger("megatron").setLevel(logging.WARNING)
     try:
         if not args.input.is_file():
             raise UserError(f"--input {args.input}: no such file")
-        tokenizer = make_tokenizer(args.tokenizer_type, args.vocab_size)
-        count, tokens = build(args.input, args.output_prefix, tokenizer)
+        tokenizer = tokenizer_from_flags(args)
+        for key in args.json_keys:
+            out = f"{args.output_prefix}_{key}_document"
+            count, tokens = build(args.input, out, key, tokenizer, args.append_eod)
+            print(f"wrote {out}.bin/.idx: {count} documents, {tokens} tokens, "
+                  f"vocabulary {tokenizer.vocab_size} ({tokenizer.kind}, end of document {tokenizer.eod})")
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    print(f"wrote {args.output_prefix}_text_document.bin/.idx: {count} documents, {tokens} tokens, "
-          f"vocabulary {tokenizer.vocab_size} ({tokenizer.kind})")
     return 0
 
 

@@ -58,7 +58,7 @@ from megatron_auto.kernels import (ATTENTION_BACKENDS, OPTIMIZER_IMPLS, resolve_
                                    resolve_optimizer_impl)
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
-from megatron_auto.runtime.tokenizers import TOKENIZER_TYPES, make_tokenizer  # noqa: E402
+from megatron_auto.runtime.tokenizers import add_tokenizer_flags, tokenizer_from_flags  # noqa: E402
 from megatron_auto.search.constraints import SearchConstraints  # noqa: E402
 from megatron_auto.specs.model import ModelSpec, uniform_model  # noqa: E402
 from megatron_auto.specs.training import TrainingSpec  # noqa: E402
@@ -159,11 +159,24 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
 
 def _data_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("data, logging, checkpoints")
-    group.add_argument("--data-path", nargs="+", help="indexed dataset prefix (one; no blending)")
+    group.add_argument("--data-path", nargs="+",
+                       help="Megatron-LM's forms: PREFIX, PREFIX1 PREFIX2 ... (weighted by size), or "
+                            "W1 PREFIX1 W2 PREFIX2 ... (a weighted blend)")
     group.add_argument("--mock-data", action="store_true")
-    group.add_argument("--tokenizer-type", default="NullTokenizer", choices=TOKENIZER_TYPES)
-    group.add_argument("--vocab-size", type=int)
-    group.add_argument("--split", default="969,30,1", help="accepted for compatibility; eval takes 5%%")
+    add_tokenizer_flags(group, default_type=None)
+    group.add_argument("--split", help="train,validation,test weights of each dataset's documents "
+                                       "(default 969,30,1, as Megatron-LM)")
+    group.add_argument("--no-mmap-bin-files", action="store_false", dest="mmap_bin_files",
+                       help="read the .bin files with file reads instead of memory maps")
+    group.add_argument("--data-cache-path", help="directory for the dataset index cache (default: beside each dataset)")
+    group.add_argument("--eod-mask-loss", action="store_true", help="no loss on end-of-document tokens")
+    group.add_argument("--reset-position-ids", action="store_true",
+                       help="positions restart after each end-of-document token")
+    group.add_argument("--reset-attention-mask", action="store_true",
+                       help="refused: per-document attention masks are not supported here")
+    group.add_argument("--no-create-attention-mask-in-dataloader", action="store_false",
+                       dest="create_attention_mask_in_dataloader",
+                       help="without effect: the dataloader never builds masks here (attention is causal in the kernel)")
     group.add_argument("--log-interval", type=int, default=100)
     group.add_argument("--eval-interval", type=int, default=0)
     group.add_argument("--eval-iters", type=int, default=10)
@@ -189,7 +202,7 @@ NO_EFFECT_SWITCHES = (
 NO_EFFECT_VALUES = (
     "--distributed-backend", "--transformer-impl", "--tensorboard-dir", "--tensorboard-log-interval",
     "--num-workers", "--dataloader-type", "--ckpt-format", "--timing-log-level", "--wandb-project",
-    "--wandb-exp-name", "--wandb-save-dir", "--data-cache-path", "--manual-gc-interval",
+    "--wandb-exp-name", "--wandb-save-dir", "--manual-gc-interval",
 )
 
 
@@ -223,8 +236,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.lr_warmup_iters = int(args.lr_warmup_fraction * (args.lr_decay_iters or args.train_iters))
     if not args.mock_data and not args.data_path:
         parser.error("give --data-path PREFIX or --mock-data")
-    if args.data_path and len(args.data_path) > 1:
-        parser.error("--data-path takes one prefix here (no weighted blends)")
     return args
 
 
@@ -256,12 +267,40 @@ def precision_from_args(args: argparse.Namespace) -> str:
     return "bf16" if args.bf16 else "fp16" if args.fp16 else "fp32"
 
 
-def settings_from_args(args: argparse.Namespace, vocab_size: int) -> TrainSettings:
+def settings_from_args(args: argparse.Namespace, vocab_size: int, eod: int = 0) -> TrainSettings:
+    from dataclasses import replace
+
     from megatron_auto.runtime.config import check_loss_scaling
 
     settings = _settings(args, vocab_size, precision_from_args(args))
     check_loss_scaling(settings)
-    return settings
+    return replace(settings, data=replace(settings.data, eod=eod))
+
+
+def log_tokenizer_and_data(args: argparse.Namespace, tokenizer) -> None:
+    """The tokenizer's line, and the data flags that change nothing here, with the reason."""
+    logger.info("tokenizer: %s, vocabulary %d, end of document %d", tokenizer.kind, tokenizer.vocab_size,
+                tokenizer.eod)
+    if not args.create_attention_mask_in_dataloader:
+        logger.info("--no-create-attention-mask-in-dataloader: without effect here (the dataloader never "
+                    "builds attention masks; the attention kernel applies the causal mask)")
+
+
+def data_from_args(args: argparse.Namespace, vocab_size: int) -> DataSettings:
+    """The data flags: the `--data-path` blend (empty for --mock-data), split (Megatron-LM's default
+    969,30,1 when not given), .bin reading, cache, masks."""
+    from megatron_auto.runtime.gpt_data import check_data
+
+    if args.reset_attention_mask:
+        raise UserError("--reset-attention-mask: per-document attention masks are not supported "
+                        "(the attention here is causal over the whole sequence)")
+    data = DataSettings(blend=() if args.mock_data else tuple(args.data_path), vocab_size=vocab_size,
+                        split=args.split or "969,30,1", mmap_bin_files=args.mmap_bin_files,
+                        cache_path=args.data_cache_path, eod_mask_loss=args.eod_mask_loss,
+                        reset_position_ids=args.reset_position_ids)
+    if data.blend:
+        check_data(data)  # before any work: a truncated .bin, a bad blend or split is one line
+    return data
 
 
 def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> TrainSettings:
@@ -282,7 +321,7 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         eval_interval=args.eval_interval, eval_iters=args.eval_iters, save=args.save, load=args.load,
         save_interval=args.save_interval, exit_interval=args.exit_interval, ckpt_step=args.ckpt_step,
         finetune=args.finetune, timeout_s=args.distributed_timeout_minutes * 60,
-        data=DataSettings(data_path=None if args.mock_data else args.data_path[0], vocab_size=vocab_size))
+        data=data_from_args(args, vocab_size))
 
 
 def manual_flags(args: argparse.Namespace) -> ManualParallelism:
@@ -385,8 +424,8 @@ def run(args: argparse.Namespace) -> None:
     from megatron_auto.report import plan_table
     from megatron_auto.runtime import distributed, fit, kernels, session
 
-    tokenizer = make_tokenizer(args.tokenizer_type, args.vocab_size)
-    settings = settings_from_args(args, tokenizer.vocab_size)
+    tokenizer = tokenizer_from_flags(args)
+    settings = settings_from_args(args, tokenizer.vocab_size, tokenizer.eod)
     model = model_from_args(args, tokenizer.vocab_size)
     patches.apply_all()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -396,6 +435,7 @@ def run(args: argparse.Namespace) -> None:
         if session.is_logging_rank():
             if no_effect_flags(args):
                 logger.info("accepted without effect here: %s", " ".join(no_effect_flags(args)))
+            log_tokenizer_and_data(args, tokenizer)
             logger.info("precision: %s", precision_summary(settings))
             logger.info("%s", kernels.kernels_for_run(model, settings).describe())
             logger.info("parallel plan (%s):\n%s", "auto-parallel" if args.auto_parallel else "flags", plan_table(plan))

@@ -1,4 +1,4 @@
-"""Training samples: mock tokens or a Megatron indexed dataset, split over data-parallel ranks.
+"""Training samples: mock tokens or Megatron indexed datasets (blended, split), over data-parallel ranks.
 
 Sample `n` of the run is a fixed function of `n`, and iteration `i` uses
 samples `i*B ... (i+1)*B - 1` in Megatron's sampler order (micro-batch by
@@ -7,14 +7,17 @@ layout, and a run resumed at any iteration, sees the same global batches.
 """
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
-from typing import Iterator, Optional
+from typing import Iterator
 
 import numpy as np
 import torch
 
-from ..errors import UserError
 from .layout import MegatronLayout
+from .settings import TrainSettings
+
+logger = logging.getLogger(__name__)
 
 
 class MockTokens:
@@ -30,41 +33,20 @@ class MockTokens:
         return rng.integers(0, self.vocab_size, self.seq_length + 1, dtype=np.int64)
 
 
-class IndexedTokens:
-    """Consecutive windows of a Megatron indexed dataset's token stream, in a seeded order.
+def open_source(settings: TrainSettings, seq_length: int, global_batch_size: int):
+    """Mock tokens when no `--data-path` was given, else megatron-core's blended GPT datasets
+    (runtime/gpt_data.py) sized for this run's iterations and evaluations."""
+    data = settings.data
+    if not data.blend:
+        return MockTokens(data.vocab_size, seq_length, settings.seed)
+    from .gpt_data import GPTDatasets, split_sizes
 
-    Documents lie back to back in `PREFIX.bin`, so the file is the token stream
-    (each document ends in the tokenizer's end-of-document id).
-    """
-
-    def __init__(self, prefix: str, seq_length: int, seed: int, eval_fraction: float) -> None:
-        from megatron.core.datasets.indexed_dataset import IndexedDataset
-
-        try:
-            index = IndexedDataset(prefix, mmap=True)
-        except (FileNotFoundError, AssertionError, ValueError) as error:
-            raise UserError(f"cannot open indexed dataset '{prefix}' (.bin/.idx): {error}") from None
-        self.tokens = np.memmap(prefix + ".bin", dtype=index.index.dtype, mode="r")
-        self.seq_length = seq_length
-        windows = (len(self.tokens) - 1) // seq_length
-        if windows < 2:
-            raise UserError(f"dataset '{prefix}' has {len(self.tokens)} tokens: too few for sequences of {seq_length}")
-        order = np.random.default_rng(seed).permutation(windows)
-        held_out = max(1, int(windows * eval_fraction))
-        self.order = {"train": order[held_out:], "eval": order[:held_out]}
-
-    def sample(self, index: int, split: str = "train") -> np.ndarray:
-        order = self.order[split]
-        start = int(order[index % len(order)]) * self.seq_length
-        return np.asarray(self.tokens[start:start + self.seq_length + 1], dtype=np.int64)
-
-
-def open_source(data_path: Optional[str], vocab_size: int, seq_length: int, seed: int,
-                eval_fraction: float = 0.05):
-    """Mock tokens when `data_path` is None, else the indexed dataset at that prefix."""
-    if data_path is None:
-        return MockTokens(vocab_size, seq_length, seed)
-    return IndexedTokens(data_path, seq_length, seed, eval_fraction)
+    sizes = split_sizes(settings.train_iters, settings.eval_interval, settings.eval_iters, global_batch_size)
+    evaluates = bool(settings.eval_interval and settings.eval_iters)
+    source = GPTDatasets(data, seq_length, settings.seed, sizes, evaluates)
+    if torch.distributed.is_initialized() and torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
+        logger.info("data: %s, split %s; samples %s", " ".join(data.blend), data.split, source.description)
+    return source
 
 
 @dataclass(frozen=True)
@@ -81,8 +63,11 @@ class BatchSlicer:
         return range(start, start + mbs)
 
 
-def make_batch(samples: list[np.ndarray], device: torch.device) -> dict[str, torch.Tensor]:
-    """Inputs, shifted labels, loss mask and positions for GPTModel."""
+def make_batch(samples: list, device: torch.device) -> dict[str, torch.Tensor]:
+    """Inputs, shifted labels, loss mask and positions for GPTModel, from token arrays of
+    seq_length + 1 (mock data) or from GPTDataset's samples (dicts of those four fields)."""
+    if isinstance(samples[0], dict):
+        return {key: torch.stack([s[key] for s in samples]).contiguous().to(device) for key in samples[0]}
     data = torch.from_numpy(np.stack(samples))
     tokens, labels = data[:, :-1].contiguous(), data[:, 1:].contiguous()
     seq_length = tokens.shape[1]

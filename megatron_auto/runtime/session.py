@@ -90,8 +90,7 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
     _attach_sync_functions(tconfig, model)
     if optimizer.config.fp16:
         tconfig.grad_scale_func = optimizer.scale_loss
-    source = data.open_source(settings.data.data_path, settings.data.vocab_size, model_spec.seq_length,
-                              settings.seed, settings.data.split_eval_fraction)
+    source = data.open_source(settings, model_spec.seq_length, layout.global_batch_size)
     slicer = data.BatchSlicer(layout, parallel_state.get_data_parallel_rank())
     return Session(plan, layout, model_spec, settings, device, model, optimizer,
                    _scheduler(optimizer, settings, layout.global_batch_size), source, slicer, padded_vocab)
@@ -104,8 +103,7 @@ def _build_hybrid_session(plan: Plan, model_spec: ModelSpec, settings: TrainSett
 
     layout, model, optimizer, slicer, padded_vocab, runtime = hybrid_session.build(
         plan, model_spec, settings, backend, device, initial_state)
-    source = data.open_source(settings.data.data_path, settings.data.vocab_size, model_spec.seq_length,
-                              settings.seed, settings.data.split_eval_fraction)
+    source = data.open_source(settings, model_spec.seq_length, layout.global_batch_size)
     return Session(plan, layout, model_spec, settings, device, model, optimizer,
                    _scheduler(optimizer, settings, layout.global_batch_size), source, slicer, padded_vocab,
                    hybrid=runtime)

@@ -10,14 +10,25 @@ from typing import Optional
 
 @dataclass(frozen=True)
 class DataSettings:
-    """Where the training tokens come from."""
+    """Where the training tokens come from (Megatron-LM's data flags)."""
 
-    data_path: Optional[str] = None
-    """Prefix of a Megatron indexed dataset (`PREFIX.bin` / `PREFIX.idx`); None means mock data."""
+    blend: tuple[str, ...] = ()
+    """--data-path words: PREFIX..., or WEIGHT PREFIX pairs (runtime/gpt_data.py); empty means mock data."""
     vocab_size: int = 256
     """Token ids the tokenizer produces (including its end-of-document id)."""
-    split_eval_fraction: float = 0.05
-    """Share of the indexed dataset's samples held out for evaluation."""
+    eod: int = 0
+    """The tokenizer's end-of-document id."""
+    split: str = "969,30,1"
+    """--split: train, validation and test weights of every dataset's documents (Megatron-LM's default)."""
+    mmap_bin_files: bool = True
+    """False (--no-mmap-bin-files): read the .bin files with file reads instead of memory maps."""
+    cache_path: Optional[str] = None
+    """--data-cache-path: where the dataset indices are cached (None: beside each dataset)."""
+    eod_mask_loss: bool = False
+    """--eod-mask-loss: end-of-document tokens carry no loss (megatron-core's GPTDataset masks them)."""
+    reset_position_ids: bool = False
+    """--reset-position-ids: positions restart after each end-of-document token (GPTDataset)."""
+
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,56 @@
-"""Offline tokenizers with Megatron's end-of-document convention (no torch, no downloads)."""
+"""Megatron-LM's `--tokenizer-type` choices, offline, with Megatron's end-of-document convention.
+
+ByteTokenizer and NullTokenizer need no files. The others read local files
+(runtime/file_tokenizers.py): GPT2BPETokenizer (`--vocab-file`, `--merge-file`),
+SentencePieceTokenizer / GPTSentencePieceTokenizer / Llama2Tokenizer (`--tokenizer-model`, a
+SentencePiece model), HuggingFaceTokenizer (`--tokenizer-model`, a local directory holding
+tokenizer.json) and TikTokenizer (`--tokenizer-model`, Megatron's tiktoken JSON vocabulary).
+Nothing is downloaded. A missing or malformed file is a UserError (one line, exit 2).
+"""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Optional, Protocol
 
 from ..errors import UserError
 
-TOKENIZER_TYPES = ("ByteTokenizer", "NullTokenizer")
+FILE_TOKENIZER_TYPES = ("GPT2BPETokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
+                        "Llama2Tokenizer", "HuggingFaceTokenizer", "TikTokenizer")
+TOKENIZER_TYPES = ("ByteTokenizer", "NullTokenizer") + FILE_TOKENIZER_TYPES
+
+
+class TextTokenizer(Protocol):
+    """What preprocessing and training need of a tokenizer."""
+
+    kind: str
+
+    @property
+    def eod(self) -> int: ...
+
+    @property
+    def vocab_size(self) -> int: ...
+
+    def tokenize(self, text: str) -> list[int]: ...
+
+    def detokenize(self, ids: list[int]) -> str: ...
+
+
+@dataclass(frozen=True)
+class TokenizerFiles:
+    """The file flags of Megatron-LM's tokenizer group."""
+
+    vocab_file: Optional[str] = None
+    """--vocab-file: GPT-2 vocab.json (GPT2BPETokenizer)."""
+    merge_file: Optional[str] = None
+    """--merge-file: GPT-2 merges.txt (GPT2BPETokenizer)."""
+    tokenizer_model: Optional[str] = None
+    """--tokenizer-model: SentencePiece model, tiktoken JSON vocabulary or HuggingFace directory."""
+    tiktoken_pattern: Optional[str] = None
+    """--tiktoken-pattern: v1 or v2 (TikTokenizer; megatron-core's default v2)."""
+    tiktoken_num_special_tokens: int = 1000
+    """--tiktoken-num-special-tokens: ids 0..N-1 are special tokens, the vocabulary follows."""
+    hf_include_special_tokens: bool = False
+    """--tokenizer-hf-include-special-tokens: HuggingFace encoding adds its special tokens (BOS...)."""
 
 
 @dataclass(frozen=True)
@@ -36,13 +81,57 @@ class Tokenizer:
             raise UserError(f"NullTokenizer ids must lie in [0, {self.base_vocab})")
         return ids
 
+    def detokenize(self, ids: list[int]) -> str:
+        if self.kind == "ByteTokenizer":
+            return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+        return " ".join(str(i) for i in ids)
 
-def make_tokenizer(kind: str, vocab_size: int | None = None) -> Tokenizer:
-    """The tokenizer Megatron's `--tokenizer-type` / `--vocab-size` name."""
+
+def make_tokenizer(kind: Optional[str], vocab_size: Optional[int] = None,
+                   files: TokenizerFiles = TokenizerFiles()) -> TextTokenizer:
+    """The tokenizer Megatron's `--tokenizer-type`, `--vocab-size` and file flags name.
+
+    No type: GPT2BPETokenizer when a vocabulary or merge file is given (Megatron-LM's
+    pretrain_gpt.py default), else NullTokenizer (Megatron-LM has no default there)."""
+    if kind is None:
+        kind = "GPT2BPETokenizer" if files.vocab_file or files.merge_file else "NullTokenizer"
     if kind == "ByteTokenizer":
         return Tokenizer(kind, 256)
     if kind == "NullTokenizer":
         if not vocab_size or vocab_size < 1:
             raise UserError("--tokenizer-type NullTokenizer needs --vocab-size")
         return Tokenizer(kind, vocab_size)
+    if kind in FILE_TOKENIZER_TYPES:
+        from .file_tokenizers import load_file_tokenizer
+
+        return load_file_tokenizer(kind, vocab_size, files)
     raise UserError(f"unknown --tokenizer-type {kind!r}; choose one of {', '.join(TOKENIZER_TYPES)}")
+
+
+def add_tokenizer_flags(group, default_type: Optional[str]) -> None:
+    """Megatron-LM's tokenizer flags (tools/pretrain_gpt.py and tools/preprocess_data.py share them);
+    a `default_type` of None resolves as make_tokenizer says."""
+    group.add_argument("--tokenizer-type", default=default_type, choices=TOKENIZER_TYPES,
+                       help=f"default: {default_type}" if default_type else
+                       "default: GPT2BPETokenizer with --vocab-file/--merge-file (as Megatron-LM), else NullTokenizer")
+    group.add_argument("--vocab-size", type=int,
+                       help="NullTokenizer: ids below it (eod = it); TikTokenizer: the vocabulary size "
+                            "(default 2**17), special tokens included")
+    group.add_argument("--vocab-file", help="GPT2BPETokenizer: vocab.json")
+    group.add_argument("--merge-file", help="GPT2BPETokenizer: merges.txt")
+    group.add_argument("--tokenizer-model",
+                       help="SentencePiece model file, TikTokenizer JSON vocabulary, or a local "
+                            "HuggingFace tokenizer directory (never downloaded)")
+    group.add_argument("--tiktoken-pattern", choices=("v1", "v2"), help="TikTokenizer split pattern (default v2)")
+    group.add_argument("--tiktoken-num-special-tokens", type=int, default=1000)
+    group.add_argument("--tokenizer-hf-include-special-tokens", action="store_true",
+                       help="HuggingFaceTokenizer: encoding adds the tokenizer's special tokens (e.g. BOS)")
+
+
+def tokenizer_from_flags(args) -> TextTokenizer:
+    """The tokenizer that `add_tokenizer_flags`' parsed flags name."""
+    files = TokenizerFiles(vocab_file=args.vocab_file, merge_file=args.merge_file,
+                           tokenizer_model=args.tokenizer_model, tiktoken_pattern=args.tiktoken_pattern,
+                           tiktoken_num_special_tokens=args.tiktoken_num_special_tokens,
+                           hf_include_special_tokens=args.tokenizer_hf_include_special_tokens)
+    return make_tokenizer(args.tokenizer_type, args.vocab_size, files)

@@ -19,7 +19,7 @@ README_JOB = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads
 
 def _plan(argv: list[str]):
     args = pretrain_gpt.parse_args(argv)
-    vocab = pretrain_gpt.make_tokenizer(args.tokenizer_type, args.vocab_size).vocab_size
+    vocab = pretrain_gpt.tokenizer_from_flags(args).vocab_size
     settings = pretrain_gpt.settings_from_args(args, vocab)
     return pretrain_gpt.choose_plan(args, pretrain_gpt.model_from_args(args, vocab), 4, settings)
 

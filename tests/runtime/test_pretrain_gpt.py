@@ -17,7 +17,7 @@ TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4"
 def dataset(tmp_path_factory) -> str:
     prefix = tmp_path_factory.mktemp("data") / "tiny"
     done = subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", "data/tiny_corpus.jsonl",
-                           "--output-prefix", str(prefix), "--tokenizer-type", "ByteTokenizer"],
+                           "--output-prefix", str(prefix), "--tokenizer-type", "ByteTokenizer", "--append-eod"],
                           cwd=REPO, capture_output=True, text=True, timeout=120, env=rank_env(0, 1, 0))
     assert done.returncode == 0, done.stderr
     assert "700 documents" in done.stdout

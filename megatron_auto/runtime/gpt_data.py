@@ -1,0 +1,159 @@
+"""Megatron indexed datasets through megatron-core's BlendedMegatronDatasetBuilder and GPTDataset.
+
+`--data-path` takes Megatron-LM's forms: one prefix, prefixes (weighted by their sizes), or
+`W1 PREFIX1 W2 PREFIX2 ...`; `--split 949,50,1` divides every dataset's documents into train,
+validation and test, and each split is blended by the weights (megatron-core's builder: the
+same code Megatron-LM's pretrain_gpt.py runs, with its compiled index helpers). The split sizes
+are Megatron-LM's (training.get_train_valid_test_num_samples): train_iters x global batch,
+(train_iters // eval_interval + 1) x eval_iters x global batch, and eval_iters x global batch.
+The sample, document and shuffle indices are cached under `--data-cache-path` (default: beside
+each dataset, PREFIX/cache/, as Megatron-LM does); rank 0 writes them, the others read them.
+
+Every prefix's `.bin` is checked against its `.idx` before any work (a truncated `.bin` would
+otherwise train on garbage or crash mid-run).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from ..errors import UserError
+from .settings import DataSettings
+
+logger = logging.getLogger(__name__)
+
+SPLIT_NAMES = ("train", "eval", "test")
+
+
+def parse_blend(words: Sequence[str]) -> tuple[list[str], Optional[list[float]]]:
+    """Megatron-LM's `--data-path` list as (prefixes, weights or None)."""
+    words = list(words)
+    if not words:
+        raise UserError("--data-path needs at least one dataset prefix")
+    if len(words) % 2 == 1:
+        return words, None
+    weights, prefixes = words[0::2], words[1::2]
+    try:
+        values = [float(w) for w in weights]
+    except ValueError:
+        if any(_is_number(w) for w in weights):
+            raise UserError("--data-path: give 'WEIGHT PREFIX' pairs or prefixes only, not a mix") from None
+        return words, None
+    if any(v < 0 for v in values) or sum(values) <= 0:
+        raise UserError(f"--data-path weights must be non-negative with a positive sum, got {weights}")
+    return prefixes, values
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+        return True
+    except ValueError:
+        return False
+
+
+def parse_split(split: str) -> list[float]:
+    """`--split` as normalized train/valid/test shares (megatron-core's parser, its errors as one line)."""
+    from megatron.core.datasets.blended_megatron_dataset_config import parse_and_normalize_split
+
+    try:
+        shares = parse_and_normalize_split(split)
+    except (AssertionError, ValueError, ZeroDivisionError):
+        shares = None
+    if shares is None or not np.isfinite(shares).all() or shares[0] <= 0:
+        raise UserError(f"--split {split!r}: give up to three non-negative comma-separated weights "
+                        "(train, validation, test) with a positive train weight, e.g. 949,50,1")
+    return shares
+
+
+def check_bin_matches_idx(prefix: str, mmap: bool = True) -> None:
+    """UserError unless PREFIX.idx opens and PREFIX.bin holds exactly the bytes it indexes."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    for suffix in (".idx", ".bin"):
+        if not os.path.isfile(prefix + suffix):
+            raise UserError(f"--data-path {prefix}: no file {prefix + suffix}")
+    try:
+        index = IndexedDataset(prefix, mmap=mmap).index
+    except (AssertionError, ValueError, OSError) as error:
+        raise UserError(f"--data-path {prefix}: cannot read {prefix}.idx ({error or 'bad header'})") from None
+    count = len(index.sequence_lengths)
+    expected = 0 if count == 0 else int(index.sequence_pointers[-1]) + int(index.sequence_lengths[-1]) * index.dtype_size
+    actual = os.path.getsize(prefix + ".bin")
+    if actual != expected:
+        raise UserError(f"--data-path {prefix}: {prefix}.bin has {actual:,} bytes but {prefix}.idx indexes "
+                        f"{expected:,} ({count} sequences): the files do not belong together or one is truncated")
+    if count == 0:
+        raise UserError(f"--data-path {prefix}: the dataset holds no documents")
+
+
+@dataclass(frozen=True)
+class DatasetTokenizer:
+    """What GPTDataset reads of the tokenizer: the end-of-document id and the vocabulary size."""
+
+    eod: int
+    vocab_size: int
+
+    @property
+    def unique_identifiers(self) -> dict:
+        """Part of the cache key of the dataset indices (megatron_dataset.MegatronDataset)."""
+        return {"class": "megatron_auto", "eod": self.eod, "vocab_size": self.vocab_size}
+
+
+def split_sizes(train_iters: int, eval_interval: int, eval_iters: int, global_batch: int) -> list[int]:
+    """Samples to draw per split (Megatron-LM's get_train_valid_test_num_samples; no eval interval: one eval)."""
+    evaluations = train_iters // eval_interval + 1 if eval_interval else 1
+    return [train_iters * global_batch, evaluations * eval_iters * global_batch, eval_iters * global_batch]
+
+
+def check_data(data: DataSettings) -> tuple[list[str], Optional[list[float]]]:
+    """UserError for a malformed blend or split, or a dataset whose files do not match; else the blend."""
+    prefixes, weights = parse_blend(data.blend)
+    parse_split(data.split)
+    for prefix in prefixes:
+        check_bin_matches_idx(prefix, data.mmap_bin_files)
+    return prefixes, weights
+
+
+def build_splits(data: DataSettings, seq_length: int, seed: int, sizes: list[int]) -> list:
+    """megatron-core's train, validation and test datasets (None for a split of weight 0)."""
+    from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    prefixes, weights = check_data(data)
+    config = GPTDatasetConfig(
+        random_seed=seed, sequence_length=seq_length, blend=(prefixes, weights), split=data.split,
+        path_to_cache=data.cache_path, mmap_bin_files=data.mmap_bin_files,
+        tokenizer=DatasetTokenizer(data.eod, data.vocab_size), reset_position_ids=data.reset_position_ids,
+        reset_attention_mask=False, eod_mask_loss=data.eod_mask_loss, create_attention_mask=False)
+    blend_logger = logging.getLogger("megatron.core.datasets.blended_dataset")
+    level = blend_logger.level
+    if data.cache_path is None:  # Megatron warns on every rank that it cannot cache the blend index
+        blend_logger.setLevel(logging.ERROR)
+    try:
+        return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
+    finally:
+        blend_logger.setLevel(level)
+
+
+class GPTDatasets:
+    """Samples from megatron-core's train / validation / test datasets, as GPTDataset makes them
+    (tokens, labels, loss mask and positions: --eod-mask-loss and --reset-position-ids applied)."""
+
+    def __init__(self, data: DataSettings, seq_length: int, seed: int, sizes: list[int], evaluates: bool) -> None:
+        self.splits = dict(zip(SPLIT_NAMES, build_splits(data, seq_length, seed, sizes)))
+        if evaluates and not self.splits["eval"]:
+            raise UserError(f"--split {data.split} leaves no validation data, but --eval-interval asks for "
+                            "evaluation (give the validation split a weight, or --eval-iters 0)")
+        built = ", ".join(f"{name} {len(ds) if ds else 0}" for name, ds in self.splits.items())
+        self.description = f"needed {sizes[0]}/{sizes[1]}/{sizes[2]} (train/eval/test), built {built}"
+
+    def sample(self, index: int, split: str = "train") -> dict:
+        """Sample `index` of `split` (it wraps around the split's length)."""
+        dataset = self.splits[split]
+        item = dataset[index % len(dataset)]
+        return {key: item[key] for key in ("tokens", "labels", "loss_mask", "position_ids")}
