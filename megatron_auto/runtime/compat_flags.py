@@ -27,7 +27,7 @@ NO_EFFECT_SWITCHES = {
     "--overlap-grad-reduce": LAYOUT + " (on GPUs the gradient reduce overlaps the backward anyway)",
     "--overlap-param-gather": LAYOUT,
     "--use-megatron-fsdp": LAYOUT + " (ZeRO-3 layers come from --auto-parallel-space hybrid)",
-    "--fsdp-double-buffer": LAYOUT,
+    "--fsdp-double-buffer": LAYOUT, "--fsdp-manual-registration": LAYOUT,
     "--use-nccl-ub": LAYOUT,
     "--init-model-with-meta-device": "weights are initialised on the CPU and split, for any layout",
     "--accumulate-allreduce-grads-in-fp32": "main gradients are fp32 already",

@@ -208,7 +208,7 @@ def train(session: Session, run: Optional[Callable[[Session], StepResult]] = Non
     stop = stop_iteration(settings)
     flops = metrics.model_flops_per_iteration(session.model_spec, session.layout.global_batch_size,
                                               session.padded_vocab)
-    results, evaluated_at = [], None
+    results = []
     if session.scalars is None and is_logging_rank():
         session.scalars = tensorboard_log.open_sink(settings.tensorboard_dir)
     while session.iteration < stop:
@@ -222,7 +222,6 @@ def train(session: Session, run: Optional[Callable[[Session], StepResult]] = Non
             _log_iteration(session, result, elapsed, flops)
         if settings.eval_interval and session.iteration % settings.eval_interval == 0:
             _validate(session, "")
-            evaluated_at = session.iteration
         if stopping.duration_exceeded(session.started_at, settings.exit_duration_s, session.device):
             _maybe_save(session, last=True)
             if is_logging_rank():
@@ -232,6 +231,6 @@ def train(session: Session, run: Optional[Callable[[Session], StepResult]] = Non
         _maybe_save(session, last=session.iteration == stop)
         if after_iteration is not None:
             after_iteration(session, result)
-    if session.iteration == settings.train_iters and evaluated_at != session.iteration:
+    if session.iteration == settings.train_iters:
         _validate(session, " on validation set (end of training)")
     return results
