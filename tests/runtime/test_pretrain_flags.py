@@ -284,3 +284,18 @@ def test_bad_precision_flags_are_user_errors(flags, message):
 
     with pytest.raises(UserError, match=message):
         pretrain_gpt.settings_from_args(pretrain_gpt.parse_args(BASE + flags), 256)
+
+
+def test_readme_flag_table_lists_every_refused_and_no_effect_flag():
+    from megatron_auto.runtime import compat_flags
+
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("### Megatron-LM flags, flag by flag"):]
+    for flag in compat_flags.REFUSED_PREFIXES:
+        assert f"| `{flag}*` | refused |" in table
+    for flag in compat_flags.REFUSED_ANY_VALUE:
+        assert f"| `{flag}` | refused |" in table
+    for flag in compat_flags.REFUSED_ABOVE_ONE:
+        assert f"| `{flag}` > 1 | refused |" in table
+    for flag in (*compat_flags.NO_EFFECT_SWITCHES, *compat_flags.NO_EFFECT_VALUES, *compat_flags.NO_EFFECT_LISTS):
+        assert f"| `{flag}` | without effect |" in table
