@@ -30,6 +30,14 @@ Kernels: `--attention-backend` (Megatron-LM's flash/fused/unfused/local/auto) an
 (auto: SDPA, fused Adam and Megatron's bias fusions on GPUs; Megatron's unfused attention
 and foreach Adam on CPU); one log line names what runs, and `--auto-parallel` prices it.
 
+Megatron-LM's own launch scripts run as they are (tests/launch_lines/ holds shrunk copies): sample-based
+schedules (`--train-samples`, `--lr-decay-samples`, `--lr-warmup-samples`), `--kv-channels`,
+`--add-qkv-bias`, `--qk-layernorm`, `--apply-layernorm-1p`, `--decoupled-lr`, `--calculate-per-token-loss`,
+`--exit-duration-in-mins`, `--no-load-optim`, NaN checks and a validation pass after the last iteration
+keep Megatron-LM's meaning; fp8, MoE, context and expert parallelism are refused before any work with one
+line saying why; kernel, logging and I/O flags are accepted and named in the log as without effect, with
+the reason (megatron_auto/runtime/compat_flags.py; README.md's table lists every flag).
+
 Parallelism flags given beside `--auto-parallel` become constraints on the search;
 `--micro-batch-size` is then the planner's to choose. A user error (a plan for another
 world size or model, a bad flag combination) prints one line on stderr and exits 2.

@@ -29,6 +29,7 @@ NUM_LAYERS=4
 DTYPE="bf16"
 SEQ_LENGTH=64
 MAX_POSITION_EMBEDDINGS=64
+DATA_CACHE_PATH="$(dirname "$CHECKPOINT_PATH")/benchmark_cache_llama3_8b"
 
 DISTRIBUTED_ARGS=(
     --nproc_per_node $GPUS_PER_NODE
@@ -122,6 +123,7 @@ else
     DATA_ARGS_LIST+=(
         "--data-path $DATA_ARG"
         "--tokenizer-type ByteTokenizer" 
+        "--data-cache-path ${DATA_CACHE_PATH}"
         "--num-workers 1"
     )
 fi
