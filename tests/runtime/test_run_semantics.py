@@ -72,3 +72,17 @@ def test_exit_duration_stops_after_the_first_iteration_past_it(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     assert re.findall(r" iteration +(\d+)/", done.stdout) == ["1"]
     assert "exiting after" in done.stdout and "saved checkpoint at iteration 1" in done.stdout
+
+
+def test_per_token_loss_trains_as_the_mean_when_every_token_counts():
+    # With every token in the loss (no masked tokens here), Megatron's per-token loss (sum over the
+    # global batch / its token count) equals the mean of the micro-batch means: same losses to fp32
+    # rounding (4 micro-batches of 32 tokens: relative differences of order 1e-7 per step; 1e-5 allows
+    # for three Adam steps amplifying them).
+    common = ["--train-iters", "3", "--eval-iters", "0", "--micro-batch-size", "1", "--global-batch-size", "4",
+              "--hidden-dropout", "0", "--attention-dropout", "0"]
+    mean = _pretrain(common)
+    per_token = _pretrain(common + ["--calculate-per-token-loss"])
+    assert mean.returncode == 0 and per_token.returncode == 0, per_token.stderr[-3000:]
+    losses = [[float(x) for x in re.findall(r"lm loss: (\S+) \|", run.stdout)] for run in (mean, per_token)]
+    assert len(losses[0]) == 3 and losses[1] == pytest.approx(losses[0], rel=1e-5)
