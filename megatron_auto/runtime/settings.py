@@ -97,7 +97,9 @@ class TrainSettings:
     log_interval: int = 1
     eval_interval: int = 0
     """Evaluate every this many iterations (0: never)."""
-    eval_iters: int = 1
+    eval_iters: int = 0
+    """Global batches per validation pass, at every eval_interval and after the last iteration
+    (0: never validate; tools/pretrain_gpt.py's --eval-iters defaults to 10)."""
     save: Optional[str] = None
     """Checkpoint directory to write."""
     load: Optional[str] = None
