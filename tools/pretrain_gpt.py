@@ -122,6 +122,7 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--lr-decay-style", default="linear", choices=("constant", "linear", "cosine", "inverse-square-root"))
     group.add_argument("--lr-warmup-iters", type=int, default=0)
     group.add_argument("--lr-warmup-fraction", type=float)
+    group.add_argument("--lr-warmup-init", type=float, default=0.0, help="learning rate at the start of the warm-up")
     group.add_argument("--lr-decay-iters", type=int)
     group.add_argument("--lr-decay-samples", type=int, help="with --train-samples: samples of decay")
     group.add_argument("--lr-warmup-samples", type=int, default=0, help="with --train-samples: samples of warm-up")
@@ -319,6 +320,7 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
     return TrainSettings(
         train_iters=args.train_iters or 0, train_samples=args.train_samples, lr_decay_samples=args.lr_decay_samples,
         lr_warmup_samples=args.lr_warmup_samples, lr_warmup_fraction=args.lr_warmup_fraction,
+        lr_warmup_init=args.lr_warmup_init,
         decoupled_lr=args.decoupled_lr, decoupled_min_lr=args.decoupled_min_lr,
         calculate_per_token_loss=args.calculate_per_token_loss, check_for_nan=args.check_for_nan_in_loss_and_grad,
         exit_duration_s=args.exit_duration_in_mins * 60, load_optimizer=not args.no_load_optim,

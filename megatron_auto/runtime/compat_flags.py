@@ -40,6 +40,10 @@ NO_EFFECT_SWITCHES = {
     "--use-checkpoint-args": "the model is what the command line says",
     "--manual-gc": "Python's garbage collector runs as usual",
     "--async-save": IO + " (saves are synchronous)",
+    "--auto-detect-ckpt-format": IO,
+    "--nvtx-ranges": SINK,
+    "--deterministic-mode": "CPU runs are deterministic already; on GPUs torch's deterministic algorithms are "
+                            "not forced (kernel choice)",
 }
 NO_EFFECT_VALUES = {
     "--distributed-backend": "NCCL on GPUs, gloo on CPU, chosen by the host",
@@ -54,23 +58,43 @@ NO_EFFECT_VALUES = {
     "--empty-unused-memory-level": "torch.cuda.empty_cache() between steps only returns cached memory; the "
                                    "memory check measures allocated and reserved peaks",
     "--data-parallel-sharding-strategy": LAYOUT + " (ZeRO-3 layers come from --auto-parallel-space hybrid)",
+    "--megatron-fsdp-grad-comm-dtype": LAYOUT + " (gradients are reduced in fp32)",
+    "--megatron-fsdp-main-grads-dtype": LAYOUT + " (main gradients are fp32)",
+    "--dist-ckpt-strictness": IO,
 }
 NO_EFFECT_LISTS = {"--profile-ranks": SINK}
 
 REFUSED_PREFIXES = {
     "--fp8": "fp8 training needs Transformer Engine's fp8 recipes, which this runtime does not run yet",
     "--moe-": "mixture-of-experts layers are not built by this runtime yet (dense models only)",
+    "--mtp-": "multi-token prediction layers are not built by this runtime yet",
 }
+_MLA = "multi-latent attention (DeepSeek) is not built by this runtime yet"
 REFUSED_ANY_VALUE = {
     "--num-experts": REFUSED_PREFIXES["--moe-"],
     "--window-size": "sliding-window attention is not built by this runtime yet",
     "--softmax-type": "attention sinks / learnable softmax are not built by this runtime yet",
     "--quick-geglu": "the quick-GeGLU activation is not built by this runtime yet",
     "--enable-gpt-oss": "gpt-oss layers (MoE, sinks, sliding windows) are not built by this runtime yet",
+    "--window-attn-skip-freq": "sliding-window attention is not built by this runtime yet",
+    "--glu-linear-offset": "gpt-oss's clamped GLU is not built by this runtime yet",
+    "--activation-func-clamp-value": "gpt-oss's clamped GLU is not built by this runtime yet",
+    "--kv-lora-rank": _MLA, "--q-lora-rank": _MLA, "--qk-head-dim": _MLA, "--qk-pos-emb-head-dim": _MLA,
+    "--v-head-dim": _MLA,
     "--rampup-batch-size": "a global batch that grows during the run is not supported: the plan is priced "
                            "for one global batch; drop it to train at --global-batch-size",
     "--step-batch-size-schedule": "a global batch that changes during the run is not supported: the plan is "
                                   "priced for one global batch; drop it to train at --global-batch-size",
+}
+REFUSED_UNLESS = {
+    "--rope-type": ("rope", "RoPE variants other than plain rope (YaRN, ...) are not built by this runtime yet"),
+    "--recompute-modules": ("core_attn", "selective recompute of modules other than core_attn is not run by "
+                                         "this runtime yet"),
+}
+"""flag: (the one value accepted, why others are refused)."""
+REFUSED_SWITCHES = {
+    "--multi-latent-attention": _MLA,
+    "--export-force-local-attention": "gpt-oss's local attention is not built by this runtime yet",
 }
 REFUSED_ABOVE_ONE = {
     "--context-parallel-size": "context parallelism is not run by this runtime yet",
@@ -97,6 +121,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         refused.add_argument(flag, dest=dest(flag), metavar="VALUE")
     for flag in REFUSED_ABOVE_ONE:
         refused.add_argument(flag, dest=dest(flag), type=int, metavar="N")
+    for flag in REFUSED_SWITCHES:
+        refused.add_argument(flag, dest=dest(flag), action="store_true")
+    for flag in REFUSED_UNLESS:
+        refused.add_argument(flag, dest=dest(flag), nargs="+", metavar="VALUE")
 
 
 def no_effect(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -115,6 +143,13 @@ def refusal(args: argparse.Namespace, unknown: list[str]) -> Optional[str]:
     for flag, why in REFUSED_ANY_VALUE.items():
         if getattr(args, dest(flag)) is not None:
             return f"{flag}: {why}"
+    for flag, why in REFUSED_SWITCHES.items():
+        if getattr(args, dest(flag)):
+            return f"{flag}: {why}"
+    for flag, (accepted, why) in REFUSED_UNLESS.items():
+        values = getattr(args, dest(flag))
+        if values is not None and values != [accepted]:
+            return f"{flag} {' '.join(values)}: {why}"
     for flag, why in REFUSED_ABOVE_ONE.items():
         size = getattr(args, dest(flag))
         if size is not None and size > 1:

@@ -55,7 +55,7 @@ def _scheduler(optimizer, settings: TrainSettings, global_batch_size: int):
 
     steps = schedule.schedule_steps(settings, global_batch_size)
     return OptimizerParamScheduler(
-        optimizer, init_lr=0.0 if steps.warmup else settings.lr, max_lr=settings.lr,
+        optimizer, init_lr=settings.lr_warmup_init if steps.warmup else settings.lr, max_lr=settings.lr,
         min_lr=settings.min_lr, lr_warmup_steps=steps.warmup, lr_decay_steps=steps.decay,
         lr_decay_style=settings.lr_decay_style, start_wd=settings.weight_decay, end_wd=settings.weight_decay,
         wd_incr_steps=steps.weight_decay_increment, wd_incr_style="constant")

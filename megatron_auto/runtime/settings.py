@@ -33,6 +33,8 @@ class TrainSettings:
     """Sample-based schedule: samples over which the rate decays; None means train_samples."""
     lr_warmup_samples: int = 0
     """Sample-based schedule: samples of linear warm-up."""
+    lr_warmup_init: float = 0.0
+    """Learning rate at the start of the linear warm-up (Megatron-LM's --lr-warmup-init)."""
     lr_warmup_fraction: Optional[float] = None
     """Warm-up as a share of the decay steps (Megatron-LM's --lr-warmup-fraction); overrides the counts."""
     lr: float = 1e-3

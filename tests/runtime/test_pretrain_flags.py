@@ -127,6 +127,10 @@ def test_schedule_lengths_follow_megatron_lm(flags, iters, warmup, decay, increm
     (["--train-iters", "5", "--step-batch-size-schedule", "0:16 1M:32"], "--step-batch-size-schedule: a global"),
     (["--train-iters", "5", "--rampup-batch-size", "16", "16", "100"], "--rampup-batch-size: a global"),
     (["--train-iters", "5", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--train-iters", "5", "--multi-latent-attention"], "--multi-latent-attention: multi-latent attention"),
+    (["--train-iters", "5", "--mtp-num-layers", "1"], "--mtp-num-layers: multi-token prediction"),
+    (["--train-iters", "5", "--rope-type", "yarn"], "--rope-type yarn: RoPE variants"),
+    (["--train-iters", "5", "--recompute-modules", "core_attn", "mlp"], "--recompute-modules core_attn mlp: "),
 ])
 def test_bad_schedule_and_refused_flags_exit_2_with_one_line(capsys, flags, message):
     base = [f for f in BASE if f not in ("--train-iters", "10")]
@@ -137,8 +141,9 @@ def test_bad_schedule_and_refused_flags_exit_2_with_one_line(capsys, flags, mess
     assert len(err) == 1 and message in err[0], err
 
 
-def test_parallel_sizes_of_one_are_accepted():
-    args = pretrain_gpt.parse_args(BASE + ["--context-parallel-size", "1", "--expert-model-parallel-size", "1"])
+def test_parallel_sizes_of_one_and_megatron_defaults_are_accepted():
+    args = pretrain_gpt.parse_args(BASE + ["--context-parallel-size", "1", "--expert-model-parallel-size", "1",
+                                           "--rope-type", "rope", "--recompute-modules", "core_attn"])
     assert pretrain_gpt.no_effect_flags(args) == []
 
 
@@ -178,9 +183,10 @@ def test_run_flags_reach_the_settings_and_megatrons_configs():
                                            "--calculate-per-token-loss", "--no-check-for-nan-in-loss-and-grad",
                                            "--exit-duration-in-mins", "1.5", "--no-load-optim",
                                            "--kv-channels", "64", "--qk-layernorm", "--add-qkv-bias",
-                                           "--apply-layernorm-1p"])
+                                           "--apply-layernorm-1p", "--lr-warmup-init", "1e-5"])
     settings = pretrain_gpt.settings_from_args(args, 512)
     assert (settings.check_for_nan, settings.exit_duration_s, settings.load_optimizer) == (False, 90.0, False)
+    assert settings.lr_warmup_init == 1e-5
     layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
                             num_micro_batches=1, global_batch_size=1)
     optimizer = configs.optimizer_config(layout, settings)
@@ -297,5 +303,9 @@ def test_readme_flag_table_lists_every_refused_and_no_effect_flag():
         assert f"| `{flag}` | refused |" in table
     for flag in compat_flags.REFUSED_ABOVE_ONE:
         assert f"| `{flag}` > 1 | refused |" in table
+    for flag in compat_flags.REFUSED_SWITCHES:
+        assert f"| `{flag}` | refused |" in table
+    for flag, (accepted, _) in compat_flags.REFUSED_UNLESS.items():
+        assert f"| `{flag}` other than `{accepted}` | refused |" in table
     for flag in (*compat_flags.NO_EFFECT_SWITCHES, *compat_flags.NO_EFFECT_VALUES, *compat_flags.NO_EFFECT_LISTS):
         assert f"| `{flag}` | without effect |" in table
