@@ -24,6 +24,7 @@ PATCH_MODULES = (
     "hardcoded_cuda_device",
     "clip_grads_type_dispatch",
     "torch_norm_sequence_parallel",
+    "torch_norm_zero_centered_gamma",
     "embedding_weight_sync",
     "vpp_batched_p2p_guard",
     "dist_checkpointing_cuda",

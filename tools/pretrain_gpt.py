@@ -30,6 +30,14 @@ Kernels: `--attention-backend` (Megatron-LM's flash/fused/unfused/local/auto) an
 (auto: SDPA, fused Adam and Megatron's bias fusions on GPUs; Megatron's unfused attention
 and foreach Adam on CPU); one log line names what runs, and `--auto-parallel` prices it.
 
+Megatron-LM's own launch scripts run as they are (tests/launch_lines/ holds shrunk copies): sample-based
+schedules (`--train-samples`, `--lr-decay-samples`, `--lr-warmup-samples`), `--kv-channels`,
+`--add-qkv-bias`, `--qk-layernorm`, `--apply-layernorm-1p`, `--decoupled-lr`, `--calculate-per-token-loss`,
+`--exit-duration-in-mins`, `--no-load-optim`, NaN checks and a validation pass after the last iteration
+keep Megatron-LM's meaning; fp8, MoE, context and expert parallelism are refused before any work with one
+line saying why; kernel, logging and I/O flags are accepted and named in the log as without effect, with
+the reason (megatron_auto/runtime/compat_flags.py; README.md's table lists every flag).
+
 Parallelism flags given beside `--auto-parallel` become constraints on the search;
 `--micro-batch-size` is then the planner's to choose. A user error (a plan for another
 world size or model, a bad flag combination) prints one line on stderr and exits 2.
@@ -49,6 +57,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
+from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -56,6 +65,7 @@ from megatron_auto.cli.parser import margin_fraction  # noqa: E402
 from megatron_auto.errors import UserError  # noqa: E402
 from megatron_auto.kernels import (ATTENTION_BACKENDS, OPTIMIZER_IMPLS, resolve_attention_backend,  # noqa: E402
                                    resolve_optimizer_impl)
+from megatron_auto.runtime import compat_flags  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
 from megatron_auto.runtime.tokenizers import add_tokenizer_flags, tokenizer_from_flags  # noqa: E402
@@ -93,20 +103,39 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--norm-epsilon", type=float, default=1e-5)
     group.add_argument("--disable-bias-linear", action="store_true")
     group.add_argument("--group-query-attention", action="store_true",
-                       help="accepted as in Megatron-LM; --num-query-groups sets the groups")
+                       help="grouped-query attention with --num-query-groups groups (without it: multi-head)")
+    group.add_argument("--kv-channels", type=int, help="width of one attention head (default hidden / heads)")
+    group.add_argument("--add-qkv-bias", action="store_true", help="a bias on the QKV projection alone")
+    group.add_argument("--qk-layernorm", action="store_true", help="normalise each query and key head")
+    group.add_argument("--apply-layernorm-1p", action="store_true",
+                       help="norm weights stored as gamma - 1, zero-initialised")
 
 
 def _training_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("training")
     group.add_argument("--micro-batch-size", type=int, default=1)
     group.add_argument("--global-batch-size", type=int)
-    group.add_argument("--train-iters", type=int, required=True)
+    group.add_argument("--train-iters", type=int, help="iterations to train (or --train-samples)")
+    group.add_argument("--train-samples", type=int, help="samples to train on (Megatron-LM's sample-based schedule)")
     group.add_argument("--lr", type=float, default=1e-4)
     group.add_argument("--min-lr", type=float, default=0.0)
     group.add_argument("--lr-decay-style", default="linear", choices=("constant", "linear", "cosine", "inverse-square-root"))
     group.add_argument("--lr-warmup-iters", type=int, default=0)
     group.add_argument("--lr-warmup-fraction", type=float)
+    group.add_argument("--lr-warmup-init", type=float, default=0.0, help="learning rate at the start of the warm-up")
     group.add_argument("--lr-decay-iters", type=int)
+    group.add_argument("--lr-decay-samples", type=int, help="with --train-samples: samples of decay")
+    group.add_argument("--lr-warmup-samples", type=int, default=0, help="with --train-samples: samples of warm-up")
+    group.add_argument("--decoupled-lr", type=float, help="peak learning rate of the embedding and output layer")
+    group.add_argument("--decoupled-min-lr", type=float, help="final learning rate of the embedding and output layer")
+    group.add_argument("--calculate-per-token-loss", action="store_true",
+                       help="divide the loss and gradients once by the global batch's token count")
+    group.add_argument("--check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad",
+                       action="store_true", default=True, help="stop on a NaN loss or gradient (default)")
+    group.add_argument("--no-check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad",
+                       action="store_false")
+    group.add_argument("--disable-bf16-reduced-precision-matmul", action="store_true",
+                       help="CUDA bf16 GEMMs accumulate without reduced-precision reductions")
     group.add_argument("--weight-decay", type=float, default=0.01)
     group.add_argument("--clip-grad", type=float, default=1.0)
     group.add_argument("--adam-beta1", type=float, default=0.9)
@@ -143,6 +172,8 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--recompute-granularity", choices=("full", "selective"))
     group.add_argument("--recompute-method", choices=("uniform", "block"))
     group.add_argument("--recompute-num-layers", type=int)
+    group.add_argument("--recompute-activations", action="store_true",
+                       help="Megatron-LM's older spelling of --recompute-granularity selective")
     group.add_argument("--auto-parallel", action="store_true", help="let the planner choose the parallelism")
     group.add_argument("--auto-parallel-cluster", help="cluster preset or JSON (default: detected)")
     group.add_argument("--auto-parallel-plan", help="run this plan file (megatron or hybrid space)")
@@ -184,59 +215,76 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--load")
     group.add_argument("--save-interval", type=int, default=0)
     group.add_argument("--exit-interval", type=int, default=0)
+    group.add_argument("--exit-duration-in-mins", type=float, default=0.0,
+                       help="save (with --save) and stop once training has run this long")
+    group.add_argument("--no-load-optim", action="store_true",
+                       help="with --load: restore the weights and the iteration, not the optimizer or schedule")
+    group.add_argument("--no-load-rng", action="store_true",
+                       help="with --load: do not restore RNG state (checkpoints here hold none: always so)")
+    group.add_argument("--tensorboard-dir", help="write TensorBoard scalars here (needs the tensorboard package)")
     group.add_argument("--ckpt-step", type=int)
     group.add_argument("--finetune", action="store_true")
 
 
-# Megatron-LM flags of common launch scripts that select kernels, logging sinks or I/O
-# back-ends this runtime picks for itself: accepted, so a script runs unchanged, and
-# listed in the log as without effect.
-NO_EFFECT_SWITCHES = (
-    "--use-mcore-models", "--use-flash-attn", "--attention-softmax-in-fp32", "--no-masked-softmax-fusion",
-    "--no-rope-fusion",
-    "--no-gradient-accumulation-fusion", "--overlap-grad-reduce", "--overlap-param-gather",
-    "--accumulate-allreduce-grads-in-fp32", "--log-throughput", "--log-timers-to-tensorboard",
-    "--log-validation-ppl-to-tensorboard", "--log-memory-to-tensorboard", "--log-params-norm",
-    "--no-load-optim", "--no-load-rng", "--use-checkpoint-args", "--manual-gc", "--async-save",
-)
-NO_EFFECT_VALUES = (
-    "--distributed-backend", "--transformer-impl", "--tensorboard-dir", "--tensorboard-log-interval",
-    "--num-workers", "--dataloader-type", "--ckpt-format", "--timing-log-level", "--wandb-project",
-    "--wandb-exp-name", "--wandb-save-dir", "--manual-gc-interval",
-)
+def no_effect_reasons(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(flag, reason) of the accepted-without-effect flags this run was given."""
+    from megatron_auto.runtime.tensorboard_log import tensorboard_available
 
-
-def _compatibility_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("Megatron-LM flags accepted without effect (kernels, logging sinks, I/O)")
-    for flag in NO_EFFECT_SWITCHES:
-        group.add_argument(flag, action="store_true", dest=_no_effect_dest(flag))
-    for flag in NO_EFFECT_VALUES:
-        group.add_argument(flag, dest=_no_effect_dest(flag), metavar="VALUE")
-
-
-def _no_effect_dest(flag: str) -> str:
-    return "no_effect_" + flag.lstrip("-").replace("-", "_")
+    reasons = compat_flags.no_effect(args)
+    if args.tensorboard_dir is not None and not tensorboard_available():
+        reasons.append(("--tensorboard-dir", "the tensorboard package is not installed"))
+    return reasons
 
 
 def no_effect_flags(args: argparse.Namespace) -> list[str]:
     """The accepted-without-effect flags this run was given."""
-    given = [f for f in NO_EFFECT_SWITCHES if getattr(args, _no_effect_dest(f))]
-    return given + [f for f in NO_EFFECT_VALUES if getattr(args, _no_effect_dest(f)) is not None]
+    return [flag for flag, _ in no_effect_reasons(args)]
+
+
+class _OneLineParser(argparse.ArgumentParser):
+    """argparse whose errors are one line on stderr and exit status 2 (no usage block)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for add in (_model_args, _training_args, _parallel_args, _data_args, _compatibility_args):
+    parser = _OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for add in (_model_args, _training_args, _parallel_args, _data_args, compat_flags.add_arguments):
         add(parser)
-    args = parser.parse_args(argv)
-    if args.lr_warmup_fraction is not None:
-        if args.lr_warmup_iters:
-            parser.error("give --lr-warmup-iters or --lr-warmup-fraction, not both")
-        # Megatron-LM: warm-up steps = fraction x decay steps (the training steps by default).
-        args.lr_warmup_iters = int(args.lr_warmup_fraction * (args.lr_decay_iters or args.train_iters))
+    args, unknown = parser.parse_known_args(argv)
+    refused = compat_flags.refusal(args, unknown)
+    if refused:
+        parser.error(refused)
+    if compat_flags.unknown_flags(unknown):
+        parser.error(f"unrecognized arguments: {' '.join(compat_flags.unknown_flags(unknown))}")
+    schedule_error = schedule_flags_error(args)
+    if schedule_error:
+        parser.error(schedule_error)
+    if args.recompute_activations and args.recompute_granularity is None:
+        args.recompute_granularity = "selective"
     if not args.mock_data and not args.data_path:
         parser.error("give --data-path PREFIX or --mock-data")
     return args
+
+
+def schedule_flags_error(args: argparse.Namespace) -> Optional[str]:
+    """Megatron-LM's checks of the iteration- and sample-based schedule flags (arguments.validate_args)."""
+    if (args.train_iters is None) == (args.train_samples is None):
+        return "give exactly one of --train-iters and --train-samples"
+    if args.train_iters is not None:
+        mixed = [f for f, v in (("--lr-decay-samples", args.lr_decay_samples),
+                                ("--lr-warmup-samples", args.lr_warmup_samples or None)) if v is not None]
+        kind, other = "--train-iters", "iteration"
+    else:
+        mixed = [f for f, v in (("--lr-decay-iters", args.lr_decay_iters),
+                                ("--lr-warmup-iters", args.lr_warmup_iters or None)) if v is not None]
+        kind, other = "--train-samples", "sample"
+    if mixed:
+        return f"{' and '.join(mixed)} cannot go with {kind}: use the {other}-based form"
+    if args.lr_warmup_fraction is not None and (args.lr_warmup_iters or args.lr_warmup_samples):
+        return "give --lr-warmup-fraction or --lr-warmup-iters/--lr-warmup-samples, not both"
+    return None
 
 
 def position_embedding_type(args: argparse.Namespace) -> str:
@@ -250,9 +298,13 @@ def position_embedding_type(args: argparse.Namespace) -> str:
 
 def model_from_args(args: argparse.Namespace, vocab_size: int) -> ModelSpec:
     try:
+        # Megatron-LM: --num-query-groups counts only with --group-query-attention (else multi-head).
+        groups = args.num_query_groups if args.group_query_attention else None
         return uniform_model("pretrain_gpt", args.num_layers, args.hidden_size, args.num_attention_heads,
                              args.seq_length, vocab_size, ffn_hidden_size=args.ffn_hidden_size,
-                             num_query_groups=args.num_query_groups, swiglu=args.swiglu,
+                             num_query_groups=groups, swiglu=args.swiglu, kv_channels=args.kv_channels,
+                             add_qkv_bias=args.add_qkv_bias, qk_layernorm=args.qk_layernorm,
+                             apply_layernorm_1p=args.apply_layernorm_1p,
                              untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
                              normalization=args.normalization, add_bias_linear=not args.disable_bias_linear,
                              position_embedding_type=position_embedding_type(args), rotary_base=args.rotary_base)
@@ -305,7 +357,13 @@ def data_from_args(args: argparse.Namespace, vocab_size: int) -> DataSettings:
 
 def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> TrainSettings:
     return TrainSettings(
-        train_iters=args.train_iters, lr=args.lr, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,
+        train_iters=args.train_iters or 0, train_samples=args.train_samples, lr_decay_samples=args.lr_decay_samples,
+        lr_warmup_samples=args.lr_warmup_samples, lr_warmup_fraction=args.lr_warmup_fraction,
+        lr_warmup_init=args.lr_warmup_init,
+        decoupled_lr=args.decoupled_lr, decoupled_min_lr=args.decoupled_min_lr,
+        calculate_per_token_loss=args.calculate_per_token_loss, check_for_nan=args.check_for_nan_in_loss_and_grad,
+        exit_duration_s=args.exit_duration_in_mins * 60, load_optimizer=not args.no_load_optim,
+        tensorboard_dir=args.tensorboard_dir, lr=args.lr, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,
         lr_warmup_iters=args.lr_warmup_iters, lr_decay_iters=args.lr_decay_iters, weight_decay=args.weight_decay,
         clip_grad=args.clip_grad, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
         precision=precision, loss_scale=args.loss_scale, initial_loss_scale=args.initial_loss_scale,
@@ -341,7 +399,7 @@ def search_constraints(args: argparse.Namespace, model: ModelSpec) -> SearchCons
     if args.num_layers_per_virtual_pipeline_stage and args.pipeline_model_parallel_size:
         virtual = model.num_layers // (args.num_layers_per_virtual_pipeline_stage * args.pipeline_model_parallel_size)
     return SearchConstraints(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
-                             virtual_stages=virtual, sequence_parallel=args.sequence_parallel,
+                             virtual_stages=virtual, sequence_parallel=None,  # SP: the planner's choice
                              distributed_optimizer=args.use_distributed_optimizer,
                              recompute=args.recompute_granularity)
 
@@ -419,11 +477,48 @@ def precision_summary(settings: TrainSettings) -> str:
     return text + ")"
 
 
+def megatron_lm_adjustments(args: argparse.Namespace) -> list[str]:
+    """Flags Megatron-LM turns off with a warning rather than refuse; returns the warnings (mutates `args`)."""
+    warnings_given = []
+    if args.sequence_parallel and args.auto_parallel:
+        warnings_given.append("--sequence-parallel: under --auto-parallel sequence parallelism is the planner's "
+                              "choice (with tensor parallelism)")
+    elif args.sequence_parallel and (args.tensor_model_parallel_size or 1) == 1:
+        args.sequence_parallel = False
+        warnings_given.append("Disabling sequence parallelism because tensor model parallelism is disabled")
+    if args.no_load_rng:
+        warnings_given.append("--no-load-rng: checkpoints here hold no RNG state; a resume always reseeds")
+    return warnings_given
+
+
+def _use_matmul_flags(args: argparse.Namespace) -> None:
+    """--disable-bf16-reduced-precision-matmul, as Megatron-LM sets it (CUDA only; no-op on CPU)."""
+    import torch
+
+    if args.disable_bf16_reduced_precision_matmul:
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+
+
+def _log_run_header(args: argparse.Namespace, adjustments: list[str], settings: TrainSettings, model: ModelSpec,
+                    plan) -> None:
+    from megatron_auto.report import plan_table
+    from megatron_auto.runtime import kernels
+
+    for line in adjustments:
+        logger.warning("%s", line)
+    for flag, reason in no_effect_reasons(args):
+        logger.info("accepted without effect here: %s (%s)", flag, reason)
+    logger.info("precision: %s", precision_summary(settings))
+    logger.info("%s", kernels.kernels_for_run(model, settings).describe())
+    logger.info("parallel plan (%s):\n%s", "auto-parallel" if args.auto_parallel else "flags", plan_table(plan))
+
+
 def run(args: argparse.Namespace) -> None:
     import patches
-    from megatron_auto.report import plan_table
-    from megatron_auto.runtime import distributed, fit, kernels, session
+    from megatron_auto.runtime import distributed, fit, session
 
+    adjustments = megatron_lm_adjustments(args)
+    _use_matmul_flags(args)
     tokenizer = tokenizer_from_flags(args)
     settings = settings_from_args(args, tokenizer.vocab_size, tokenizer.eod)
     model = model_from_args(args, tokenizer.vocab_size)
@@ -433,12 +528,8 @@ def run(args: argparse.Namespace) -> None:
     info = distributed.init_distributed(settings.timeout_s)
     try:
         if session.is_logging_rank():
-            if no_effect_flags(args):
-                logger.info("accepted without effect here: %s", " ".join(no_effect_flags(args)))
+            _log_run_header(args, adjustments, settings, model, plan)
             log_tokenizer_and_data(args, tokenizer)
-            logger.info("precision: %s", precision_summary(settings))
-            logger.info("%s", kernels.kernels_for_run(model, settings).describe())
-            logger.info("parallel plan (%s):\n%s", "auto-parallel" if args.auto_parallel else "flags", plan_table(plan))
         basis = plan_basis(args, plan, model, world_size, settings)
         if basis is None:
             job = session.build_session(plan, model, settings, info.backend, info.device)
@@ -466,11 +557,16 @@ def configure_logging() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging()
+    from megatron_auto.runtime.stopping import TrainingDiverged
+
     try:
         run(args)
     except UserError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
+    except TrainingDiverged as error:  # Megatron-LM stops with an error too (its rerun state machine)
+        print(f"error: {error}", file=sys.stderr)
+        return 1
     return 0
 
 

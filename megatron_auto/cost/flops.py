@@ -2,7 +2,10 @@
 
 Counts follow Narayanan et al. SC21 (arXiv 2104.04473), Sec. 5.1: a GEMM of
 (m x k) @ (k x n) costs 2mkn FLOPs; a GPT layer's forward pass costs
-24bsh^2 + 4bs^2h. GQA and SwiGLU generalise the QKV and MLP shapes.
+24bsh^2 + 4bs^2h. GQA and SwiGLU generalise the QKV and MLP shapes; a head width d other than
+h/a (--kv-channels) makes Q, the scores' inner dimension and the output projection's input a*d
+wide, as Megatron-Core's SelfAttention builds them (megatron/core/transformer/attention.py:
+query_projection_size = kv_channels * num_attention_heads, linear_proj maps it to h).
 """
 from __future__ import annotations
 
@@ -37,7 +40,7 @@ def layer_gemms(layer: LayerSpec, tokens_per_sample: int, samples: int, tp: int)
         Gemm(tokens, h, qkv_width // tp),               # QKV projection (column parallel)
         Gemm(s, d, s, batch=heads_per_shard),           # Q @ K^T per head
         Gemm(s, s, d, batch=heads_per_shard),           # softmax(QK^T) @ V per head
-        Gemm(tokens, h // tp, h),                       # output projection (row parallel)
+        Gemm(tokens, layer.attention_width // tp, h),   # output projection (row parallel), a*d -> h
         Gemm(tokens, h, mlp_in_width // tp),            # fc1 (and gate for SwiGLU)
         Gemm(tokens, layer.ffn_hidden_size // tp, h),   # fc2
     )

@@ -56,12 +56,13 @@ def elementwise_bytes(layer: LayerSpec, tokens: int, tp: int, sp: bool, word: in
     attn = layer.num_attention_heads * layer.kv_channels / tp
     f = layer.ffn_hidden_size / tp
     bias = 1.0 if layer.add_bias_linear else 0.0
+    qkv_bias = 1.0 if layer.has_qkv_bias else 0.0  # --add-qkv-bias: the QKV bias alone
     mask = mask_bytes / word
     fc1_width = f * (2 if layer.swiglu else 1)
     forward = (4 * h_shard + 2 * (2 * bias * h_shard + 2 * h_shard + mask * h_shard + 3 * h_shard)
-               + 2 * bias * qkv + 4 * attn + 2 * bias * fc1_width + (5 if layer.swiglu else 2) * f)
+               + 2 * qkv_bias * qkv + 4 * attn + 2 * bias * fc1_width + (5 if layer.swiglu else 2) * f)
     backward = (6 * h_shard + 2 * (2 * h_shard + mask * h_shard) + 6 * h_shard + 4 * attn
-                + bias * (qkv + 2 * h_shard + fc1_width) + (5 if layer.swiglu else 3) * f)
+                + qkv_bias * qkv + bias * (2 * h_shard + fc1_width) + (5 if layer.swiglu else 3) * f)
     return tokens * word * forward, tokens * word * backward
 
 

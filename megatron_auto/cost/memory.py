@@ -65,6 +65,9 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
     """
     s, b, h, t = seq, samples, layer.hidden_size, strategy.tp
     kv_width = layer.num_query_groups * layer.kv_channels
+    # Q and the projection input are a*d wide (h unless --kv-channels sets d; Megatron-Core's
+    # attention.py: query_projection_size = kv_channels * num_attention_heads).
+    q_width = layer.attention_width
     word = activation_bytes
     replicated_split = t if strategy.sp else 1
     if strategy.recompute == "full":
@@ -74,7 +77,10 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
     replicated = s * b * (4 * word * h + 2 * mask_bytes * h) + norm_statistics_bytes(layer, s, b)
     # Split over TP: Q, K, V, the projection input, the MLP's inner activations.
     mlp_inner = (3 if layer.swiglu else 2) * layer.ffn_hidden_size
-    sharded = word * s * b * (h + 2 * kv_width + h + mlp_inner)
+    sharded = word * s * b * (q_width + 2 * kv_width + q_width + mlp_inner)
+    if layer.qk_layernorm:
+        # --qk-layernorm keeps the q and k norms' inputs for backward (their outputs are Q and K above).
+        sharded += word * s * b * (q_width + kv_width)
     if strategy.recompute == "none":
         sharded += attention_score_bytes(layer, s, b, word, mask_bytes, attention_backend)
     return replicated / replicated_split + sharded / t

@@ -59,6 +59,8 @@ def sharded_config(layer: LayerSpec, tp: int, settings: LayerBenchSettings):
         num_layers=1, hidden_size=layer.hidden_size,
         num_attention_heads=layer.num_attention_heads // tp, num_query_groups=layer.num_query_groups // tp,
         kv_channels=layer.kv_channels, ffn_hidden_size=layer.ffn_hidden_size // tp,
+        add_qkv_bias=layer.add_qkv_bias, qk_layernorm=layer.qk_layernorm,
+        layernorm_zero_centered_gamma=layer.apply_layernorm_1p,
         gated_linear_unit=layer.swiglu,
         activation_func=torch.nn.functional.silu if layer.swiglu else torch.nn.functional.gelu,
         hidden_dropout=settings.hidden_dropout, attention_dropout=settings.attention_dropout,

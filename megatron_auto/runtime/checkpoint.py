@@ -103,15 +103,26 @@ def latest_iteration(root: str) -> int:
 
 
 def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: bool = False,
-                    step: Optional[int] = None) -> Resumed:
-    """Load iteration `step` (default: the latest) of `root` into this layout's model, optimizer and scheduler."""
+                    step: Optional[int] = None, with_optimizer: bool = True) -> Optional[Resumed]:
+    """Load iteration `step` (default: the latest) of `root` into this layout's model, optimizer and scheduler.
+
+    None, with a warning, when `root` holds no tracker file and no `step` is asked for: Megatron-LM then
+    starts from random weights (a launch line with `--save DIR --load DIR` on a new DIR). Without
+    `with_optimizer` (--no-load-optim) the weights and the iteration load, the optimizer state and
+    the learning-rate schedule do not (Megatron-LM's checkpointing.load_checkpoint)."""
     from megatron.core import dist_checkpointing
 
+    if step is None and not os.path.isfile(os.path.join(root, TRACKER)):
+        if torch.distributed.get_rank() == 0:
+            logger.warning("WARNING: could not find the metadata file %s; will not load any checkpoints and "
+                           "will start from random", os.path.join(root, TRACKER))
+        return None
     iteration = latest_iteration(root) if step is None else step
     path = iteration_dir(root, iteration)
     if not os.path.isdir(path):
         raise UserError(f"--load {root}: no checkpoint of iteration {iteration} ({path} is missing)")
-    template = _full_state(model, optimizer, scheduler, 0, 0, with_optimizer=not weights_only, is_loading=True)
+    load_optimizer = with_optimizer and not weights_only
+    template = _full_state(model, optimizer, scheduler, 0, 0, with_optimizer=load_optimizer, is_loading=True)
     loaded = dist_checkpointing.load(template, path)
     if len(model) == 1:
         model[0].module.load_state_dict(loaded["model"])
@@ -122,6 +133,11 @@ def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: 
         optimizer.reload_model_params()
         logger.info("loaded weights of iteration %d from %s", iteration, path)
         return Resumed(iteration=0, consumed_samples=0)
+    if not load_optimizer:
+        optimizer.reload_model_params()
+        logger.info("resumed weights of iteration %d of %s (--no-load-optim: fresh optimizer state and "
+                    "learning-rate schedule)", loaded["iteration"], path)
+        return Resumed(iteration=int(loaded["iteration"]), consumed_samples=int(loaded["consumed_samples"]))
     optimizer.load_state_dict(loaded["optimizer"])
     scheduler.load_state_dict(loaded["opt_param_scheduler"])
     logger.info("resumed from iteration %d of %s", loaded["iteration"], path)

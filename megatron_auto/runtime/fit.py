@@ -62,7 +62,7 @@ def _train_attempt(plan: Plan, basis: PlanBasis, settings: TrainSettings, info, 
     job = sessions.build_session(plan, basis.model, settings, info.backend, info.device)
     if settings.load:
         sessions.resume(job)
-    stop = min(settings.train_iters, settings.exit_interval or settings.train_iters)
+    stop = sessions.stop_iteration(job.settings)
     try:
         check = MemoryCheck(plan, basis, rank, job.iteration, stop)
     except (UserError, ValueError) as error:  # a hand-made plan the cost model cannot price

@@ -126,8 +126,9 @@ def layer_spec(layer: LayerSpec, kernels: RunKernels):
     from megatron.core.models.gpt import gpt_layer_specs
 
     if kernels.layer_spec == "transformer_engine":
-        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec()
-    spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization=layer.normalization)
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=layer.qk_layernorm)
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization=layer.normalization,
+                                                    qk_layernorm=layer.qk_layernorm)
     if kernels.attention == "flash":
         from .attention import SDPAttention
 

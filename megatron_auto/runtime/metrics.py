@@ -21,8 +21,8 @@ def model_flops_per_iteration(model: ModelSpec, global_batch_size: int, padded_v
         h, kv = layer.hidden_size, layer.kv_channels
         qkv_out = (layer.num_attention_heads + 2 * layer.num_query_groups) * kv
         mlp_in = layer.ffn_hidden_size * (2 if layer.swiglu else 1)
-        matmul_weights = h * qkv_out + h * h + h * mlp_in + layer.ffn_hidden_size * h
-        forward_per_token += 2 * matmul_weights + 4 * s * h
+        matmul_weights = h * qkv_out + layer.attention_width * h + h * mlp_in + layer.ffn_hidden_size * h
+        forward_per_token += 2 * matmul_weights + 4 * s * layer.attention_width  # a*d = h unless --kv-channels
     forward_per_token += 2 * model.hidden_size * padded_vocab
     return 3.0 * forward_per_token * s * global_batch_size
 
@@ -64,9 +64,10 @@ def format_iteration(log: IterationLog) -> str:
     )
 
 
-def format_eval(iteration: int, loss: float) -> str:
-    """Megatron's validation line."""
+def format_eval(iteration: int, loss: float, where: str = "") -> str:
+    """Megatron's validation line; `where` follows the iteration (e.g. " on validation set")."""
     import math
 
     ppl = math.exp(min(20.0, loss))
-    return f" validation loss at iteration {iteration} | lm loss value: {loss:.6E} | lm loss PPL: {ppl:.6E} |"
+    return (f" validation loss at iteration {iteration}{where} | lm loss value: {loss:.6E} |"
+            f" lm loss PPL: {ppl:.6E} |")

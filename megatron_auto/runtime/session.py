@@ -15,7 +15,7 @@ import torch
 
 from ..plan import Plan
 from ..specs.model import ModelSpec
-from . import checkpoint, config as configs, data, distributed, kernels, metrics
+from . import checkpoint, config as configs, data, distributed, kernels, metrics, schedule, stopping, tensorboard_log
 from . import model as models
 from .layout import MegatronLayout, layout_from_plan
 from .settings import TrainSettings
@@ -44,18 +44,21 @@ class Session:
     """StepResult of every iteration run in this session."""
     hybrid: Any = None
     """hybrid.session.HybridRuntime for a hybrid-space plan, else None."""
+    started_at: float = field(default_factory=time.time)
+    """Wall-clock start of the session, for --exit-duration-in-mins."""
+    scalars: Any = None
+    """tensorboard_log.ScalarSink of the logging rank with --tensorboard-dir, else None."""
 
 
 def _scheduler(optimizer, settings: TrainSettings, global_batch_size: int):
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-    decay_iters = settings.lr_decay_iters or settings.train_iters
+    steps = schedule.schedule_steps(settings, global_batch_size)
     return OptimizerParamScheduler(
-        optimizer, init_lr=0.0 if settings.lr_warmup_iters else settings.lr, max_lr=settings.lr,
-        min_lr=settings.min_lr, lr_warmup_steps=settings.lr_warmup_iters * global_batch_size,
-        lr_decay_steps=decay_iters * global_batch_size, lr_decay_style=settings.lr_decay_style,
-        start_wd=settings.weight_decay, end_wd=settings.weight_decay,
-        wd_incr_steps=decay_iters * global_batch_size, wd_incr_style="constant")
+        optimizer, init_lr=settings.lr_warmup_init if steps.warmup else settings.lr, max_lr=settings.lr,
+        min_lr=settings.min_lr, lr_warmup_steps=steps.warmup, lr_decay_steps=steps.decay,
+        lr_decay_style=settings.lr_decay_style, start_wd=settings.weight_decay, end_wd=settings.weight_decay,
+        wd_incr_steps=steps.weight_decay_increment, wd_incr_style="constant")
 
 
 def _attach_sync_functions(transformer_config, model: list) -> None:
@@ -74,6 +77,7 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
     from megatron.core import parallel_state
     from megatron.core.optimizer import get_megatron_optimizer
 
+    settings = schedule.resolve_samples(settings, plan.global_batch_size)
     if plan.space == "hybrid":
         return _build_hybrid_session(plan, model_spec, settings, backend, device, initial_state)
     layout = layout_from_plan(plan)
@@ -110,12 +114,15 @@ def _build_hybrid_session(plan: Plan, model_spec: ModelSpec, settings: TrainSett
 
 
 def resume(session: Session, path: Optional[str] = None, step: Optional[int] = None) -> None:
-    """Load `path` (default: settings.load) at `step` (default: settings.ckpt_step or the latest)."""
+    """Load `path` (default: settings.load) at `step` (default: settings.ckpt_step or the latest); a
+    directory without a checkpoint leaves the run at iteration 0 (Megatron-LM warns and starts from scratch)."""
     root = path or session.settings.load
     step = step if step is not None else session.settings.ckpt_step
     resumed = checkpoint.load_checkpoint(root, session.model, session.optimizer, session.scheduler,
-                                         weights_only=session.settings.finetune, step=step)
-    session.iteration = resumed.iteration
+                                         weights_only=session.settings.finetune, step=step,
+                                         with_optimizer=session.settings.load_optimizer)
+    if resumed is not None:
+        session.iteration = resumed.iteration
 
 
 def run_iteration(session: Session) -> StepResult:
@@ -128,8 +135,10 @@ def run_iteration(session: Session) -> StepResult:
     return result
 
 
-def evaluate(session: Session) -> float:
-    """Mean loss over `eval_iters` held-out global batches."""
+def evaluate(session: Session) -> Optional[float]:
+    """Mean loss over `eval_iters` held-out global batches (None with --eval-iters 0)."""
+    if session.settings.eval_iters <= 0:
+        return None
     losses = []
     for index in range(session.settings.eval_iters):
         iterators = data.iterators_for_chunks(session.source, session.slicer, index, session.device, split="eval")
@@ -155,6 +164,9 @@ def _log_iteration(session: Session, result: StepResult, elapsed_s: float, flops
         tflops_per_gpu=flops / elapsed_s / world / 1e12, skipped=int(result.skipped),
         loss_scale=result.loss_scale))
     logger.info(line)
+    if session.scalars is not None:
+        session.scalars.iteration(session.iteration, result, session.optimizer.param_groups[0]["lr"],
+                                  tokens / elapsed_s)
 
 
 def _maybe_save(session: Session, last: bool) -> None:
@@ -167,29 +179,56 @@ def _maybe_save(session: Session, last: bool) -> None:
                                    session.iteration, session.iteration * session.layout.global_batch_size)
 
 
+def stop_iteration(settings: TrainSettings) -> int:
+    """The iteration this run stops at: train_iters, or exit_interval when sooner."""
+    return min(settings.train_iters, settings.exit_interval or settings.train_iters)
+
+
+def _validate(session: Session, where: str) -> None:
+    """Evaluate and log Megatron's validation line (nothing with --eval-iters 0)."""
+    loss = evaluate(session)
+    if loss is not None and is_logging_rank():
+        logger.info(metrics.format_eval(session.iteration, loss, where))
+        if session.scalars is not None:
+            session.scalars.validation(session.iteration, loss)
+
+
 def train(session: Session, run: Optional[Callable[[Session], StepResult]] = None,
           after_iteration: Optional[Callable[[Session, StepResult], None]] = None) -> list[StepResult]:
-    """Run from session.iteration to train_iters (or exit_interval), logging, evaluating and saving.
+    """Run from session.iteration to train_iters (or exit_interval), logging, evaluating and saving;
+    then, having reached train_iters, a last validation pass (Megatron-LM's end-of-training one).
 
     `run` replaces run_iteration (runtime.oom.OomGuard); `after_iteration` is called after each
-    iteration (runtime.memory_check.MemoryCheck)."""
+    iteration (runtime.memory_check.MemoryCheck). A NaN loss or gradient raises
+    stopping.TrainingDiverged (with --check-for-nan-in-loss-and-grad, the default); past
+    --exit-duration-in-mins the run saves (with --save) and stops."""
     settings = session.settings
-    stop = min(settings.train_iters, settings.exit_interval or settings.train_iters)
+    stop = stop_iteration(settings)
     flops = metrics.model_flops_per_iteration(session.model_spec, session.layout.global_batch_size,
                                               session.padded_vocab)
     results = []
+    if session.scalars is None and is_logging_rank():
+        session.scalars = tensorboard_log.open_sink(settings.tensorboard_dir)
     while session.iteration < stop:
         start = time.perf_counter()
         result = (run or run_iteration)(session)
         elapsed = time.perf_counter() - start
         results.append(result)
+        if settings.check_for_nan:
+            stopping.check_for_nan(result, session.iteration, session.device)
         if is_logging_rank() and session.iteration % max(1, settings.log_interval) == 0:
             _log_iteration(session, result, elapsed, flops)
         if settings.eval_interval and session.iteration % settings.eval_interval == 0:
-            loss = evaluate(session)
+            _validate(session, "")
+        if stopping.duration_exceeded(session.started_at, settings.exit_duration_s, session.device):
+            _maybe_save(session, last=True)
             if is_logging_rank():
-                logger.info(metrics.format_eval(session.iteration, loss))
+                logger.info("exiting after %.2f minutes (--exit-duration-in-mins) at iteration %d",
+                            (time.time() - session.started_at) / 60, session.iteration)
+            return results
         _maybe_save(session, last=session.iteration == stop)
         if after_iteration is not None:
             after_iteration(session, result)
+    if session.iteration == settings.train_iters:
+        _validate(session, " on validation set (end of training)")
     return results

@@ -36,7 +36,18 @@ class TrainSettings:
     """Optimiser, schedule, precision, logging and checkpoint settings of one run."""
 
     train_iters: int = 10
-    """Iterations to run (including those a resumed checkpoint already did)."""
+    """Iterations to run (including those a resumed checkpoint already did); with `train_samples`,
+    train_samples // global batch (schedule.resolve_samples)."""
+    train_samples: Optional[int] = None
+    """Megatron-LM's sample-based schedule (--train-samples): samples to train on; None: iteration-based."""
+    lr_decay_samples: Optional[int] = None
+    """Sample-based schedule: samples over which the rate decays; None means train_samples."""
+    lr_warmup_samples: int = 0
+    """Sample-based schedule: samples of linear warm-up."""
+    lr_warmup_init: float = 0.0
+    """Learning rate at the start of the linear warm-up (Megatron-LM's --lr-warmup-init)."""
+    lr_warmup_fraction: Optional[float] = None
+    """Warm-up as a share of the decay steps (Megatron-LM's --lr-warmup-fraction); overrides the counts."""
     lr: float = 1e-3
     """Peak learning rate."""
     min_lr: float = 0.0
@@ -54,6 +65,15 @@ class TrainSettings:
     adam_beta1: float = 0.9
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
+    decoupled_lr: Optional[float] = None
+    """Peak rate of the embedding and output layer (Megatron-LM's --decoupled-lr); None: `lr`."""
+    decoupled_min_lr: Optional[float] = None
+    """Final rate of the embedding and output layer (--decoupled-min-lr); None: `min_lr`."""
+    calculate_per_token_loss: bool = False
+    """Megatron-LM's --calculate-per-token-loss: the loss and gradients are divided once by the global
+    batch's token count rather than averaged per micro-batch."""
+    check_for_nan: bool = True
+    """Stop on a NaN/Inf loss or NaN gradient norm (Megatron-LM's --check-for-nan-in-loss-and-grad)."""
     precision: str = "fp32"
     """fp32, bf16 or fp16 (16-bit weights and activations; fp32 main gradients and master weights)."""
     loss_scale: Optional[float] = None
@@ -90,7 +110,9 @@ class TrainSettings:
     log_interval: int = 1
     eval_interval: int = 0
     """Evaluate every this many iterations (0: never)."""
-    eval_iters: int = 1
+    eval_iters: int = 0
+    """Global batches per validation pass, at every eval_interval and after the last iteration
+    (0: never validate; tools/pretrain_gpt.py's --eval-iters defaults to 10)."""
     save: Optional[str] = None
     """Checkpoint directory to write."""
     load: Optional[str] = None
@@ -99,10 +121,16 @@ class TrainSettings:
     """Save every this many iterations (0: only at the end when `save` is set)."""
     exit_interval: int = 0
     """Stop after this iteration (0: run to train_iters); for tests of resumption."""
+    exit_duration_s: float = 0.0
+    """Save (with `save`) and stop once training has run this long (--exit-duration-in-mins; 0: never)."""
+    load_optimizer: bool = True
+    """With `load`: restore the optimizer and learning-rate schedule (False: --no-load-optim)."""
     ckpt_step: Optional[int] = None
     """With `load`: the iteration to load (default: the latest)."""
     finetune: bool = False
     """With `load`: take only the weights (no optimizer state, iteration restarts at 0)."""
+    tensorboard_dir: Optional[str] = None
+    """Write TensorBoard scalars here (--tensorboard-dir) when the tensorboard package imports."""
     timeout_s: float = 300.0
     """Timeout of every process-group collective, so a dead rank cannot hang the job."""
     data: DataSettings = DataSettings()

@@ -19,6 +19,10 @@ class StepResult:
     skipped: bool = False
     loss_scale: Optional[float] = None
     """fp16: the loss scale after this iteration's update (None without loss scaling)."""
+    has_loss: bool = True
+    """Whether this rank computed the loss (the last pipeline stage); elsewhere `loss` is NaN."""
+    has_grad_norm: bool = True
+    """Whether the optimizer measured the gradient norm (not with --clip-grad 0 or a skipped fp16 step)."""
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -84,7 +88,8 @@ def train_step(model: list, optimizer, scheduler, iterators, layout: MegatronLay
     group = hybrid.head_dp_group if hybrid else None
     return StepResult(loss=reduce_reported_loss(losses, device, group),
                       grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
-                      skipped=not update_successful, loss_scale=current_loss_scale(optimizer))
+                      skipped=not update_successful, loss_scale=current_loss_scale(optimizer),
+                      has_loss=bool(losses), has_grad_norm=grad_norm is not None)
 
 
 def current_loss_scale(optimizer) -> Optional[float]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
+from typing import Optional
 
 from .. import serde
 from ..serde import CachedHash
@@ -41,20 +42,38 @@ class LayerSpec(CachedHash):
     """LayerNorm (weight and bias) or RMSNorm (weight only), Megatron's --normalization."""
     add_bias_linear: bool = True
     """Biases on the linear layers; False is Megatron's --disable-bias-linear (LLaMA)."""
+    kv_channels: Optional[int] = None
+    """Width of one attention head, d (Megatron's --kv-channels); None (in a file) means h / a."""
+    add_qkv_bias: bool = False
+    """A bias on the QKV projection even without the other linear biases (Megatron's --add-qkv-bias, Qwen)."""
+    qk_layernorm: bool = False
+    """A norm over each query and key head before the scores (Megatron's --qk-layernorm)."""
+    apply_layernorm_1p: bool = False
+    """Norm weights stored as gamma - 1, zero-initialised (Megatron's --apply-layernorm-1p); costs nothing."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(f"normalization must be one of {', '.join(NORMALIZATIONS)}, got {self.normalization!r}")
-        if self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads {self.num_attention_heads}")
+        if self.kv_channels is None:
+            # Megatron-LM's validate_args: without --kv-channels, heads must divide the width.
+            if self.hidden_size % self.num_attention_heads:
+                raise ValueError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
+                                 f"{self.num_attention_heads} (or give kv_channels)")
+            object.__setattr__(self, "kv_channels", self.hidden_size // self.num_attention_heads)
+        _check_positive(self, "kv_channels")
         if self.num_attention_heads % self.num_query_groups:
             raise ValueError(f"num_attention_heads {self.num_attention_heads} is not divisible by num_query_groups {self.num_query_groups}")
 
     @property
-    def kv_channels(self) -> int:
-        """Width of one attention head."""
-        return self.hidden_size // self.num_attention_heads
+    def attention_width(self) -> int:
+        """Width of the attention output, a x d (the output projection's input; h when d = h / a)."""
+        return self.num_attention_heads * self.kv_channels
+
+    @property
+    def has_qkv_bias(self) -> bool:
+        """Whether the QKV projection has a bias (Megatron: add_bias_linear or add_qkv_bias)."""
+        return self.add_bias_linear or self.add_qkv_bias
 
     @property
     def norm_parameters(self) -> int:
@@ -63,13 +82,16 @@ class LayerSpec(CachedHash):
 
     @property
     def num_parameters(self) -> int:
-        """Weights and biases of the layer (Megatron's layout: QKV, proj, MLP, two norms)."""
+        """Weights and biases of the layer (Megatron's layout: QKV, proj, MLP, two norms, and the q/k
+        norms of --qk-layernorm, each over one head's d channels)."""
         h, kv = self.hidden_size, self.kv_channels
         qkv_out = (self.num_attention_heads + 2 * self.num_query_groups) * kv
         mlp_in = self.ffn_hidden_size * (2 if self.swiglu else 1)
-        weights = h * qkv_out + h * h + h * mlp_in + self.ffn_hidden_size * h
-        biases = (qkv_out + h + mlp_in + h) if self.add_bias_linear else 0
-        return weights + biases + 2 * self.norm_parameters
+        weights = h * qkv_out + self.attention_width * h + h * mlp_in + self.ffn_hidden_size * h
+        biases = (h + mlp_in + h) if self.add_bias_linear else 0
+        biases += qkv_out if self.has_qkv_bias else 0
+        qk_norms = 2 * kv * (2 if self.normalization == "LayerNorm" else 1) if self.qk_layernorm else 0
+        return weights + biases + 2 * self.norm_parameters + qk_norms
 
 
 @dataclass(frozen=True)
@@ -140,7 +162,8 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
                   num_query_groups: int | None = None, swiglu: bool = False,
                   untie_embeddings_and_output_weights: bool = False, normalization: str = "LayerNorm",
                   add_bias_linear: bool = True, position_embedding_type: str = "learned_absolute",
-                  rotary_base: int = 10000) -> ModelSpec:
+                  rotary_base: int = 10000, kv_channels: Optional[int] = None, add_qkv_bias: bool = False,
+                  qk_layernorm: bool = False, apply_layernorm_1p: bool = False) -> ModelSpec:
     """A model whose layers are all alike, from Megatron's flag values."""
     layer = LayerSpec(
         hidden_size=hidden_size,
@@ -150,6 +173,10 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
         swiglu=swiglu,
         normalization=normalization,
         add_bias_linear=add_bias_linear,
+        kv_channels=kv_channels,
+        add_qkv_bias=add_qkv_bias,
+        qk_layernorm=qk_layernorm,
+        apply_layernorm_1p=apply_layernorm_1p,
     )
     return ModelSpec(name=name, layers=(layer,) * num_layers, seq_length=seq_length,
                      vocab_size=vocab_size,
@@ -162,9 +189,11 @@ _COMPACT_KEYS = {
     "ffn_hidden_size", "num_query_groups", "swiglu", "untie_embeddings_and_output_weights",
     "name", "schema_version", "max_position_embeddings",
     "normalization", "add_bias_linear", "position_embedding_type", "rotary_base",
+    "kv_channels", "add_qkv_bias", "qk_layernorm", "apply_layernorm_1p",
 }
 _COMPACT_TYPES = {"swiglu": bool, "untie_embeddings_and_output_weights": bool, "add_bias_linear": bool,
-                  "normalization": str, "position_embedding_type": str, "name": str}
+                  "normalization": str, "position_embedding_type": str, "add_qkv_bias": bool,
+                  "qk_layernorm": bool, "apply_layernorm_1p": bool, "name": str}
 
 
 def model_from_dict(data: dict, name: str = "model", where: str = "") -> ModelSpec:

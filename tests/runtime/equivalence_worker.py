@@ -1,7 +1,7 @@
 """One rank of an equivalence launch: run several parallel layouts of the same tiny GPT in turn.
 
 Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python equivalence_worker.py CASES.json RESULTS.json
-Each case: {"name", "flags": ManualParallelism fields, "steps", optional "model" ("gpt" or "llama"),
+Each case: {"name", "flags": ManualParallelism fields, "steps", optional "model" ("gpt", "llama" or "qwen3"),
 optional "load_weights" (checkpoint dir, weights only), "resume" (checkpoint dir, full state),
 "save" + "save_interval", "force_batch_p2p", "settings" (TrainSettings fields, e.g. precision, attention_backend),
 "data_vocab_size" (mock tokens drawn from fewer ids than the padded vocabulary, so that training
@@ -24,11 +24,11 @@ from megatron_auto.runtime import distributed, session  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
-from worker_models import llama_model  # noqa: E402
+from worker_models import llama_model, qwen3_model  # noqa: E402
 
 MODEL = uniform_model("equivalence-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
                       seq_length=32, vocab_size=256)
-MODELS = {"gpt": MODEL, "llama": llama_model("equivalence-llama")}
+MODELS = {"gpt": MODEL, "llama": llama_model("equivalence-llama"), "qwen3": qwen3_model("equivalence-qwen3")}
 SETTINGS = TrainSettings(train_iters=5, lr=1e-3, hidden_dropout=0.0, attention_dropout=0.0, clip_grad=1.0,
                          weight_decay=0.01, seed=1234, timeout_s=90.0, data=DataSettings(vocab_size=256))
 

@@ -39,13 +39,17 @@ def test_apply_all_lists_every_patch(applied):
     assert applied == [p.NAME for p in patches.patch_modules()]
 
 
-def test_on_cuda_only_the_torch_adam_fix_applies_and_only_with_torch_adam(monkeypatch):
+def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
     from megatron.core import optimizer
+    from megatron.core.models.gpt import gpt_layer_specs
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(optimizer, "USING_PYTORCH_OPTIMIZER", True)  # no apex, no TE: torch's Adam
-    assert patches.apply_all() == ["distrib_optimizer_torch_adam_step"]
-    monkeypatch.setattr(optimizer, "USING_PYTORCH_OPTIMIZER", False)  # apex/TE FusedAdam
+    monkeypatch.setattr(gpt_layer_specs, "HAVE_APEX", False)  # and torch's norms in the local spec
+    monkeypatch.setattr(gpt_layer_specs, "HAVE_TE", False)
+    assert patches.apply_all() == ["torch_norm_zero_centered_gamma", "distrib_optimizer_torch_adam_step"]
+    monkeypatch.setattr(optimizer, "USING_PYTORCH_OPTIMIZER", False)  # apex/TE FusedAdam and norms
+    monkeypatch.setattr(gpt_layer_specs, "HAVE_APEX", True)
     assert patches.apply_all() == []
 
 
@@ -127,6 +131,26 @@ def test_torch_norm_accepts_sequence_parallel_and_marks_params():
     assert isinstance(norm, torch.nn.LayerNorm)
     assert all(getattr(p, "sequence_parallel", False) for p in norm.parameters())
     assert config.sequence_parallel is True
+
+
+@pytest.mark.parametrize("normalization", ["LayerNorm", "RMSNorm"])
+def test_torch_norm_zero_centered_gamma_scales_by_one_plus_weight(normalization):
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, normalization=normalization,
+                               layernorm_zero_centered_gamma=True, use_cpu_initialization=True)
+    norm = WrappedTorchNorm(config, 8)
+    plain = WrappedTorchNorm(TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2,
+                                               normalization=normalization, use_cpu_initialization=True), 8)
+    x = torch.randn(3, 8)
+    assert torch.equal(norm.weight, torch.zeros(8))  # gamma - 1 starts at zero: gamma = 1
+    assert torch.allclose(norm(x), plain(x), atol=1e-6)
+    with torch.no_grad():
+        norm.weight.fill_(0.5)
+        plain.weight.fill_(1.5)
+    assert torch.allclose(norm(x), plain(x), atol=1e-6)
+    assert config.layernorm_zero_centered_gamma is True
 
 
 def test_embedding_sync_keeps_weight_on_cpu():

@@ -89,9 +89,121 @@ def test_unknown_attention_backend_exits_2():
     assert exit_info.value.code == 2
 
 
-def test_warmup_fraction_counts_decay_iterations():
-    args = pretrain_gpt.parse_args(BASE + ["--lr-warmup-fraction", "0.2", "--lr-decay-iters", "50"])
-    assert args.lr_warmup_iters == 10
+def _steps(flags, global_batch=8):
+    from megatron_auto.runtime.schedule import resolve_samples, schedule_steps
+
+    args = pretrain_gpt.parse_args([f for f in BASE if f not in ("--train-iters", "10")] + flags)
+    settings = resolve_samples(pretrain_gpt.settings_from_args(args, 512), global_batch)
+    return settings.train_iters, schedule_steps(settings, global_batch)
+
+
+@pytest.mark.parametrize("flags, iters, warmup, decay, increment", [
+    # Megatron-LM's get_optimizer_param_scheduler, by hand: iteration-based lengths are x global batch (8).
+    (["--train-iters", "10", "--lr-warmup-fraction", "0.2", "--lr-decay-iters", "50"], 10, 0.2 * 400, 400, 80),
+    (["--train-iters", "10", "--lr-warmup-iters", "2"], 10, 16, 80, 80),
+    # Sample-based: train_iters = samples // global batch; lengths are samples.
+    (["--train-samples", "100", "--lr-decay-samples", "60", "--lr-warmup-samples", "12"], 12, 12, 60, 100),
+    (["--train-samples", "100"], 12, 0, 100, 100),
+    (["--train-samples", "100", "--lr-warmup-fraction", "0.1"], 12, 10.0, 100, 100),
+])
+def test_schedule_lengths_follow_megatron_lm(flags, iters, warmup, decay, increment):
+    train_iters, steps = _steps(flags)
+    assert train_iters == iters
+    assert (steps.warmup, steps.decay, steps.weight_decay_increment) == (warmup, decay, increment)
+
+
+@pytest.mark.parametrize("flags, message", [
+    ([], "give exactly one of --train-iters and --train-samples"),
+    (["--train-iters", "5", "--train-samples", "40"], "give exactly one of --train-iters and --train-samples"),
+    (["--train-iters", "5", "--lr-decay-samples", "40"], "--lr-decay-samples cannot go with --train-iters"),
+    (["--train-samples", "40", "--lr-warmup-iters", "2"], "--lr-warmup-iters cannot go with --train-samples"),
+    (["--train-samples", "40", "--lr-warmup-samples", "8", "--lr-warmup-fraction", "0.1"],
+     "give --lr-warmup-fraction or --lr-warmup-iters/--lr-warmup-samples, not both"),
+    (["--train-iters", "5", "--fp8-format", "hybrid", "--fp8-amax-history-len", "1024"], "--fp8-format: fp8 training"),
+    (["--train-iters", "5", "--num-experts", "8"], "--num-experts: mixture-of-experts"),
+    (["--train-iters", "5", "--moe-router-topk", "2"], "--moe-router-topk: mixture-of-experts"),
+    (["--train-iters", "5", "--context-parallel-size", "2"], "--context-parallel-size 2: context parallelism"),
+    (["--train-iters", "5", "--expert-model-parallel-size", "4"], "--expert-model-parallel-size 4: expert"),
+    (["--train-iters", "5", "--step-batch-size-schedule", "0:16 1M:32"], "--step-batch-size-schedule: a global"),
+    (["--train-iters", "5", "--rampup-batch-size", "16", "16", "100"], "--rampup-batch-size: a global"),
+    (["--train-iters", "5", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--train-iters", "5", "--multi-latent-attention"], "--multi-latent-attention: multi-latent attention"),
+    (["--train-iters", "5", "--mtp-num-layers", "1"], "--mtp-num-layers: multi-token prediction"),
+    (["--train-iters", "5", "--rope-type", "yarn"], "--rope-type yarn: RoPE variants"),
+    (["--train-iters", "5", "--recompute-modules", "core_attn", "mlp"], "--recompute-modules core_attn mlp: "),
+])
+def test_bad_schedule_and_refused_flags_exit_2_with_one_line(capsys, flags, message):
+    base = [f for f in BASE if f not in ("--train-iters", "10")]
+    with pytest.raises(SystemExit) as exit_info:
+        pretrain_gpt.parse_args(base + flags)
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and message in err[0], err
+
+
+def test_parallel_sizes_of_one_and_megatron_defaults_are_accepted():
+    args = pretrain_gpt.parse_args(BASE + ["--context-parallel-size", "1", "--expert-model-parallel-size", "1",
+                                           "--rope-type", "rope", "--recompute-modules", "core_attn"])
+    assert pretrain_gpt.no_effect_flags(args) == []
+
+
+def test_num_query_groups_without_group_query_attention_is_multi_head():
+    mha = pretrain_gpt.model_from_args(pretrain_gpt.parse_args(BASE + ["--num-query-groups", "8"]), 512)
+    gqa = pretrain_gpt.model_from_args(pretrain_gpt.parse_args(
+        BASE + ["--num-query-groups", "8", "--group-query-attention"]), 512)
+    assert mha.layers[0].num_query_groups == 32 and gqa.layers[0].num_query_groups == 8
+
+
+def test_model_flags_reach_the_model_spec_and_its_parameter_count():
+    flags = ["--kv-channels", "64", "--add-qkv-bias", "--qk-layernorm", "--apply-layernorm-1p",
+             "--disable-bias-linear", "--normalization", "RMSNorm"]
+    layer = pretrain_gpt.model_from_args(pretrain_gpt.parse_args(BASE + flags), 512).layers[0]
+    assert (layer.kv_channels, layer.add_qkv_bias, layer.qk_layernorm, layer.apply_layernorm_1p) == (64, True, True, True)
+    h, d, a, f = 4096, 64, 32, 4 * 4096
+    # QKV (with its bias), projection a*d -> h, MLP, two RMSNorms, q and k RMSNorms over d.
+    expected = h * 3 * a * d + 3 * a * d + a * d * h + 2 * h * f + 2 * h + 2 * d
+    assert layer.num_parameters == expected
+
+
+def test_sequence_parallel_without_tensor_parallel_is_turned_off_with_a_warning():
+    args = pretrain_gpt.parse_args(BASE + ["--sequence-parallel"])
+    assert pretrain_gpt.megatron_lm_adjustments(args) == [
+        "Disabling sequence parallelism because tensor model parallelism is disabled"]
+    assert pretrain_gpt.manual_flags(args).sequence_parallel is False
+    auto = pretrain_gpt.parse_args(BASE + ["--sequence-parallel", "--auto-parallel"])
+    assert "planner's choice" in pretrain_gpt.megatron_lm_adjustments(auto)[0]
+    assert pretrain_gpt.search_constraints(auto, pretrain_gpt.model_from_args(auto, 512)).sequence_parallel is None
+
+
+def test_run_flags_reach_the_settings_and_megatrons_configs():
+    from megatron_auto.runtime import config as configs
+    from megatron_auto.runtime.layout import MegatronLayout
+
+    args = pretrain_gpt.parse_args(BASE + ["--decoupled-lr", "5e-4", "--decoupled-min-lr", "4.5e-5",
+                                           "--calculate-per-token-loss", "--no-check-for-nan-in-loss-and-grad",
+                                           "--exit-duration-in-mins", "1.5", "--no-load-optim",
+                                           "--kv-channels", "64", "--qk-layernorm", "--add-qkv-bias",
+                                           "--apply-layernorm-1p", "--lr-warmup-init", "1e-5"])
+    settings = pretrain_gpt.settings_from_args(args, 512)
+    assert (settings.check_for_nan, settings.exit_duration_s, settings.load_optimizer) == (False, 90.0, False)
+    assert settings.lr_warmup_init == 1e-5
+    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
+                            num_micro_batches=1, global_batch_size=1)
+    optimizer = configs.optimizer_config(layout, settings)
+    assert (optimizer.decoupled_lr, optimizer.decoupled_min_lr) == (5e-4, 4.5e-5)
+    model = pretrain_gpt.model_from_args(args, 512)
+    tconfig = configs.transformer_config(model, layout, settings, "gloo")
+    assert (tconfig.kv_channels, tconfig.qk_layernorm, tconfig.add_qkv_bias) == (64, True, True)
+    assert tconfig.layernorm_zero_centered_gamma and tconfig.calculate_per_token_loss
+
+
+def test_no_effect_flags_are_named_with_their_reason():
+    args = pretrain_gpt.parse_args(BASE + ["--profile", "--profile-ranks", "0", "1", "--cross-entropy-loss-fusion",
+                                           "--empty-unused-memory-level", "1", "--tensorboard-dir", "/tmp/tb"])
+    reasons = dict(pretrain_gpt.no_effect_reasons(args))
+    assert set(reasons) == {"--profile", "--profile-ranks", "--cross-entropy-loss-fusion",
+                            "--empty-unused-memory-level", "--tensorboard-dir"}  # tensorboard is not installed
+    assert all(reason for reason in reasons.values())
 
 
 def test_unknown_normalization_exits_2(capsys):
@@ -178,3 +290,22 @@ def test_bad_precision_flags_are_user_errors(flags, message):
 
     with pytest.raises(UserError, match=message):
         pretrain_gpt.settings_from_args(pretrain_gpt.parse_args(BASE + flags), 256)
+
+
+def test_readme_flag_table_lists_every_refused_and_no_effect_flag():
+    from megatron_auto.runtime import compat_flags
+
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("### Megatron-LM flags, flag by flag"):]
+    for flag in compat_flags.REFUSED_PREFIXES:
+        assert f"| `{flag}*` | refused |" in table
+    for flag in compat_flags.REFUSED_ANY_VALUE:
+        assert f"| `{flag}` | refused |" in table
+    for flag in compat_flags.REFUSED_ABOVE_ONE:
+        assert f"| `{flag}` > 1 | refused |" in table
+    for flag in compat_flags.REFUSED_SWITCHES:
+        assert f"| `{flag}` | refused |" in table
+    for flag, (accepted, _) in compat_flags.REFUSED_UNLESS.items():
+        assert f"| `{flag}` other than `{accepted}` | refused |" in table
+    for flag in (*compat_flags.NO_EFFECT_SWITCHES, *compat_flags.NO_EFFECT_VALUES, *compat_flags.NO_EFFECT_LISTS):
+        assert f"| `{flag}` | without effect |" in table

@@ -10,3 +10,14 @@ def llama_model(name: str) -> ModelSpec:
                          num_query_groups=2, ffn_hidden_size=176, swiglu=True, normalization="RMSNorm",
                          add_bias_linear=False, position_embedding_type="rope", rotary_base=500000,
                          untie_embeddings_and_output_weights=True)
+
+
+def qwen3_model(name: str) -> ModelSpec:
+    """Qwen3's attention at test size: heads twice as wide as hidden / heads (--kv-channels), per-head
+    q/k RMSNorms (--qk-layernorm), a QKV bias without other biases (--add-qkv-bias, as Qwen2), and
+    zero-centred norm weights (--apply-layernorm-1p); GQA, SwiGLU, RoPE, untied head."""
+    return uniform_model(name, num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=256,
+                         num_query_groups=2, ffn_hidden_size=176, swiglu=True, normalization="RMSNorm",
+                         add_bias_linear=False, position_embedding_type="rope", rotary_base=1000000,
+                         untie_embeddings_and_output_weights=True, kv_channels=32, qk_layernorm=True,
+                         add_qkv_bias=True, apply_layernorm_1p=True)

@@ -43,7 +43,7 @@ def segment_config(model: ModelSpec, plan: Plan, strategy: LayerStrategy, settin
     each segment's DP degree.
     """
     config = configs.transformer_config(model, strategy_layout(plan, strategy), settings, backend)
-    config.calculate_per_token_loss = needs_per_token_loss(plan)
+    config.calculate_per_token_loss = settings.calculate_per_token_loss or needs_per_token_loss(plan)
     return config
 
 

@@ -95,11 +95,15 @@ class ShardedPart(torch.nn.Module):
 
     @torch.no_grad()
     def allreduce_sequence_parallel_grads(self) -> None:
-        """Sum the SP-replicated (layernorm) gradient shards over the TP group, as Megatron's finalize does."""
-        if torch.distributed.get_world_size(self.tp_group) <= 1 or not self.config.sequence_parallel:
+        """Sum the TP-replicated parameters' gradient shards over the TP group, as Megatron's finalize
+        (_allreduce_non_tensor_model_parallel_grads) does: the SP layernorms, and with --qk-layernorm the
+        q/k norms (each TP rank's heads give a part of their gradient)."""
+        if torch.distributed.get_world_size(self.tp_group) <= 1:
             return
-        for param in self.module.parameters():
-            if param.grad is not None and getattr(param, "sequence_parallel", False):
+        for name, param in self.module.named_parameters():
+            by_sp = self.config.sequence_parallel and getattr(param, "sequence_parallel", False)
+            by_qk = self.config.qk_layernorm and ("q_layernorm" in name or "k_layernorm" in name)
+            if param.grad is not None and (by_sp or by_qk):
                 torch.distributed.all_reduce(param.grad._local_tensor, group=self.tp_group)
 
 

@@ -1,0 +1,171 @@
+"""Megatron-LM flags that tools/pretrain_gpt.py accepts without effect, or refuses, each with its reason.
+
+A launch line written for Megatron-LM runs unchanged when every flag is either honoured (the
+argument groups of pretrain_gpt.py), accepted without effect because it picks a kernel, a
+logging sink or an I/O back-end and leaves the training's math alone (`NO_EFFECT_*`, named in
+the log with the reason), or refused before any work with one line naming it and why
+(`refusal`). README.md's flag table lists the same three sets.
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Optional
+
+KERNEL = "a kernel choice; this runtime picks its kernels itself (runtime/kernels.py)"
+SINK = "a logging or profiling sink this runtime does not write"
+IO = "an I/O back-end choice; checkpoints are Megatron-Core dist_checkpointing, data loading is in-process"
+LAYOUT = "a sharding/overlap choice; the plan decides the layout (--auto-parallel) and the math is unchanged"
+
+NO_EFFECT_SWITCHES = {
+    "--use-mcore-models": "Megatron-Core models are the only ones here",
+    "--use-flash-attn": KERNEL + " (--attention-backend chooses the core attention)",
+    "--attention-softmax-in-fp32": "the unfused softmax runs in fp32 already",
+    "--no-masked-softmax-fusion": KERNEL + " (the masked-softmax fusion needs apex: always off)",
+    "--no-rope-fusion": KERNEL + " (the RoPE fusion needs apex/TE: always off)",
+    "--no-gradient-accumulation-fusion": KERNEL + " (needs apex: always off)",
+    "--cross-entropy-loss-fusion": KERNEL + " (the loss is Megatron's vocab-parallel cross entropy)",
+    "--overlap-grad-reduce": LAYOUT + " (on GPUs the gradient reduce overlaps the backward anyway)",
+    "--overlap-param-gather": LAYOUT,
+    "--use-megatron-fsdp": LAYOUT + " (ZeRO-3 layers come from --auto-parallel-space hybrid)",
+    "--fsdp-double-buffer": LAYOUT, "--fsdp-manual-registration": LAYOUT,
+    "--use-nccl-ub": LAYOUT,
+    "--init-model-with-meta-device": "weights are initialised on the CPU and split, for any layout",
+    "--accumulate-allreduce-grads-in-fp32": "main gradients are fp32 already",
+    "--grad-reduce-in-bf16": "gradients are reduced in fp32 (as precise or more)",
+    "--log-throughput": "throughput is always in the iteration line",
+    "--log-timers-to-tensorboard": SINK, "--log-validation-ppl-to-tensorboard": SINK,
+    "--log-memory-to-tensorboard": SINK, "--log-params-norm": SINK, "--log-num-zeros-in-grad": SINK,
+    "--profile": SINK + " (no torch-profiler or nsys trace)",
+    "--record-memory-history": SINK,
+    "--use-checkpoint-args": "the model is what the command line says",
+    "--manual-gc": "Python's garbage collector runs as usual",
+    "--async-save": IO + " (saves are synchronous)",
+    "--auto-detect-ckpt-format": IO,
+    "--nvtx-ranges": SINK,
+    "--deterministic-mode": "CPU runs are deterministic already; on GPUs torch's deterministic algorithms are "
+                            "not forced (kernel choice)",
+}
+NO_EFFECT_VALUES = {
+    "--distributed-backend": "NCCL on GPUs, gloo on CPU, chosen by the host",
+    "--transformer-impl": KERNEL + " (Transformer Engine when it imports on a GPU, else local)",
+    "--tensorboard-log-interval": SINK,
+    "--num-workers": IO, "--dataloader-type": IO, "--ckpt-format": IO,
+    "--timing-log-level": SINK, "--logging-level": SINK,
+    "--wandb-project": SINK + " (no wandb)", "--wandb-exp-name": SINK + " (no wandb)",
+    "--wandb-save-dir": SINK + " (no wandb)",
+    "--manual-gc-interval": "Python's garbage collector runs as usual",
+    "--profile-step-start": SINK, "--profile-step-end": SINK,
+    "--empty-unused-memory-level": "torch.cuda.empty_cache() between steps only returns cached memory; the "
+                                   "memory check measures allocated and reserved peaks",
+    "--data-parallel-sharding-strategy": LAYOUT + " (ZeRO-3 layers come from --auto-parallel-space hybrid)",
+    "--megatron-fsdp-grad-comm-dtype": LAYOUT + " (gradients are reduced in fp32)",
+    "--megatron-fsdp-main-grads-dtype": LAYOUT + " (main gradients are fp32)",
+    "--dist-ckpt-strictness": IO,
+}
+NO_EFFECT_LISTS = {"--profile-ranks": SINK}
+
+REFUSED_PREFIXES = {
+    "--fp8": "fp8 training needs Transformer Engine's fp8 recipes, which this runtime does not run yet",
+    "--moe-": "mixture-of-experts layers are not built by this runtime yet (dense models only)",
+    "--mtp-": "multi-token prediction layers are not built by this runtime yet",
+}
+_MLA = "multi-latent attention (DeepSeek) is not built by this runtime yet"
+REFUSED_ANY_VALUE = {
+    "--num-experts": REFUSED_PREFIXES["--moe-"],
+    "--window-size": "sliding-window attention is not built by this runtime yet",
+    "--softmax-type": "attention sinks / learnable softmax are not built by this runtime yet",
+    "--quick-geglu": "the quick-GeGLU activation is not built by this runtime yet",
+    "--enable-gpt-oss": "gpt-oss layers (MoE, sinks, sliding windows) are not built by this runtime yet",
+    "--window-attn-skip-freq": "sliding-window attention is not built by this runtime yet",
+    "--glu-linear-offset": "gpt-oss's clamped GLU is not built by this runtime yet",
+    "--activation-func-clamp-value": "gpt-oss's clamped GLU is not built by this runtime yet",
+    "--kv-lora-rank": _MLA, "--q-lora-rank": _MLA, "--qk-head-dim": _MLA, "--qk-pos-emb-head-dim": _MLA,
+    "--v-head-dim": _MLA,
+    "--rampup-batch-size": "a global batch that grows during the run is not supported: the plan is priced "
+                           "for one global batch; drop it to train at --global-batch-size",
+    "--step-batch-size-schedule": "a global batch that changes during the run is not supported: the plan is "
+                                  "priced for one global batch; drop it to train at --global-batch-size",
+}
+REFUSED_UNLESS = {
+    "--rope-type": ("rope", "RoPE variants other than plain rope (YaRN, ...) are not built by this runtime yet"),
+    "--recompute-modules": ("core_attn", "selective recompute of modules other than core_attn is not run by "
+                                         "this runtime yet"),
+}
+"""flag: (the one value accepted, why others are refused)."""
+REFUSED_SWITCHES = {
+    "--multi-latent-attention": _MLA,
+    "--export-force-local-attention": "gpt-oss's local attention is not built by this runtime yet",
+}
+REFUSED_ABOVE_ONE = {
+    "--context-parallel-size": "context parallelism is not run by this runtime yet",
+    "--expert-model-parallel-size": "expert parallelism needs MoE layers, not built by this runtime yet",
+    "--expert-tensor-parallel-size": "expert parallelism needs MoE layers, not built by this runtime yet",
+}
+
+
+def dest(flag: str) -> str:
+    return "compat_" + flag.lstrip("-").replace("-", "_")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The accepted-without-effect flags and the refused flags that take a value."""
+    group = parser.add_argument_group("Megatron-LM flags accepted without effect (README.md says why)")
+    for flag in NO_EFFECT_SWITCHES:
+        group.add_argument(flag, action="store_true", dest=dest(flag))
+    for flag in NO_EFFECT_VALUES:
+        group.add_argument(flag, dest=dest(flag), metavar="VALUE")
+    for flag in NO_EFFECT_LISTS:
+        group.add_argument(flag, dest=dest(flag), nargs="+", metavar="VALUE")
+    refused = parser.add_argument_group("Megatron-LM flags refused here (one line says why)")
+    for flag in REFUSED_ANY_VALUE:
+        refused.add_argument(flag, dest=dest(flag), metavar="VALUE")
+    for flag in REFUSED_ABOVE_ONE:
+        refused.add_argument(flag, dest=dest(flag), type=int, metavar="N")
+    for flag in REFUSED_SWITCHES:
+        refused.add_argument(flag, dest=dest(flag), action="store_true")
+    for flag in REFUSED_UNLESS:
+        refused.add_argument(flag, dest=dest(flag), nargs="+", metavar="VALUE")
+
+
+def no_effect(args: argparse.Namespace) -> list[tuple[str, str]]:
+    """(flag, reason) of every accepted-without-effect flag this run was given."""
+    given = [(f, why) for f, why in NO_EFFECT_SWITCHES.items() if getattr(args, dest(f))]
+    values = {**NO_EFFECT_VALUES, **NO_EFFECT_LISTS}
+    return given + [(f, why) for f, why in values.items() if getattr(args, dest(f)) is not None]
+
+
+def refusal(args: argparse.Namespace, unknown: list[str]) -> Optional[str]:
+    """One line naming the first refused flag and why, or None."""
+    for token in unknown:
+        for prefix, why in REFUSED_PREFIXES.items():
+            if token.startswith(prefix):
+                return f"{token.split('=')[0]}: {why}"
+    for flag, why in REFUSED_ANY_VALUE.items():
+        if getattr(args, dest(flag)) is not None:
+            return f"{flag}: {why}"
+    for flag, why in REFUSED_SWITCHES.items():
+        if getattr(args, dest(flag)):
+            return f"{flag}: {why}"
+    for flag, (accepted, why) in REFUSED_UNLESS.items():
+        values = getattr(args, dest(flag))
+        if values is not None and values != [accepted]:
+            return f"{flag} {' '.join(values)}: {why}"
+    for flag, why in REFUSED_ABOVE_ONE.items():
+        size = getattr(args, dest(flag))
+        if size is not None and size > 1:
+            return f"{flag} {size}: {why} (size 1 is accepted)"
+    return None
+
+
+def unknown_flags(unknown: list[str]) -> list[str]:
+    """The tokens parse_known_args left that are neither refused-prefix flags nor their values."""
+    left, skipping = [], False
+    for token in unknown:
+        if any(token.startswith(p) for p in REFUSED_PREFIXES):
+            skipping = True
+            continue
+        if skipping and not token.startswith("--"):
+            continue
+        skipping = False
+        left.append(token)
+    return left

@@ -1,0 +1,53 @@
+"""Megatron-LM's learning-rate schedule lengths, in samples, for iteration- or sample-based runs.
+
+Megatron-LM's training.get_optimizer_param_scheduler steps the scheduler by the global
+batch each iteration, so every length is in samples:
+- iteration-based (--train-iters): decay = lr_decay_iters (default train_iters) x global
+  batch, weight-decay increment = train_iters x global batch, warm-up = lr_warmup_iters x
+  global batch;
+- sample-based (--train-samples): decay = lr_decay_samples (default train_samples), weight-decay
+  increment = train_samples, warm-up = lr_warmup_samples, and train_iters = train_samples //
+  global batch (Megatron-LM's update_train_iters without batch ramp-up);
+- --lr-warmup-fraction in both: warm-up = fraction x decay steps.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from .settings import TrainSettings
+
+
+@dataclass(frozen=True)
+class ScheduleSteps:
+    """The lengths OptimizerParamScheduler takes, in samples."""
+
+    warmup: float
+    """Samples of linear warm-up."""
+    decay: int
+    """Samples over which the rate decays."""
+    weight_decay_increment: int
+    """Samples over which the weight decay moves from its start to its end value."""
+
+
+def resolve_samples(settings: TrainSettings, global_batch_size: int) -> TrainSettings:
+    """`settings` with train_iters set from train_samples for this global batch (unchanged when
+    iteration-based)."""
+    if settings.train_samples is None:
+        return settings
+    return dataclasses.replace(settings, train_iters=settings.train_samples // global_batch_size)
+
+
+def schedule_steps(settings: TrainSettings, global_batch_size: int) -> ScheduleSteps:
+    """Warm-up, decay and weight-decay lengths of `settings`' schedule, in samples."""
+    if settings.train_samples is not None:
+        decay = settings.lr_decay_samples or settings.train_samples
+        increment = settings.train_samples
+        warmup = settings.lr_warmup_samples
+    else:
+        decay = (settings.lr_decay_iters or settings.train_iters) * global_batch_size
+        increment = settings.train_iters * global_batch_size
+        warmup = settings.lr_warmup_iters * global_batch_size
+    if settings.lr_warmup_fraction is not None:
+        warmup = settings.lr_warmup_fraction * decay
+    return ScheduleSteps(warmup=warmup, decay=decay, weight_decay_increment=increment)

@@ -1,0 +1,78 @@
+#!/bin/bash
+# Megatron-LM examples/gpt3/train_gpt3_175b_distributed.sh, shrunk (sizes, data) for 4 CPU ranks.
+# Runs GPT-3 175B's flags on a 4-layer, 64-wide model.
+
+export CUDA_DEVICE_MAX_CONNECTIONS=1
+
+GPUS_PER_NODE=4
+MASTER_ADDR=localhost
+MASTER_PORT=${MASTER_PORT:-29500}
+NUM_NODES=1
+NODE_RANK=0
+WORLD_SIZE=$(($GPUS_PER_NODE*$NUM_NODES))
+
+CHECKPOINT_PATH=$1 #<Specify path>
+TENSORBOARD_LOGS_PATH=$2 #<Specify path>
+DATA_PATH=$3 #<Specify path and file prefix>_text_document
+
+DISTRIBUTED_ARGS=(
+    --nproc_per_node $GPUS_PER_NODE 
+    --nnodes $NUM_NODES 
+    --master_addr $MASTER_ADDR 
+    --master_port $MASTER_PORT
+)
+
+GPT_MODEL_ARGS=(
+    --num-layers 4 
+    --hidden-size 64 
+    --num-attention-heads 4 
+    --seq-length 64 
+    --max-position-embeddings 64 
+    --attention-backend auto # Can use (flash/fused/unfused/local)
+)
+
+# --step-batch-size-schedule of the original is refused here (one global batch per plan).
+TRAINING_ARGS=(
+    --micro-batch-size 1 
+    --global-batch-size 8
+    --train-iters 40
+    --weight-decay 0.1 
+    --adam-beta1 0.9 
+    --adam-beta2 0.95 
+    --init-method-std 0.006 
+    --clip-grad 1.0 
+    --fp16
+    --lr 1.0e-3 
+    --lr-decay-style cosine 
+    --min-lr 1.0e-4
+    --lr-warmup-fraction .001 
+    --lr-decay-iters 34 
+)
+
+MODEL_PARALLEL_ARGS=(
+	--tensor-model-parallel-size 2 
+	--pipeline-model-parallel-size 2 
+)
+
+DATA_ARGS=(
+    --data-path $DATA_PATH 
+    --tokenizer-type ByteTokenizer
+    --split 949,50,1
+)
+
+EVAL_AND_LOGGING_ARGS=(
+    --log-interval 1
+    --save-interval 10000 
+    --eval-interval 20 
+    --save $CHECKPOINT_PATH 
+    --load $CHECKPOINT_PATH 
+    --eval-iters 2
+    --tensorboard-dir $TENSORBOARD_LOGS_PATH 
+)
+
+torchrun ${DISTRIBUTED_ARGS[@]} tools/pretrain_gpt.py \
+    ${GPT_MODEL_ARGS[@]} \
+    ${TRAINING_ARGS[@]} \
+    ${MODEL_PARALLEL_ARGS[@]} \
+    ${DATA_ARGS[@]} \
+    ${EVAL_AND_LOGGING_ARGS[@]}

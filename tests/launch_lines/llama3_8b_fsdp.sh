@@ -1,0 +1,167 @@
+#!/bin/bash
+# Megatron-LM examples/megatron_fsdp/train_llama3_8b_fsdp_h100_fp8.sh, shrunk (sizes, data) for 4 CPU
+# ranks, with DTYPE=bf16 (fp8 is refused here) and no nsys profile.
+
+CHECKPOINT_PATH=${1:-"checkpoints/llama3_8b_fsdp_fp8"}
+TENSORBOARD_LOGS_PATH=${2:-"tensorboard_logs/llama3_8b_fsdp_fp8"}
+DATA_ARG=${3:-"MOCK"}       # Data prefix, or "MOCK"
+
+mkdir -p "$(dirname "$CHECKPOINT_PATH")"
+mkdir -p "$(dirname "$TENSORBOARD_LOGS_PATH")"
+
+GPUS_PER_NODE=4
+NUM_NODES=1
+MASTER_ADDR=${MASTER_ADDR:-localhost}
+MASTER_PORT=${MASTER_PORT:-29500}
+NODE_RANK=${NODE_RANK:-0}
+WORLD_SIZE=$(($GPUS_PER_NODE*$NUM_NODES))
+
+PRETRAIN_SCRIPT_PATH="tools/pretrain_gpt.py"
+
+USE_MEGATRON_FSDP=${USE_MEGATRON_FSDP:-1}
+SHARDING_STRATEGY=${SHARDING_STRATEGY:-"optim_grads_params"}
+
+TP_SIZE=1
+CP_SIZE=1
+PP_SIZE=1
+MICRO_BATCH_SIZE=1
+GLOBAL_BATCH_SIZE=8
+NUM_LAYERS=4
+DTYPE="bf16"
+SEQ_LENGTH=64
+MAX_POSITION_EMBEDDINGS=64
+DATA_CACHE_PATH="$(dirname "$CHECKPOINT_PATH")/benchmark_cache_llama3_8b"
+
+DISTRIBUTED_ARGS=(
+    --nproc_per_node $GPUS_PER_NODE
+    --nnodes $NUM_NODES
+    --node_rank $NODE_RANK
+    --master_addr $MASTER_ADDR
+    --master_port $MASTER_PORT
+)
+
+MODEL_ARGS=(
+    --use-mcore-models
+    --num-layers $NUM_LAYERS
+    --hidden-size 64
+    --ffn-hidden-size 224
+    --num-attention-heads 4
+    --group-query-attention
+    --num-query-groups 2
+    --kv-channels 16
+    --seq-length $SEQ_LENGTH
+    --max-position-embeddings $MAX_POSITION_EMBEDDINGS
+    --position-embedding-type rope
+    --rotary-base 1000000
+    --rotary-percent 1.0
+    --attention-dropout 0.0
+    --hidden-dropout 0.0
+    --swiglu
+    --normalization RMSNorm
+    --init-method-std 0.0134
+    --attention-backend fused
+    --apply-layernorm-1p
+    --untie-embeddings-and-output-weights
+    --disable-bias-linear
+)
+
+TRAINING_ARGS=(
+    --micro-batch-size $MICRO_BATCH_SIZE
+    --global-batch-size $GLOBAL_BATCH_SIZE
+    --train-samples 160
+    --lr-decay-samples 158
+    --lr-warmup-samples 8
+    --lr 0.001
+    --min-lr 0.0001
+    --decoupled-lr 3.0e-3
+    --decoupled-min-lr 2.7e-4
+    --lr-decay-style cosine
+    --clip-grad 1.0
+    --weight-decay 0.1
+    --adam-beta1 0.9
+    --adam-beta2 0.95
+    --bf16
+    --cross-entropy-loss-fusion
+    --no-check-for-nan-in-loss-and-grad
+    --manual-gc
+    --empty-unused-memory-level 1
+    --exit-duration-in-mins 235
+)
+
+if [ "${USE_MEGATRON_FSDP}" = 1 ]; then
+    unset CUDA_DEVICE_MAX_CONNECTIONS
+    TRAINING_ARGS=(
+        "${TRAINING_ARGS[@]}"
+        --use-megatron-fsdp
+        --data-parallel-sharding-strategy ${SHARDING_STRATEGY}
+        --no-gradient-accumulation-fusion
+        --calculate-per-token-loss
+        --init-model-with-meta-device
+        --ckpt-format fsdp_dtensor
+        --use-nccl-ub
+        --fsdp-double-buffer
+        --fsdp-manual-registration
+    )
+fi
+
+DTYPE_ARGS=()
+if [[ "$DTYPE" == "fp8" ]]; then
+    DTYPE_ARGS+=(
+        "--fp8-format hybrid"
+        "--fp8-amax-history-len 1024"
+        "--fp8-amax-compute-algo max"
+        "--fp8-param-gather"
+    )
+fi
+
+MODEL_PARALLEL_ARGS=(
+    --tensor-model-parallel-size $TP_SIZE
+    --context-parallel-size $CP_SIZE
+    --sequence-parallel
+)
+
+DDP_ARGS=(
+    --use-distributed-optimizer
+    --overlap-grad-reduce
+    --overlap-param-gather
+)
+TRAINING_ARGS+=("${DDP_ARGS[@]}")
+
+DATA_ARGS_LIST=()
+if [[ "$DATA_ARG" == "MOCK" ]]; then
+    DATA_ARGS_LIST+=(
+        "--mock-data"
+        "--tokenizer-type NullTokenizer"
+        "--vocab-size 256"
+        "--num-workers 1"
+    )
+else
+    DATA_ARGS_LIST+=(
+        "--data-path $DATA_ARG"
+        "--tokenizer-type ByteTokenizer"
+        "--data-cache-path ${DATA_CACHE_PATH}"
+        "--num-workers 1"
+    )
+fi
+
+EVAL_AND_LOGGING_ARGS=(
+    --log-interval 1
+    --eval-iters 2
+    --eval-interval 10
+    --save-interval 1000
+    --log-throughput
+    --logging-level 20
+    --distributed-timeout-minutes 60
+    --save "$CHECKPOINT_PATH"
+    --load "$CHECKPOINT_PATH"
+    --tensorboard-dir "$TENSORBOARD_LOGS_PATH"
+)
+
+torchrun ${DISTRIBUTED_ARGS[@]} \
+    "$PRETRAIN_SCRIPT_PATH" \
+    ${MODEL_ARGS[@]} \
+    ${TRAINING_ARGS[@]} \
+    ${DTYPE_ARGS[@]} \
+    ${MODEL_PARALLEL_ARGS[@]} \
+    ${DATA_ARGS_LIST[@]} \
+    ${EVAL_AND_LOGGING_ARGS[@]}

@@ -1,0 +1,88 @@
+"""Megatron-LM's run semantics in tools/pretrain_gpt.py: NaN checks, --eval-iters 0 and the final
+validation, --save/--load on a new directory, --no-load-optim, sample-based schedules and
+--exit-duration-in-mins. One process each, a 2-layer 64-wide model."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import pytest
+
+from launcher import REPO, free_port, rank_env
+
+TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+        "--max-position-embeddings", "32", "--mock-data", "--vocab-size", "256", "--micro-batch-size", "2",
+        "--log-interval", "1"]
+
+
+def _pretrain(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "tools/pretrain_gpt.py", *TINY, *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=180, env=rank_env(0, 1, free_port()))
+
+
+def _learning_rates(stdout: str) -> list[float]:
+    return [float(x) for x in re.findall(r"learning rate: (\S+) \|", stdout)]
+
+
+def test_a_nan_loss_stops_the_run_with_one_line_naming_the_iteration():
+    # A learning rate of 1e30 without clipping turns the weights to inf after the first update.
+    done = _pretrain(["--train-iters", "6", "--lr", "1e30", "--clip-grad", "0", "--eval-iters", "0"])
+    assert done.returncode == 1, done.stderr[-3000:]
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and re.match(r"error: NaN or Inf in the loss or gradients at iteration [23] ", lines[0])
+    unchecked = _pretrain(["--train-iters", "4", "--lr", "1e30", "--clip-grad", "0", "--eval-iters", "0",
+                           "--no-check-for-nan-in-loss-and-grad"])
+    assert unchecked.returncode == 0 and "lm loss: nan" in unchecked.stdout.lower()
+
+
+def test_eval_iters_0_never_evaluates_and_the_end_of_training_validation_runs_otherwise():
+    done = _pretrain(["--train-iters", "2", "--eval-interval", "1", "--eval-iters", "0"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "validation loss" not in done.stdout
+    evaluated = _pretrain(["--train-iters", "2", "--eval-iters", "1"])
+    assert evaluated.returncode == 0, evaluated.stderr[-3000:]
+    assert re.search(r"validation loss at iteration 2 on validation set \(end of training\) \| lm loss value: \S+",
+                     evaluated.stdout)
+
+
+def test_new_checkpoint_directory_starts_from_scratch_and_no_load_optim_restarts_the_schedule(tmp_path):
+    ckpt = str(tmp_path / "ckpt")
+    # --train-samples 8 at a global batch of 2: 4 iterations; linear decay over the 8 samples.
+    first = _pretrain(["--train-samples", "8", "--lr", "1e-3", "--eval-iters", "0", "--save", ckpt, "--load", ckpt])
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert "will start from random" in first.stdout
+    assert _learning_rates(first.stdout) == pytest.approx([1e-3 * (1 - 2 * i / 8) for i in range(1, 5)], rel=1e-6)
+    # Resume to 12 samples with a fresh optimizer: the schedule restarts (decay over 12 samples from step 0),
+    # as Megatron-LM's --no-load-optim does, while the iteration count carries on from 4.
+    resumed = _pretrain(["--train-samples", "12", "--lr", "1e-3", "--eval-iters", "0", "--load", ckpt,
+                         "--no-load-optim", "--no-load-rng"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "(--no-load-optim: fresh optimizer state and learning-rate schedule)" in resumed.stdout
+    assert re.findall(r" iteration +(\d+)/", resumed.stdout) == ["5", "6"]
+    assert _learning_rates(resumed.stdout) == pytest.approx([1e-3 * (1 - 2 / 12), 1e-3 * (1 - 4 / 12)], rel=1e-6)
+    restored = _pretrain(["--train-samples", "12", "--lr", "1e-3", "--eval-iters", "0", "--load", ckpt])
+    # A full resume restores the saved schedule (8 samples done of a decay over 8): past its end, min-lr.
+    assert _learning_rates(restored.stdout)[0] == 0.0
+
+
+def test_exit_duration_stops_after_the_first_iteration_past_it(tmp_path):
+    done = _pretrain(["--train-iters", "50", "--eval-iters", "0", "--exit-duration-in-mins", "1e-6",
+                      "--save", str(tmp_path / "ckpt")])
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert re.findall(r" iteration +(\d+)/", done.stdout) == ["1"]
+    assert "exiting after" in done.stdout and "saved checkpoint at iteration 1" in done.stdout
+
+
+def test_per_token_loss_trains_as_the_mean_when_every_token_counts():
+    # With every token in the loss (no masked tokens here), Megatron's per-token loss (sum over the
+    # global batch / its token count) equals the mean of the micro-batch means: same losses to fp32
+    # rounding (4 micro-batches of 32 tokens: relative differences of order 1e-7 per step; 1e-5 allows
+    # for three Adam steps amplifying them).
+    common = ["--train-iters", "3", "--eval-iters", "0", "--micro-batch-size", "1", "--global-batch-size", "4",
+              "--hidden-dropout", "0", "--attention-dropout", "0"]
+    mean = _pretrain(common)
+    per_token = _pretrain(common + ["--calculate-per-token-loss"])
+    assert mean.returncode == 0 and per_token.returncode == 0, per_token.stderr[-3000:]
+    losses = [[float(x) for x in re.findall(r"lm loss: (\S+) \|", run.stdout)] for run in (mean, per_token)]
+    assert len(losses[0]) == 3 and losses[1] == pytest.approx(losses[0], rel=1e-5)
