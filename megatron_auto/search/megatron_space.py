@@ -207,6 +207,9 @@ def _best_for_recompute(model, cluster, training, constraints, config: UniformCo
         divisors(training.global_batch_size // dp)
     best = every
     for size, virtual in itertools.product(sizes, _virtual_choices(model, config, constraints)):
+        if pipeline_lower_bound(model, cluster, training, config, size, virtual) >= \
+                min(incumbent, best.prediction.iteration_time_s):
+            continue   # no layer count recomputed at this pair beats what is known (the bound omits recompute)
         longest = min(config.stage_layers or (model.num_layers // config.pp,)) // virtual
         plan = _fewest_recomputed_layers(lambda n: evaluate(n, size, virtual), longest)
         if plan is not None and _key(plan) < _key(best):
