@@ -21,7 +21,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench_search import SPACES, measure  # noqa: E402
+from bench_search import SPACES, sweep  # noqa: E402
 from docs_sections import write_section  # noqa: E402
 from megatron_auto.limits import MAX_GPUS, MAX_LAYERS  # noqa: E402
 
@@ -57,15 +57,8 @@ def section(rows: list[dict], total_s: float) -> str:
 
 
 def main() -> None:
-    started, rows = time.perf_counter(), []
-    jobs = [(SWEEP_GPUS, layers) for layers in SWEEP_LAYERS] + [(MAX_GPUS, MAX_LAYERS)]
-    for gpus, layers in jobs:
-        for space in SPACES:
-            rows.append(measure(gpus, layers, space))
-            r = rows[-1]
-            sys.stdout.write(f"{gpus:6d} GPUs {layers:4d} layers {space:8s} {r['seconds']:7.2f} s "
-                             f"{r['peak_mib']:7.1f} MiB  {r['found']}  [{time.perf_counter() - started:.0f} s]\n")
-            sys.stdout.flush()
+    started = time.perf_counter()
+    rows = sweep([(SWEEP_GPUS, layers) for layers in SWEEP_LAYERS] + [(MAX_GPUS, MAX_LAYERS)], started)
     body = section(rows, time.perf_counter() - started)
     write_section(ROOT / "docs" / "benchmarks.md", HEADING, body)
     sys.stdout.write(body)

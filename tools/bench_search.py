@@ -101,20 +101,26 @@ def section(rows: list[dict], total_s: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def sweep(jobs: list[tuple[int, int]], started: float) -> list[dict]:
+    """`measure` of every (GPUs, layers) job in both spaces, each row reported as it comes."""
+    rows = []
+    for gpus, layers in jobs:
+        for space in SPACES:
+            rows.append(measure(gpus, layers, space))
+            r = rows[-1]
+            sys.stdout.write(f"{gpus:6d} GPUs {layers:4d} layers {space:8s} {r['seconds']:7.2f} s "
+                             f"{r['peak_mib']:7.1f} MiB  {r['found']}  [{time.perf_counter() - started:.0f} s]\n")
+            sys.stdout.flush()
+    return rows
+
+
 def main() -> None:
     if sys.argv[1:2] == ["--one"]:
         gpus, layers, space, traced = sys.argv[2:6]
         sys.stdout.write(json.dumps(_one_search(int(gpus), int(layers), space, traced == "1")))
         return
-    started, rows = time.perf_counter(), []
-    for gpus in GPUS:
-        for layers in LAYERS:
-            for space in SPACES:
-                rows.append(measure(gpus, layers, space))
-                r = rows[-1]
-                sys.stdout.write(f"{gpus:5d} GPUs {layers:4d} layers {space:8s} {r['seconds']:7.2f} s "
-                                 f"{r['peak_mib']:7.1f} MiB  {r['found']}  [{time.perf_counter() - started:.0f} s]\n")
-                sys.stdout.flush()
+    started = time.perf_counter()
+    rows = sweep([(gpus, layers) for gpus in GPUS for layers in LAYERS], started)
     body = section(rows, time.perf_counter() - started)
     write_section(ROOT / "docs" / "benchmarks.md", HEADING, body)
     sys.stdout.write(body)
