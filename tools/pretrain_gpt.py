@@ -414,9 +414,7 @@ def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_si
     common = dict(attention_backend=resolve_attention_backend(settings.attention_backend, on_gpu),
                   optimizer_impl=resolve_optimizer_impl(settings.optimizer_impl, on_gpu),
                   memory_margin=args.auto_parallel_memory_margin)
-    if settings.precision == "fp32":
-        return TrainingSpec.fp32(global_batch, **common)
-    return TrainingSpec(global_batch_size=global_batch, precision=settings.precision, **common)
+    return TrainingSpec.for_precision(settings.precision, global_batch, **common)
 
 
 def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, settings: TrainSettings):

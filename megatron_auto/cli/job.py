@@ -59,10 +59,7 @@ def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size
                    optimizer_impl=resolve_optimizer_impl(getattr(args, "optimizer_impl", "auto"), on_gpu),
                    memory_margin=getattr(args, "memory_margin", None))
     try:
-        if precision == "fp32":
-            return TrainingSpec.fp32(global_batch_size, memory_budget_bytes=budget, **kernels)
-        return TrainingSpec(global_batch_size=global_batch_size, precision=precision, memory_budget_bytes=budget,
-                            **kernels)
+        return TrainingSpec.for_precision(precision, global_batch_size, memory_budget_bytes=budget, **kernels)
     except ValueError as error:
         raise UserError(str(error)) from None
 

@@ -80,3 +80,11 @@ class TrainingSpec(CachedHash):
         return cls(global_batch_size=global_batch_size, precision="fp32", param_bytes=4,
                    grad_bytes=4, optimizer_bytes=8, memory_budget_bytes=memory_budget_bytes,
                    attention_backend=attention_backend, optimizer_impl=optimizer_impl, memory_margin=memory_margin)
+
+    @classmethod
+    def for_precision(cls, precision: str, global_batch_size: int, **options) -> "TrainingSpec":
+        """The spec of a run in `precision`: fp32's byte counts for fp32, mixed precision's otherwise;
+        `options` are the other fields (budget, kernels, margin)."""
+        if precision == "fp32":
+            return cls.fp32(global_batch_size, **options)
+        return cls(global_batch_size=global_batch_size, precision=precision, **options)
