@@ -17,6 +17,14 @@ Optimizer implementations: `fused` is one multi-tensor kernel per step (torch's
 is torch's default multi-tensor path, which allocates temporaries of the size of the
 fp32 state it updates (measured: about 4 bytes per parameter,
 ../shared/reference/h100/README.md).
+
+Bias fusions (Megatron's bias + GeLU/SwiGLU and bias + dropout + add, which
+megatron-core 0.16.1 compiles with torch.compile): `on`, `off`, or `auto` = off.
+Each compiled call costs about 0.15 ms of host time (guards and AOTAutograd
+wrappers) against a few tens of microseconds of GPU time saved, and the runtime's
+step is host-bound at small micro-batches: on one H100, GPT 1.7B shape, micro-batch 2,
+the step took 0.859 s with them off against 0.902 s with them on (docs/benchmarks.md,
+"Where the runtime's time goes"). The cost model prices the unfused kernels.
 """
 from __future__ import annotations
 
@@ -28,6 +36,8 @@ OPTIMIZER_IMPLS = ("auto", "fused", "foreach")
 """What `--optimizer-impl` accepts."""
 PRICED_OPTIMIZER = ("fused", "foreach")
 """The optimizer-step implementations the cost model prices."""
+BIAS_FUSIONS = ("auto", "on", "off")
+"""What `--bias-fusions` accepts."""
 
 _ATTENTION_KIND = {"flash": "flash", "fused": "flash", "unfused": "unfused", "local": "unfused"}
 
@@ -54,3 +64,11 @@ def resolve_optimizer_impl(requested: str, on_gpu: bool) -> str:
     if requested == "auto":
         return "fused" if on_gpu else "foreach"
     return requested
+
+
+def resolve_bias_fusions(requested: str, on_gpu: bool) -> bool:
+    """Whether Megatron's bias fusions run for `requested`: `on` runs them on GPUs (they are
+    compiled for CUDA; on CPU they stay off), `auto` and `off` keep them off (module docstring)."""
+    if requested not in BIAS_FUSIONS:
+        raise ValueError(f"bias fusions must be one of {', '.join(BIAS_FUSIONS)}, got {requested!r}")
+    return requested == "on" and on_gpu

@@ -31,6 +31,7 @@ PATCH_MODULES = (
     "distrib_optimizer_gather",
     "distrib_optimizer_torch_adam_step",
     "grad_scaler_cuda",
+    "multi_tensor_on_device",
 )
 
 __all__ = ["PATCH_MODULES", "PatchTargetChanged", "apply_all", "check_all", "patch_modules"]

@@ -142,7 +142,8 @@ class Timed:
             synchronize(self.device)
             if timed:
                 self.samples.append(time.perf_counter() - start)
-        if self.device.type == "cuda":
+        # Warm-up rounds allocate the optimizer's states, which the resident bytes already count.
+        if timed and self.device.type == "cuda":
             self.rise = max(self.rise, torch.cuda.max_memory_allocated(self.device) - start_bytes)
 
 

@@ -63,8 +63,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_auto.cli.parser import margin_fraction  # noqa: E402
 from megatron_auto.errors import UserError  # noqa: E402
-from megatron_auto.kernels import (ATTENTION_BACKENDS, OPTIMIZER_IMPLS, resolve_attention_backend,  # noqa: E402
-                                   resolve_optimizer_impl)
+from megatron_auto.kernels import (ATTENTION_BACKENDS, BIAS_FUSIONS, OPTIMIZER_IMPLS,  # noqa: E402
+                                   resolve_attention_backend, resolve_optimizer_impl)
 from megatron_auto.runtime import compat_flags  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
@@ -155,8 +155,11 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="auto",
                        help="torch Adam's step: fused (one kernel, no temporaries) or foreach "
                             "(auto: fused on GPUs, foreach on CPU)")
+    group.add_argument("--bias-fusions", choices=BIAS_FUSIONS, default="auto",
+                       help="Megatron's torch.compile'd bias-activation and bias-dropout-add fusions on GPUs "
+                            "(auto: off, their host cost exceeds the time they save; see docs/benchmarks.md)")
     for flag in ("--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion"):
-        group.add_argument(flag, action="store_true", help="keep this Megatron fusion off (it runs on GPUs only)")
+        group.add_argument(flag, action="store_true", help="keep this Megatron fusion off (with --bias-fusions on)")
     group.add_argument("--distributed-timeout-minutes", type=float, default=10.0)
 
 
@@ -372,7 +375,7 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         init_method_std=args.init_method_std, seed=args.seed, norm_epsilon=args.norm_epsilon,
         attention_backend=args.attention_backend, optimizer_impl=args.optimizer_impl,
         bias_activation_fusion=not (args.no_bias_swiglu_fusion if args.swiglu else args.no_bias_gelu_fusion),
-        bias_dropout_fusion=not args.no_bias_dropout_fusion,
+        bias_dropout_fusion=not args.no_bias_dropout_fusion, bias_fusions=args.bias_fusions,
         rotary_percent=args.rotary_percent,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
         max_position_embeddings=args.max_position_embeddings, log_interval=args.log_interval,

@@ -10,7 +10,8 @@ here, so the kernels measured, priced and run are the same. The choice of
   `flash`, Megatron's DotProductAttention for `unfused`.
 - Fusions: Megatron's bias-activation (bias + GeLU / SwiGLU) and bias-dropout-add
   fusions, which megatron-core compiles with torch.compile (megatron/core/jit.py),
-  on CUDA only. On CPU they run and match (tests/runtime/test_kernels_runtime.py),
+  on CUDA only and with `--bias-fusions on` only: `auto` keeps them off, since their
+  host cost exceeds what they save (megatron_auto.kernels says by how much). On CPU they run and match (tests/runtime/test_kernels_runtime.py),
   but the compile costs ~13 s per process the first time (~1.5 s from inductor's
   cache; measured on this repository's 2-core test machine) and the CPU's measured
   profiles were taken without them. Megatron's bias-GeLU kernel computes the tanh
@@ -87,18 +88,21 @@ def _on(flag: bool) -> str:
 
 
 def choose_kernels(layer: LayerSpec, attention_backend: str = "auto", optimizer_impl: str = "auto",
-                   on_gpu: bool | None = None, fusions: tuple[bool, bool] = (True, True)) -> RunKernels:
+                   on_gpu: bool | None = None, fusions: tuple[bool, bool] = (True, True),
+                   bias_fusions: str = "auto") -> RunKernels:
     """The kernels of layers like `layer` for the requested backends (`auto` resolved for this host);
-    `fusions`: whether the bias-activation and the bias-dropout-add fusions are allowed."""
+    `bias_fusions` (auto/on/off) whether Megatron's bias fusions run, and `fusions` whether each
+    (bias-activation, bias-dropout-add) is allowed (Megatron-LM's --no-bias-*-fusion flags)."""
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
+    fused = choices.resolve_bias_fusions(bias_fusions, on_gpu)
     return RunKernels(
         layer_spec="transformer_engine" if on_gpu and transformer_engine_available() else "local",
         attention=choices.resolve_attention_backend(attention_backend, on_gpu),
         attention_request=attention_backend,
         # Megatron's bias-GeLU kernel needs a bias; its SwiGLU kernel runs with or without one
         # (TransformerConfig.__post_init__ refuses GeLU fusion without bias).
-        bias_activation_fusion=fusions[0] and on_gpu and (layer.swiglu or layer.add_bias_linear),
-        bias_dropout_fusion=fusions[1] and on_gpu,
+        bias_activation_fusion=fused and fusions[0] and (layer.swiglu or layer.add_bias_linear),
+        bias_dropout_fusion=fused and fusions[1],
         optimizer_impl=choices.resolve_optimizer_impl(optimizer_impl, on_gpu),
     )
 
@@ -140,7 +144,8 @@ def layer_spec(layer: LayerSpec, kernels: RunKernels):
 def kernels_for_run(model: ModelSpec, settings) -> RunKernels:
     """choose_kernels for a run's TrainSettings (its attention_backend and optimizer_impl)."""
     return choose_kernels(model.layers[0], settings.attention_backend, settings.optimizer_impl,
-                          fusions=(settings.bias_activation_fusion, settings.bias_dropout_fusion))
+                          fusions=(settings.bias_activation_fusion, settings.bias_dropout_fusion),
+                          bias_fusions=settings.bias_fusions)
 
 
 def torch_adams(optimizer) -> list:

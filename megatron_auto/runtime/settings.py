@@ -99,10 +99,12 @@ class TrainSettings:
     """--attention-backend (Megatron-LM's names; runtime/kernels.py resolves `auto` for the host)."""
     optimizer_impl: str = "auto"
     """--optimizer-impl: fused, foreach, or auto (fused on GPUs, foreach on CPU)."""
+    bias_fusions: str = "auto"
+    """--bias-fusions: on runs Megatron's bias fusions on GPUs; auto and off keep them off (megatron_auto.kernels)."""
     bias_activation_fusion: bool = True
-    """Megatron's fused bias + GeLU/SwiGLU where the host runs it (CUDA); --no-bias-gelu/swiglu-fusion: off."""
+    """Megatron's fused bias + GeLU/SwiGLU allowed (with --bias-fusions on); --no-bias-gelu/swiglu-fusion: off."""
     bias_dropout_fusion: bool = True
-    """Megatron's fused bias + dropout + add where the host runs it (CUDA); --no-bias-dropout-fusion: off."""
+    """Megatron's fused bias + dropout + add allowed (with --bias-fusions on); --no-bias-dropout-fusion: off."""
     make_vocab_size_divisible_by: int = 128
     """Megatron pads the vocabulary to a multiple of this times the TP degree."""
     max_position_embeddings: Optional[int] = None

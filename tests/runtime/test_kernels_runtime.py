@@ -42,10 +42,10 @@ ADAM_ATOL = 1e-5
 DROPOUT_MEAN_ATOL = 0.03
 
 
-def test_auto_runs_flash_fused_and_the_fusions_on_gpus_only():
+def test_auto_runs_flash_fused_without_bias_fusions():
     gpu, cpu = kernels.choose_kernels(GPT, on_gpu=True), kernels.choose_kernels(GPT, on_gpu=False)
     assert (gpu.attention, gpu.optimizer_impl, gpu.bias_activation_fusion, gpu.bias_dropout_fusion) == \
-        ("flash", "fused", True, True)
+        ("flash", "fused", False, False)
     assert (cpu.attention, cpu.optimizer_impl, cpu.bias_activation_fusion, cpu.bias_dropout_fusion) == \
         ("unfused", "foreach", False, False)
     assert kernels.choose_kernels(GPT, "flash", "fused", on_gpu=False).attention == "flash"
@@ -53,18 +53,24 @@ def test_auto_runs_flash_fused_and_the_fusions_on_gpus_only():
     assert cpu.layer_spec == "local"
 
 
-def test_fusions_can_be_turned_off():
-    chosen = kernels.choose_kernels(GPT, on_gpu=True, fusions=(False, True))
+def test_bias_fusions_on_run_on_gpus_and_each_can_be_turned_off():
+    on = kernels.choose_kernels(GPT, on_gpu=True, bias_fusions="on")
+    assert (on.bias_activation_fusion, on.bias_dropout_fusion) == (True, True)
+    assert not kernels.choose_kernels(GPT, on_gpu=False, bias_fusions="on").bias_dropout_fusion
+    assert not kernels.choose_kernels(GPT, on_gpu=True, bias_fusions="off").bias_activation_fusion
+    chosen = kernels.choose_kernels(GPT, on_gpu=True, fusions=(False, True), bias_fusions="on")
     assert (chosen.bias_activation_fusion, chosen.bias_dropout_fusion) == (False, True)
-    chosen = kernels.choose_kernels(LLAMA, on_gpu=True, fusions=(True, False))
+    chosen = kernels.choose_kernels(LLAMA, on_gpu=True, fusions=(True, False), bias_fusions="on")
     assert (chosen.bias_activation_fusion, chosen.bias_dropout_fusion) == (True, False)
+    with pytest.raises(ValueError, match="bias fusions must be one of"):
+        kernels.choose_kernels(GPT, on_gpu=True, bias_fusions="yes")
 
 
 @pytest.mark.parametrize("layer, activation_fusion", [(GPT, True), (LLAMA, True), (GELU_NO_BIAS, False)])
 def test_fusion_flags_make_a_valid_transformer_config(layer, activation_fusion):
     from megatron.core.transformer import TransformerConfig
 
-    chosen = kernels.choose_kernels(layer, on_gpu=True)
+    chosen = kernels.choose_kernels(layer, on_gpu=True, bias_fusions="on")
     assert chosen.bias_activation_fusion is activation_fusion
     config = TransformerConfig(
         num_layers=1, hidden_size=64, num_attention_heads=4, num_query_groups=layer.num_query_groups,

@@ -83,6 +83,20 @@ def test_megatron_fusion_switches_take_effect(flags, fusions):
     assert pretrain_gpt.no_effect_flags(args) == []
 
 
+@pytest.mark.parametrize("flags, runs", [([], (False, False)), (["--bias-fusions", "on"], (True, True)),
+                                         (["--bias-fusions", "on", "--no-bias-dropout-fusion"], (True, False)),
+                                         (["--bias-fusions", "off"], (False, False))])
+def test_bias_fusions_run_on_gpus_only_when_asked(flags, runs):
+    from megatron_auto.runtime import kernels
+    from megatron_auto.specs.model import uniform_model
+
+    settings = pretrain_gpt.settings_from_args(pretrain_gpt.parse_args(BASE + flags), 512)
+    chosen = kernels.choose_kernels(uniform_model("m", 2, 64, 4, 32, 512).layers[0], on_gpu=True,
+                                    fusions=(settings.bias_activation_fusion, settings.bias_dropout_fusion),
+                                    bias_fusions=settings.bias_fusions)
+    assert (chosen.bias_activation_fusion, chosen.bias_dropout_fusion) == runs
+
+
 def test_unknown_attention_backend_exits_2():
     with pytest.raises(SystemExit) as exit_info:
         pretrain_gpt.parse_args(BASE + ["--attention-backend", "triton"])
