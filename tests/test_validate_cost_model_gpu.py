@@ -93,9 +93,33 @@ def test_cuda_main_writes_the_docs_section(tmp_path, monkeypatch):
     assert validate.main(["--device", "cuda", "--gpus", "1", "--benchmarks", str(docs)]) == 0
     text = docs.read_text()
     assert "## Other\n\nkept" in text
-    assert "## Cost model on GPUs: predicted vs measured (1 x NVIDIA H100 80GB HBM3)" in text
+    assert "## Cost model on GPUs: predicted vs measured (1 x dgx-h100-80gb)" in text
     assert "| mbs8 rc=full |" in text and "-20.0%" in text and "planner pick" in text
     # Every fake run but mbs1 rc=full ran out of memory exactly where the model said it would not fit.
     right, total = map(int, re.search(r"Fits / out of memory predicted right for (\d+) of (\d+)\.", text).groups())
     assert right == total - 1
     assert re.search(r"\| mbs1 rc=full \|.*\| yes \| out of memory \|", text)
+
+
+def test_log_lines_read_back_as_the_measurements_they_print():
+    runs = {"mbs2 rc=none": gpu.GpuMeasurement(1.0324, 36.3 * GIB, 37.05 * GIB, 39.9 * GIB),
+            "mbs8 rc=none (planner pick)": gpu.GpuMeasurement(None, out_of_memory=True)}
+    log = "warning: unrelated\n" + "\n".join(gpu.measured_line(name, m) for name, m in runs.items())
+    read = gpu.measured_from_log(log + "\nmbs1 rc=full   2554.9 ms   28.73 GiB allocated   29.87 GiB reserved\n")
+    assert read["mbs2 rc=none"].seconds == pytest.approx(1.0324, abs=1e-4)
+    assert read["mbs2 rc=none"].device_bytes == pytest.approx(39.9 * GIB, rel=1e-3)
+    assert read["mbs8 rc=none (planner pick)"].out_of_memory
+    assert read["mbs1 rc=full"].device_bytes == 0.0 and read["mbs1 rc=full"].seconds == pytest.approx(2.5549)
+    assert len(read) == 3
+
+
+def test_measured_log_rebuilds_the_section_without_a_gpu(tmp_path):
+    log = tmp_path / "runs.log"
+    log.write_text("mbs2 rc=none   1032.4 ms   36.30 GiB allocated   37.05 GiB reserved\n"
+                   "mbs4 rc=full   1043.3 ms   31.17 GiB allocated   32.08 GiB reserved\n")
+    docs = tmp_path / "benchmarks.md"
+    assert validate.main(["--measured-log", str(log), "--cluster", "dgx-h100-80gb", "--benchmarks", str(docs)]) == 0
+    text = docs.read_text()
+    assert re.search(r"\| mbs2 rc=none \| 1032 \| \d+ \| [-+]\d+\.\d% \| 36\.30 \|", text)
+    assert "| mbs4 rc=full | 1043 |" in text and "| mbs1 rc=none |" not in text
+    assert "over 2 runs" in text and "device memory not measured" in text and str(log) in text

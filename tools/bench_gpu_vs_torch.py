@@ -18,8 +18,8 @@ resident bytes (weights and optimizer states; for ours, what was allocated befor
 reference was built) plus the largest rise of torch.cuda.max_memory_allocated over
 what was allocated when its rounds began. Reserved memory is shared by the two and not
 split. Default shape: GPT 1.7B (24 layers, hidden 2304, 24 heads, seq 2048, vocab
-51200), micro-batch 2, global batch 16, bf16. `--precision`, `--attention-backend`
-and `--optimizer-impl` are passed to the runtime's settings when it has them.
+51200), micro-batch 2, global batch 16, bf16. `--precision`, `--attention-backend`,
+`--optimizer-impl` and `--bias-fusions` are passed to the runtime's settings when it has them.
 
 On CPU (`--tiny`: 2 layers, hidden 64; fp32 by default) the same code runs end to end
 (tests/test_bench_gpu_vs_torch.py); no docs section is written unless `--benchmarks` is given.
@@ -66,14 +66,16 @@ class Measured:
     """Its resident bytes plus its largest rise of the allocator's peak (see the docstring)."""
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
+    """The benchmark's flags (tools/profile_gpu_step.py takes the same)."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="2 layers, hidden 64, seq 32 (the CPU test)")
     parser.add_argument("--micro-batch-size", type=int, default=2)
     parser.add_argument("--global-batch-size", type=int, default=16)
     parser.add_argument("--precision", choices=("bf16", "fp32"), help="default: bf16 on CUDA, fp32 on CPU")
     parser.add_argument("--attention-backend", default="auto", help="forwarded to the runtime's settings")
     parser.add_argument("--optimizer-impl", default="auto", help="forwarded to the runtime's settings")
+    parser.add_argument("--bias-fusions", default="auto", help="forwarded to the runtime's settings")
     parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     parser.add_argument("--plan", help="a one-rank plan.json for the runtime (default: TP1/PP1 from the flags)")
     parser.add_argument("--rounds", type=int, default=3)
@@ -81,7 +83,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=2, help="untimed iterations per model first")
     parser.add_argument("--benchmarks", help="markdown file to write the section into "
                                              "(default on CUDA: docs/benchmarks.md; on CPU: none)")
-    return parser.parse_args(argv)
+    return parser
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    return build_parser().parse_args(argv)
 
 
 def runtime_settings(args: argparse.Namespace, shape: reference.GptShape, precision: str):
@@ -93,7 +99,7 @@ def runtime_settings(args: argparse.Namespace, shape: reference.GptShape, precis
                   train_iters=10**6, lr=1e-4, clip_grad=1.0, weight_decay=0.01,
                   data=DataSettings(vocab_size=shape.vocab_size))
     known = {f.name for f in dataclasses.fields(TrainSettings)}
-    for knob in ("attention_backend", "optimizer_impl"):
+    for knob in ("attention_backend", "optimizer_impl", "bias_fusions"):
         if knob in known:
             wanted[knob] = getattr(args, knob)
         else:
@@ -212,7 +218,8 @@ def describe(args: argparse.Namespace, shape: reference.GptShape, precision: str
     return (f"{name}, torch {torch.__version__}; {shape.num_layers} layers, hidden {shape.hidden_size}, "
             f"{shape.num_attention_heads} heads, seq {shape.seq_length}, vocab {shape.vocab_size}; micro-batch "
             f"{args.micro_batch_size}, global batch {args.global_batch_size}, {precision}, recompute "
-            f"{args.recompute}, runtime attention backend {args.attention_backend}, optimizer {args.optimizer_impl}"
+            f"{args.recompute}, runtime attention backend {args.attention_backend}, optimizer {args.optimizer_impl}, "
+            f"bias fusions {args.bias_fusions}"
             f"{', plan ' + args.plan if args.plan else ''}; {args.rounds} alternating rounds of {args.iters} "
             f"iterations after {args.warmup} warm-up iterations each.")
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import statistics
 import subprocess
 import sys
@@ -155,8 +156,6 @@ def measurement_from_ranks(ranks: list[dict], steps_s: list[float], out_of_memor
 
 def run_plan_cuda(plan: Plan, job, workdir: Path, command_for) -> GpuMeasurement:
     """One run of `plan` on the GPUs; an out-of-memory exit is a measurement, another failure raises."""
-    import re
-
     plan_path, memory_dir = workdir / "plan.json", workdir / "memory"
     memory_dir.mkdir(exist_ok=True)
     for old in memory_dir.glob("rank*.json"):
@@ -173,15 +172,42 @@ def run_plan_cuda(plan: Plan, job, workdir: Path, command_for) -> GpuMeasurement
     return measurement_from_ranks(ranks, steps, out_of_memory)
 
 
+def measured_line(name: str, m: GpuMeasurement) -> str:
+    """The log line of one run, which measured_from_log reads back."""
+    if m.out_of_memory:
+        return f"{name:32s} out of memory"
+    return (f"{name:32s} {m.seconds * 1e3:8.1f} ms  {m.allocated_bytes / GIB:6.2f} GiB allocated  "
+            f"{m.reserved_bytes / GIB:6.2f} GiB reserved  {m.device_bytes / GIB:6.2f} GiB device")
+
+
+_LINE = re.compile(r"^(?P<name>\S.*?)\s+(?:(?P<oom>out of memory)|(?P<ms>[0-9.]+) ms\s+(?P<alloc>[0-9.]+) GiB allocated"
+                   r"\s+(?P<reserved>[0-9.]+) GiB reserved(?:\s+(?P<device>[0-9.]+) GiB device)?)\s*$")
+
+
+def measured_from_log(text: str) -> dict[str, GpuMeasurement]:
+    """The measurements of a GPU validation's log (its measured_line lines; other lines are skipped).
+    Logs written before the device column have device memory 0: not compared."""
+    measured = {}
+    for line in text.splitlines():
+        match = _LINE.match(line)
+        if not match:
+            continue
+        if match["oom"]:
+            measured[match["name"]] = GpuMeasurement(seconds=None, out_of_memory=True)
+            continue
+        measured[match["name"]] = GpuMeasurement(
+            seconds=float(match["ms"]) / 1e3, allocated_bytes=float(match["alloc"]) * GIB,
+            reserved_bytes=float(match["reserved"]) * GIB, device_bytes=float(match["device"] or 0) * GIB)
+    return measured
+
+
 def measure_cuda(job, plans: dict[str, Plan], command_for) -> dict[str, GpuMeasurement]:
     measured = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, plan in plans.items():
             measured[name] = run_plan_cuda(plan, job, Path(tmp), command_for)
-            m = measured[name]
-            sys.stderr.write(f"{name:32s} " + ("out of memory" if m.out_of_memory else
-                             f"{m.seconds * 1e3:8.1f} ms  {m.allocated_bytes / GIB:6.2f} GiB allocated  "
-                             f"{m.reserved_bytes / GIB:6.2f} GiB reserved") + "\n")
+            sys.stderr.write(measured_line(name, measured[name]) + "\n")
+            sys.stderr.flush()
     return measured
 
 
@@ -204,7 +230,8 @@ def gpu_table(rows: list[GpuRow]) -> str:
         ran = "out of memory" if m.out_of_memory else "yes"
         lines.append(f"| {r.name} | {measured_ms} | {r.predicted_s * 1e3:.0f} | {_pct(r.time_error)} | "
                      f"{_gib(m.allocated_bytes)} | {_gib(r.predicted_tensor_bytes)} | {_pct(r.allocated_error)} | "
-                     f"{_gib(m.reserved_bytes)} | {_gib(m.device_bytes)} | {_gib(r.predicted_peak_bytes)} | "
+                     f"{_gib(m.reserved_bytes)} | {_gib(m.device_bytes) if m.device_bytes else '–'} | "
+                     f"{_gib(r.predicted_peak_bytes)} | "
                      f"{_pct(r.device_error)} | {'yes' if r.predicted_fits else 'no'} | {ran} |")
     return "\n".join(lines) + "\n\n" + gpu_summary_line(rows) + "\n"
 
@@ -219,7 +246,9 @@ def gpu_summary_line(rows: list[GpuRow]) -> str:
     device = [abs(r.device_error) for r in rows if r.device_error is not None]
     rank = spearman([r.predicted_s for r in finished], [r.measured.seconds for r in finished]) \
         if len(finished) > 1 else math.nan
-    mean = lambda xs: 100 * statistics.mean(xs) if xs else math.nan  # noqa: E731
-    return (f"Step time: MAPE {mean(timed):.1f}% over {len(finished)} runs, Spearman {rank:.2f}. Peak memory: "
-            f"tensors vs allocated MAPE {mean(allocated):.1f}%, peak vs device memory MAPE {mean(device):.1f}%. "
+    def mape(errors: list[float]) -> str:
+        return f"MAPE {100 * statistics.mean(errors):.1f}%" if errors else "not measured"
+
+    return (f"Step time: {mape(timed)} over {len(finished)} runs, Spearman {rank:.2f}. Peak memory: "
+            f"tensors vs allocated {mape(allocated)}, peak vs device memory {mape(device)}. "
             f"Fits / out of memory predicted right for {sum(r.fit_agrees for r in rows)} of {len(rows)}.")

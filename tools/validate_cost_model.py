@@ -347,6 +347,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                         help="cuda: the GPU validation (tools/cost_validation_gpu.py); auto: cuda when available")
     parser.add_argument("--gpus", type=int, help="with cuda: GPUs to use (default: all)")
+    parser.add_argument("--measured-log", nargs="*", help="GPU validation without a GPU: take the measurements "
+                        "from these logs of earlier GPU runs (their per-run lines) and recompute the predictions")
+    parser.add_argument("--cluster", help="with --measured-log: the cluster preset the runs had "
+                                          "(default: detected from this machine's GPU)")
     return parser.parse_args(argv)
 
 
@@ -363,6 +367,19 @@ GPU_JOB = Job(layers=24, hidden=2304, heads=24, seq=2048, vocab=51200, global_ba
 """The GPT 1.7B shape of data/reference/h100/runs_gpt_1.7b.json."""
 
 
+def gpu_measurements(args: argparse.Namespace, job: Job, plans: dict[str, Plan]) -> dict:
+    """Each plan's GpuMeasurement: run on this machine's GPUs, or read from `--measured-log` files
+    (then only the plans those logs measured are kept)."""
+    import cost_validation_gpu as gpu
+
+    if not args.measured_log:
+        return gpu.measure_cuda(job, plans, lambda plan_path, memory_dir: worker_command(job, plan_path, memory_dir))
+    logged = {}
+    for path in args.measured_log:
+        logged.update(gpu.measured_from_log(Path(path).read_text()))
+    return {name: logged[name] for name in plans if name in logged}
+
+
 def main_cuda(args: argparse.Namespace) -> int:
     """The GPU validation: every configuration of gpu_configs on this machine, table into docs."""
     import torch
@@ -370,21 +387,25 @@ def main_cuda(args: argparse.Namespace) -> int:
     import cost_validation_gpu as gpu
     from megatron_auto.runtime.planning import detect_cluster_name, job_cluster
 
-    world = args.gpus or torch.cuda.device_count()
+    world = args.gpus or (1 if args.measured_log else torch.cuda.device_count())
     job = replace(GPU_JOB, ranks=world, extra_flags=(*GPU_JOB.extra_flags, *gpu.kernel_flags()))
-    cluster, training = job_cluster(world, detect_cluster_name()), gpu.gpu_training(job.global_batch)
+    cluster, training = job_cluster(world, args.cluster or detect_cluster_name()), gpu.gpu_training(job.global_batch)
     configs = gpu.gpu_configs(world, job.layers, job.heads, job.global_batch)
     if args.plans:
         configs = {name: c for name, c in configs.items() if any(key in name for key in args.plans)}
     plans = build_plans(job, configs, cluster, training)
-    measured = gpu.measure_cuda(job, plans, lambda plan_path, memory_dir: worker_command(job, plan_path, memory_dir))
-    rows = [gpu.gpu_row(name, plan, job.model(), cluster, training, measured[name]) for name, plan in plans.items()]
+    measured = gpu_measurements(args, job, plans)
+    rows = [gpu.gpu_row(name, plan, job.model(), cluster, training, measured[name])
+            for name, plan in plans.items() if name in measured]
     text = gpu.gpu_table(rows)
     if args.results:
         Path(args.results).write_text(json.dumps([{**r.__dict__, "measured": r.measured.__dict__} for r in rows],
                                                  indent=2))
-    heading = f"## Cost model on GPUs: predicted vs measured ({world} x {torch.cuda.get_device_name(0)})"
+    heading = f"## Cost model on GPUs: predicted vs measured ({world} x {cluster.name})"
     command = "`python3 tools/validate_cost_model.py" + (f" --gpus {args.gpus}" if args.gpus else "") + "`"
+    if args.measured_log:
+        command += (" (the runs' lines are kept in " + ", ".join(f"`{p}`" for p in args.measured_log) +
+                    "; `tools/validate_cost_model.py --measured-log` recomputes the predictions without a GPU)")
     body = (f"Command: {command} on the GPU machine (GPT 1.7B shape, global batch 16, bf16, {job.iters} "
             f"iterations per run; tools/cost_validation_gpu.py says what is compared). Cluster preset "
             f"`{cluster.name}`.\n\n{text}")
@@ -396,7 +417,7 @@ def main_cuda(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if use_cuda(args.device):
+    if args.measured_log is not None or use_cuda(args.device):
         return main_cuda(args)
     job, configs = (TINY_JOB, TINY_CONFIGS) if args.tiny else (Job(), FULL_CONFIGS)
     if args.plans:

@@ -1,0 +1,109 @@
+"""Where one training step's time goes: ours against the plain PyTorch reference, by kernel kind.
+
+On a CUDA machine (prints; docs/benchmarks.md "Where the runtime's time goes" quotes its output):
+
+    python3 tools/profile_gpu_step.py [--micro-batch-size 2] [--bias-fusions auto|on|off]
+
+It builds both models as tools/bench_gpu_vs_torch.py does (GPT 1.7B shape, bf16, one
+rank), runs `--warmup` untimed iterations of each, then one iteration under
+torch.profiler and reports per model: the wall time of the profiled iteration, the
+GPU kernel time summed by kind (GEMM, attention, element-wise, Adam, ...), how many
+times the host waited for the GPU (`cudaStreamSynchronize` calls), and the top
+kernels and host-side operators. A step whose wall time exceeds its kernel time by
+more than the profiler's own overhead is host-bound: the GPU waits for launches.
+
+On CPU (`--tiny`) the same code runs end to end (tests/test_profile_gpu_step.py);
+CPU ops stand in for kernels.
+"""
+from __future__ import annotations
+
+import collections
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tools"))
+
+import torch  # noqa: E402
+from torch.profiler import ProfilerActivity, profile  # noqa: E402
+
+import bench_gpu_vs_torch as bench  # noqa: E402
+
+KINDS = (("aten::mm", "gemm"), ("aten::addmm", "gemm"), ("aten::bmm", "gemm"), ("nccl", "nccl"), ("flash", "attention"), ("fmha", "attention"), ("attention", "attention"),
+         ("adam", "adam"), ("gemm", "gemm"), ("nvjet", "gemm"), ("cutlass", "gemm"), ("xmma", "gemm"),
+         ("memcpy", "copy"), ("memset", "memset"), ("layer_norm", "layernorm"), ("norm", "norm/reduce"),
+         ("reduce", "norm/reduce"), ("softmax", "softmax/cross-entropy"), ("nll", "softmax/cross-entropy"),
+         ("triton", "triton (compiled fusions)"), ("elementwise", "element-wise"), ("copy", "copy"), ("cat", "copy"))
+"""Substrings of kernel names and the kind they count as (first match wins)."""
+
+
+def kernel_kind(name: str) -> str:
+    lowered = name.lower()
+    return next((kind for key, kind in KINDS if key in lowered), "other")
+
+
+def profile_one_step(step, on_cuda: bool):
+    """Run `step` once under torch.profiler; (wall seconds, its key averages)."""
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        step()
+        bench.synchronize(torch.device("cuda" if on_cuda else "cpu"))
+        wall = time.perf_counter() - start
+    return wall, prof.key_averages()
+
+
+def report(name: str, wall: float, averages, on_cuda: bool, rows: int) -> str:
+    """Markdown: wall time, kernel time by kind, host waits, and the top operators."""
+    device_type = torch.autograd.DeviceType.CUDA if on_cuda else torch.autograd.DeviceType.CPU
+    kernels = [e for e in averages if e.device_type == device_type and (on_cuda or e.key.startswith("aten::"))]
+    attribute = "self_device_time_total" if on_cuda else "self_cpu_time_total"
+    by_kind = collections.Counter()
+    for event in kernels:
+        by_kind[kernel_kind(event.key)] += getattr(event, attribute) / 1e6
+    syncs = sum(e.count for e in averages if e.key == "cudaStreamSynchronize")
+    lines = [f"### {name}", "", f"Profiled iteration: {wall:.4f} s wall, {sum(by_kind.values()):.4f} s of "
+             f"{'GPU kernels' if on_cuda else 'CPU operators'}, {syncs} host waits (cudaStreamSynchronize).", "",
+             "| kind | ms |", "|---|---|"]
+    lines += [f"| {kind} | {seconds * 1000:.1f} |" for kind, seconds in by_kind.most_common()]
+    sort_by = "self_cuda_time_total" if on_cuda else "self_cpu_time_total"
+    lines += ["", "```", averages.table(sort_by=sort_by, row_limit=rows, max_name_column_width=60), "```", ""]
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    import patches
+    from megatron_auto.runtime import distributed, session
+
+    parser = bench.build_parser(__doc__)
+    parser.add_argument("--rows", type=int, default=25, help="operators listed per model")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
+    warnings.filterwarnings("ignore", category=UserWarning)
+    shape = bench.TINY_SHAPE if args.tiny else bench.DEFAULT_SHAPE
+    precision = args.precision or ("bf16" if torch.cuda.is_available() else "fp32")
+    patches.apply_all()
+    bench._join_one_rank_job()
+    info = distributed.init_distributed(600.0)
+    on_cuda = info.device.type == "cuda"
+    try:
+        job, _ = bench.build_runtime(args, shape, precision, info)
+        steps = {"megatron-auto runtime": lambda: session.run_iteration(job)}
+        _, _, steps["plain PyTorch"] = bench.build_reference(args, shape, precision, info.device)
+        out = [bench.describe(args, shape, precision, info.device), ""]
+        for name, step in steps.items():
+            for _ in range(args.warmup):
+                step()
+            out.append(report(name, *profile_one_step(step, on_cuda), on_cuda, args.rows))
+    finally:
+        distributed.shutdown()
+    sys.stdout.write("\n".join(out) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
