@@ -223,7 +223,7 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-load-optim", action="store_true",
                        help="with --load: restore the weights and the iteration, not the optimizer or schedule")
     group.add_argument("--no-load-rng", action="store_true",
-                       help="with --load: do not restore RNG state (checkpoints here hold none: always so)")
+                       help="with --load: keep fresh seeds instead of the checkpoint's random streams")
     group.add_argument("--tensorboard-dir", help="write TensorBoard scalars here (needs the tensorboard package)")
     group.add_argument("--ckpt-step", type=int)
     group.add_argument("--finetune", action="store_true")
@@ -365,7 +365,7 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         lr_warmup_init=args.lr_warmup_init,
         decoupled_lr=args.decoupled_lr, decoupled_min_lr=args.decoupled_min_lr,
         calculate_per_token_loss=args.calculate_per_token_loss, check_for_nan=args.check_for_nan_in_loss_and_grad,
-        exit_duration_s=args.exit_duration_in_mins * 60, load_optimizer=not args.no_load_optim,
+        exit_duration_s=args.exit_duration_in_mins * 60, load_optimizer=not args.no_load_optim, load_rng=not args.no_load_rng,
         tensorboard_dir=args.tensorboard_dir, lr=args.lr, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,
         lr_warmup_iters=args.lr_warmup_iters, lr_decay_iters=args.lr_decay_iters, weight_decay=args.weight_decay,
         clip_grad=args.clip_grad, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
@@ -487,8 +487,6 @@ def megatron_lm_adjustments(args: argparse.Namespace) -> list[str]:
     elif args.sequence_parallel and (args.tensor_model_parallel_size or 1) == 1:
         args.sequence_parallel = False
         warnings_given.append("Disabling sequence parallelism because tensor model parallelism is disabled")
-    if args.no_load_rng:
-        warnings_given.append("--no-load-rng: checkpoints here hold no RNG state; a resume always reseeds")
     return warnings_given
 
 
@@ -516,7 +514,7 @@ def _log_run_header(args: argparse.Namespace, adjustments: list[str], settings: 
 
 def run(args: argparse.Namespace) -> None:
     import patches
-    from megatron_auto.runtime import distributed, fit, session
+    from megatron_auto.runtime import checkpoint, distributed, fit, session
 
     adjustments = megatron_lm_adjustments(args)
     _use_matmul_flags(args)
@@ -528,6 +526,7 @@ def run(args: argparse.Namespace) -> None:
     plan = choose_plan(args, model, world_size, settings)
     info = distributed.init_distributed(settings.timeout_s)
     try:
+        checkpoint.check_paths(settings.save, settings.load)
         if session.is_logging_rank():
             _log_run_header(args, adjustments, settings, model, plan)
             log_tokenizer_and_data(args, tokenizer)

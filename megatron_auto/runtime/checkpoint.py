@@ -3,22 +3,39 @@
 Tensors are saved as global ShardedTensors (keys name global layers), and the
 distributed optimizer uses the `fully_reshardable` format, so a checkpoint
 written under one TP/PP/DP layout and world size loads under any other.
+
+Nothing is lost or half-read:
+- an iteration is complete only when every rank has written its part: rank 0 then
+  writes the directory's `complete` marker, and only after it the tracker
+  (`latest_checkpointed_iteration.txt`), each atomically (temporary file, fsync, rename);
+- `--load` takes the newest complete iteration (or the tracker's), and when it cannot be
+  read (a truncated or missing shard, a bad metadata file) falls back to the next newest
+  with one line saying so, or stops with one line when none loads;
+- every rank's random streams are saved beside the tensors (runtime/rng_state.py), and the
+  data position is the iteration, so a resume under the same plan is bit-identical.
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
+import shutil
+import tempfile
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from ..errors import UserError
+from . import rng_state
 
 logger = logging.getLogger(__name__)
 
 TRACKER = "latest_checkpointed_iteration.txt"
+COMPLETE = "complete"
+"""Marker file of an iteration directory that every rank finished writing."""
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+_ITERATION_DIR = re.compile(r"iter_(\d{7})")
 
 
 @dataclass(frozen=True)
@@ -74,20 +91,64 @@ def _full_state(model: list, optimizer, scheduler, iteration: int, consumed: int
     return state
 
 
+def path_problem(save: Optional[str], load: Optional[str]) -> Optional[str]:
+    """Why this rank cannot use --save (created if missing, must take a file) or --load; None when it can."""
+    if save:
+        if os.path.exists(save) and not os.path.isdir(save):
+            return f"--save {save}: exists and is not a directory"
+        try:
+            os.makedirs(save, exist_ok=True)
+            with tempfile.TemporaryFile(dir=save):
+                pass
+        except OSError as error:
+            return f"--save {save}: cannot write there ({error.strerror or type(error).__name__})"
+    if load and os.path.exists(load) and not os.path.isdir(load):
+        return f"--load {load}: exists and is not a directory"
+    if load and os.path.isdir(load) and not os.access(load, os.R_OK | os.X_OK):
+        return f"--load {load}: cannot read that directory"
+    return None
+
+
+def check_paths(save: Optional[str], load: Optional[str]) -> None:
+    """Before any work, on every rank: UserError on all ranks when any rank cannot use its paths."""
+    problem = path_problem(save, load)
+    if _any_rank_failed(problem is not None):
+        raise UserError(problem or "--save/--load: another rank cannot use its path (its error says why)")
+
+
+def write_atomically(path: str, text: str) -> None:
+    """Replace `path` with `text` so that a reader sees the old or the new content, never a part:
+    a temporary file beside it, fsync, rename, fsync of the directory."""
+    folder = os.path.dirname(path) or "."
+    temporary = f"{path}.tmp{os.getpid()}"
+    with open(temporary, "w") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+    directory = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+
+
 def save_checkpoint(root: str, model: list, optimizer, scheduler, iteration: int, consumed: int) -> str:
-    """Write `root/iter_XXXXXXX` on all ranks and point the tracker file at it."""
+    """Write `root/iter_XXXXXXX` on all ranks, mark it complete, then point the tracker file at it."""
     from megatron.core import dist_checkpointing
 
     path = iteration_dir(root, iteration)
     if torch.distributed.get_rank() == 0:
+        shutil.rmtree(path, ignore_errors=True)  # a part written before a crash, or an older copy
         os.makedirs(path, exist_ok=True)
     torch.distributed.barrier()
     state = _full_state(model, optimizer, scheduler, iteration, consumed, with_optimizer=True, is_loading=False)
     dist_checkpointing.save(state, path)
+    rng_state.save(path)
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
-        with open(os.path.join(root, TRACKER), "w") as tracker:
-            tracker.write(str(iteration))
+        write_atomically(os.path.join(path, COMPLETE), f"{iteration}\n")
+        write_atomically(os.path.join(root, TRACKER), str(iteration))
     torch.distributed.barrier()
     logger.info("saved checkpoint at iteration %d to %s", iteration, path)
     return path
@@ -95,50 +156,144 @@ def save_checkpoint(root: str, model: list, optimizer, scheduler, iteration: int
 
 def latest_iteration(root: str) -> int:
     """The iteration the tracker file names; UserError when the directory holds no checkpoint."""
+    iteration = tracked_iteration(root)
+    if iteration is None:
+        raise UserError(f"--load {root}: no {TRACKER} there (not a megatron-auto checkpoint directory)")
+    return iteration
+
+
+def tracked_iteration(root: str) -> Optional[int]:
+    """The tracker's iteration; None when it is missing, empty or not a number."""
     try:
         with open(os.path.join(root, TRACKER)) as tracker:
             return int(tracker.read().strip())
     except (OSError, ValueError):
-        raise UserError(f"--load {root}: no {TRACKER} there (not a megatron-auto checkpoint directory)") from None
+        return None
+
+
+def complete_iterations(root: str) -> list[int]:
+    """The iterations of `root` that every rank finished writing, newest first."""
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    found = [int(m.group(1)) for m in map(_ITERATION_DIR.fullmatch, names) if m]
+    return sorted((i for i in found if os.path.isfile(os.path.join(iteration_dir(root, i), COMPLETE))),
+                  reverse=True)
+
+
+def load_candidates(root: str) -> list[int]:
+    """The iterations `--load` tries, in order: the newest complete ones and the tracker's."""
+    tracked = tracked_iteration(root)
+    return sorted(set(complete_iterations(root)) | ({tracked} if tracked is not None else set()), reverse=True)
 
 
 def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: bool = False,
-                    step: Optional[int] = None, with_optimizer: bool = True) -> Optional[Resumed]:
-    """Load iteration `step` (default: the latest) of `root` into this layout's model, optimizer and scheduler.
+                    step: Optional[int] = None, with_optimizer: bool = True,
+                    with_rng: bool = True) -> Optional[Resumed]:
+    """Load iteration `step` (default: the newest that loads) of `root` into this layout's model,
+    optimizer and scheduler.
 
-    None, with a warning, when `root` holds no tracker file and no `step` is asked for: Megatron-LM then
+    None, with a warning, when `root` holds no checkpoint and no `step` is asked for: Megatron-LM then
     starts from random weights (a launch line with `--save DIR --load DIR` on a new DIR). Without
     `with_optimizer` (--no-load-optim) the weights and the iteration load, the optimizer state and
-    the learning-rate schedule do not (Megatron-LM's checkpointing.load_checkpoint)."""
-    from megatron.core import dist_checkpointing
-
-    if step is None and not os.path.isfile(os.path.join(root, TRACKER)):
+    the learning-rate schedule do not; without `with_rng` (--no-load-rng) the random streams keep
+    their fresh seeds (Megatron-LM's checkpointing.load_checkpoint)."""
+    if step is not None:
+        if not os.path.isdir(iteration_dir(root, step)):
+            raise UserError(f"--load {root}: no checkpoint of iteration {step} "
+                            f"({iteration_dir(root, step)} is missing)")
+        candidates = [step]
+    else:
+        candidates = load_candidates(root)
+    if not candidates:
+        if tracked_iteration(root) is None and os.path.isfile(os.path.join(root, TRACKER)):
+            latest_iteration(root)  # a tracker that names no iteration: its one-line error
         if torch.distributed.get_rank() == 0:
             logger.warning("WARNING: could not find the metadata file %s; will not load any checkpoints and "
                            "will start from random", os.path.join(root, TRACKER))
         return None
-    iteration = latest_iteration(root) if step is None else step
+    options = dict(weights_only=weights_only, with_optimizer=with_optimizer, with_rng=with_rng)
+    reasons = []
+    for iteration in candidates:
+        loaded, failure = _try_load(root, iteration, model, optimizer, scheduler, options)
+        if failure is None:
+            _say_fallback(root, iteration, reasons)
+            return _finish_load(root, iteration, loaded, optimizer, scheduler, options)
+        reasons.append(f"iteration {iteration}: {failure}")
+    raise UserError(f"--load {root}: no checkpoint there can be read ({'; '.join(reasons)})")
+
+
+def _try_load(root: str, iteration: int, model: list, optimizer, scheduler,
+              options: dict) -> tuple[Optional[dict], Optional[str]]:
+    """Read iteration `iteration` into the model: (what was read, None) when every rank read it,
+    else (None, why not), the same answer on every rank."""
+    from megatron.core import dist_checkpointing
+
+    failure, loaded = None, None
+    try:
+        load_optimizer = options["with_optimizer"] and not options["weights_only"]
+        template = _full_state(model, optimizer, scheduler, 0, 0, with_optimizer=load_optimizer, is_loading=True)
+        path = iteration_dir(root, iteration)
+        missing = [name for name in ("metadata.json", "common.pt") if not os.path.isfile(os.path.join(path, name))]
+        if missing:
+            raise FileNotFoundError(f"{' and '.join(missing)} missing in {path}")
+        loaded = dist_checkpointing.load(template, path)
+        for key, chunk in zip(_chunk_keys(model), model):
+            chunk.module.load_state_dict(loaded[key])
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except BaseException as error:  # noqa: BLE001 - torch DCP's CheckpointException is a BaseException
+        failure = describe_failure(error)
+    if _any_rank_failed(failure is not None):
+        return None, failure or "another rank could not read it"
+    return loaded, None
+
+
+def describe_failure(error: BaseException) -> str:
+    """`Type: first line` of what reading a checkpoint raised; for torch DCP's CheckpointException,
+    which wraps each rank's error, the first rank's."""
+    failures = getattr(error, "failures", None)
+    if isinstance(failures, dict) and failures:
+        wrapped = next(iter(failures.values()))
+        error = wrapped[0] if isinstance(wrapped, tuple) else wrapped
+    text = str(error).strip().splitlines()[0][:160] if str(error).strip() else "unreadable"
+    return f"{type(error).__name__}: {text}"
+
+
+def _chunk_keys(model: list) -> list[str]:
+    return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
+
+
+def _any_rank_failed(failed: bool) -> bool:
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    flag = torch.tensor([1 if failed else 0], dtype=torch.int32, device=device)
+    torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _say_fallback(root: str, loaded: int, reasons: list[str]) -> None:
+    if reasons and torch.distributed.get_rank() == 0:
+        logger.warning("--load %s: damaged or incomplete checkpoint, fell back to iteration %d, the newest "
+                       "that reads (%s)", root, loaded, "; ".join(reasons))
+
+
+def _finish_load(root: str, iteration: int, loaded: dict, optimizer, scheduler, options: dict) -> Resumed:
+    """Optimizer, schedule and random streams of the iteration _try_load read."""
     path = iteration_dir(root, iteration)
-    if not os.path.isdir(path):
-        raise UserError(f"--load {root}: no checkpoint of iteration {iteration} ({path} is missing)")
-    load_optimizer = with_optimizer and not weights_only
-    template = _full_state(model, optimizer, scheduler, 0, 0, with_optimizer=load_optimizer, is_loading=True)
-    loaded = dist_checkpointing.load(template, path)
-    if len(model) == 1:
-        model[0].module.load_state_dict(loaded["model"])
-    else:
-        for i, chunk in enumerate(model):
-            chunk.module.load_state_dict(loaded[f"model{i}"])
-    if weights_only:
+    if options["weights_only"]:
         optimizer.reload_model_params()
         logger.info("loaded weights of iteration %d from %s", iteration, path)
         return Resumed(iteration=0, consumed_samples=0)
-    if not load_optimizer:
+    if not options["with_optimizer"]:
         optimizer.reload_model_params()
         logger.info("resumed weights of iteration %d of %s (--no-load-optim: fresh optimizer state and "
                     "learning-rate schedule)", loaded["iteration"], path)
-        return Resumed(iteration=int(loaded["iteration"]), consumed_samples=int(loaded["consumed_samples"]))
-    optimizer.load_state_dict(loaded["optimizer"])
-    scheduler.load_state_dict(loaded["opt_param_scheduler"])
-    logger.info("resumed from iteration %d of %s", loaded["iteration"], path)
+    else:
+        optimizer.load_state_dict(loaded["optimizer"])
+        scheduler.load_state_dict(loaded["opt_param_scheduler"])
+        logger.info("resumed from iteration %d of %s", loaded["iteration"], path)
+    if options["with_rng"] and not rng_state.load(path) and torch.distributed.get_rank() == 0:
+        logger.info("--load %s: no random-stream state for this rank and world size; dropout and other "
+                    "random draws start from fresh seeds", path)
     return Resumed(iteration=int(loaded["iteration"]), consumed_samples=int(loaded["consumed_samples"]))

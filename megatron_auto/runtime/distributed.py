@@ -45,13 +45,26 @@ def init_distributed(timeout_s: float) -> DeviceInfo:
     if not torch.distributed.is_initialized():
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")
-        torch.distributed.init_process_group(
-            backend=info.backend,
-            rank=int(os.environ.get("RANK", "0")),
-            world_size=int(os.environ.get("WORLD_SIZE", "1")),
-            timeout=timedelta(seconds=timeout_s),
-        )
+        rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+        torch.distributed.init_process_group(backend=info.backend, rank=rank, world_size=world_size,
+                                             timeout=timedelta(seconds=timeout_s),
+                                             store=_restart_store(world_size, timeout_s))
     return info
+
+
+def _restart_store(world_size: int, timeout_s: float):
+    """Under `torchrun --max-restarts`, a store of this attempt's own keys; None (env://) otherwise.
+
+    torchrun's agent keeps one TCPStore for all attempts (TORCHELASTIC_USE_AGENT_STORE), and a
+    restarted gloo job read the addresses the killed attempt had published there ("Connection
+    refused" at init_process_group, measured with torch 2.13). Prefixing the keys with the restart
+    count keeps each attempt's rendezvous apart."""
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if attempt == "0" or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    store = torch.distributed.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                                       is_master=False, timeout=timedelta(seconds=timeout_s))
+    return torch.distributed.PrefixStore(f"megatron_auto/attempt_{attempt}", store)
 
 
 def initialize_parallel(layout: MegatronLayout, timeout_s: float) -> None:

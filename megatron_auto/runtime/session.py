@@ -15,7 +15,8 @@ import torch
 
 from ..plan import Plan
 from ..specs.model import ModelSpec
-from . import checkpoint, config as configs, data, distributed, kernels, metrics, schedule, stopping, tensorboard_log
+from . import checkpoint, config as configs, data, distributed, faults, kernels, metrics, schedule, stopping
+from . import tensorboard_log
 from . import model as models
 from .layout import MegatronLayout, layout_from_plan
 from .settings import TrainSettings
@@ -120,7 +121,8 @@ def resume(session: Session, path: Optional[str] = None, step: Optional[int] = N
     step = step if step is not None else session.settings.ckpt_step
     resumed = checkpoint.load_checkpoint(root, session.model, session.optimizer, session.scheduler,
                                          weights_only=session.settings.finetune, step=step,
-                                         with_optimizer=session.settings.load_optimizer)
+                                         with_optimizer=session.settings.load_optimizer,
+                                         with_rng=session.settings.load_rng)
     if resumed is not None:
         session.iteration = resumed.iteration
 
@@ -227,6 +229,7 @@ def train(session: Session, run: Optional[Callable[[Session], StepResult]] = Non
                             (time.time() - session.started_at) / 60, session.iteration)
             return results
         _maybe_save(session, last=session.iteration == stop)
+        faults.maybe_kill(session.iteration)
         if after_iteration is not None:
             after_iteration(session, result)
     if session.iteration == settings.train_iters:

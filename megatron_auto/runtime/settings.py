@@ -127,6 +127,8 @@ class TrainSettings:
     """Save (with `save`) and stop once training has run this long (--exit-duration-in-mins; 0: never)."""
     load_optimizer: bool = True
     """With `load`: restore the optimizer and learning-rate schedule (False: --no-load-optim)."""
+    load_rng: bool = True
+    """Restore the random streams saved with the checkpoint (--no-load-rng: keep the fresh seeds)."""
     ckpt_step: Optional[int] = None
     """With `load`: the iteration to load (default: the latest)."""
     finetune: bool = False

@@ -1,0 +1,189 @@
+"""Checkpoints that cannot be lost or half-read, and a job that survives a killed rank.
+
+Runs go through torch.distributed.run (torchrun) with tools/pretrain_gpt.py, 2 gloo ranks at
+tensor parallel 2 (so Megatron's model-parallel dropout stream is in play; dropout is 0.1,
+Megatron's default). "Bit-identical" is checked on the saved tensors themselves: every weight
+and optimizer state of the final checkpoint, compared with torch.equal.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+import torch
+
+from launcher import REPO, launch
+from megatron_auto.runtime import checkpoint
+
+TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+        "--max-position-embeddings", "32", "--mock-data", "--vocab-size", "256", "--micro-batch-size", "2",
+        "--global-batch-size", "4", "--log-interval", "1", "--lr", "1e-3", "--eval-iters", "0"]
+TWO_RANKS = ["--tensor-model-parallel-size", "2"]
+
+
+def _torchrun(args: list[str], log_dir: Path, env: dict | None = None, restarts: int = 0) -> str:
+    """torchrun's 2 ranks of pretrain_gpt; returns their output. Everything the job started is
+    killed afterwards: a SIGKILLed rank leaves megatron-core's multiprocessing Manager behind
+    (dist_checkpointing's write-results queue), which would keep the output open."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+               "--max-restarts", str(restarts), "tools/pretrain_gpt.py", *TINY, *TWO_RANKS, *args]
+    tag = f"{JOB_TAG}={uuid.uuid4().hex}"
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore",
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+                **(env or {}), JOB_TAG: tag.split("=", 1)[1]}
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with open(log_dir / "torchrun.log", "w+") as log:
+        job = subprocess.Popen(command, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=full_env)
+        try:
+            code = job.wait(timeout=600)
+        finally:
+            _kill_tagged(tag)
+        log.seek(0)
+        output = log.read()
+    assert code == 0, output[-4000:]
+    return output
+
+
+JOB_TAG = "MEGATRON_AUTO_TEST_JOB"
+
+
+def _kill_tagged(tag: str) -> None:
+    """SIGKILL every process whose environment holds `tag` (what one _torchrun call started, at any depth)."""
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            if tag.encode() in (proc / "environ").read_bytes().split(b"\0"):
+                os.kill(int(proc.name), signal.SIGKILL)
+
+
+def _direct(args: list[str], nproc: int, log_dir: Path):
+    """The ranks started as torchrun starts them, without its agent (whose own report of a failed
+    worker would hide whether ours stopped with one line): tests/runtime/launcher.py."""
+    return launch(nproc, ["tools/pretrain_gpt.py", *TINY, *(TWO_RANKS if nproc == 2 else []), *args], 300, log_dir)
+
+
+def _losses(stdout: str) -> dict[int, set[str]]:
+    """Every logged loss per iteration (an iteration run twice, before and after a restart, logs twice)."""
+    found: dict[int, set[str]] = {}
+    for iteration, loss in re.findall(r" iteration +(\d+)/ .*?\| lm loss: (\S+) \|", stdout):
+        found.setdefault(int(iteration), set()).add(loss)
+    return found
+
+
+def _tensors(iteration_dir: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint iteration, read back without a process group."""
+    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+    target = tmp_path / f"{iteration_dir.parent.name}_{iteration_dir.name}.pt"
+    dcp_to_torch_save(str(iteration_dir), str(target))
+
+    def flat(tree, prefix=""):
+        for key, value in tree.items():
+            if isinstance(value, dict):
+                yield from flat(value, f"{prefix}{key}.")
+            elif torch.is_tensor(value):
+                yield f"{prefix}{key}", value
+    return dict(flat(torch.load(target, weights_only=False)))
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """6 iterations on 2 ranks, a checkpoint every 2: the run the others are compared with."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    output = _torchrun(["--train-iters", "6", "--save-interval", "2", "--save", str(folder / "ckpt")], folder)
+    return folder / "ckpt", _losses(output)
+
+
+def test_tracker_is_replaced_whole(tmp_path):
+    tracker = tmp_path / checkpoint.TRACKER
+    checkpoint.write_atomically(str(tracker), "4")
+    checkpoint.write_atomically(str(tracker), "12")
+    assert tracker.read_text() == "12" and [p.name for p in tmp_path.iterdir()] == [checkpoint.TRACKER]
+
+
+def test_load_candidates_are_complete_iterations_newest_first(tmp_path):
+    for iteration, complete in ((2, True), (4, True), (6, False)):
+        folder = Path(checkpoint.iteration_dir(str(tmp_path), iteration))
+        folder.mkdir()
+        if complete:
+            (folder / checkpoint.COMPLETE).write_text(str(iteration))
+    assert checkpoint.load_candidates(str(tmp_path)) == [4, 2]  # no tracker: the complete ones
+    (tmp_path / checkpoint.TRACKER).write_text("")  # emptied by a kill during an in-place write
+    assert checkpoint.load_candidates(str(tmp_path)) == [4, 2]
+    (tmp_path / checkpoint.TRACKER).write_text("6")  # the tracker is trusted too (older checkpoints)
+    assert checkpoint.load_candidates(str(tmp_path)) == [6, 4, 2]
+
+
+def test_a_killed_rank_restarts_the_job_which_resumes_bit_identically(uninterrupted, tmp_path):
+    reference, reference_losses = uninterrupted
+    root = tmp_path / "ckpt"
+    # Rank 1 is SIGKILLed after iteration 5 (past the save at 4); torchrun restarts both ranks once.
+    output = _torchrun(["--train-iters", "6", "--save-interval", "2", "--save", str(root), "--load", str(root)],
+                       tmp_path, env={"MEGATRON_AUTO_INJECT_KILL": "5:1"}, restarts=1)
+    assert "resumed from iteration 4 of" in output
+    # Iteration 5 ran twice (before the kill and after the restart) with the same loss: no lost or
+    # repeated samples, the same dropout masks.
+    assert _losses(output) == reference_losses and len(reference_losses) == 6
+    assert re.search(r" iteration +6/ +6 \| consumed samples: +24 \|", output)
+    ours, theirs = _tensors(root / "iter_0000006", tmp_path), _tensors(reference / "iter_0000006", tmp_path)
+    assert ours.keys() == theirs.keys() and len(ours) > 20
+    assert [name for name in ours if not torch.equal(ours[name], theirs[name])] == []
+
+
+def test_no_load_rng_resumes_with_other_dropout_masks(uninterrupted, tmp_path):
+    """The control of the test above: without the saved streams the same resume is not identical."""
+    reference, _ = uninterrupted
+    _torchrun(["--train-iters", "6", "--load", str(reference), "--ckpt-step", "4", "--no-load-rng",
+               "--save", str(tmp_path / "ckpt")], tmp_path)
+    ours = _tensors(tmp_path / "ckpt" / "iter_0000006", tmp_path)
+    theirs = _tensors(reference / "iter_0000006", tmp_path)
+    assert any(not torch.equal(ours[name], theirs[name]) for name in ours)
+
+
+def _damaged_copy(reference: Path, target: Path) -> Path:
+    shutil.copytree(reference, target)
+    shard = sorted((target / "iter_0000006").glob("*.distcp"))[0]
+    shard.write_bytes(shard.read_bytes()[:100])  # truncated
+    (target / "iter_0000004" / "common.pt").unlink()
+    (target / checkpoint.TRACKER).write_text("")  # emptied tracker
+    return target
+
+
+def test_damaged_iterations_fall_back_to_the_newest_that_reads_in_one_line(uninterrupted, tmp_path):
+    root = _damaged_copy(uninterrupted[0], tmp_path / "ckpt")
+    done = _direct(["--train-iters", "7", "--load", str(root)], 1, tmp_path / "logs")
+    assert done.ok, done.output[-3000:]
+    said = [line for line in done.output.splitlines() if "damaged or incomplete" in line]
+    assert len(said) == 1 and "fell back to iteration 2" in said[0]
+    assert "iteration 6: EOFError" in said[0] and "iteration 4: FileNotFoundError: common.pt missing" in said[0]
+    assert sorted(_losses(done.output)) == [3, 4, 5, 6, 7]
+
+
+def test_no_readable_checkpoint_stops_with_one_line(uninterrupted, tmp_path):
+    root = _damaged_copy(uninterrupted[0], tmp_path / "ckpt")
+    (root / "iter_0000002" / "metadata.json").write_text("{not json")
+    done = _direct(["--train-iters", "7", "--load", str(root)], 1, tmp_path / "logs")
+    assert done.returncodes == (2,), done.output[-3000:]
+    errors = [line for line in done.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no checkpoint there can be read" in errors[0] and "JSONDecodeError" in errors[0]
+    assert "Traceback" not in done.output and not _losses(done.output)
+
+
+@pytest.mark.parametrize("save, reason", [("a_file", "exists and is not a directory"),
+                                          ("a_file/sub", "cannot write there")])
+def test_an_unusable_save_path_stops_before_any_work(tmp_path, save, reason):
+    (tmp_path / "a_file").write_text("not a directory")
+    done = _direct(["--train-iters", "4", "--save", str(tmp_path / save)], 2, tmp_path / "logs")
+    assert done.returncodes == (2, 2), done.output[-3000:]
+    errors = [line for line in done.output.splitlines() if line.startswith("error:")]
+    assert len(errors) == 2 and all(reason in line for line in errors) and "Traceback" not in done.output
+    assert not _losses(done.output)
