@@ -187,3 +187,19 @@ def test_an_unusable_save_path_stops_before_any_work(tmp_path, save, reason):
     errors = [line for line in done.output.splitlines() if line.startswith("error:")]
     assert len(errors) == 2 and all(reason in line for line in errors) and "Traceback" not in done.output
     assert not _losses(done.output)
+
+
+def test_auto_parallel_relaunch_at_another_world_size_replans_and_resumes(tmp_path):
+    """What a restart onto fewer or more GPUs does: the new world size gets its own plan, the
+    checkpoint reshards into it, and the samples continue where they stopped."""
+    root, auto = tmp_path / "ckpt", ["--auto-parallel", "--save", str(tmp_path / "ckpt")]
+    first = launch(2, ["tools/pretrain_gpt.py", *TINY, "--train-iters", "4", "--save-interval", "2", *auto], 300,
+                   tmp_path / "two")
+    assert first.ok, first.output[-3000:]
+    again = launch(4, ["tools/pretrain_gpt.py", *TINY, "--train-iters", "6", "--load", str(root), *auto], 300,
+                   tmp_path / "four")
+    assert again.ok, again.output[-3000:]
+    assert "parallel plan (auto-parallel)" in again.output and "resumed from iteration 4 of" in again.output
+    assert sorted(_losses(again.output)) == [5, 6]
+    assert re.search(r" iteration +6/ +6 \| consumed samples: +24 \|", again.output)
+    assert "no random-stream state for this rank and world size" in again.output
