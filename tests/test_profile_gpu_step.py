@@ -21,10 +21,31 @@ def test_kernel_names_are_sorted_into_kinds():
 
 
 def test_tiny_profile_reports_both_models():
-    done = subprocess.run([sys.executable, "tools/profile_gpu_step.py", "--tiny", "--warmup", "1", "--rows", "5"],
+    done = subprocess.run([sys.executable, "tools/profile_gpu_step.py", "--tiny", "--warmup", "1", "--rows", "5",
+                           "--iters", "1", "--time-bias-fusions"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     for name in ("### megatron-auto runtime", "### plain PyTorch"):
         section = done.stdout.split(name)[1]
         assert "s wall" in section and "| gemm |" in section
+    fusions = done.stdout.split("### megatron-auto runtime: bias fusions")[1]
+    assert [row.split("|")[1].strip() for row in fusions.strip().splitlines()[2:]] == ["on", "off", "on"]
+
+
+def test_bias_fusions_switch_on_every_config_of_the_model():
+    import torch
+
+    from types import SimpleNamespace
+
+    gelu = SimpleNamespace(add_bias_linear=True, gated_linear_unit=False, bias_activation_fusion=False,
+                           bias_dropout_fusion=False)
+    no_bias = SimpleNamespace(add_bias_linear=False, gated_linear_unit=False, bias_activation_fusion=False,
+                              bias_dropout_fusion=False)
+    chunk = torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.Linear(1, 1))
+    chunk[0].config, chunk[1].config = gelu, no_bias
+    profile_gpu_step.switch_bias_fusions([chunk], True)
+    assert (gelu.bias_activation_fusion, gelu.bias_dropout_fusion) == (True, True)
+    assert (no_bias.bias_activation_fusion, no_bias.bias_dropout_fusion) == (False, True)  # GeLU fusion needs a bias
+    profile_gpu_step.switch_bias_fusions([chunk], False)
+    assert not gelu.bias_activation_fusion and not no_bias.bias_dropout_fusion

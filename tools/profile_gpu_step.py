@@ -3,6 +3,7 @@
 On a CUDA machine (prints; docs/benchmarks.md "Where the runtime's time goes" quotes its output):
 
     python3 tools/profile_gpu_step.py [--micro-batch-size 2] [--bias-fusions auto|on|off]
+    python3 tools/profile_gpu_step.py --time-bias-fusions    # also: ours with Megatron's bias fusions on, off, on
 
 It builds both models as tools/bench_gpu_vs_torch.py does (GPT 1.7B shape, bf16, one
 rank), runs `--warmup` untimed iterations of each, then one iteration under
@@ -12,6 +13,11 @@ times the host waited for the GPU (`cudaStreamSynchronize` calls), and the top
 kernels and host-side operators. A step whose wall time exceeds its kernel time by
 more than the profiler's own overhead is host-bound: the GPU waits for launches.
 
+`--time-bias-fusions` then times our step, built once, with Megatron's bias-activation
+and bias-dropout-add fusions switched on, off and on again on the built model
+(TransformerConfig is read at every call): median wall seconds per iteration over
+`--iters` iterations after `--warmup` ones, and the host's seconds until the step returned.
+
 On CPU (`--tiny`) the same code runs end to end (tests/test_profile_gpu_step.py);
 CPU ops stand in for kernels.
 """
@@ -19,6 +25,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import statistics
 import sys
 import time
 import warnings
@@ -33,7 +40,8 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 import bench_gpu_vs_torch as bench  # noqa: E402
 
-KINDS = (("aten::mm", "gemm"), ("aten::addmm", "gemm"), ("aten::bmm", "gemm"), ("nccl", "nccl"), ("flash", "attention"), ("fmha", "attention"), ("attention", "attention"),
+KINDS = (("aten::mm", "gemm"), ("aten::addmm", "gemm"), ("aten::bmm", "gemm"), ("nccl", "nccl"),
+         ("flash", "attention"), ("fmha", "attention"), ("attention", "attention"),
          ("adam", "adam"), ("gemm", "gemm"), ("nvjet", "gemm"), ("cutlass", "gemm"), ("xmma", "gemm"),
          ("memcpy", "copy"), ("memset", "memset"), ("layer_norm", "layernorm"), ("norm", "norm/reduce"),
          ("reduce", "norm/reduce"), ("softmax", "softmax/cross-entropy"), ("nll", "softmax/cross-entropy"),
@@ -65,14 +73,52 @@ def report(name: str, wall: float, averages, on_cuda: bool, rows: int) -> str:
     by_kind = collections.Counter()
     for event in kernels:
         by_kind[kernel_kind(event.key)] += getattr(event, attribute) / 1e6
-    syncs = sum(e.count for e in averages if e.key == "cudaStreamSynchronize")
+    waits = [e for e in averages if e.key == "cudaStreamSynchronize"]
+    syncs, waited_ms = sum(e.count for e in waits), sum(e.self_cpu_time_total for e in waits) / 1e3
     lines = [f"### {name}", "", f"Profiled iteration: {wall:.4f} s wall, {sum(by_kind.values()):.4f} s of "
-             f"{'GPU kernels' if on_cuda else 'CPU operators'}, {syncs} host waits (cudaStreamSynchronize).", "",
+             f"{'GPU kernels' if on_cuda else 'CPU operators'}, {syncs} host waits (cudaStreamSynchronize, "
+             f"{waited_ms:.1f} ms).", "",
              "| kind | ms |", "|---|---|"]
     lines += [f"| {kind} | {seconds * 1000:.1f} |" for kind, seconds in by_kind.most_common()]
     sort_by = "self_cuda_time_total" if on_cuda else "self_cpu_time_total"
     lines += ["", "```", averages.table(sort_by=sort_by, row_limit=rows, max_name_column_width=60), "```", ""]
     return "\n".join(lines)
+
+
+def time_step(step, iterations: int, device: torch.device) -> tuple[float, float]:
+    """Median wall seconds per iteration, and median host seconds until `step` returned."""
+    walls, hosts = [], []
+    for _ in range(iterations):
+        start = time.perf_counter()
+        step()
+        hosts.append(time.perf_counter() - start)
+        bench.synchronize(device)
+        walls.append(time.perf_counter() - start)
+    return statistics.median(walls), statistics.median(hosts)
+
+
+def switch_bias_fusions(chunks: list, on: bool) -> None:
+    """Megatron's bias fusions on or off in the built model's TransformerConfig(s); the bias-GeLU
+    kernel needs a bias (TransformerConfig refuses it otherwise), the SwiGLU one does not."""
+    configs = {id(m.config): m.config for chunk in chunks for m in chunk.modules() if hasattr(m, "config")}
+    for config in configs.values():
+        config.bias_activation_fusion = on and (config.add_bias_linear or config.gated_linear_unit)
+        config.bias_dropout_fusion = on
+
+
+def compare_bias_fusions(job, args, device: torch.device) -> str:
+    """Markdown: our step with the bias fusions on, off, on again (the first and last bracket drift)."""
+    from megatron_auto.runtime import session
+
+    lines = ["### megatron-auto runtime: bias fusions", "", "| bias fusions | s / iteration | host s until return |",
+             "|---|---|---|"]
+    for on in (True, False, True):
+        switch_bias_fusions(job.model, on)
+        for _ in range(args.warmup):
+            session.run_iteration(job)
+        wall, host = time_step(lambda: session.run_iteration(job), args.iters, device)
+        lines.append(f"| {'on' if on else 'off'} | {wall:.4f} | {host:.4f} |")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
@@ -81,6 +127,8 @@ def main(argv=None) -> int:
 
     parser = bench.build_parser(__doc__)
     parser.add_argument("--rows", type=int, default=25, help="operators listed per model")
+    parser.add_argument("--time-bias-fusions", action="store_true",
+                        help="also time our step with the bias fusions on, off and on (see the docstring)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     warnings.filterwarnings("ignore", category=UserWarning)
@@ -99,6 +147,8 @@ def main(argv=None) -> int:
             for _ in range(args.warmup):
                 step()
             out.append(report(name, *profile_one_step(step, on_cuda), on_cuda, args.rows))
+        if args.time_bias_fusions:
+            out.append(compare_bias_fusions(job, args, info.device))
     finally:
         distributed.shutdown()
     sys.stdout.write("\n".join(out) + "\n")

@@ -154,14 +154,6 @@ def save_checkpoint(root: str, model: list, optimizer, scheduler, iteration: int
     return path
 
 
-def latest_iteration(root: str) -> int:
-    """The iteration the tracker file names; UserError when the directory holds no checkpoint."""
-    iteration = tracked_iteration(root)
-    if iteration is None:
-        raise UserError(f"--load {root}: no {TRACKER} there (not a megatron-auto checkpoint directory)")
-    return iteration
-
-
 def tracked_iteration(root: str) -> Optional[int]:
     """The tracker's iteration; None when it is missing, empty or not a number."""
     try:
@@ -207,8 +199,8 @@ def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: 
     else:
         candidates = load_candidates(root)
     if not candidates:
-        if tracked_iteration(root) is None and os.path.isfile(os.path.join(root, TRACKER)):
-            latest_iteration(root)  # a tracker that names no iteration: its one-line error
+        if os.path.isfile(os.path.join(root, TRACKER)):  # a tracker that names no iteration, and nothing complete
+            raise UserError(f"--load {root}: {TRACKER} names no iteration and no complete checkpoint is there")
         if torch.distributed.get_rank() == 0:
             logger.warning("WARNING: could not find the metadata file %s; will not load any checkpoints and "
                            "will start from random", os.path.join(root, TRACKER))

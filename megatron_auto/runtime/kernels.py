@@ -11,11 +11,12 @@ here, so the kernels measured, priced and run are the same. The choice of
 - Fusions: Megatron's bias-activation (bias + GeLU / SwiGLU) and bias-dropout-add
   fusions, which megatron-core compiles with torch.compile (megatron/core/jit.py),
   on CUDA only and with `--bias-fusions on` only: `auto` keeps them off, since their
-  host cost exceeds what they save (megatron_auto.kernels says by how much). On CPU they run and match (tests/runtime/test_kernels_runtime.py),
-  but the compile costs ~13 s per process the first time (~1.5 s from inductor's
-  cache; measured on this repository's 2-core test machine) and the CPU's measured
-  profiles were taken without them. Megatron's bias-GeLU kernel computes the tanh
-  approximation of GeLU (as Megatron-LM's default runs do). masked_softmax_fusion
+  host cost exceeds what they save (megatron_auto.kernels says by how much). On CPU
+  they run and match (tests/runtime/test_kernels_runtime.py), but the compile costs
+  ~13 s per process the first time (~1.5 s from inductor's cache; measured on this
+  repository's 2-core test machine) and the CPU's measured profiles were taken without
+  them. Megatron's bias-GeLU kernel computes the tanh approximation of GeLU (as
+  Megatron-LM's default runs do). masked_softmax_fusion
   needs apex: off.
 - Optimizer step: torch AdamW with `fused=True` (one kernel per step, no
   per-parameter temporaries) or its `foreach` default; see use_optimizer_impl.

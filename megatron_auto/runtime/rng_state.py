@@ -9,14 +9,11 @@ keeps the fresh seeds and says so (its layout draws other masks anyway).
 """
 from __future__ import annotations
 
-import logging
 import os
 import random
 
 import numpy as np
 import torch
-
-logger = logging.getLogger(__name__)
 
 FOLDER = "rng"
 
