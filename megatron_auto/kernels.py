@@ -25,6 +25,14 @@ wrappers) against a few tens of microseconds of GPU time saved, and the runtime'
 step is host-bound at small micro-batches: on one H100, GPT 1.7B shape, micro-batch 2,
 the step took 0.859 s with them off against 0.902 s with them on (docs/benchmarks.md,
 "Where the runtime's time goes"). The cost model prices the unfused kernels.
+
+Weight-gradient accumulation fusion (Megatron's `gradient_accumulation_fusion`: each
+linear layer's weight gradient is added into its fp32 `main_grad` by the GEMM itself,
+instead of a 16-bit gradient plus a per-parameter hook that adds it): `on`, `off`, or
+`auto`. `auto` follows Megatron-LM (on) where apex's extension imports, and is off
+where only this project's torch stand-in (patches/wgrad_accumulation_torch.py) would run
+it: that one has been checked on CPU, not yet timed on a GPU. `--no-gradient-accumulation-fusion`
+(Megatron-LM's flag) is `off`.
 """
 from __future__ import annotations
 
@@ -38,6 +46,8 @@ PRICED_OPTIMIZER = ("fused", "foreach")
 """The optimizer-step implementations the cost model prices."""
 BIAS_FUSIONS = ("auto", "on", "off")
 """What `--bias-fusions` accepts."""
+GRAD_ACCUMULATION_FUSIONS = ("auto", "on", "off")
+"""What `--grad-accumulation-fusion` accepts."""
 
 _ATTENTION_KIND = {"flash": "flash", "fused": "flash", "unfused": "unfused", "local": "unfused"}
 
@@ -72,3 +82,12 @@ def resolve_bias_fusions(requested: str, on_gpu: bool) -> bool:
     if requested not in BIAS_FUSIONS:
         raise ValueError(f"bias fusions must be one of {', '.join(BIAS_FUSIONS)}, got {requested!r}")
     return requested == "on" and on_gpu
+
+
+def resolve_grad_accumulation_fusion(requested: str, apex_extension: bool) -> bool:
+    """Whether weight gradients are accumulated inside the GEMM for `requested`: `on` and `off` as
+    said; `auto` only with apex's extension (`apex_extension`), as the module docstring says why."""
+    if requested not in GRAD_ACCUMULATION_FUSIONS:
+        raise ValueError(f"grad accumulation fusion must be one of {', '.join(GRAD_ACCUMULATION_FUSIONS)}, "
+                         f"got {requested!r}")
+    return requested == "on" or (requested == "auto" and apex_extension)

@@ -32,6 +32,7 @@ PATCH_MODULES = (
     "distrib_optimizer_torch_adam_step",
     "grad_scaler_cuda",
     "multi_tensor_on_device",
+    "wgrad_accumulation_torch",
 )
 
 __all__ = ["PATCH_MODULES", "PatchTargetChanged", "apply_all", "check_all", "patch_modules"]

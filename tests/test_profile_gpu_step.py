@@ -22,15 +22,26 @@ def test_kernel_names_are_sorted_into_kinds():
 
 def test_tiny_profile_reports_both_models():
     done = subprocess.run([sys.executable, "tools/profile_gpu_step.py", "--tiny", "--warmup", "1", "--rows", "5",
-                           "--iters", "1", "--time-bias-fusions"],
+                           "--iters", "1", "--time-bias-fusions", "--time-grad-accumulation-fusion"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     for name in ("### megatron-auto runtime", "### plain PyTorch"):
         section = done.stdout.split(name)[1]
         assert "s wall" in section and "| gemm |" in section
-    fusions = done.stdout.split("### megatron-auto runtime: bias fusions")[1]
-    assert [row.split("|")[1].strip() for row in fusions.strip().splitlines()[2:]] == ["on", "off", "on"]
+    for switch in ("bias fusions", "grad accumulation fusion"):
+        rows = done.stdout.split(f"### megatron-auto runtime: {switch}")[1].split("###")[0]
+        assert [row.split("|")[1].strip() for row in rows.strip().splitlines()[2:]] == ["on", "off", "on"]
+
+
+def test_grad_accumulation_fusion_switches_every_linear_layer():
+    import torch
+
+    chunk = torch.nn.Sequential(torch.nn.Linear(1, 1), torch.nn.Linear(1, 1), torch.nn.ReLU())
+    chunk[0].gradient_accumulation_fusion = chunk[1].gradient_accumulation_fusion = False
+    profile_gpu_step.switch_grad_accumulation_fusion([chunk], True)
+    assert chunk[0].gradient_accumulation_fusion and chunk[1].gradient_accumulation_fusion
+    assert not hasattr(chunk[2], "gradient_accumulation_fusion")
 
 
 def test_bias_fusions_switch_on_every_config_of_the_model():

@@ -19,7 +19,8 @@ reference was built) plus the largest rise of torch.cuda.max_memory_allocated ov
 what was allocated when its rounds began. Reserved memory is shared by the two and not
 split. Default shape: GPT 1.7B (24 layers, hidden 2304, 24 heads, seq 2048, vocab
 51200), micro-batch 2, global batch 16, bf16. `--precision`, `--attention-backend`,
-`--optimizer-impl` and `--bias-fusions` are passed to the runtime's settings when it has them.
+`--optimizer-impl`, `--bias-fusions` and `--grad-accumulation-fusion` are passed to the runtime's
+settings when it has them.
 
 On CPU (`--tiny`: 2 layers, hidden 64; fp32 by default) the same code runs end to end
 (tests/test_bench_gpu_vs_torch.py); no docs section is written unless `--benchmarks` is given.
@@ -76,6 +77,7 @@ def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
     parser.add_argument("--attention-backend", default="auto", help="forwarded to the runtime's settings")
     parser.add_argument("--optimizer-impl", default="auto", help="forwarded to the runtime's settings")
     parser.add_argument("--bias-fusions", default="auto", help="forwarded to the runtime's settings")
+    parser.add_argument("--grad-accumulation-fusion", default="auto", help="forwarded to the runtime's settings")
     parser.add_argument("--recompute", choices=("none", "selective", "full"), default="none")
     parser.add_argument("--plan", help="a one-rank plan.json for the runtime (default: TP1/PP1 from the flags)")
     parser.add_argument("--rounds", type=int, default=3)
@@ -99,7 +101,7 @@ def runtime_settings(args: argparse.Namespace, shape: reference.GptShape, precis
                   train_iters=10**6, lr=1e-4, clip_grad=1.0, weight_decay=0.01,
                   data=DataSettings(vocab_size=shape.vocab_size))
     known = {f.name for f in dataclasses.fields(TrainSettings)}
-    for knob in ("attention_backend", "optimizer_impl", "bias_fusions"):
+    for knob in ("attention_backend", "optimizer_impl", "bias_fusions", "grad_accumulation_fusion"):
         if knob in known:
             wanted[knob] = getattr(args, knob)
         else:
@@ -219,7 +221,7 @@ def describe(args: argparse.Namespace, shape: reference.GptShape, precision: str
             f"{shape.num_attention_heads} heads, seq {shape.seq_length}, vocab {shape.vocab_size}; micro-batch "
             f"{args.micro_batch_size}, global batch {args.global_batch_size}, {precision}, recompute "
             f"{args.recompute}, runtime attention backend {args.attention_backend}, optimizer {args.optimizer_impl}, "
-            f"bias fusions {args.bias_fusions}"
+            f"bias fusions {args.bias_fusions}, grad accumulation fusion {args.grad_accumulation_fusion}"
             f"{', plan ' + args.plan if args.plan else ''}; {args.rounds} alternating rounds of {args.iters} "
             f"iterations after {args.warmup} warm-up iterations each.")
 

@@ -63,7 +63,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_auto.cli.parser import margin_fraction  # noqa: E402
 from megatron_auto.errors import UserError  # noqa: E402
-from megatron_auto.kernels import (ATTENTION_BACKENDS, BIAS_FUSIONS, OPTIMIZER_IMPLS,  # noqa: E402
+from megatron_auto.kernels import (ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMULATION_FUSIONS, OPTIMIZER_IMPLS,  # noqa: E402
                                    resolve_attention_backend, resolve_optimizer_impl)
 from megatron_auto.runtime import compat_flags  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
@@ -160,6 +160,11 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
                             "(auto: off, their host cost exceeds the time they save; see docs/benchmarks.md)")
     for flag in ("--no-bias-gelu-fusion", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion"):
         group.add_argument(flag, action="store_true", help="keep this Megatron fusion off (with --bias-fusions on)")
+    group.add_argument("--grad-accumulation-fusion", choices=GRAD_ACCUMULATION_FUSIONS, default="auto",
+                       help="Megatron's gradient_accumulation_fusion: weight gradients added into the fp32 "
+                            "main_grad by the GEMM (auto: on with apex's extension, else off; megatron_auto.kernels)")
+    group.add_argument("--no-gradient-accumulation-fusion", dest="grad_accumulation_fusion", action="store_const",
+                       const="off", help="Megatron-LM's flag: --grad-accumulation-fusion off")
     group.add_argument("--distributed-timeout-minutes", type=float, default=10.0)
 
 
@@ -376,6 +381,7 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         attention_backend=args.attention_backend, optimizer_impl=args.optimizer_impl,
         bias_activation_fusion=not (args.no_bias_swiglu_fusion if args.swiglu else args.no_bias_gelu_fusion),
         bias_dropout_fusion=not args.no_bias_dropout_fusion, bias_fusions=args.bias_fusions,
+        grad_accumulation_fusion=args.grad_accumulation_fusion,
         rotary_percent=args.rotary_percent,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
         max_position_embeddings=args.max_position_embeddings, log_interval=args.log_interval,

@@ -4,6 +4,7 @@ On a CUDA machine (prints; docs/benchmarks.md "Where the runtime's time goes" qu
 
     python3 tools/profile_gpu_step.py [--micro-batch-size 2] [--bias-fusions auto|on|off]
     python3 tools/profile_gpu_step.py --time-bias-fusions    # also: ours with Megatron's bias fusions on, off, on
+    python3 tools/profile_gpu_step.py --time-grad-accumulation-fusion    # also: ours with it on, off, on
 
 It builds both models as tools/bench_gpu_vs_torch.py does (GPT 1.7B shape, bf16, one
 rank), runs `--warmup` untimed iterations of each, then one iteration under
@@ -17,6 +18,9 @@ more than the profiler's own overhead is host-bound: the GPU waits for launches.
 and bias-dropout-add fusions switched on, off and on again on the built model
 (TransformerConfig is read at every call): median wall seconds per iteration over
 `--iters` iterations after `--warmup` ones, and the host's seconds until the step returned.
+`--time-grad-accumulation-fusion` does the same with Megatron's weight-gradient accumulation
+fusion (each linear layer's `gradient_accumulation_fusion`, read at every call; without apex
+the torch stand-in of patches/wgrad_accumulation_torch.py runs it).
 
 On CPU (`--tiny`) the same code runs end to end (tests/test_profile_gpu_step.py);
 CPU ops stand in for kernels.
@@ -106,14 +110,27 @@ def switch_bias_fusions(chunks: list, on: bool) -> None:
         config.bias_dropout_fusion = on
 
 
-def compare_bias_fusions(job, args, device: torch.device) -> str:
-    """Markdown: our step with the bias fusions on, off, on again (the first and last bracket drift)."""
+def switch_grad_accumulation_fusion(chunks: list, on: bool) -> None:
+    """Megatron's weight-gradient accumulation fusion on or off in every built linear layer (each keeps
+    its own flag; the weights' main_grad buffers are Megatron DDP's, there either way)."""
+    for chunk in chunks:
+        for module in chunk.modules():
+            if hasattr(module, "gradient_accumulation_fusion"):
+                module.gradient_accumulation_fusion = on
+
+
+SWITCHES = {"bias fusions": switch_bias_fusions, "grad accumulation fusion": switch_grad_accumulation_fusion}
+"""What --time-bias-fusions and --time-grad-accumulation-fusion switch on the built model."""
+
+
+def compare_switch(job, args, device: torch.device, name: str) -> str:
+    """Markdown: our step with SWITCHES[name] on, off, on again (the first and last bracket drift)."""
     from megatron_auto.runtime import session
 
-    lines = ["### megatron-auto runtime: bias fusions", "", "| bias fusions | s / iteration | host s until return |",
+    lines = [f"### megatron-auto runtime: {name}", "", f"| {name} | s / iteration | host s until return |",
              "|---|---|---|"]
     for on in (True, False, True):
-        switch_bias_fusions(job.model, on)
+        SWITCHES[name](job.model, on)
         for _ in range(args.warmup):
             session.run_iteration(job)
         wall, host = time_step(lambda: session.run_iteration(job), args.iters, device)
@@ -129,6 +146,8 @@ def main(argv=None) -> int:
     parser.add_argument("--rows", type=int, default=25, help="operators listed per model")
     parser.add_argument("--time-bias-fusions", action="store_true",
                         help="also time our step with the bias fusions on, off and on (see the docstring)")
+    parser.add_argument("--time-grad-accumulation-fusion", action="store_true",
+                        help="also time our step with the weight-gradient accumulation fusion on, off and on")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     warnings.filterwarnings("ignore", category=UserWarning)
@@ -148,7 +167,9 @@ def main(argv=None) -> int:
                 step()
             out.append(report(name, *profile_one_step(step, on_cuda), on_cuda, args.rows))
         if args.time_bias_fusions:
-            out.append(compare_bias_fusions(job, args, info.device))
+            out.append(compare_switch(job, args, info.device, "bias fusions"))
+        if args.time_grad_accumulation_fusion:
+            out.append(compare_switch(job, args, info.device, "grad accumulation fusion"))
     finally:
         distributed.shutdown()
     sys.stdout.write("\n".join(out) + "\n")

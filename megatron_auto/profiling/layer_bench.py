@@ -39,13 +39,16 @@ class LayerBenchSettings:
     """--attention-backend, resolved as the runtime does (runtime/kernels.py)."""
     optimizer_impl: str = "auto"
     """--optimizer-impl, resolved as the runtime does."""
+    grad_accumulation_fusion: str = "auto"
+    """--grad-accumulation-fusion, resolved as the runtime does."""
 
 
 def bench_kernels(layer: LayerSpec, settings: LayerBenchSettings):
     """The kernels the runtime would run for `layer` on this host (runtime/kernels.choose_kernels)."""
     from ..runtime.kernels import choose_kernels
 
-    return choose_kernels(layer, settings.attention_backend, settings.optimizer_impl)
+    return choose_kernels(layer, settings.attention_backend, settings.optimizer_impl,
+                          grad_accumulation_fusion=settings.grad_accumulation_fusion)
 
 
 def sharded_config(layer: LayerSpec, tp: int, settings: LayerBenchSettings):
@@ -79,7 +82,11 @@ def build_layer(layer: LayerSpec, tp: int, settings: LayerBenchSettings, device)
     config = sharded_config(layer, tp, settings)
     spec = layer_spec(layer, bench_kernels(layer, settings))
     # Every weight in the run's precision (norms too), as Megatron-LM's Float16Module casts the model.
-    return build_module(spec, config=config, layer_number=1).to(device=device, dtype=DTYPES[settings.precision])
+    module = build_module(spec, config=config, layer_number=1).to(device=device, dtype=DTYPES[settings.precision])
+    if config.gradient_accumulation_fusion:  # the fp32 buffers Megatron DDP would give the weights
+        for param in module.parameters():
+            param.main_grad = torch.zeros_like(param, dtype=torch.float32)
+    return module
 
 
 def saved_activation_bytes(module: torch.nn.Module, hidden: torch.Tensor) -> int:

@@ -22,7 +22,6 @@ NO_EFFECT_SWITCHES = {
     "--attention-softmax-in-fp32": "the unfused softmax runs in fp32 already",
     "--no-masked-softmax-fusion": KERNEL + " (the masked-softmax fusion needs apex: always off)",
     "--no-rope-fusion": KERNEL + " (the RoPE fusion needs apex/TE: always off)",
-    "--no-gradient-accumulation-fusion": KERNEL + " (needs apex: always off)",
     "--cross-entropy-loss-fusion": KERNEL + " (the loss is Megatron's vocab-parallel cross entropy)",
     "--overlap-grad-reduce": LAYOUT + " (on GPUs the gradient reduce overlaps the backward anyway)",
     "--overlap-param-gather": LAYOUT,

@@ -20,10 +20,15 @@ here, so the kernels measured, priced and run are the same. The choice of
   needs apex: off.
 - Optimizer step: torch AdamW with `fused=True` (one kernel per step, no
   per-parameter temporaries) or its `foreach` default; see use_optimizer_impl.
+- Weight-gradient accumulation: Megatron's `gradient_accumulation_fusion` with
+  `--grad-accumulation-fusion on` (or `auto` where apex's extension imports): the
+  linear layers add each weight gradient into its fp32 main_grad inside their
+  backward; without apex through patches/wgrad_accumulation_torch.py. Only parts that
+  Megatron DDP wraps have a main_grad: ZeRO-3 segments of the hybrid runtime run without.
 
-None of these patches megatron-core: the attention is a layer-spec choice, the fusions
-are TransformerConfig fields, and the Adam step is torch's own per-group flag, set on
-the torch AdamW that megatron-core 0.16.1 builds without apex/TE (it offers no option
+Apart from the accumulation stand-in, none of these patches megatron-core: the attention
+is a layer-spec choice, the fusions are TransformerConfig fields, and the Adam step is
+torch's own per-group flag, set on the torch AdamW that megatron-core 0.16.1 builds without apex/TE (it offers no option
 for it). tests/runtime/test_kernels_runtime.py fails if upstream stops building one.
 """
 from __future__ import annotations
@@ -70,6 +75,8 @@ class RunKernels:
     """Megatron's fused bias + dropout + residual add."""
     optimizer_impl: str
     """fused (torch Adam fused=True) or foreach (torch's default)."""
+    grad_accumulation_fusion: bool = False
+    """Megatron's gradient_accumulation_fusion: weight gradients added into main_grad by the GEMM."""
 
     def describe(self) -> str:
         """One log line naming every choice."""
@@ -81,19 +88,37 @@ class RunKernels:
         return (f"kernels: layer spec {self.layer_spec}, core attention {attention}, "
                 f"bias-activation fusion {_on(self.bias_activation_fusion)}, "
                 f"bias-dropout-add fusion {_on(self.bias_dropout_fusion)}, masked-softmax fusion off, "
-                f"optimizer Adam step {self.optimizer_impl}")
+                f"optimizer Adam step {self.optimizer_impl}, "
+                f"weight-gradient accumulation fusion {_wgrad_fusion(self.grad_accumulation_fusion)}")
 
 
 def _on(flag: bool) -> str:
     return "on" if flag else "off"
 
 
+def _wgrad_fusion(on: bool) -> str:
+    if not on:
+        return "off"
+    return "on (apex)" if apex_wgrad_available() else "on (torch GEMM, patches/wgrad_accumulation_torch.py)"
+
+
+@functools.lru_cache(maxsize=None)
+def apex_wgrad_available() -> bool:
+    """True when apex's fused weight-gradient extension imports (Megatron-LM then fuses by default)."""
+    try:
+        import fused_weight_gradient_mlp_cuda  # noqa: F401
+    except Exception:  # any import failure means "not usable here"
+        return False
+    return True
+
+
 def choose_kernels(layer: LayerSpec, attention_backend: str = "auto", optimizer_impl: str = "auto",
                    on_gpu: bool | None = None, fusions: tuple[bool, bool] = (True, True),
-                   bias_fusions: str = "auto") -> RunKernels:
+                   bias_fusions: str = "auto", grad_accumulation_fusion: str = "auto") -> RunKernels:
     """The kernels of layers like `layer` for the requested backends (`auto` resolved for this host);
     `bias_fusions` (auto/on/off) whether Megatron's bias fusions run, and `fusions` whether each
-    (bias-activation, bias-dropout-add) is allowed (Megatron-LM's --no-bias-*-fusion flags)."""
+    (bias-activation, bias-dropout-add) is allowed (Megatron-LM's --no-bias-*-fusion flags);
+    `grad_accumulation_fusion` (auto/on/off) megatron_auto.kernels.resolve_grad_accumulation_fusion's."""
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
     fused = choices.resolve_bias_fusions(bias_fusions, on_gpu)
     return RunKernels(
@@ -105,6 +130,8 @@ def choose_kernels(layer: LayerSpec, attention_backend: str = "auto", optimizer_
         bias_activation_fusion=fused and fusions[0] and (layer.swiglu or layer.add_bias_linear),
         bias_dropout_fusion=fused and fusions[1],
         optimizer_impl=choices.resolve_optimizer_impl(optimizer_impl, on_gpu),
+        grad_accumulation_fusion=choices.resolve_grad_accumulation_fusion(grad_accumulation_fusion,
+                                                                          apex_wgrad_available()),
     )
 
 
@@ -113,8 +140,8 @@ def config_flags(kernels: RunKernels) -> dict:
     flags = dict(
         bias_activation_fusion=kernels.bias_activation_fusion,
         bias_dropout_fusion=kernels.bias_dropout_fusion,
+        gradient_accumulation_fusion=kernels.grad_accumulation_fusion,
         # These need apex or Transformer Engine kernels, absent from the local spec's host.
-        gradient_accumulation_fusion=False,
         masked_softmax_fusion=False,
         apply_rope_fusion=False,
         persist_layer_norm=False,
@@ -146,7 +173,8 @@ def kernels_for_run(model: ModelSpec, settings) -> RunKernels:
     """choose_kernels for a run's TrainSettings (its attention_backend and optimizer_impl)."""
     return choose_kernels(model.layers[0], settings.attention_backend, settings.optimizer_impl,
                           fusions=(settings.bias_activation_fusion, settings.bias_dropout_fusion),
-                          bias_fusions=settings.bias_fusions)
+                          bias_fusions=settings.bias_fusions,
+                          grad_accumulation_fusion=settings.grad_accumulation_fusion)
 
 
 def torch_adams(optimizer) -> list:

@@ -101,6 +101,8 @@ class TrainSettings:
     """--optimizer-impl: fused, foreach, or auto (fused on GPUs, foreach on CPU)."""
     bias_fusions: str = "auto"
     """--bias-fusions: on runs Megatron's bias fusions on GPUs; auto and off keep them off (megatron_auto.kernels)."""
+    grad_accumulation_fusion: str = "auto"
+    """--grad-accumulation-fusion: Megatron's weight-gradient accumulation in the GEMM (megatron_auto.kernels)."""
     bias_activation_fusion: bool = True
     """Megatron's fused bias + GeLU/SwiGLU allowed (with --bias-fusions on); --no-bias-gelu/swiglu-fusion: off."""
     bias_dropout_fusion: bool = True

@@ -61,7 +61,9 @@ def run_case(case: dict, info) -> dict:
     return {"iterations": list(range(first + 1, run.iteration + 1)),
             "losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results],
             "loss_scales": [r.loss_scale for r in results], "skipped": [r.skipped for r in results],
-            "param_dtypes": sorted({str(p.dtype) for chunk in run.model for p in chunk.parameters()})}
+            "param_dtypes": sorted({str(p.dtype) for chunk in run.model for p in chunk.parameters()}),
+            "wgrad_fused_linears": sum(bool(getattr(m, "gradient_accumulation_fusion", False))
+                                       for chunk in run.model for m in chunk.modules())}
 
 
 def _load_weights(run, path: str) -> None:

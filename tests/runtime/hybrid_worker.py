@@ -68,12 +68,17 @@ def probe_dropout_streams(run) -> list[dict]:
 
 
 def run_kernels(run) -> dict:
-    """The core-attention classes and the torch Adam step flags (fused, foreach) this rank ran."""
+    """The core-attention classes, the torch Adam step flags (fused, foreach) and the weight-gradient
+    accumulation of each kind of part this rank ran."""
     from megatron_auto.runtime.kernels import torch_adams
 
     cores = {type(m).__name__ for chunk in run.model for n, m in chunk.named_modules() if n.endswith("core_attention")}
     flags = {(g["fused"], g["foreach"]) for adam in torch_adams(run.optimizer) for g in adam.param_groups}
-    return {"cores": sorted(cores), "adam_flags": sorted(flags)}
+    # (part is FSDP2/ZeRO-3, its linear layers accumulate weight gradients in the GEMM)
+    wgrad = {(type(part).__name__ == "ShardedPart", m.gradient_accumulation_fusion) for chunk in run.model
+             for part in getattr(chunk, "wrapped", [chunk]) for m in part.modules()
+             if hasattr(m, "gradient_accumulation_fusion")}
+    return {"cores": sorted(cores), "adam_flags": sorted(flags), "wgrad_fusion": sorted(wgrad)}
 
 
 def run_case(case: dict, info) -> dict:

@@ -104,7 +104,22 @@ def test_local_spec_swaps_the_core_attention(backend, core):
 def test_the_log_line_names_every_kernel():
     line = kernels.choose_kernels(GPT, "flash", "fused", on_gpu=False).describe()
     assert line == ("kernels: layer spec local, core attention torch SDPA (flash), bias-activation fusion off, "
-                    "bias-dropout-add fusion off, masked-softmax fusion off, optimizer Adam step fused")
+                    "bias-dropout-add fusion off, masked-softmax fusion off, optimizer Adam step fused, "
+                    "weight-gradient accumulation fusion off")
+    fused = kernels.choose_kernels(GPT, "flash", "fused", on_gpu=False, grad_accumulation_fusion="on")
+    assert fused.describe().endswith("weight-gradient accumulation fusion on (torch GEMM, "
+                                     "patches/wgrad_accumulation_torch.py)")
+
+
+@pytest.mark.parametrize("requested, apex, fused", [("auto", False, False), ("auto", True, True), ("on", False, True),
+                                                    ("off", True, False)])
+def test_grad_accumulation_fusion_follows_megatron_lm_where_apex_imports(monkeypatch, requested, apex, fused):
+    monkeypatch.setattr(kernels, "apex_wgrad_available", lambda: apex)
+    chosen = kernels.choose_kernels(GPT, on_gpu=True, grad_accumulation_fusion=requested)
+    assert chosen.grad_accumulation_fusion is fused
+    assert kernels.config_flags(chosen)["gradient_accumulation_fusion"] is fused
+    with pytest.raises(ValueError, match="grad accumulation fusion"):
+        kernels.choose_kernels(GPT, on_gpu=True, grad_accumulation_fusion="yes")
 
 
 def test_sdpa_core_refuses_what_it_does_not_run():
@@ -249,10 +264,10 @@ def flash_runs(tmp_path_factory) -> dict:
         {"name": "tp2_dp2_selective_recompute", "flags": {**BATCH, "tensor_parallel": 2,
                                                           "recompute_granularity": "selective"}, **init, **_flash()},
         {"name": "pp2_dp2_fused_adam", "flags": {**BATCH, "pipeline_parallel": 2}, **init,
-         **_flash(optimizer_impl="fused")},
+         **_flash(optimizer_impl="fused", grad_accumulation_fusion="on")},
         {"name": "llama_tp2_sp_dp2", "model": "llama", "flags": {**BATCH, "tensor_parallel": 2,
                                                                  "sequence_parallel": True},
-         "load_weights": str(tmp / "init_llama"), **_flash()},
+         "load_weights": str(tmp / "init_llama"), **_flash(grad_accumulation_fusion="on")},
     ], timeout_s=360)
     return {**references, **parallel}
 
@@ -271,6 +286,17 @@ def test_flash_layouts_match_one_process(flash_runs, name, reference):
     assert_matches_reference(flash_runs[name], flash_runs[reference])
 
 
+def test_fused_weight_gradient_accumulation_matches_the_hooks(flash_runs):
+    """PP2 and TP2+SP (all-gathered inputs) accumulate weight gradients in the GEMM
+    (--grad-accumulation-fusion on) over 2 micro-batches per rank; the one-process references take
+    Megatron DDP's hook path. The fp32 sums differ only in order, so the layouts' tolerance
+    (test_equivalence.RTOL) holds, and a dropped or doubled micro-batch would break it."""
+    assert flash_runs["reference"]["wgrad_fused_linears"] == 0
+    # GPT: QKV, proj, fc1, fc2 per layer (2 layers, PP2: 1 per rank) and the LM head on the last stage
+    assert flash_runs["pp2_dp2_fused_adam"]["wgrad_fused_linears"] >= 4
+    assert flash_runs["llama_tp2_sp_dp2"]["wgrad_fused_linears"] >= 8
+
+
 HYBRID_FLASH_PLAN = {"chunks": [[{"tp": 2, "dp": 2, "sp": True, "zero": 1}, {"dp": 4, "zero": 3},
                                  {"tp": 4, "recompute": "selective"}, {"dp": 4, "zero": 0}]],
                      "embedding": {"tp": 2, "dp": 2, "zero": 0}}
@@ -280,7 +306,7 @@ HYBRID_FLASH_PLAN = {"chunks": [[{"tp": 2, "dp": 2, "sp": True, "zero": 1}, {"dp
 @pytest.fixture(scope="module")
 def hybrid_flash_runs(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("hybrid_flash")
-    flash = {"settings": {"attention_backend": "flash", "optimizer_impl": "fused"}}
+    flash = {"settings": {"attention_backend": "flash", "optimizer_impl": "fused", "grad_accumulation_fusion": "on"}}
     reference = run_cases(tmp, 1, "hybrid_worker.py", [
         {"name": "reference", "reference": True, "init": str(tmp / "init.pt"), **flash}], timeout_s=150)
     hybrid = run_cases(tmp, 4, "hybrid_worker.py", [
@@ -291,7 +317,11 @@ def hybrid_flash_runs(tmp_path_factory) -> dict:
 def test_hybrid_runtime_runs_the_same_kernels_and_matches_one_process(hybrid_flash_runs):
     reference, hybrid = hybrid_flash_runs["reference"], hybrid_flash_runs["hybrid"]
     for run in (reference, hybrid):
-        assert run["kernels"] == {"cores": ["SDPAttention"], "adam_flags": [[True, False]]}
+        assert {k: run["kernels"][k] for k in ("cores", "adam_flags")} == {"cores": ["SDPAttention"],
+                                                                            "adam_flags": [[True, False]]}
+    # DDP parts fuse the weight-gradient accumulation; the ZeRO-3 (FSDP2) part has no main_grad and does not.
+    assert reference["kernels"]["wgrad_fusion"] == [[False, True]]
+    assert hybrid["kernels"]["wgrad_fusion"] == [[False, True], [True, False]]
     assert len(set(reference["losses"])) == STEPS
     for key in ("losses", "grad_norms"):
         for ours, theirs in zip(hybrid[key], reference[key]):

@@ -48,12 +48,16 @@ def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
     monkeypatch.setattr(gpt_layer_specs, "HAVE_APEX", False)  # and torch's norms in the local spec
     monkeypatch.setattr(gpt_layer_specs, "HAVE_TE", False)
     assert patches.apply_all() == ["torch_norm_zero_centered_gamma", "distrib_optimizer_torch_adam_step",
-                                   "multi_tensor_on_device"]
+                                   "multi_tensor_on_device", "wgrad_accumulation_torch"]
     monkeypatch.setattr(optimizer, "USING_PYTORCH_OPTIMIZER", False)  # apex/TE FusedAdam and norms
     monkeypatch.setattr(gpt_layer_specs, "HAVE_APEX", True)
     for module, attribute in (("clip_grads", "l2_norm_impl"), ("clip_grads", "multi_tensor_scale_impl"),
                               ("optimizer", "multi_tensor_scale_impl")):  # and apex's multi-tensor kernels
         monkeypatch.setattr(getattr(optimizer, module), attribute, lambda *args: None)
+    from megatron.core.tensor_parallel import layers  # and apex's fused_weight_gradient_mlp_cuda
+
+    monkeypatch.setattr(layers, "fused_weight_gradient_mlp_cuda", object(), raising=False)
+    monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)
     assert patches.apply_all() == []
 
 

@@ -40,10 +40,13 @@ def segment_config(model: ModelSpec, plan: Plan, strategy: LayerStrategy, settin
 
     With per-token loss (`needs_per_token_loss`) every DDP sums its gradients and
     `finalize.finalize_grads` divides by the global token count once, whatever
-    each segment's DP degree.
+    each segment's DP degree. ZeRO-3 segments run without Megatron's weight-gradient
+    accumulation fusion.
     """
     config = configs.transformer_config(model, strategy_layout(plan, strategy), settings, backend)
     config.calculate_per_token_loss = settings.calculate_per_token_loss or needs_per_token_loss(plan)
+    # FSDP2 parameters have no main_grad to accumulate into (runtime/kernels.py).
+    config.gradient_accumulation_fusion = config.gradient_accumulation_fusion and strategy.zero < 2
     return config
 
 

@@ -1,0 +1,89 @@
+"""Patch: Megatron's weight-gradient accumulation fusion without apex, on torch's GEMMs.
+
+Why: with `gradient_accumulation_fusion`, Megatron-Core's linear layers add each
+weight gradient straight into the parameter's fp32 `main_grad` inside their
+backward (apex's `fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32`: one GEMM
+with a 16-bit A and B and an fp32 C, beta = 1). Without apex the option is refused,
+so every weight takes the long way: the GEMM writes a 16-bit `param.grad`, and
+Megatron DDP's per-parameter backward hook adds it into `main_grad` in a second
+kernel. On one H100 the GPT 1.7B shape ran 2336 such hooks per iteration, 95 ms of
+host time and 59 ms of GPU time (torch.profiler, docs/benchmarks.md "Where the
+runtime's time goes"). The patch gives `megatron.core.tensor_parallel.layers` a
+stand-in module whose two functions do apex's arithmetic with torch:
+- on CUDA, `torch.addmm(main_grad, dY^T, X, out_dtype=float32, out=main_grad)`
+  (cuBLAS with 16-bit inputs, fp32 accumulation and an fp32 C, as apex's kernel);
+- elsewhere (CPU), the same sum through an fp32 matmul of the upcast inputs, which is
+  what the CUDA GEMM computes up to summation order (products of 16-bit numbers are
+  exact in fp32).
+Whether the fusion runs is the run's choice (`--grad-accumulation-fusion`,
+runtime/kernels.py); the patch only makes the option available.
+Targets: megatron-core 0.16.1.
+Removable when: megatron-core accumulates weight gradients without apex, or apex
+installs here.
+Applied where apex's extension is absent: on CPU always, on GPUs when
+`fused_weight_gradient_mlp_cuda` does not import (`applies_on_cuda`).
+"""
+from __future__ import annotations
+
+import importlib
+from types import SimpleNamespace
+
+import torch
+
+from ._checks import require_text, require_version
+from ._source import PatchTargetChanged
+
+NAME = "wgrad_accumulation_torch"
+TARGET_VERSIONS = ("0.16.1",)
+LAYERS = "megatron.core.tensor_parallel.layers"
+MARKER = "fused_weight_gradient_mlp_cuda.wgrad_gemm_accum_fp32("
+
+
+def wgrad_gemm_accum_fp32(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
+    """main_grad (fp32) += grad_output^T @ total_input, both 2-D [tokens, features], summed in fp32."""
+    if total_input.dtype == torch.float32:
+        main_grad.addmm_(grad_output.t(), total_input)
+    elif main_grad.is_cuda:
+        torch.addmm(main_grad, grad_output.t(), total_input, out_dtype=torch.float32, out=main_grad)
+    else:
+        main_grad.addmm_(grad_output.t().float(), total_input.float())
+
+
+def wgrad_gemm_accum_fp16(total_input: torch.Tensor, grad_output: torch.Tensor, main_grad: torch.Tensor) -> None:
+    """main_grad (16-bit, as the inputs) += grad_output^T @ total_input."""
+    main_grad.addmm_(grad_output.t(), total_input)
+
+
+TORCH_WGRAD = SimpleNamespace(wgrad_gemm_accum_fp32=wgrad_gemm_accum_fp32,
+                              wgrad_gemm_accum_fp16=wgrad_gemm_accum_fp16, __name__=NAME)
+"""What the layers call as `fused_weight_gradient_mlp_cuda` once the patch is applied."""
+
+
+def _layers():
+    return importlib.import_module(LAYERS)
+
+
+def check() -> None:
+    """Raise PatchTargetChanged unless the layers still call apex's two functions by the module's name."""
+    require_version(NAME, TARGET_VERSIONS)
+    layers = require_text(LAYERS, MARKER, NAME)
+    if not hasattr(layers, "_grad_accum_fusion_available"):
+        raise PatchTargetChanged(f"{NAME}: {LAYERS} no longer has _grad_accum_fusion_available")
+
+
+def applies_on_cuda() -> bool:
+    """True when apex's extension is missing (then Megatron refuses the fusion)."""
+    layers = _layers()
+    return not layers._grad_accum_fusion_available or is_applied()
+
+
+def apply() -> None:
+    check()
+    layers = _layers()
+    layers.fused_weight_gradient_mlp_cuda = TORCH_WGRAD
+    layers._grad_accum_fusion_available = True
+
+
+def is_applied() -> bool:
+    return getattr(_layers(), "fused_weight_gradient_mlp_cuda", None) is TORCH_WGRAD
+
