@@ -1,0 +1,37 @@
+"""tools/gpu_session.sh: valid bash, one line and exit 2 for an unknown step, and every flag it passes
+is one that the tool it calls accepts (it runs only on the lent GPU machine, so this is its check here)."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tools" / "gpu_session.sh"
+
+
+def test_script_parses_and_refuses_an_unknown_step(tmp_path):
+    assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
+    done = subprocess.run(["bash", str(SCRIPT), "bogus"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "bogus" in done.stderr
+    assert not any(tmp_path.iterdir()), "nothing is written before the step is known"
+
+
+def _tool_calls() -> dict[str, set[str]]:
+    """{tool path: flags passed to it} from the script's `python3 tools/X.py ...` lines (with continuations)."""
+    text = SCRIPT.read_text().replace("\\\n", " ")
+    calls: dict[str, set[str]] = {}
+    for tool, rest in re.findall(r"python3 (tools/\w+\.py)([^\n]*)", text):
+        calls.setdefault(tool, set()).update(re.findall(r"(--[a-z][a-z0-9-]*)", rest))
+    return calls
+
+
+def test_every_flag_the_script_passes_is_accepted():
+    calls = _tool_calls()
+    assert set(calls) == {"tools/bench_gpu_vs_torch.py", "tools/profile_gpu_step.py", "tools/validate_cost_model.py"}
+    for tool, flags in calls.items():
+        done = subprocess.run([sys.executable, tool, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr[-2000:]
+        missing = {flag for flag in flags if not re.search(rf"{flag}\b", done.stdout)}
+        assert not missing, f"{tool} does not take {missing}"

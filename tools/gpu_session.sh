@@ -1,0 +1,55 @@
+#!/bin/bash
+# The GPU measurements that docs/benchmarks.md is waiting for, in steps that each fit the
+# 10 minutes a command may run on the lent GPU machine. From the repository root there:
+#
+#   bash tools/gpu_session.sh speed        # bench_gpu_vs_torch (auto, then --grad-accumulation-fusion on) and
+#                                          # profile_gpu_step --time-grad-accumulation-fusion
+#   bash tools/gpu_session.sh validate-a   # validate_cost_model: micro-batch 1/2/4/8 without recompute, + the pick
+#   bash tools/gpu_session.sh validate-b   # validate_cost_model: selective and full recompute, + the pick
+#
+# megatron-core is installed from .whl/ when it does not import (the machine has no index).
+# Logs and the docs/benchmarks.md that each step rewrites land in $OUT (default ./gpu_out);
+# keep the validation's run lines as data/reference/h100/validation_runs_<date>.log, from which
+# `python3 tools/validate_cost_model.py --measured-log FILE` rebuilds the section without a GPU.
+set -u
+STEP=${1:-}
+case "$STEP" in
+    speed|validate-a|validate-b) ;;
+    *) echo "usage: bash tools/gpu_session.sh speed|validate-a|validate-b (got '$STEP')" >&2; exit 2 ;;
+esac
+OUT=${OUT:-$PWD/gpu_out}
+mkdir -p "$OUT"
+if ! python3 -c "import megatron.core" 2>/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --target .site .whl/*.whl || exit 1
+    export PYTHONPATH=$PWD/.site:$PWD
+fi
+export PYTHONPATH=${PYTHONPATH:-$PWD}:$PWD PYTHONUNBUFFERED=1 OMP_NUM_THREADS=4
+cp docs/benchmarks.md "$OUT/benchmarks.md"
+git rev-parse --short HEAD > "$OUT/commit.txt" 2>/dev/null
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$OUT/gpu.txt" 2>&1
+
+run() {  # run SECONDS LOG COMMAND...: one measurement, its exit status appended to its log
+    local seconds=$1 log=$2
+    shift 2
+    timeout "$seconds" "$@" > "$OUT/$log" 2>&1
+    echo "$* -> rc=$?" | tee -a "$OUT/$log"
+}
+
+case "$STEP" in
+    speed)
+        run 170 bench_auto.log python3 tools/bench_gpu_vs_torch.py --benchmarks "$OUT/benchmarks.md"
+        run 170 bench_wgrad_on.log python3 tools/bench_gpu_vs_torch.py --grad-accumulation-fusion on
+        run 220 profile.log python3 tools/profile_gpu_step.py --time-grad-accumulation-fusion --iters 4
+        grep -h -A4 "^| model\|accumulation fusion |" "$OUT"/bench_*.log "$OUT/profile.log"
+        ;;
+    validate-a)
+        run 560 validate_a.log python3 tools/validate_cost_model.py --plans "rc=none" \
+            --results "$OUT/validate_a.json" --benchmarks "$OUT/benchmarks.md"
+        grep -E "^mbs|pick" "$OUT/validate_a.log"
+        ;;
+    validate-b)
+        run 560 validate_b.log python3 tools/validate_cost_model.py --plans "rc=selective" "rc=full" \
+            --results "$OUT/validate_b.json" --benchmarks "$OUT/benchmarks.md"
+        grep -E "^mbs|pick" "$OUT/validate_b.log"
+        ;;
+esac
