@@ -41,6 +41,10 @@ class LayerStrategy(CachedHash):
     """Megatron sequence parallelism in the TP group (needs tp > 1)."""
     recompute: str = "none"
     """Activation recomputation: none, selective (attention core) or full (whole layer)."""
+    ep: int = 1
+    """Expert-parallel degree of a MoE layer [--expert-model-parallel-size]; 1 for a dense layer."""
+    etp: Optional[int] = None
+    """Expert tensor-parallel degree of a MoE layer [--expert-tensor-parallel-size]; None = tp (Megatron's default)."""
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.dp < 1:
@@ -51,10 +55,30 @@ class LayerStrategy(CachedHash):
             raise ValueError(f"recompute must be one of {RECOMPUTE_KINDS}, got {self.recompute!r}")
         if self.sp and self.tp == 1:
             raise ValueError("sequence parallelism needs tp > 1")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        """Megatron-Core's expert groups partition the tp*dp ranks of a stage: etp * ep * expert_dp = tp * dp."""
+        if not isinstance(self.ep, int) or self.ep < 1:
+            raise ValueError(f"ep must be at least 1, got {self.ep!r}")
+        if self.etp is not None and (not isinstance(self.etp, int) or self.etp < 1):
+            raise ValueError(f"etp must be at least 1 (or unset), got {self.etp!r}")
+        if self.gpus % (self.ep * self.expert_tp):
+            raise ValueError(f"ep x etp = {self.ep} x {self.expert_tp} does not divide tp x dp = {self.gpus}")
 
     @property
     def gpus(self) -> int:
         return self.tp * self.dp
+
+    @property
+    def expert_tp(self) -> int:
+        """Tensor-parallel degree of the experts: etp, or tp when unset."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel degree of the experts: tp * dp / (ep * etp) (Megatron-Core's expert data parallel group)."""
+        return self.gpus // (self.ep * self.expert_tp)
 
     def layout(self) -> tuple[int, int, int, bool]:
         """What decides where the layer's tensors live; recompute does not."""
@@ -67,6 +91,10 @@ class LayerStrategy(CachedHash):
             parts.append(f"z{self.zero}")
         if self.sp:
             parts.append("sp")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.etp is not None:
+            parts.append(f"etp{self.etp}")
         if self.recompute != "none":
             parts.append(f"rc={self.recompute}")
         return "·".join(parts)
@@ -326,6 +354,8 @@ def _check_batch_split(plan: Plan) -> None:
 
 
 def _check_model_match(plan: Plan) -> None:
+    if plan.embedding.ep != 1 or plan.embedding.etp is not None:
+        raise ValueError("the embedding has no experts: its ep must be 1 and etp unset")
     if plan.model is None:
         return
     if plan.model.num_layers != plan.num_layers:
@@ -337,6 +367,23 @@ def _check_model_match(plan: Plan) -> None:
         if layer.num_attention_heads % strategy.tp or layer.num_query_groups % strategy.tp:
             raise ValueError(f"tp={strategy.tp} does not divide the attention heads ({layer.num_attention_heads}) "
                              f"and query groups ({layer.num_query_groups})")
+        check_expert_strategy(layer, strategy)
+
+
+def check_expert_strategy(layer, strategy: LayerStrategy) -> None:
+    """ep/etp against the layer: none on a dense layer; on a MoE layer what Megatron-Core accepts
+    (ep divides the experts; SP with TP, moe_layer.py; biases only with etp 1, transformer_config.py)."""
+    if layer.moe is None:
+        if strategy.ep != 1 or strategy.etp is not None:
+            raise ValueError(f"ep={strategy.ep} etp={strategy.etp} on a dense layer (expert parallelism "
+                             f"is for MoE layers only)")
+        return
+    if layer.moe.num_experts % strategy.ep:
+        raise ValueError(f"ep={strategy.ep} does not divide the {layer.moe.num_experts} experts")
+    if strategy.tp > 1 and not strategy.sp:
+        raise ValueError("a MoE layer with tp > 1 needs sequence parallelism (Megatron-Core's MoELayer)")
+    if layer.add_bias_linear and strategy.expert_tp != 1:
+        raise ValueError(f"MoE layers with biases need expert tp 1 (Megatron-Core), got {strategy.expert_tp}")
 
 
 def _check_megatron_space(plan: Plan) -> None:
@@ -346,6 +393,9 @@ def _check_megatron_space(plan: Plan) -> None:
         raise ValueError("a megatron-space plan uses one TP/DP/ZeRO/SP layout for all layers")
     if plan.embedding.zero not in (0, 1):
         raise ValueError("stock Megatron shards at most the optimizer state (zero 0 or 1)")
+    if plan.model is not None and len({(s.ep, s.etp) for layer, s in zip(plan.model.layers, plan.layer_strategies)
+                                       if layer.moe is not None}) > 1:
+        raise ValueError("a megatron-space plan uses one ep/etp for all MoE layers")
     kinds = {s.recompute for s in plan.distinct_strategies}
     if "selective" in kinds and len(kinds) > 1:
         raise ValueError("stock Megatron recomputes selectively on all layers or on none")
