@@ -133,6 +133,8 @@ class TimeBreakdown:
     """The extra forward work of activation recomputation."""
     tp_comm_s: float = 0.0
     """Tensor-parallel all-reduces (or all-gathers and reduce-scatters with SP)."""
+    ep_comm_s: float = 0.0
+    """MoE token dispatch and combine over the expert-parallel group, and expert-TP collectives."""
     dp_comm_s: float = 0.0
     """Gradient synchronisation left after overlapping with backward."""
     pp_comm_s: float = 0.0

@@ -147,6 +147,17 @@ class LayerSpec(CachedHash):
         return self.moe is not None
 
     @property
+    def dense_ffn_hidden_size(self) -> int:
+        """Inner width of the MLP that every token passes under the layer's TP: ffn_hidden_size, or for a
+        MoE layer its shared expert's (0 without one); the routed experts are priced by cost/moe.py."""
+        return self.ffn_hidden_size if self.moe is None else self.moe.shared_expert_ffn_hidden_size
+
+    @property
+    def dense_parameters(self) -> int:
+        """Weights outside the routed experts (what the layer's TP/DP/ZeRO layout holds)."""
+        return self.num_parameters - self.expert_parameters
+
+    @property
     def attention_width(self) -> int:
         """Width of the attention output, a x d (the output projection's input; h when d = h / a)."""
         return self.num_attention_heads * self.kv_channels
