@@ -13,6 +13,7 @@ from dataclasses import replace
 from functools import lru_cache, reduce
 from typing import Optional
 
+from ..errors import UserError
 from ..plan import LayerStrategy, check_expert_strategy
 from ..specs.model import LayerSpec, ModelSpec
 
@@ -66,3 +67,17 @@ def valid_for_layer(layer: LayerSpec, strategy: LayerStrategy) -> bool:
     except ValueError:
         return False
     return True
+
+
+def check_expert_constraints(model: ModelSpec, world_size: int, ep: Optional[int], etp: Optional[int]) -> None:
+    """--ep/--etp that no layout could take: one line saying why, before any search."""
+    if ep is None and etp is None:
+        return
+    layers = moe_layers(model)
+    if not layers:
+        raise UserError(f"model '{model.name}' has no MoE layers: expert parallelism does not apply")
+    experts = reduce(math.gcd, (layer.moe.num_experts for layer in layers))
+    if ep is not None and experts % ep:
+        raise UserError(f"--ep {ep} does not divide the {experts} experts")
+    if (ep or 1) * (etp or 1) > world_size or world_size % ((ep or 1) * (etp or 1)):
+        raise UserError(f"--ep {ep or 1} x --etp {etp or 1} does not divide the {world_size} GPUs")
