@@ -41,6 +41,10 @@ class LayerStrategy(CachedHash):
     """Megatron sequence parallelism in the TP group (needs tp > 1)."""
     recompute: str = "none"
     """Activation recomputation: none, selective (attention core) or full (whole layer)."""
+    ep: int = 1
+    """Expert-parallel degree of a MoE layer [--expert-model-parallel-size]; 1 for a dense layer."""
+    etp: Optional[int] = None
+    """Expert tensor-parallel degree of a MoE layer [--expert-tensor-parallel-size]; None = tp (Megatron's default)."""
 
     def __post_init__(self) -> None:
         if self.tp < 1 or self.dp < 1:
@@ -51,10 +55,30 @@ class LayerStrategy(CachedHash):
             raise ValueError(f"recompute must be one of {RECOMPUTE_KINDS}, got {self.recompute!r}")
         if self.sp and self.tp == 1:
             raise ValueError("sequence parallelism needs tp > 1")
+        self._check_experts()
+
+    def _check_experts(self) -> None:
+        """Megatron-Core's expert groups partition the tp*dp ranks of a stage: etp * ep * expert_dp = tp * dp."""
+        if not isinstance(self.ep, int) or self.ep < 1:
+            raise ValueError(f"ep must be at least 1, got {self.ep!r}")
+        if self.etp is not None and (not isinstance(self.etp, int) or self.etp < 1):
+            raise ValueError(f"etp must be at least 1 (or unset), got {self.etp!r}")
+        if self.gpus % (self.ep * self.expert_tp):
+            raise ValueError(f"ep x etp = {self.ep} x {self.expert_tp} does not divide tp x dp = {self.gpus}")
 
     @property
     def gpus(self) -> int:
         return self.tp * self.dp
+
+    @property
+    def expert_tp(self) -> int:
+        """Tensor-parallel degree of the experts: etp, or tp when unset."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Data-parallel degree of the experts: tp * dp / (ep * etp) (Megatron-Core's expert data parallel group)."""
+        return self.gpus // (self.ep * self.expert_tp)
 
     def layout(self) -> tuple[int, int, int, bool]:
         """What decides where the layer's tensors live; recompute does not."""
@@ -67,6 +91,10 @@ class LayerStrategy(CachedHash):
             parts.append(f"z{self.zero}")
         if self.sp:
             parts.append("sp")
+        if self.ep > 1:
+            parts.append(f"ep{self.ep}")
+        if self.etp is not None:
+            parts.append(f"etp{self.etp}")
         if self.recompute != "none":
             parts.append(f"rc={self.recompute}")
         return "·".join(parts)
@@ -105,6 +133,8 @@ class TimeBreakdown:
     """The extra forward work of activation recomputation."""
     tp_comm_s: float = 0.0
     """Tensor-parallel all-reduces (or all-gathers and reduce-scatters with SP)."""
+    ep_comm_s: float = 0.0
+    """MoE token dispatch and combine over the expert-parallel group, and expert-TP collectives."""
     dp_comm_s: float = 0.0
     """Gradient synchronisation left after overlapping with backward."""
     pp_comm_s: float = 0.0
@@ -326,17 +356,36 @@ def _check_batch_split(plan: Plan) -> None:
 
 
 def _check_model_match(plan: Plan) -> None:
+    if plan.embedding.ep != 1 or plan.embedding.etp is not None:
+        raise ValueError("the embedding has no experts: its ep must be 1 and etp unset")
     if plan.model is None:
         return
     if plan.model.num_layers != plan.num_layers:
         raise ValueError(f"plan places {plan.num_layers} layers but the model has {plan.model.num_layers}")
     model = plan.model
     pairs = ({(model.layers[0], s) for s in plan.distinct_strategies} if model.is_uniform()
-             else zip(model.layers, plan.layer_strategies))
+             else set(zip(model.layers, plan.layer_strategies)))
     for layer, strategy in pairs:
         if layer.num_attention_heads % strategy.tp or layer.num_query_groups % strategy.tp:
             raise ValueError(f"tp={strategy.tp} does not divide the attention heads ({layer.num_attention_heads}) "
                              f"and query groups ({layer.num_query_groups})")
+        check_expert_strategy(layer, strategy)
+
+
+def check_expert_strategy(layer, strategy: LayerStrategy) -> None:
+    """ep/etp against the layer: none on a dense layer; on a MoE layer what Megatron-Core accepts
+    (ep divides the experts; SP with TP, moe_layer.py; biases only with etp 1, transformer_config.py)."""
+    if layer.moe is None:
+        if strategy.ep != 1 or strategy.etp is not None:
+            raise ValueError(f"ep={strategy.ep} etp={strategy.etp} on a dense layer (expert parallelism "
+                             f"is for MoE layers only)")
+        return
+    if layer.moe.num_experts % strategy.ep:
+        raise ValueError(f"ep={strategy.ep} does not divide the {layer.moe.num_experts} experts")
+    if strategy.tp > 1 and not strategy.sp:
+        raise ValueError("a MoE layer with tp > 1 needs sequence parallelism (Megatron-Core's MoELayer)")
+    if layer.add_bias_linear and strategy.expert_tp != 1:
+        raise ValueError(f"MoE layers with biases need expert tp 1 (Megatron-Core), got {strategy.expert_tp}")
 
 
 def _check_megatron_space(plan: Plan) -> None:
@@ -346,6 +395,7 @@ def _check_megatron_space(plan: Plan) -> None:
         raise ValueError("a megatron-space plan uses one TP/DP/ZeRO/SP layout for all layers")
     if plan.embedding.zero not in (0, 1):
         raise ValueError("stock Megatron shards at most the optimizer state (zero 0 or 1)")
+    _check_one_expert_layout(plan)
     kinds = {s.recompute for s in plan.distinct_strategies}
     if "selective" in kinds and len(kinds) > 1:
         raise ValueError("stock Megatron recomputes selectively on all layers or on none")
@@ -354,6 +404,20 @@ def _check_megatron_space(plan: Plan) -> None:
     counts = plan.stage_layer_counts()
     if plan.virtual_stages == 1 and len(set(counts[1:-1])) > 1:
         raise ValueError("stock Megatron lets only the first and last stage differ in layer count")
+
+
+def _check_one_expert_layout(plan: Plan) -> None:
+    """Megatron's --expert-model/tensor-parallel-size: one (ep, etp) for every MoE layer. Dense layers
+    have (1, None) (check_expert_strategy), so more than two pairs, or two beside no dense layer, differ;
+    only two pairs on a model with both kinds of layer need the layer-by-layer look."""
+    pairs = {(s.ep, s.etp) for s in plan.distinct_strategies}
+    if len(pairs) <= 1 or plan.model is None:
+        return
+    dense = any(layer.moe is None for layer in plan.model.distinct_layers)
+    if len(pairs) == 2 and dense and (1, None) in pairs:
+        pairs = {(s.ep, s.etp) for layer, s in zip(plan.model.layers, plan.layer_strategies) if layer.moe}
+    if len(pairs) > 1:
+        raise ValueError("a megatron-space plan uses one ep/etp for all MoE layers")
 
 
 PLAN_VALIDATORS = (

@@ -83,6 +83,16 @@ MODEL_CASES = [
     ("model-rich-too-many-layers", text({"seq_length": 32, "vocab_size": 128, "layers": [LAYER] * (MAX_LAYERS + 1)})),
     ("model-rich-layer-negative-ffn", text({"seq_length": 32, "vocab_size": 128,
                                             "layers": [{**LAYER, "ffn_hidden_size": -1}]})),
+    ("model-moe-topk-above-experts", text({**MODEL, "num_experts": 2, "moe_router_topk": 3})),
+    ("model-moe-experts-zero", text({**MODEL, "num_experts": 0})),
+    ("model-moe-flag-without-experts", text({**MODEL, "moe_router_topk": 2})),
+    ("model-moe-layer-freq-wrong-length", text({**MODEL, "num_experts": 4, "moe_layer_freq": [1, 1, 1]})),
+    ("model-moe-layer-freq-not-0-1", text({**MODEL, "num_experts": 4, "moe_layer_freq": [1, 2]})),
+    ("model-moe-layer-freq-zero", text({**MODEL, "num_experts": 4, "moe_layer_freq": 0})),
+    ("model-moe-aux-coeff-nan", text({**MODEL, "num_experts": 4, "moe_aux_loss_coeff": float("nan")})),
+    ("model-moe-balancing-unknown", text({**MODEL, "num_experts": 4, "moe_router_load_balancing_type": "x"})),
+    ("model-rich-moe-topk-zero", text({"seq_length": 32, "vocab_size": 128,
+                                       "layers": [{**LAYER, "moe": {"num_experts": 4, "router_topk": 0}}]})),
 ]
 CLUSTER_CASES = [
     ("cluster-not-utf8", NON_UTF8),
@@ -126,6 +136,9 @@ PLAN_CASES: list[tuple[str, Callable[[dict], str | bytes]]] = [
     ("plan-prediction-nan", lambda plan: text(edited(plan, "prediction.iteration_time_s", float("nan")))),
     ("plan-breakdown-negative", lambda plan: text(edited(plan, "prediction.breakdown.bubble_s", -1.0))),
     ("plan-layer-tp-zero", lambda plan: text(edited(plan, "chunks.0.layers.0.tp", 0))),
+    ("plan-ep-on-a-dense-layer", lambda plan: text(edited(plan, "chunks.0.layers.0.ep", 2))),
+    ("plan-layer-ep-zero", lambda plan: text(edited(plan, "chunks.0.layers.0.ep", 0))),
+    ("plan-embedding-etp", lambda plan: text(edited(plan, "embedding.etp", 1))),
     ("plan-too-many-layers", lambda plan: text(edited(plan, "chunks.0.layers",
                                                       plan["chunks"][0]["layers"] * (MAX_LAYERS + 1)))),
 ]
@@ -205,6 +218,16 @@ CLI_CASES = [
                            "--memory-budget-gib", "nan"]),
     ("memory-budget-below-a-byte", ["plan", "--model", "tiny-gpt", "--cluster", "cpu-gloo", *JOB,
                                     "--memory-budget-gib", "1e-300"]),
+    ("moe-load-imbalance-below-one", ["plan", "--model", "tiny-mixtral", "--cluster", "cpu-gloo", *JOB,
+                                      "--moe-load-imbalance", "0.5"]),
+    ("moe-dispatcher-unknown", ["plan", "--model", "tiny-mixtral", "--cluster", "cpu-gloo", *JOB,
+                                "--moe-token-dispatcher-type", "flex"]),
+    ("ep-on-a-dense-model", ["estimate", "--model", "tiny-gpt", "--cluster", "cpu-gloo", "--gpus-per-node", "2",
+                             "--tp", "1", "--pp", "1", "--ep", "2", *JOB]),
+    ("ep-not-dividing-experts", ["estimate", "--model", "tiny-mixtral", "--cluster", "cpu-gloo",
+                                 "--gpus-per-node", "8", "--tp", "1", "--pp", "1", "--ep", "8", *JOB]),
+    ("etp-not-dividing-the-stage", ["plan", "--model", "tiny-mixtral", "--cluster", "cpu-gloo", "--gpus-per-node",
+                                    "4", "--etp", "8", *JOB]),
 ]
 
 

@@ -30,6 +30,15 @@ def reduce_scatter_time(bytes_: float, group_size: int, link: LinkSpec) -> float
     return all_gather_time(bytes_, group_size, link)
 
 
+def all_to_all_time(bytes_: float, group_size: int, link: LinkSpec) -> float:
+    """Seconds for an all-to-all in which each rank holds `bytes_` and keeps 1/n of it: (n-1)/n x bytes
+    cross each rank's link each way (NCCL runs it as grouped ncclSend/ncclRecv pairs, all at once on
+    full-duplex links: NCCL docs, "Point-to-point communication", all-to-all), with one latency."""
+    if group_size <= 1 or bytes_ <= 0:
+        return 0.0
+    return (group_size - 1) / group_size * bytes_ / link.effective_bandwidth + link.latency_s
+
+
 def p2p_time(bytes_: float, link: LinkSpec) -> float:
     """Seconds to send `bytes_` from one rank to one other."""
     if bytes_ <= 0:

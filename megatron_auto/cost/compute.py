@@ -49,7 +49,7 @@ def elementwise_elements(layer: LayerSpec, seq: int, samples: int, tp: int, sp: 
     """
     hidden_split = tp if sp else 1
     hidden_terms = 11 * layer.hidden_size / hidden_split
-    activation = (3 if layer.swiglu else 2) * layer.ffn_hidden_size / tp
+    activation = (3 if layer.swiglu else 2) * layer.dense_ffn_hidden_size / tp
     softmax = 2.5 * layer.num_attention_heads * seq / tp
     return samples * seq * (hidden_terms + activation + softmax)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UserError
-from ..plan import Chunk, LayerStrategy, Plan, Prediction, TimeBreakdown
+from ..plan import Chunk, LayerStrategy, Plan, Prediction, TimeBreakdown, check_expert_strategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import GIB, TrainingSpec
@@ -32,6 +32,8 @@ class StageCost:
     """The part of compute_s that runs in the backward pass (recompute_s not included)."""
     recompute_s: float = 0.0
     tp_comm_s: float = 0.0
+    ep_comm_s: float = 0.0
+    """MoE layers' token dispatch and combine and expert-TP collectives (cost/moe.py)."""
     pp_comm_s: float = 0.0
     transition_s: float = 0.0
     exposed_dp_s: float = 0.0
@@ -63,6 +65,7 @@ class StageCost:
         self.backward_s += count * cost.backward_s
         self.recompute_s += count * cost.recompute_s
         self.tp_comm_s += count * cost.tp_comm_s
+        self.ep_comm_s += count * cost.ep_comm_s
         self.add_dp_comm(cost.dp_comm_per_iteration_s, cost.backward_s, count)
         self.state_bytes += count * cost.state_bytes
         self.activation_bytes += count * cost.activation_bytes
@@ -97,6 +100,10 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
         if layer.num_attention_heads % strategy.tp or layer.num_query_groups % strategy.tp:
             raise UserError(f"tp={strategy.tp} does not divide the {layer.num_attention_heads} attention heads "
                             f"and {layer.num_query_groups} query groups of '{model.name}'")
+        try:
+            check_expert_strategy(layer, strategy)
+        except ValueError as error:
+            raise UserError(f"model '{model.name}': {error}") from None
 
 
 def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[StageCost]:
@@ -268,7 +275,7 @@ def stage_loads(plan: Plan, stages: list[StageCost], share: float) -> list[Stage
     for stage in stages:
         forward = stage.compute_s - stage.backward_s + stage.runtime_s / 2
         backward = stage.backward_s + stage.recompute_s + stage.runtime_s / 2
-        wait = (stage.tp_comm_s + stage.pp_comm_s + stage.transition_s) / 2
+        wait = (stage.tp_comm_s + stage.ep_comm_s + stage.pp_comm_s + stage.transition_s) / 2
         loads.append(StageLoad(group=group, replicas=plan.gpus_per_stage // group,
                                forward=(forward * share / v, wait / v), backward=(backward * share / v, wait / v),
                                sync=stage.exposed_dp_s,
@@ -279,6 +286,7 @@ def stage_loads(plan: Plan, stages: list[StageCost], share: float) -> list[Stage
 def _breakdown(stage: StageCost, m: int, bubble: float) -> TimeBreakdown:
     return TimeBreakdown(
         compute_s=m * stage.compute_s, recompute_s=m * stage.recompute_s, tp_comm_s=m * stage.tp_comm_s,
+        ep_comm_s=m * stage.ep_comm_s,
         dp_comm_s=stage.exposed_dp_s, pp_comm_s=m * stage.pp_comm_s, bubble_s=bubble,
         transition_s=m * stage.transition_s, optimizer_s=stage.optimizer_s,
         runtime_s=m * stage.runtime_s + stage.step_overhead_s,

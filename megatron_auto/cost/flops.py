@@ -35,14 +35,19 @@ def layer_gemms(layer: LayerSpec, tokens_per_sample: int, samples: int, tp: int)
     tokens = samples * s
     qkv_width = (layer.num_attention_heads + 2 * layer.num_query_groups) * d
     heads_per_shard = samples * layer.num_attention_heads // tp
-    mlp_in_width = layer.ffn_hidden_size * (2 if layer.swiglu else 1)
-    return (
+    ffn = layer.dense_ffn_hidden_size  # a MoE layer's shared expert (cost/moe.py prices the routed ones)
+    mlp_in_width = ffn * (2 if layer.swiglu else 1)
+    attention = (
         Gemm(tokens, h, qkv_width // tp),               # QKV projection (column parallel)
         Gemm(s, d, s, batch=heads_per_shard),           # Q @ K^T per head
         Gemm(s, s, d, batch=heads_per_shard),           # softmax(QK^T) @ V per head
         Gemm(tokens, layer.attention_width // tp, h),   # output projection (row parallel), a*d -> h
+    )
+    if ffn == 0:
+        return attention
+    return attention + (
         Gemm(tokens, h, mlp_in_width // tp),            # fc1 (and gate for SwiGLU)
-        Gemm(tokens, layer.ffn_hidden_size // tp, h),   # fc2
+        Gemm(tokens, ffn // tp, h),                     # fc2
     )
 
 
@@ -50,8 +55,21 @@ ATTENTION_CORE_GEMMS = (1, 2)  # indices in layer_gemms: what selective recomput
 
 
 def layer_forward_flops(layer: LayerSpec, tokens_per_sample: int, samples: int = 1) -> float:
-    """Forward FLOPs of one whole (unsharded) layer; 24bsh^2 + 4bs^2h for GPT."""
-    return sum(g.flops for g in layer_gemms(layer, tokens_per_sample, samples, tp=1))
+    """Forward FLOPs of one whole (unsharded) layer; 24bsh^2 + 4bs^2h for GPT; a MoE layer adds its
+    router and the top-k experts each token passes (moe_forward_flops)."""
+    dense = sum(g.flops for g in layer_gemms(layer, tokens_per_sample, samples, tp=1))
+    return dense + moe_forward_flops(layer, tokens_per_sample * samples)
+
+
+def moe_forward_flops(layer: LayerSpec, tokens: int) -> float:
+    """Router (2 T h E) plus k expert MLPs per token (2 T k (h f_in + f h), f_in = 2f with SwiGLU): the
+    activated FLOPs of Fedus et al. 2021 (Switch, arXiv 2101.03961) and Jiang et al. 2024 (Mixtral's 13B
+    active parameters per token); 0 for a dense layer."""
+    if layer.moe is None:
+        return 0.0
+    h, f, moe = layer.hidden_size, layer.moe.expert_ffn_hidden_size, layer.moe
+    expert = h * f * (2 if layer.swiglu else 1) + f * h
+    return 2.0 * tokens * (h * moe.num_experts + moe.router_topk * expert)
 
 
 def logits_forward_flops(model: ModelSpec, samples: int = 1) -> float:

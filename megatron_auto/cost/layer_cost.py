@@ -1,11 +1,13 @@
 """All cost terms of one layer under one strategy, gathered in one record.
 
 The search builds its time[L,S] and mem[L,S] tables from `layer_cost`, and
-`estimate_plan` sums the same records, so both always agree.
+`estimate_plan` sums the same records, so both always agree. A MoE layer is its
+dense part (attention, norms, router weights and shared expert under the layer's
+TP/DP/ZeRO) plus its routed experts (cost/moe.py).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from ..plan import LayerStrategy
@@ -15,6 +17,7 @@ from ..specs.training import TrainingSpec
 from .communication import dp_comm_time, tp_comm_time, zero3_comm_time
 from .compute import recompute_time
 from .models import compute_model
+from .moe import ExpertCost, expert_cost
 from .memory import (attention_backward_extra_bytes, attention_workspace_bytes, layer_activation_bytes,
                      model_state_bytes, optimizer_temporary_bytes, zero3_gathered_bytes)
 
@@ -42,23 +45,56 @@ class LayerCost:
     """Buffers the layer's kernels keep for the whole run, shared by all layers of a process (max, not sum)."""
     optimizer_temporary_bytes: float = 0.0
     """Temporaries the optimizer step allocates for this layer's shard (cost.memory.optimizer_temporary_bytes)."""
+    ep_comm_s: float = 0.0
+    """A MoE layer's token dispatch and combine and expert-TP collectives (cost/moe.py)."""
 
     @property
     def micro_batch_s(self) -> float:
         """Critical-path seconds of one micro-batch through this layer."""
-        return self.forward_s + self.backward_s + self.recompute_s + self.tp_comm_s + self.zero3_exposed_s
+        return (self.forward_s + self.backward_s + self.recompute_s + self.tp_comm_s + self.zero3_exposed_s
+                + self.ep_comm_s)
 
 
 @lru_cache(maxsize=65536)
 def layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,
                cluster: ClusterSpec, training: TrainingSpec) -> LayerCost:
     """Cost of `layer` with `samples` sequences per micro-batch on each of its DP ranks."""
+    dense = dense_part_cost(layer, strategy, samples, seq, cluster, training)
+    if layer.moe is None:
+        return dense
+    return with_experts(dense, expert_cost(layer, strategy, samples, seq, cluster, training), cluster)
+
+
+def with_experts(dense: LayerCost, experts: ExpertCost, cluster: ClusterSpec) -> LayerCost:
+    """A MoE layer: its dense part plus its routed experts, each term added (the expert ZeRO-3 traffic
+    hidden behind the layer's compute as the dense part's is)."""
+    compute = experts.forward_s + experts.backward_s + experts.recompute_s
+    return replace(
+        dense,
+        forward_s=dense.forward_s + experts.forward_s,
+        backward_s=dense.backward_s + experts.backward_s,
+        recompute_s=dense.recompute_s + experts.recompute_s,
+        zero3_exposed_s=dense.zero3_exposed_s + experts.zero3_s - cluster.grad_overlap * min(experts.zero3_s, compute),
+        dp_comm_per_iteration_s=dense.dp_comm_per_iteration_s + experts.dp_comm_per_iteration_s,
+        state_bytes=dense.state_bytes + experts.state_bytes,
+        activation_bytes=dense.activation_bytes + experts.activation_bytes,
+        transient_bytes=dense.transient_bytes + experts.rematerialised_bytes,
+        optimizer_temporary_bytes=dense.optimizer_temporary_bytes + experts.optimizer_temporary_bytes,
+        ep_comm_s=experts.comm_s,
+    )
+
+
+def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,
+                    cluster: ClusterSpec, training: TrainingSpec) -> LayerCost:
+    """A dense layer, or a MoE layer's dense part: attention, norms, router weights and the shared expert
+    (LayerSpec.dense_ffn_hidden_size, .dense_parameters)."""
     word = training.activation_bytes
     times = compute_model(cluster).layer_times(layer, seq, samples, strategy.tp, strategy.sp, cluster, word,
                                                training.attention_backend)
     recompute = recompute_time(times, strategy.recompute)
     compute = times.forward_s + times.backward_s + recompute
-    zero3 = zero3_comm_time(layer.num_parameters, strategy, cluster, training, strategy.recompute == "full")
+    params = layer.dense_parameters
+    zero3 = zero3_comm_time(params, strategy, cluster, training, strategy.recompute == "full")
     backend = training.attention_backend
     activations = layer_activation_bytes(layer, seq, samples, strategy, word, cluster.dropout_mask_bytes, backend)
     rematerialised = attention_backward_extra_bytes(layer, seq, samples, strategy, backend)
@@ -70,20 +106,25 @@ def layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int
         forward_s=times.forward_s,
         backward_s=times.backward_s,
         recompute_s=recompute,
-        tp_comm_s=tp_comm_time(layer.hidden_size, seq, samples, strategy, cluster, word),
+        tp_comm_s=tp_comm_time(layer.hidden_size, seq, samples, strategy, cluster, word) * _tp_share(layer),
         # FSDP prefetches the next gathers while this layer computes; on a cluster whose
         # runtime hides no communication behind compute (grad_overlap 0, cpu-gloo) it all shows.
         zero3_exposed_s=zero3 - cluster.grad_overlap * min(zero3, compute),
-        dp_comm_per_iteration_s=dp_comm_time(layer.num_parameters, strategy, cluster, training),
-        state_bytes=model_state_bytes(layer.num_parameters, strategy, training),
+        dp_comm_per_iteration_s=dp_comm_time(params, strategy, cluster, training),
+        state_bytes=model_state_bytes(params, strategy, training),
         activation_bytes=activations,
-        transient_bytes=zero3_gathered_bytes(layer.num_parameters, strategy, training) + rematerialised,
+        transient_bytes=zero3_gathered_bytes(params, strategy, training) + rematerialised,
         workspace_bytes=attention_workspace_bytes(layer, seq, samples, strategy, word, backend),
-        optimizer_temporary_bytes=optimizer_temporary_bytes(layer.num_parameters, strategy, training),
+        optimizer_temporary_bytes=optimizer_temporary_bytes(params, strategy, training),
     )
 
 
-def _no_recompute(strategy: LayerStrategy) -> LayerStrategy:
-    from dataclasses import replace
+def _tp_share(layer: LayerSpec) -> float:
+    """The share of a dense layer's TP collectives a layer runs: all of them, or for a MoE layer without a
+    shared expert the attention's half (the routed experts' tokens travel by the dispatcher, not the TP group;
+    Megatron-Core's SharedExpertMLP gathers and reduce-scatters its input over TP like the dense MLP)."""
+    return 0.5 if layer.moe is not None and not layer.moe.shared_expert_ffn_hidden_size else 1.0
 
+
+def _no_recompute(strategy: LayerStrategy) -> LayerStrategy:
     return replace(strategy, recompute="none")

@@ -54,7 +54,7 @@ def elementwise_bytes(layer: LayerSpec, tokens: int, tp: int, sp: bool, word: in
     h_shard = layer.hidden_size / (tp if sp else 1)
     qkv = (layer.num_attention_heads + 2 * layer.num_query_groups) * layer.kv_channels / tp
     attn = layer.num_attention_heads * layer.kv_channels / tp
-    f = layer.ffn_hidden_size / tp
+    f = layer.dense_ffn_hidden_size / tp  # a MoE layer's shared expert; cost/moe.py prices the routed ones
     bias = 1.0 if layer.add_bias_linear else 0.0
     qkv_bias = 1.0 if layer.has_qkv_bias else 0.0  # --add-qkv-bias: the QKV bias alone
     mask = mask_bytes / word
@@ -98,7 +98,7 @@ def attention_core_times(layer: LayerSpec, seq: int, samples: int, tp: int, clus
 
 def weight_grad_accumulation_bytes(layer: LayerSpec, tp: int, word: int) -> float:
     """Bytes of adding each new weight gradient into its fp32 main_grad (read new, read+write old)."""
-    return layer.num_parameters / tp * (word + 2 * MAIN_GRAD_BYTES)
+    return layer.dense_parameters / tp * (word + 2 * MAIN_GRAD_BYTES)
 
 
 def kernel_level_times(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool, cluster: ClusterSpec,

@@ -76,7 +76,7 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
     # outputs (QKV and fc1 inputs), two dropout masks, and the norms' statistics.
     replicated = s * b * (4 * word * h + 2 * mask_bytes * h) + norm_statistics_bytes(layer, s, b)
     # Split over TP: Q, K, V, the projection input, the MLP's inner activations.
-    mlp_inner = (3 if layer.swiglu else 2) * layer.ffn_hidden_size
+    mlp_inner = (3 if layer.swiglu else 2) * layer.dense_ffn_hidden_size  # MoE: the shared expert (cost/moe.py)
     sharded = word * s * b * (q_width + 2 * kv_width + q_width + mlp_inner)
     if layer.qk_layernorm:
         # --qk-layernorm keeps the q and k norms' inputs for backward (their outputs are Q and K above).

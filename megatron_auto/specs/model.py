@@ -7,7 +7,7 @@ what `to_dict` writes), so that models whose layers differ can be described.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Optional
@@ -20,6 +20,110 @@ from ..limits import MAX_LAYERS
 MODEL_SCHEMA_VERSION = 1
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
+LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "sinkhorn", "none")
+
+
+@dataclass(frozen=True)
+class MoESpec(CachedHash):
+    """The mixture-of-experts MLP of one layer (replaces the dense MLP); Megatron-LM's flag names in brackets."""
+
+    __hash__ = CachedHash.__hash__  # dataclass(frozen=True) would otherwise replace it
+
+    num_experts: int
+    """Routed experts, E [--num-experts]."""
+    router_topk: int = 2
+    """Experts each token is sent to, k [--moe-router-topk]."""
+    expert_ffn_hidden_size: Optional[int] = None
+    """Inner width of one expert [--moe-ffn-hidden-size]; None (in a file) means the layer's ffn_hidden_size."""
+    shared_expert_ffn_hidden_size: int = 0
+    """Inner width of the shared expert(s) every token passes [--moe-shared-expert-intermediate-size]; 0 = none."""
+    router_load_balancing_type: str = "aux_loss"
+    """aux_loss, seq_aux_loss, sinkhorn or none [--moe-router-load-balancing-type]."""
+    aux_loss_coeff: float = 0.0
+    """Weight of the load-balancing loss [--moe-aux-loss-coeff]."""
+    z_loss_coeff: float = 0.0
+    """Weight of the router z-loss [--moe-z-loss-coeff]."""
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "num_experts", "router_topk")
+        if self.router_topk > self.num_experts:
+            raise ValueError(f"moe_router_topk {self.router_topk} exceeds num_experts {self.num_experts}")
+        if self.expert_ffn_hidden_size is not None:
+            _check_positive(self, "expert_ffn_hidden_size")
+        if not isinstance(self.shared_expert_ffn_hidden_size, int) or self.shared_expert_ffn_hidden_size < 0:
+            raise ValueError(f"shared_expert_ffn_hidden_size must be a non-negative integer, "
+                             f"got {self.shared_expert_ffn_hidden_size!r}")
+        if self.router_load_balancing_type not in LOAD_BALANCING_TYPES:
+            raise ValueError(f"router_load_balancing_type must be one of {', '.join(LOAD_BALANCING_TYPES)}, "
+                             f"got {self.router_load_balancing_type!r}")
+        for name in ("aux_loss_coeff", "z_loss_coeff"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < float("inf"):
+                raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
+
+    def mlp_parameters(self, hidden_size: int, swiglu: bool, bias: bool) -> int:
+        """Router (E x h, plus E biases), E experts and the shared expert, each an MLP of Megatron's layout."""
+        router = self.num_experts * hidden_size + (self.num_experts if bias else 0)
+        experts = self.num_experts * mlp_parameters(hidden_size, self.expert_ffn_hidden_size, swiglu, bias)
+        shared = mlp_parameters(hidden_size, self.shared_expert_ffn_hidden_size, swiglu, bias)
+        return router + experts + (shared if self.shared_expert_ffn_hidden_size else 0)
+
+
+def mlp_parameters(hidden_size: int, ffn_hidden_size: int, swiglu: bool, bias: bool) -> int:
+    """One MLP: fc1 (h x f, doubled for SwiGLU's gate) and fc2 (f x h), with their biases when `bias`."""
+    fc1_out = ffn_hidden_size * (2 if swiglu else 1)
+    weights = hidden_size * fc1_out + ffn_hidden_size * hidden_size
+    return weights + ((fc1_out + hidden_size) if bias else 0)
+
+
+def parse_moe_layer_freq(text: str) -> "int | list[int]":
+    """Megatron-LM's --moe-layer-freq text: an integer N, or a Python list expression of 0/1 such as
+    `([0]*1+[1]*27)` or `[1,1,0]*2` (megatron/training/arguments.py evaluates it; here only list literals,
+    integers, + and * are accepted). ValueError for anything else."""
+    import ast
+
+    def value(node: ast.AST):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.List):
+            return [value(item) for item in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Mult) and isinstance(left, list) == isinstance(right, list):
+                raise ValueError("'*' needs a list and an integer")
+            if isinstance(node.op, ast.Add):
+                return left + right
+            items, count = (left, right) if isinstance(left, list) else (right, left)
+            if not 0 <= count * len(items) <= MAX_LAYERS:  # before building it
+                raise ValueError(f"a list of {count * len(items)} layers")
+            return items * count
+        raise ValueError(f"unsupported element {ast.dump(node)[:40]}")
+
+    try:
+        parsed = value(ast.parse(text.strip(), mode="eval").body) if len(text) <= 10000 else None
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError) as error:
+        raise ValueError(f"moe_layer_freq {text!r} is not an integer or a list expression of 0/1 ({error})") from None
+    if parsed is None or isinstance(parsed, list) and len(parsed) > MAX_LAYERS:
+        raise ValueError(f"moe_layer_freq {text[:40]!r}... describes more than {MAX_LAYERS} layers")
+    return parsed
+
+
+def moe_layer_pattern(freq: "int | list | tuple", num_layers: int) -> tuple[bool, ...]:
+    """Which layers are MoE, by Megatron's --moe-layer-freq (megatron/training/arguments.py,
+    TransformerConfig.moe_layer_freq): an int N makes layer i MoE iff i % N == 0; a list gives 0/1 per layer."""
+    if isinstance(freq, str):
+        freq = parse_moe_layer_freq(freq)
+    if isinstance(freq, bool) or not isinstance(freq, (int, list, tuple)):
+        raise ValueError(f"moe_layer_freq must be an integer or a list of 0/1 per layer, got {freq!r}")
+    if isinstance(freq, int):
+        if freq < 1:
+            raise ValueError(f"moe_layer_freq must be a positive integer, got {freq}")
+        return tuple(i % freq == 0 for i in range(num_layers))
+    if len(freq) != num_layers:
+        raise ValueError(f"moe_layer_freq lists {len(freq)} layers but the model has {num_layers}")
+    if any(isinstance(x, bool) or x not in (0, 1) for x in freq):
+        raise ValueError(f"moe_layer_freq entries must be 0 or 1, got {list(freq)!r}")
+    return tuple(x == 1 for x in freq)
 
 
 @dataclass(frozen=True)
@@ -50,6 +154,9 @@ class LayerSpec(CachedHash):
     """A norm over each query and key head before the scores (Megatron's --qk-layernorm)."""
     apply_layernorm_1p: bool = False
     """Norm weights stored as gamma - 1, zero-initialised (Megatron's --apply-layernorm-1p); costs nothing."""
+    moe: Optional[MoESpec] = None
+    """The mixture-of-experts MLP that replaces the dense one (its experts use swiglu and add_bias_linear);
+    None: a dense MLP of ffn_hidden_size."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
@@ -64,6 +171,25 @@ class LayerSpec(CachedHash):
         _check_positive(self, "kv_channels")
         if self.num_attention_heads % self.num_query_groups:
             raise ValueError(f"num_attention_heads {self.num_attention_heads} is not divisible by num_query_groups {self.num_query_groups}")
+        if self.moe is not None and self.moe.expert_ffn_hidden_size is None:
+            # Megatron-Core's TransformerConfig: moe_ffn_hidden_size defaults to ffn_hidden_size.
+            object.__setattr__(self, "moe", replace(self.moe, expert_ffn_hidden_size=self.ffn_hidden_size))
+
+    @property
+    def is_moe(self) -> bool:
+        """Whether the MLP is a mixture of experts."""
+        return self.moe is not None
+
+    @property
+    def dense_ffn_hidden_size(self) -> int:
+        """Inner width of the MLP that every token passes under the layer's TP: ffn_hidden_size, or for a
+        MoE layer its shared expert's (0 without one); the routed experts are priced by cost/moe.py."""
+        return self.ffn_hidden_size if self.moe is None else self.moe.shared_expert_ffn_hidden_size
+
+    @property
+    def dense_parameters(self) -> int:
+        """Weights outside the routed experts (what the layer's TP/DP/ZeRO layout holds)."""
+        return self.num_parameters - self.expert_parameters
 
     @property
     def attention_width(self) -> int:
@@ -82,16 +208,29 @@ class LayerSpec(CachedHash):
 
     @property
     def num_parameters(self) -> int:
-        """Weights and biases of the layer (Megatron's layout: QKV, proj, MLP, two norms, and the q/k
+        """Weights and biases of the layer (Megatron's layout: QKV, proj, MLP or MoE, two norms, and the q/k
         norms of --qk-layernorm, each over one head's d channels)."""
         h, kv = self.hidden_size, self.kv_channels
         qkv_out = (self.num_attention_heads + 2 * self.num_query_groups) * kv
-        mlp_in = self.ffn_hidden_size * (2 if self.swiglu else 1)
-        weights = h * qkv_out + self.attention_width * h + h * mlp_in + self.ffn_hidden_size * h
-        biases = (h + mlp_in + h) if self.add_bias_linear else 0
-        biases += qkv_out if self.has_qkv_bias else 0
+        attention = h * qkv_out + self.attention_width * h + (h if self.add_bias_linear else 0)
+        attention += qkv_out if self.has_qkv_bias else 0
         qk_norms = 2 * kv * (2 if self.normalization == "LayerNorm" else 1) if self.qk_layernorm else 0
-        return weights + biases + 2 * self.norm_parameters + qk_norms
+        return attention + self.mlp_parameters + 2 * self.norm_parameters + qk_norms
+
+    @property
+    def mlp_parameters(self) -> int:
+        """The MLP's weights and biases: the dense MLP, or the router, experts and shared expert."""
+        if self.moe is not None:
+            return self.moe.mlp_parameters(self.hidden_size, self.swiglu, self.add_bias_linear)
+        return mlp_parameters(self.hidden_size, self.ffn_hidden_size, self.swiglu, self.add_bias_linear)
+
+    @property
+    def expert_parameters(self) -> int:
+        """Weights of the routed experts (what expert parallelism shards); 0 for a dense layer."""
+        if self.moe is None:
+            return 0
+        return self.moe.num_experts * mlp_parameters(self.hidden_size, self.moe.expert_ffn_hidden_size,
+                                                     self.swiglu, self.add_bias_linear)
 
 
 @dataclass(frozen=True)
@@ -163,8 +302,10 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
                   untie_embeddings_and_output_weights: bool = False, normalization: str = "LayerNorm",
                   add_bias_linear: bool = True, position_embedding_type: str = "learned_absolute",
                   rotary_base: int = 10000, kv_channels: Optional[int] = None, add_qkv_bias: bool = False,
-                  qk_layernorm: bool = False, apply_layernorm_1p: bool = False) -> ModelSpec:
-    """A model whose layers are all alike, from Megatron's flag values."""
+                  qk_layernorm: bool = False, apply_layernorm_1p: bool = False,
+                  **moe_flags) -> ModelSpec:
+    """A model from Megatron's flag values: its layers alike, except that with `num_experts` (and the other
+    MoE flags of `moe_from_flags`) the layers that --moe-layer-freq picks have a mixture-of-experts MLP."""
     layer = LayerSpec(
         hidden_size=hidden_size,
         num_attention_heads=num_attention_heads,
@@ -178,10 +319,33 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
         qk_layernorm=qk_layernorm,
         apply_layernorm_1p=apply_layernorm_1p,
     )
-    return ModelSpec(name=name, layers=(layer,) * num_layers, seq_length=seq_length,
+    layers = _with_moe_layers(layer, num_layers, **moe_flags)
+    return ModelSpec(name=name, layers=layers, seq_length=seq_length,
                      vocab_size=vocab_size,
                      untie_embeddings_and_output_weights=untie_embeddings_and_output_weights,
                      position_embedding_type=position_embedding_type, rotary_base=rotary_base)
+
+
+def _with_moe_layers(dense: LayerSpec, num_layers: int, *, num_experts: Optional[int] = None,
+                     moe_layer_freq: "int | list | tuple" = 1, **moe_flags) -> tuple[LayerSpec, ...]:
+    """`num_layers` layers: `dense`, or with `num_experts` a MoE copy of it where moe_layer_pattern says."""
+    if num_experts is None:
+        if moe_flags or moe_layer_freq != 1:
+            raise ValueError(f"MoE option(s) {', '.join(sorted(moe_flags) or ['moe_layer_freq'])} need num_experts")
+        return (dense,) * num_layers
+    moe_layer = replace(dense, moe=moe_from_flags(num_experts, **moe_flags))
+    return tuple(moe_layer if is_moe else dense for is_moe in moe_layer_pattern(moe_layer_freq, num_layers))
+
+
+def moe_from_flags(num_experts: int, *, moe_router_topk: int = 2, moe_ffn_hidden_size: Optional[int] = None,
+                   moe_shared_expert_intermediate_size: Optional[int] = None,
+                   moe_router_load_balancing_type: str = "aux_loss", moe_aux_loss_coeff: float = 0.0,
+                   moe_z_loss_coeff: float = 0.0) -> MoESpec:
+    """A MoESpec from Megatron-LM's flag names (the compact model file's keys)."""
+    return MoESpec(num_experts=num_experts, router_topk=moe_router_topk, expert_ffn_hidden_size=moe_ffn_hidden_size,
+                   shared_expert_ffn_hidden_size=moe_shared_expert_intermediate_size or 0,
+                   router_load_balancing_type=moe_router_load_balancing_type,
+                   aux_loss_coeff=moe_aux_loss_coeff, z_loss_coeff=moe_z_loss_coeff)
 
 
 _COMPACT_KEYS = {
@@ -190,10 +354,14 @@ _COMPACT_KEYS = {
     "name", "schema_version", "max_position_embeddings",
     "normalization", "add_bias_linear", "position_embedding_type", "rotary_base",
     "kv_channels", "add_qkv_bias", "qk_layernorm", "apply_layernorm_1p",
+    "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
+    "moe_layer_freq", "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff",
 }
 _COMPACT_TYPES = {"swiglu": bool, "untie_embeddings_and_output_weights": bool, "add_bias_linear": bool,
                   "normalization": str, "position_embedding_type": str, "add_qkv_bias": bool,
-                  "qk_layernorm": bool, "apply_layernorm_1p": bool, "name": str}
+                  "qk_layernorm": bool, "apply_layernorm_1p": bool, "name": str,
+                  "moe_router_load_balancing_type": str, "moe_aux_loss_coeff": float, "moe_z_loss_coeff": float,
+                  "moe_layer_freq": (int, list, str)}
 
 
 def model_from_dict(data: dict, name: str = "model", where: str = "") -> ModelSpec:
@@ -237,8 +405,16 @@ def load_model(name_or_path: str) -> ModelSpec:
 def _check_compact_value(key: str, value: object, label: str) -> None:
     """A compact-form value: its type, and for the sizes a positive integer (0 never means 'default')."""
     expected = _COMPACT_TYPES.get(key, int)
-    if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-        raise UserError(f"{label}.{key}: expected {expected.__name__}, got {value!r}")
+    if expected is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
+    if not isinstance(value, expected) or (expected is not bool and isinstance(value, bool)):
+        names = expected.__name__ if isinstance(expected, type) else " or ".join(t.__name__ for t in expected)
+        raise UserError(f"{label}.{key}: expected {names}, got {value!r}")
+    if isinstance(value, (list, str)) and key == "moe_layer_freq":  # moe_layer_pattern checks it
+        return
+    if expected is float:
+        serde.check_number(value, f"{label}.{key}")
+        return
     if expected is int and key not in ("schema_version", "num_layers") and value <= 0:  # those have their own checks
         raise UserError(f"{label}.{key}: must be a positive integer, got {value!r}")
     if expected is int:

@@ -1,8 +1,9 @@
-"""Shipped presets: the models of the Megatron papers and LLaMA, and three clusters.
+"""Shipped presets: the models of the Megatron papers, LLaMA and two MoE models, and three clusters.
 
 GPT-3 shapes: Narayanan et al. SC21, Table 1 (s=2048, V=51200, 4h MLP, GeLU, tied
 embeddings). LLaMA shapes: Touvron et al. 2023 (LLaMA 2) and Meta's LLaMA 3
-model card (SwiGLU, GQA, untied head). Hardware figures: shared/reference/hardware.md.
+model card (SwiGLU, GQA, untied head). MoE shapes: see _moe_presets. Hardware figures:
+shared/reference/hardware.md.
 """
 from __future__ import annotations
 
@@ -46,12 +47,35 @@ def _model_presets() -> dict[str, ModelSpec]:
     for name, (layers, hidden, heads, groups, ffn, seq, vocab, base) in _LLAMA_SHAPES.items():
         presets[name] = uniform_model(name, layers, hidden, heads, seq, vocab, ffn_hidden_size=ffn,
                                       num_query_groups=groups, rotary_base=base, **_LLAMA_ARCHITECTURE)
+    presets.update(_moe_presets())
     # Tiny models for tests and CPU runs.
     presets["tiny-gpt"] = uniform_model("tiny-gpt", 4, 64, 4, seq_length=32, vocab_size=128)
     presets["tiny-gpt-8l"] = uniform_model("tiny-gpt-8l", 8, 128, 8, seq_length=64, vocab_size=512)
     presets["tiny-llama"] = uniform_model("tiny-llama", 4, 64, 4, seq_length=32, vocab_size=128,
                                           ffn_hidden_size=176, num_query_groups=2, **_LLAMA_ARCHITECTURE)
+    tiny_moe = dict(seq_length=32, vocab_size=128, ffn_hidden_size=128, num_query_groups=2, **_LLAMA_ARCHITECTURE)
+    presets["tiny-mixtral"] = uniform_model("tiny-mixtral", 4, 64, 4, num_experts=4, moe_router_topk=2, **tiny_moe)
+    presets["tiny-deepseek-moe"] = uniform_model(
+        "tiny-deepseek-moe", 4, 64, 4, num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=32,
+        moe_shared_expert_intermediate_size=64, moe_layer_freq=[0, 1, 1, 1], **tiny_moe)
     return presets
+
+
+def _moe_presets() -> dict[str, ModelSpec]:
+    """Mixtral 8x7B: Jiang et al. 2024 (arXiv 2401.04088) Table 1 and its Hugging Face config.json (32 layers,
+    h 4096, 32 heads, 8 KV heads, ffn 14336, 8 experts top-2, vocab 32000, rope theta 1e6, untied; 46,702,792,704
+    parameters as transformers counts them); seq 4096 as Megatron-LM's examples/mixtral train. DeepSeekMoE 16B:
+    Dai et al. 2024 (arXiv 2401.06066, 16.4B total) and the config.json of deepseek-ai/deepseek-moe-16b-base
+    (28 layers, h 2048, 16 heads, first_k_dense_replace 1 with intermediate_size 10944, 64 routed experts of
+    moe_intermediate_size 1408 top-6, n_shared_experts 2 = one shared MLP of 2816, vocab 102400, seq 4096,
+    rope theta 10000, untied): 16,375,728,128 parameters by tests/test_moe_specs.py's arithmetic."""
+    mixtral = uniform_model("mixtral-8x7b", 32, 4096, 32, 4096, 32000, ffn_hidden_size=14336, num_query_groups=8,
+                            rotary_base=1000000, num_experts=8, moe_router_topk=2, **_LLAMA_ARCHITECTURE)
+    deepseek = uniform_model("deepseek-moe-16b", 28, 2048, 16, 4096, 102400, ffn_hidden_size=10944,
+                             num_experts=64, moe_router_topk=6, moe_ffn_hidden_size=1408,
+                             moe_shared_expert_intermediate_size=2 * 1408, moe_layer_freq=[0] + [1] * 27,
+                             **_LLAMA_ARCHITECTURE)
+    return {model.name: model for model in (mixtral, deepseek)}
 
 
 MODEL_PRESETS: dict[str, ModelSpec] = _model_presets()

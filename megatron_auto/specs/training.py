@@ -12,6 +12,10 @@ from .model import _check_version
 
 TRAINING_SCHEMA_VERSION = 1
 GIB = 1024**3
+MOE_TOKEN_DISPATCHERS = ("alltoall", "allgather")
+# Routed tokens on the busiest EP rank over the mean. 1.0 = balanced routing, what the auxiliary loss drives
+# toward and a capacity factor of 1 enforces; no measured figure was available (docs/cost_model.md, "MoE").
+DEFAULT_MOE_LOAD_IMBALANCE = 1.0
 
 
 @dataclass(frozen=True)
@@ -42,6 +46,12 @@ class TrainingSpec(CachedHash):
     memory_margin: Optional[float] = None
     """Safety margin on the budget, a fraction in [0, 1): fits when device memory <= budget x (1 - margin);
     None: the cluster's default (ClusterSpec.memory_margin, derived in docs/cost_model.md)."""
+    moe_token_dispatcher: str = "alltoall"
+    """How MoE layers move tokens to their experts: alltoall or allgather [--moe-token-dispatcher-type]."""
+    moe_load_imbalance: float = DEFAULT_MOE_LOAD_IMBALANCE
+    """Routed tokens on the busiest expert-parallel rank over the mean (>= 1); scales expert time and memory."""
+    moe_grouped_gemm: bool = False
+    """The experts' GEMMs batched into one grouped GEMM [--moe-grouped-gemm]."""
 
     def __post_init__(self) -> None:
         _check_version(self.schema_version, TRAINING_SCHEMA_VERSION, "training spec")
@@ -59,6 +69,14 @@ class TrainingSpec(CachedHash):
         if self.optimizer_impl not in PRICED_OPTIMIZER:
             raise ValueError(f"optimizer implementation must be one of {PRICED_OPTIMIZER}, "
                              f"got {self.optimizer_impl!r}")
+        self._check_moe()
+
+    def _check_moe(self) -> None:
+        if self.moe_token_dispatcher not in MOE_TOKEN_DISPATCHERS:
+            raise ValueError(f"MoE token dispatcher must be one of {', '.join(MOE_TOKEN_DISPATCHERS)}, "
+                             f"got {self.moe_token_dispatcher!r}")
+        if not 1.0 <= self.moe_load_imbalance < float("inf"):
+            raise ValueError(f"MoE load imbalance must be a finite number >= 1, got {self.moe_load_imbalance}")
 
     @property
     def activation_bytes(self) -> int:
@@ -74,12 +92,13 @@ class TrainingSpec(CachedHash):
 
     @classmethod
     def fp32(cls, global_batch_size: int, memory_budget_bytes: int = 0, attention_backend: str = "unfused",
-             optimizer_impl: str = "foreach", memory_margin: Optional[float] = None) -> "TrainingSpec":
+             optimizer_impl: str = "foreach", memory_margin: Optional[float] = None, **moe) -> "TrainingSpec":
         """Full fp32 training, as on CPU: 4-byte weights and grads, 8 bytes of Adam moments
-        (and by default the CPU's kernels, megatron_auto.kernels)."""
+        (and by default the CPU's kernels, megatron_auto.kernels); `moe`: the moe_* fields."""
         return cls(global_batch_size=global_batch_size, precision="fp32", param_bytes=4,
                    grad_bytes=4, optimizer_bytes=8, memory_budget_bytes=memory_budget_bytes,
-                   attention_backend=attention_backend, optimizer_impl=optimizer_impl, memory_margin=memory_margin)
+                   attention_backend=attention_backend, optimizer_impl=optimizer_impl, memory_margin=memory_margin,
+                   **moe)
 
     @classmethod
     def for_precision(cls, precision: str, global_batch_size: int, **options) -> "TrainingSpec":

@@ -1,0 +1,226 @@
+"""The routed experts of a MoE layer under a LayerStrategy with ep/etp.
+
+What runs is Megatron-Core 0.16.1's MoELayer (megatron/core/transformer/moe/): the TopKRouter, a token
+dispatcher (token_dispatcher.py) and the experts (experts.py: SequentialMLP, one GEMM per local expert, or
+a grouped GEMM with --moe-grouped-gemm). The attention, norms, router weights and shared expert form the
+layer's dense part, priced as a dense layer whose MLP is the shared expert (cost/layer_cost.py).
+
+Ranks: Megatron-Core orders a stage's tp*dp ranks for the experts as etp-ep-edp (parallel_state.py, the
+expert RankGenerator), so an expert-TP group is etp adjacent ranks, an EP group's ranks are etp apart and
+an expert-DP group's ep*etp apart. With TP, MoELayer requires SP: each rank routes its own 1/tp of the
+sequence, so every rank of an EP x ETP block starts from distinct tokens.
+
+Token counts: with top-k routing each rank sends k copies of each of its T tokens; balanced, an EP rank
+(E/ep experts) receives 1/ep of the k x T copies of each of its ep senders, k x T in all, and its ETP group
+all-gathers them: k x T x etp per GPU (Megatron-Core MoE docs, "expert parallelism"; Gale et al. 2023,
+MegaBlocks, arXiv 2211.15841, Sec. 2). The busiest rank gets TrainingSpec.moe_load_imbalance times the mean,
+and sets the pace of the experts and of the dispatch (docs/cost_model.md, "MoE").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..plan import LayerStrategy
+from ..specs.cluster import ClusterSpec
+from ..specs.model import LayerSpec
+from ..specs.training import TrainingSpec
+from .collectives import all_to_all_time
+from .communication import dp_comm_time, zero3_comm_time
+from .compute import gemm_compute_time
+from .flops import Gemm
+from .layer_kernels import ELEMENTWISE_BANDWIDTH_FRACTION, MAIN_GRAD_BYTES
+from .memory import FP32_BYTES, model_state_bytes, optimizer_temporary_bytes, zero3_gathered_bytes
+from .models import comm_model
+
+
+@dataclass(frozen=True)
+class ExpertCost:
+    """The routed experts of one MoE layer on one GPU. Times per micro-batch unless named per iteration."""
+
+    forward_s: float
+    """Router GEMM, expert GEMMs and the permutation and activation passes, forward."""
+    backward_s: float
+    """The same, backward (2x the GEMMs: dgrad and wgrad), and the expert weight-gradient accumulation."""
+    recompute_s: float
+    """Full recompute's second forward of the router and experts."""
+    comm_s: float
+    """Dispatch and combine (all-to-all, or all-gather and reduce-scatter) and expert-TP collectives."""
+    zero3_s: float
+    """ZeRO-3 gathers and scatters of the expert weights (before overlap)."""
+    dp_comm_per_iteration_s: float
+    """Expert gradient (and ZeRO-1/2 weight) traffic over the expert-DP group, once per iteration."""
+    state_bytes: float
+    """Expert weights, gradients and optimizer states on this GPU."""
+    activation_bytes: float
+    """Dispatched tokens and expert activations kept per micro-batch."""
+    rematerialised_bytes: float
+    """What recomputation brings back while the layer runs its backward (and ZeRO-3's gathered experts)."""
+    optimizer_temporary_bytes: float
+    """The optimizer step's temporaries over this GPU's expert shard."""
+
+
+def expert_view(strategy: LayerStrategy) -> LayerStrategy:
+    """The experts' weights laid out as a dense layer's: split ep*etp ways (adjacent ranks), replicated
+    over the expert-DP group with the layer's ZeRO level (Megatron's distributed optimizer shards the
+    expert states over expert DP: distributed optimizer over the expert data-parallel group)."""
+    return LayerStrategy(tp=strategy.ep * strategy.expert_tp, dp=strategy.expert_dp, zero=strategy.zero)
+
+
+def local_tokens(seq: int, samples: int, strategy: LayerStrategy) -> float:
+    """Tokens entering the MoE layer on one GPU: b x s, of which 1/tp under SP."""
+    return seq * samples / (strategy.tp if strategy.sp else 1)
+
+
+def expert_tokens(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy, imbalance: float) -> float:
+    """Token copies the busiest GPU's experts process per micro-batch: k x T x etp x imbalance."""
+    return layer.moe.router_topk * local_tokens(seq, samples, strategy) * strategy.expert_tp * imbalance
+
+
+def expert_gemms(layer: LayerSpec, tokens: float, strategy: LayerStrategy) -> tuple[Gemm, Gemm]:
+    """fc1 and fc2 of the E/ep local experts, each on its share of `tokens`, split etp ways
+    (column- then row-parallel, as the dense MLP under TP)."""
+    local = layer.moe.num_experts // strategy.ep
+    f = layer.moe.expert_ffn_hidden_size / strategy.expert_tp
+    m = tokens / local
+    return (Gemm(m, layer.hidden_size, f * (2 if layer.swiglu else 1), batch=local),
+            Gemm(m, f, layer.hidden_size, batch=local))
+
+
+def router_gemm(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy) -> Gemm:
+    """The router's logits: T x h @ h x E (the router is not split by TP)."""
+    return Gemm(local_tokens(seq, samples, strategy), layer.hidden_size, layer.moe.num_experts)
+
+
+def expert_gemm_time(gemms: tuple[Gemm, ...], grouped: bool, cluster: ClusterSpec) -> float:
+    """Forward seconds of the expert GEMMs: one kernel per local expert (SequentialMLP), each at least the
+    GEMM law's latency_s, or one grouped kernel (--moe-grouped-gemm) for all of them."""
+    total = 0.0
+    for gemm in gemms:
+        kernels = 1 if grouped else gemm.batch
+        one = gemm_compute_time(gemm, cluster) / kernels
+        total += kernels * max(cluster.compute.latency_s, one)
+    return total
+
+
+def expert_memory_bytes(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy, word: int,
+                        imbalance: float) -> tuple[float, float]:
+    """(forward, backward) bytes of the memory-bound passes beside the GEMMs.
+
+    Source side, per routed copy (k x T): permute before dispatch (read + write h, moe_utils.permute's
+    index_select), the probability scaling (read + write h) and the unpermute's scatter-add (read + write h).
+    Expert side, per copy it processes (expert_tokens): the sort by local expert and its inverse (read + write
+    h each, moe_utils.sort_chunks_by_idxs) and the activation as the dense MLP's (cost/layer_kernels.py: 5f
+    SwiGLU or 2f GeLU forward, 5f or 3f backward, over the f/etp shard). Router: softmax and top-k over the
+    T x E fp32 logits (three passes). Gradients of permutations are permutations: backward moves the same
+    h-wide bytes. The expert weight gradients are added into their fp32 main_grad (read new, read+write old).
+    """
+    tokens = local_tokens(seq, samples, strategy)
+    copies = layer.moe.router_topk * tokens
+    processed = expert_tokens(layer, seq, samples, strategy, imbalance)
+    f = layer.moe.expert_ffn_hidden_size / strategy.expert_tp
+    h = layer.hidden_size
+    router = 3 * FP32_BYTES * tokens * layer.moe.num_experts
+    moved = word * (6 * h * copies + 4 * h * processed)
+    forward = moved + word * processed * (5 if layer.swiglu else 2) * f + router
+    backward = moved + word * processed * (5 if layer.swiglu else 3) * f + router
+    grads = layer.expert_parameters / (strategy.ep * strategy.expert_tp) * (word + 2 * MAIN_GRAD_BYTES)
+    return forward, backward + grads
+
+
+def expert_compute_times(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
+                         cluster: ClusterSpec, training: TrainingSpec) -> tuple[float, float]:
+    """(forward, backward) seconds of the router and the experts on the busiest GPU: GEMMs by the GEMM law
+    (cost/compute.py), backward 2x the forward GEMMs (dgrad + wgrad, SC21 Sec. 5.1), and the memory-bound
+    passes at ELEMENTWISE_BANDWIDTH_FRACTION of HBM bandwidth."""
+    tokens = expert_tokens(layer, seq, samples, strategy, training.moe_load_imbalance)
+    gemms = expert_gemm_time(expert_gemms(layer, tokens, strategy), training.moe_grouped_gemm, cluster)
+    gemms += gemm_compute_time(router_gemm(layer, seq, samples, strategy), cluster)
+    forward_bytes, backward_bytes = expert_memory_bytes(layer, seq, samples, strategy, training.activation_bytes,
+                                                        training.moe_load_imbalance)
+    bandwidth = cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
+    return gemms + forward_bytes / bandwidth, 2 * gemms + backward_bytes / bandwidth
+
+
+def ep_all_to_all_time(bytes_: float, ep: int, stride: int, cluster: ClusterSpec) -> float:
+    """An all-to-all over an EP group of `ep` ranks `stride` apart, each rank holding `bytes_` (1/ep per peer).
+    NCCL sends to each peer over its own path at once, so across nodes the share for the peers in the rank's
+    node crosses NVLink while the rest crosses the network, and the slower of the two sets the time. A group
+    inside one node, or one that straddles nodes unevenly (ClusterSpec.link_for_group), is a plain
+    all-to-all over its slowest link (collectives.all_to_all_time)."""
+    link = cluster.link_for_group(ep, stride)
+    per_node = cluster.gpus_per_node // stride if cluster.gpus_per_node % stride == 0 else 0
+    if link is cluster.intra_node or per_node < 1 or ep % per_node:
+        return all_to_all_time(bytes_, ep, link)
+    intra, inter = cluster.intra_node, cluster.inter_node
+    local = bytes_ * (per_node - 1) / ep / intra.effective_bandwidth + intra.latency_s if per_node > 1 else 0.0
+    remote = bytes_ * (ep - per_node) / ep / inter.effective_bandwidth + inter.latency_s
+    return max(local, remote)
+
+
+def dispatch_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy, cluster: ClusterSpec,
+                  training: TrainingSpec) -> float:
+    """One pass (forward, or backward) of token dispatch and combine.
+
+    alltoall (MoEAlltoAllTokenDispatcher): an all-to-all of the k x T routed copies over the EP group (ranks
+    etp apart), then an all-gather over the expert-TP group; combine: a reduce-scatter over expert TP and
+    the all-to-all back. The busiest receiver gets imbalance x the mean. allgather
+    (MoEAllGatherTokenDispatcher): all-gather of all tokens over the tp_ep group (ep*etp adjacent ranks),
+    and a reduce-scatter of the same size to combine. The backward pass mirrors the forward's collectives.
+    Routing probabilities and maps (k or E numbers per token against h) are left out.
+    """
+    word, h, comm = training.activation_bytes, layer.hidden_size, comm_model(cluster)
+    tokens = local_tokens(seq, samples, strategy)
+    if training.moe_token_dispatcher == "allgather":
+        group = strategy.ep * strategy.expert_tp
+        gathered = group * tokens * h * word
+        return (comm.collective_time("all_gather", gathered, group, 1, cluster)
+                + comm.collective_time("reduce_scatter", gathered, group, 1, cluster))
+    received = layer.moe.router_topk * tokens * h * word * training.moe_load_imbalance
+    a2a = ep_all_to_all_time(received, strategy.ep, strategy.expert_tp, cluster)
+    etp, gathered = strategy.expert_tp, strategy.expert_tp * received
+    expert_tp = (comm.collective_time("all_gather", gathered, etp, 1, cluster)
+                 + comm.collective_time("reduce_scatter", gathered, etp, 1, cluster))
+    return 2 * a2a + expert_tp
+
+
+def expert_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
+                            training: TrainingSpec, recompute: str) -> float:
+    """Bytes the experts keep for backward per micro-batch on the busiest GPU (none under full recompute:
+    the layer's input, counted in its dense part, is all it keeps).
+
+    Per processed copy: the dispatched (all-gathered) token, the fc1 input (h), and the MLP's inner
+    activations over the f/etp shard as Korthikanti et al. count the dense MLP's (fc1 output and the
+    activation's output: 2f, or 3f with SwiGLU's gate). Per routed copy on the source side: the combined
+    expert output that the probability scaling keeps (h) and its fp32 probability.
+    """
+    if recompute == "full":
+        return 0.0
+    word, h = training.activation_bytes, layer.hidden_size
+    processed = expert_tokens(layer, seq, samples, strategy, training.moe_load_imbalance)
+    inner = (3 if layer.swiglu else 2) * layer.moe.expert_ffn_hidden_size / strategy.expert_tp
+    copies = layer.moe.router_topk * local_tokens(seq, samples, strategy)
+    return word * processed * (h + inner) + copies * (word * h + FP32_BYTES)
+
+
+def expert_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int, cluster: ClusterSpec,
+                training: TrainingSpec) -> ExpertCost:
+    """All expert terms of one MoE layer on one GPU (recompute kinds as for the dense part: full replays
+    the forward, dispatch included; selective recomputes only the attention core)."""
+    forward, backward = expert_compute_times(layer, seq, samples, strategy, cluster, training)
+    full = strategy.recompute == "full"
+    dispatch = dispatch_time(layer, seq, samples, strategy, cluster, training)
+    view, params = expert_view(strategy), layer.expert_parameters
+    kept = expert_activation_bytes(layer, seq, samples, strategy, training, strategy.recompute)
+    kept_without = expert_activation_bytes(layer, seq, samples, strategy, training, "none")
+    return ExpertCost(
+        forward_s=forward,
+        backward_s=backward,
+        recompute_s=forward if full else 0.0,
+        comm_s=(3 if full else 2) * dispatch,
+        zero3_s=zero3_comm_time(params, view, cluster, training, full),
+        dp_comm_per_iteration_s=dp_comm_time(params, view, cluster, training),
+        state_bytes=model_state_bytes(params, view, training),
+        activation_bytes=kept,
+        rematerialised_bytes=kept_without - kept + zero3_gathered_bytes(params, view, training),
+        optimizer_temporary_bytes=optimizer_temporary_bytes(params, view, training),
+    )
