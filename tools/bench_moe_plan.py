@@ -102,7 +102,8 @@ def alternative_rows(model_name: str, nodes: int, batch: int) -> list[str]:
 
     model, cluster, training = load_model(model_name), load_cluster("dgx-h100-80gb", nodes), TrainingSpec(batch)
     rows = [f"{model_name} on {nodes * 8} GPUs, batch {batch}:", "",
-            "| tp | pp | ep | etp | best plan under these flags | iteration s | TFLOP/s per GPU | device GiB | ep comm s |",
+            "| tp | pp | ep | etp | best plan under these flags | iteration s | TFLOP/s per GPU | device GiB "
+            "| ep comm s |",
             "|---|---|---|---|---|---|---|---|---|"]
     for tp, pp, ep, etp in ALTERNATIVES[model_name]:
         pinned = SearchConstraints(tp=tp, pp=pp, expert_parallel=ep, expert_tensor_parallel=etp)

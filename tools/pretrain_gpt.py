@@ -63,8 +63,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from megatron_auto.cli.parser import margin_fraction  # noqa: E402
 from megatron_auto.errors import UserError  # noqa: E402
-from megatron_auto.kernels import (ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMULATION_FUSIONS, OPTIMIZER_IMPLS,  # noqa: E402
-                                   resolve_attention_backend, resolve_optimizer_impl)
+from megatron_auto.kernels import (ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMULATION_FUSIONS,  # noqa: E402
+                                   OPTIMIZER_IMPLS, resolve_attention_backend, resolve_optimizer_impl)
 from megatron_auto.runtime import compat_flags  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
