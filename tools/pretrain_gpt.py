@@ -540,6 +540,7 @@ def _log_run_header(args: argparse.Namespace, adjustments: list[str], settings: 
 def run(args: argparse.Namespace) -> None:
     import patches
     from megatron_auto.runtime import checkpoint, distributed, fit, session
+    from megatron_auto.runtime.validation import check_global_batch
 
     adjustments = megatron_lm_adjustments(args)
     _use_matmul_flags(args)
@@ -549,6 +550,7 @@ def run(args: argparse.Namespace) -> None:
     patches.apply_all()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     plan = choose_plan(args, model, world_size, settings)
+    check_global_batch(settings, plan.global_batch_size)
     info = distributed.init_distributed(settings.timeout_s)
     try:
         checkpoint.check_paths(settings.save, settings.load)
