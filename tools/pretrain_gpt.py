@@ -458,6 +458,17 @@ def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, set
                                    args.auto_parallel_profile)
 
 
+def check_plan_runs(plan, settings: TrainSettings) -> None:
+    """Before any work: what the chosen plan's global batch or its runtime cannot run (UserError)."""
+    from megatron_auto.runtime.validation import check_global_batch
+
+    check_global_batch(settings, plan.global_batch_size)
+    if plan.space == "hybrid":
+        from megatron_auto.runtime.hybrid.session import check_supported
+
+        check_supported(plan, settings)
+
+
 def plan_basis(args: argparse.Namespace, plan, model: ModelSpec, world_size: int, settings: TrainSettings):
     """The cluster and training spec the plan is priced under (runtime.memory_check.PlanBasis);
     None when no cluster preset matches the device of a run that did not search."""
@@ -540,7 +551,6 @@ def _log_run_header(args: argparse.Namespace, adjustments: list[str], settings: 
 def run(args: argparse.Namespace) -> None:
     import patches
     from megatron_auto.runtime import checkpoint, distributed, fit, session
-    from megatron_auto.runtime.validation import check_global_batch
 
     adjustments = megatron_lm_adjustments(args)
     _use_matmul_flags(args)
@@ -550,7 +560,7 @@ def run(args: argparse.Namespace) -> None:
     patches.apply_all()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     plan = choose_plan(args, model, world_size, settings)
-    check_global_batch(settings, plan.global_batch_size)
+    check_plan_runs(plan, settings)
     info = distributed.init_distributed(settings.timeout_s)
     try:
         checkpoint.check_paths(settings.save, settings.load)
