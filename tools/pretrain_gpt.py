@@ -307,6 +307,12 @@ def size_flags_error(args: argparse.Namespace) -> Optional[str]:
             return f"{flag} must be non-negative, got {value}"
     if args.recompute_granularity == "selective" and args.recompute_method is not None:
         return "--recompute-method is not supported with --recompute-granularity selective (as in Megatron-LM)"
+    uneven = args.decoder_first_pipeline_num_layers is not None or args.decoder_last_pipeline_num_layers is not None
+    if args.num_layers_per_virtual_pipeline_stage and uneven:
+        return ("--num-layers-per-virtual-pipeline-stage cannot go with --decoder-first/last-pipeline-num-layers "
+                "(as in Megatron-LM)")
+    if args.mock_data and args.data_path:
+        return "give --data-path or --mock-data, not both (Megatron-LM takes a single data source)"
     return None
 
 
@@ -366,7 +372,7 @@ def log_tokenizer_and_data(args: argparse.Namespace, tokenizer) -> None:
 def data_from_args(args: argparse.Namespace, vocab_size: int) -> DataSettings:
     """The data flags: the `--data-path` blend (empty for --mock-data), split (Megatron-LM's default
     969,30,1 when not given), .bin reading, cache, masks."""
-    from megatron_auto.runtime.gpt_data import MAX_SCAN_BYTES, check_data, check_data_tokens
+    from megatron_auto.runtime.gpt_data import MAX_SCAN_BYTES, check_data, check_data_tokens, check_run_data
 
     if args.reset_attention_mask:
         raise UserError("--reset-attention-mask: per-document attention masks are not supported "
@@ -377,6 +383,7 @@ def data_from_args(args: argparse.Namespace, vocab_size: int) -> DataSettings:
                         reset_position_ids=args.reset_position_ids)
     if data.blend:
         check_data(data)  # before any work: a truncated .bin, a bad blend or split is one line
+        check_run_data(data, args.eval_iters)
         if not check_data_tokens(data):
             logger.info("--data-path: a .bin over %d GiB: token ids are checked against the vocabulary as "
                         "samples are read", MAX_SCAN_BYTES >> 30)
@@ -458,11 +465,15 @@ def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, set
                                    args.auto_parallel_profile)
 
 
-def check_plan_runs(plan, settings: TrainSettings) -> None:
+def check_plan_runs(plan, settings: TrainSettings, model: ModelSpec) -> None:
     """Before any work: what the chosen plan's global batch or its runtime cannot run (UserError)."""
     from megatron_auto.runtime.validation import check_global_batch
 
     check_global_batch(settings, plan.global_batch_size)
+    for strategy in plan.distinct_strategies | {plan.embedding}:
+        if strategy.sp and strategy.tp > 1 and model.seq_length % strategy.tp:
+            raise UserError(f"--sequence-parallel splits the sequence over tensor parallel {strategy.tp}: "
+                            f"--seq-length {model.seq_length} must be divisible by it")
     if plan.space == "hybrid":
         from megatron_auto.runtime.hybrid.session import check_supported
 
@@ -560,7 +571,7 @@ def run(args: argparse.Namespace) -> None:
     patches.apply_all()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     plan = choose_plan(args, model, world_size, settings)
-    check_plan_runs(plan, settings)
+    check_plan_runs(plan, settings, model)
     info = distributed.init_distributed(settings.timeout_s)
     try:
         checkpoint.check_paths(settings.save, settings.load)

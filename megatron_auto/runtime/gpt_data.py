@@ -167,6 +167,30 @@ def check_data(data: DataSettings) -> tuple[list[str], Optional[list[float]]]:
     return prefixes, weights
 
 
+def check_run_data(data: DataSettings, eval_iters: int) -> None:
+    """Before any work, what megatron-core's dataset builder would fail on after it: no validation
+    documents for a run that validates, and an index cache folder it cannot create."""
+    if eval_iters > 0 and parse_split(data.split)[1] == 0:
+        raise UserError(_no_validation_message(data.split, f"--eval-iters {eval_iters}"))
+    prefixes, _ = parse_blend(data.blend)
+    folders = [("--data-cache-path", data.cache_path)] if data.cache_path else [
+        (f"--data-path {prefix}", os.path.join(prefix, "cache")) for prefix in prefixes]  # GPTDataset's default
+    for flag, folder in folders:
+        if os.path.isdir(folder):
+            continue  # megatron-core reads the indices there, or writes the missing ones
+        existing = os.path.abspath(folder)
+        while not os.path.exists(existing):
+            existing = os.path.dirname(existing)
+        if not os.path.isdir(existing) or not os.access(existing, os.W_OK | os.X_OK):
+            raise UserError(f"{flag}: the dataset index cache {folder} cannot be created ({existing} is not a "
+                            "writable directory); give --data-cache-path a writable directory")
+
+
+def _no_validation_message(split: str, asker: str) -> str:
+    return (f"--split {split} leaves no validation data, but {asker} asks for validation "
+            "(give the validation split a weight, or --eval-iters 0)")
+
+
 def check_data_tokens(data: DataSettings) -> bool:
     """check_token_ids over the blend (after check_data); False when some .bin was too large to scan."""
     prefixes, _ = parse_blend(data.blend)
@@ -202,8 +226,7 @@ class GPTDatasets:
         self.splits = dict(zip(SPLIT_NAMES, build_splits(data, seq_length, seed, sizes)))
         self.vocab_size, self.prefixes = data.vocab_size, parse_blend(data.blend)[0]
         if evaluates and not self.splits["eval"]:
-            raise UserError(f"--split {data.split} leaves no validation data, but --eval-interval asks for "
-                            "evaluation (give the validation split a weight, or --eval-iters 0)")
+            raise UserError(_no_validation_message(data.split, f"{sizes[1]} validation samples"))
         built = ", ".join(f"{name} {len(ds) if ds else 0}" for name, ds in self.splits.items())
         self.description = f"needed {sizes[0]}/{sizes[1]}/{sizes[2]} (train/eval/test), built {built}"
 

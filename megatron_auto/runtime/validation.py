@@ -125,5 +125,5 @@ def _check_intervals(settings: TrainSettings) -> None:
     for flag, value in non_negative:
         if value is not None and value < 0:
             raise UserError(f"{flag} must be non-negative, got {value}")
-    _finite("--exit-duration-in-mins", settings.exit_duration_s, low=0.0)
+    _finite("--exit-duration-in-mins", settings.exit_duration_s / 60, low=0.0)
     _finite("--distributed-timeout-minutes", settings.timeout_s / 60, low=0.0, low_open=True)

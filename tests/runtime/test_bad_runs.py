@@ -67,7 +67,7 @@ def data(tmp_path_factory) -> dict[str, str]:
         (root / f"{name}.bin").write_bytes(bin_bytes)
         if idx_bytes is not None:
             (root / f"{name}.idx").write_bytes(idx_bytes)
-    return {name: str(root / name) for name in ("good", *files)}
+    return {**{name: str(root / name) for name in ("good", *files)}, "under_a_file": str(root / "good.bin" / "cache")}
 
 
 def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
@@ -161,6 +161,23 @@ CASES = [
     ("vocab_multiple_zero", ["--make-vocab-size-divisible-by", "0"], 1, "--make-vocab-size-divisible-by must be"),
     ("timeout_zero", ["--distributed-timeout-minutes", "0"], 1, "--distributed-timeout-minutes must be"),
     ("ffn_zero", ["--ffn-hidden-size", "0"], 1, "ffn_hidden_size must be a positive integer"),
+    ("seed_negative", ["--seed=-1"], 1, "--seed must be non-negative"),
+    ("norm_epsilon_negative", ["--norm-epsilon=-1"], 1, "--norm-epsilon must be"),
+    ("rotary_percent_zero", ["--position-embedding-type", "rope", "--rotary-percent", "0"], 1, "--rotary-percent"),
+    ("exit_duration_negative", ["--exit-duration-in-mins=-1"], 1, "--exit-duration-in-mins must be a finite number"),
+    ("decoupled_lr_negative", ["--decoupled-lr=-1"], 1, "--decoupled-lr must be"),
+    ("fp16_loss_scale_zero", ["--fp16", "--loss-scale", "0"], 1, "--loss-scale must be positive"),
+    ("blend_weight_negative", ["--data-path", "-1", "@good"], 1, "weights must be non-negative"),
+    ("mock_and_data_path", ["--mock-data"], 1, "give --data-path or --mock-data, not both"),
+    ("virtual_stages_with_uneven_pipeline", ["--pipeline-model-parallel-size", "2", "--num-layers", "4",
+                                             "--num-layers-per-virtual-pipeline-stage", "1",
+                                             "--decoder-first-pipeline-num-layers", "1"], 2, "cannot go with"),
+    ("sequence_parallel_vs_seq_length", ["--global-batch-size", "2", "--tensor-model-parallel-size", "2",
+                                         "--sequence-parallel", "--seq-length", "31", "--max-position-embeddings",
+                                         "31"], 2, "--seq-length 31 must be divisible by it"),
+    ("validation_without_validation_split", ["--split", "100,0,0", "--eval-iters", "2"], 1,
+     "--split 100,0,0 leaves no validation data, but --eval-iters 2 asks for validation"),
+    ("cache_path_under_a_file", ["--data-cache-path", "@under_a_file"], 1, "cannot be created"),
 ]
 
 
@@ -233,6 +250,8 @@ def test_hybrid_space_plan_with_save_is_refused_before_any_work(data, saved, mon
 
 
 def _process(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    """pretrain_gpt.py as a user runs it (Python's warnings not silenced)."""
+    env = {key: value for key, value in env.items() if key != "PYTHONWARNINGS"}
     return subprocess.run([sys.executable, "tools/pretrain_gpt.py", *argv], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=300)
 
