@@ -67,12 +67,14 @@ def data(tmp_path_factory) -> dict[str, str]:
         (root / f"{name}.bin").write_bytes(bin_bytes)
         if idx_bytes is not None:
             (root / f"{name}.idx").write_bytes(idx_bytes)
-    return {**{name: str(root / name) for name in ("good", *files)}, "under_a_file": str(root / "good.bin" / "cache")}
+    prefixes = {name: str(root / name) for name in ("good", *files)}
+    return {**prefixes, "under_a_file": str(root / "good.bin" / "cache")}
 
 
-def _snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
-    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+def _snapshot(folder: Path) -> dict[str, tuple]:
+    """Every file's bytes and modification time, and every folder, under `folder`."""
+    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns) if p.is_file() else "folder"
+            for p in sorted(folder.rglob("*"))}
 
 
 @pytest.fixture
