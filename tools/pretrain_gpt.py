@@ -266,11 +266,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(refused)
     if compat_flags.unknown_flags(unknown):
         parser.error(f"unrecognized arguments: {' '.join(compat_flags.unknown_flags(unknown))}")
-    schedule_error = schedule_flags_error(args)
-    if schedule_error:
-        parser.error(schedule_error)
     if args.recompute_activations and args.recompute_granularity is None:
         args.recompute_granularity = "selective"
+    flags_error = schedule_flags_error(args) or size_flags_error(args)
+    if flags_error:
+        parser.error(flags_error)
     if not args.mock_data and not args.data_path:
         parser.error("give --data-path PREFIX or --mock-data")
     return args
@@ -292,6 +292,32 @@ def schedule_flags_error(args: argparse.Namespace) -> Optional[str]:
         return f"{' and '.join(mixed)} cannot go with {kind}: use the {other}-based form"
     if args.lr_warmup_fraction is not None and (args.lr_warmup_iters or args.lr_warmup_samples):
         return "give --lr-warmup-fraction or --lr-warmup-iters/--lr-warmup-samples, not both"
+    return None
+
+
+def size_flags_error(args: argparse.Namespace) -> Optional[str]:
+    """Batch, parallelism and recompute flags Megatron-LM's validate_args asserts on (micro batch > 0,
+    no --recompute-method with selective recompute), and sizes that would divide by zero here."""
+    at_least_one = (("--micro-batch-size", args.micro_batch_size), ("--global-batch-size", args.global_batch_size),
+                    ("--tensor-model-parallel-size", args.tensor_model_parallel_size),
+                    ("--pipeline-model-parallel-size", args.pipeline_model_parallel_size),
+                    ("--num-layers-per-virtual-pipeline-stage", args.num_layers_per_virtual_pipeline_stage),
+                    ("--recompute-num-layers", args.recompute_num_layers))
+    for flag, value in at_least_one:
+        if value is not None and value < 1:
+            return f"{flag} must be at least 1, got {value}"
+    for flag, value in (("--decoder-first-pipeline-num-layers", args.decoder_first_pipeline_num_layers),
+                        ("--decoder-last-pipeline-num-layers", args.decoder_last_pipeline_num_layers)):
+        if value is not None and value < 0:
+            return f"{flag} must be non-negative, got {value}"
+    if args.recompute_granularity == "selective" and args.recompute_method is not None:
+        return "--recompute-method is not supported with --recompute-granularity selective (as in Megatron-LM)"
+    uneven = args.decoder_first_pipeline_num_layers is not None or args.decoder_last_pipeline_num_layers is not None
+    if args.num_layers_per_virtual_pipeline_stage and uneven:
+        return ("--num-layers-per-virtual-pipeline-stage cannot go with --decoder-first/last-pipeline-num-layers "
+                "(as in Megatron-LM)")
+    if args.mock_data and args.data_path:
+        return "give --data-path or --mock-data, not both (Megatron-LM takes a single data source)"
     return None
 
 
@@ -331,8 +357,10 @@ def settings_from_args(args: argparse.Namespace, vocab_size: int, eod: int = 0) 
     from dataclasses import replace
 
     from megatron_auto.runtime.config import check_loss_scaling
+    from megatron_auto.runtime.validation import check_settings
 
     settings = _settings(args, vocab_size, precision_from_args(args))
+    check_settings(settings, args.seq_length)
     check_loss_scaling(settings)
     return replace(settings, data=replace(settings.data, eod=eod))
 
@@ -349,7 +377,7 @@ def log_tokenizer_and_data(args: argparse.Namespace, tokenizer) -> None:
 def data_from_args(args: argparse.Namespace, vocab_size: int) -> DataSettings:
     """The data flags: the `--data-path` blend (empty for --mock-data), split (Megatron-LM's default
     969,30,1 when not given), .bin reading, cache, masks."""
-    from megatron_auto.runtime.gpt_data import check_data
+    from megatron_auto.runtime.gpt_data import MAX_SCAN_BYTES, check_data, check_data_tokens, check_run_data
 
     if args.reset_attention_mask:
         raise UserError("--reset-attention-mask: per-document attention masks are not supported "
@@ -360,6 +388,10 @@ def data_from_args(args: argparse.Namespace, vocab_size: int) -> DataSettings:
                         reset_position_ids=args.reset_position_ids)
     if data.blend:
         check_data(data)  # before any work: a truncated .bin, a bad blend or split is one line
+        check_run_data(data, args.eval_iters)
+        if not check_data_tokens(data):
+            logger.info("--data-path: a .bin over %d GiB: token ids are checked against the vocabulary as "
+                        "samples are read", MAX_SCAN_BYTES >> 30)
     return data
 
 
@@ -437,6 +469,21 @@ def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, set
                                    training_for_job(args, settings, world_size),
                                    search_constraints(args, model), args.auto_parallel_space,
                                    args.auto_parallel_profile)
+
+
+def check_plan_runs(plan, settings: TrainSettings, model: ModelSpec) -> None:
+    """Before any work: what the chosen plan's global batch or its runtime cannot run (UserError)."""
+    from megatron_auto.runtime.validation import check_global_batch
+
+    check_global_batch(settings, plan.global_batch_size)
+    for strategy in plan.distinct_strategies | {plan.embedding}:
+        if strategy.sp and strategy.tp > 1 and model.seq_length % strategy.tp:
+            raise UserError(f"--sequence-parallel splits the sequence over tensor parallel {strategy.tp}: "
+                            f"--seq-length {model.seq_length} must be divisible by it")
+    if plan.space == "hybrid":
+        from megatron_auto.runtime.hybrid.session import check_supported
+
+        check_supported(plan, settings)
 
 
 def plan_basis(args: argparse.Namespace, plan, model: ModelSpec, world_size: int, settings: TrainSettings):
@@ -530,6 +577,7 @@ def run(args: argparse.Namespace) -> None:
     patches.apply_all()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     plan = choose_plan(args, model, world_size, settings)
+    check_plan_runs(plan, settings, model)
     info = distributed.init_distributed(settings.timeout_s)
     try:
         checkpoint.check_paths(settings.save, settings.load)

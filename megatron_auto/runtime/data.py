@@ -42,7 +42,7 @@ def open_source(settings: TrainSettings, seq_length: int, global_batch_size: int
     from .gpt_data import GPTDatasets, split_sizes
 
     sizes = split_sizes(settings.train_iters, settings.eval_interval, settings.eval_iters, global_batch_size)
-    evaluates = bool(settings.eval_interval and settings.eval_iters)
+    evaluates = settings.eval_iters > 0  # at every eval_interval, and after the last iteration
     source = GPTDatasets(data, seq_length, settings.seed, sizes, evaluates)
     if torch.distributed.is_initialized() and torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
         logger.info("data: %s, split %s; samples %s", " ".join(data.blend), data.split, source.description)

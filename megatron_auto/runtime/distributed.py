@@ -12,6 +12,7 @@ from datetime import timedelta
 
 import torch
 
+from ..errors import UserError
 from .layout import MegatronLayout
 
 logger = logging.getLogger(__name__)
@@ -46,9 +47,16 @@ def init_distributed(timeout_s: float) -> DeviceInfo:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", "29500")
         rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-        torch.distributed.init_process_group(backend=info.backend, rank=rank, world_size=world_size,
-                                             timeout=timedelta(seconds=timeout_s),
-                                             store=_restart_store(world_size, timeout_s))
+        try:
+            torch.distributed.init_process_group(backend=info.backend, rank=rank, world_size=world_size,
+                                                 timeout=timedelta(seconds=timeout_s),
+                                                 store=_restart_store(world_size, timeout_s))
+        except torch.distributed.DistError as error:  # the store timed out: a rank never came
+            raise UserError(f"rank {rank} of {world_size}: the job's ranks did not all meet at "
+                            f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} within {timeout_s:g} s "
+                            f"(--distributed-timeout-minutes {timeout_s / 60:g}): start every rank with the same "
+                            f"MASTER_ADDR, MASTER_PORT and WORLD_SIZE ({type(error).__name__}: "
+                            f"{str(error).strip().splitlines()[0] if str(error).strip() else 'no detail'})") from None
     return info
 
 

@@ -59,7 +59,7 @@ def initialize_parallel(plan: Plan, timeout_s: float) -> None:
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=1, pipeline_model_parallel_size=plan.pipeline_parallel,
         virtual_pipeline_model_parallel_size=plan.virtual_stages if plan.virtual_stages > 1 else None,
-        distributed_timeout_minutes=max(1, round(timeout_s / 60)), create_gloo_process_groups=False)
+        distributed_timeout_minutes=timeout_s / 60, create_gloo_process_groups=False)  # a float: no rounding
 
 
 def data_layout(plan: Plan) -> MegatronLayout:
