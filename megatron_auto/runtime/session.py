@@ -49,6 +49,9 @@ class Session:
     """Wall-clock start of the session, for --exit-duration-in-mins."""
     scalars: Any = None
     """tensorboard_log.ScalarSink of the logging rank with --tensorboard-dir, else None."""
+    eval_batches: int = 0
+    """Validation global batches consumed so far (Megatron-LM's consumed_valid_samples / global batch):
+    each evaluation continues through the validation split where the last one stopped."""
 
 
 def _scheduler(optimizer, settings: TrainSettings, global_batch_size: int):
@@ -125,6 +128,15 @@ def resume(session: Session, path: Optional[str] = None, step: Optional[int] = N
                                          with_rng=session.settings.load_rng)
     if resumed is not None:
         session.iteration = resumed.iteration
+        session.eval_batches = eval_batches_before(resumed.iteration, session.settings)
+
+
+def eval_batches_before(iteration: int, settings: TrainSettings) -> int:
+    """Validation batches the periodic evaluations of iterations 1..`iteration` consumed (Megatron-LM's
+    consumed_valid_samples on resume: iteration // eval_interval x eval_iters, in global batches)."""
+    if not settings.eval_interval or settings.eval_iters <= 0:
+        return 0
+    return iteration // settings.eval_interval * settings.eval_iters
 
 
 def run_iteration(session: Session) -> StepResult:
@@ -138,14 +150,17 @@ def run_iteration(session: Session) -> StepResult:
 
 
 def evaluate(session: Session) -> Optional[float]:
-    """Mean loss over `eval_iters` held-out global batches (None with --eval-iters 0)."""
+    """Mean loss over the next `eval_iters` validation global batches (None with --eval-iters 0): as
+    Megatron-LM's validation iterator, each evaluation goes on where the previous one stopped."""
     if session.settings.eval_iters <= 0:
         return None
     losses = []
-    for index in range(session.settings.eval_iters):
-        iterators = data.iterators_for_chunks(session.source, session.slicer, index, session.device, split="eval")
+    for _ in range(session.settings.eval_iters):
+        iterators = data.iterators_for_chunks(session.source, session.slicer, session.eval_batches, session.device,
+                                              split="eval")
         losses.append(eval_step(session.model, iterators, session.layout, session.model_spec.seq_length,
                                 session.device, hybrid=session.hybrid))
+        session.eval_batches += 1
     return sum(losses) / len(losses)
 
 
