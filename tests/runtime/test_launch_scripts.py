@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+import tokenizer_files
 from launcher import REPO, launch, rank_env
 
 LINES = REPO / "tests" / "launch_lines"
@@ -30,15 +31,27 @@ with open(os.environ["LAUNCH_LINE_RECORD"], "a") as record:
 """
 
 
-def recorded_line(script: str, tmp: Path, dataset: str) -> list[str]:
-    """The pretrain_gpt.py arguments that `bash script CKPT TB DATA` hands to torchrun."""
+def script_arguments(script: str, tmp: Path, files: dict) -> list[str]:
+    """The positional arguments of `script`, in its Megatron-LM original's order (paths of checkpoints,
+    TensorBoard logs, tokenizer files and data)."""
+    ckpt, tb = str(tmp / f"{script}-ckpt"), str(tmp / f"{script}-tb")
+    gpt2 = [files["vocab"], files["merges"]]
+    return {"gpt3_175b_distributed": [ckpt, tb, *gpt2, files["gpt2_data"]],
+            "gpt_distributed_with_mp": [ckpt, *gpt2, files["gpt2_data"]],
+            "llama3_8b": [ckpt, tb, files["hf_dir"], files["hf_data"]],
+            "llama3_8b_fsdp": [ckpt, tb, files["hf_dir"], files["hf_data"]],
+            "qwen3_0p6b": [ckpt, files["hf_dir"], files["hf_data"]]}[script]
+
+
+def recorded_line(script: str, tmp: Path, files: dict) -> list[str]:
+    """The pretrain_gpt.py arguments that `bash script ARGS...` hands to torchrun."""
     shim_dir, record = tmp / "shim", tmp / f"{script}.jsonl"
     shim_dir.mkdir(exist_ok=True)
     (shim_dir / "torchrun").write_text(SHIM.format(python=sys.executable))
     (shim_dir / "torchrun").chmod(0o755)
     env = {**os.environ, "PATH": f"{shim_dir}{os.pathsep}{os.environ['PATH']}", "LAUNCH_LINE_RECORD": str(record)}
-    done = subprocess.run(["bash", str(LINES / f"{script}.sh"), str(tmp / f"{script}-ckpt"), str(tmp / f"{script}-tb"),
-                           dataset], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["bash", str(LINES / f"{script}.sh"), *script_arguments(script, tmp, files)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     torchrun_argv = json.loads(record.read_text().splitlines()[-1])
     script_at = next(i for i, arg in enumerate(torchrun_argv) if arg.endswith("pretrain_gpt.py"))
@@ -69,23 +82,35 @@ def with_checkpoints_in(argv: list[str], directory: Path) -> list[str]:
     return out
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> str:
-    prefix = tmp_path_factory.mktemp("data") / "tiny"
+def _preprocess(prefix: Path, tokenizer_flags: list[str]) -> str:
+    """tools/preprocess_data.py over the shipped corpus with these tokenizer flags; the data prefix."""
     done = subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", "data/tiny_corpus.jsonl",
-                           "--output-prefix", str(prefix), "--tokenizer-type", "ByteTokenizer"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120, env=rank_env(0, 1, 0))
+                           "--output-prefix", str(prefix), "--append-eod", *tokenizer_flags],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env=rank_env(0, 1, 0))
     assert done.returncode == 0, done.stderr
     return f"{prefix}_text_document"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, dataset) -> dict:
+def files(tmp_path_factory) -> dict:
+    """Tokenizer files generated from the corpus (GPT-2 vocab + merges, a HuggingFace directory) and
+    the corpus preprocessed with each."""
+    tmp = tmp_path_factory.mktemp("tokenizers")
+    vocab, merges = tokenizer_files.gpt2_files(tmp / "gpt2")
+    hf_dir = tokenizer_files.hugging_face_dir(tmp / "hf")
+    gpt2_flags = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(vocab), "--merge-file", str(merges)]
+    hf_flags = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(hf_dir)]
+    return {"vocab": str(vocab), "merges": str(merges), "hf_dir": str(hf_dir),
+            "gpt2_data": _preprocess(tmp / "gpt2_corpus", gpt2_flags), "hf_data": _preprocess(tmp / "hf_corpus", hf_flags)}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, files) -> dict:
     """{(script, variant): (exit code, the last rank's log of that run, rank 0's)} for every script and variant."""
     tmp = tmp_path_factory.mktemp("launch_lines")
     plan = []
     for script in SCRIPTS:
-        argv = recorded_line(script, tmp, dataset)
+        argv = recorded_line(script, tmp, files)
         plan.append({"name": f"{script}:flags", "argv": argv})
         plan.append({"name": f"{script}:auto", "argv": with_checkpoints_in(without_parallel_sizes(argv),
                                                                             tmp / f"{script}-auto-ckpt")})
