@@ -52,7 +52,9 @@ working directory) and exits 2 with one line naming it (runtime/fit.py).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import math
 import os
 import sys
 import warnings
@@ -117,6 +119,12 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--global-batch-size", type=int)
     group.add_argument("--train-iters", type=int, help="iterations to train (or --train-samples)")
     group.add_argument("--train-samples", type=int, help="samples to train on (Megatron-LM's sample-based schedule)")
+    group.add_argument("--rampup-batch-size", nargs=3, type=int, metavar=("START", "INCREMENT", "SAMPLES"),
+                       help="with --train-samples: the global batch grows from START by INCREMENT over SAMPLES "
+                            "samples to --global-batch-size (megatron-core's ramp-up calculator)")
+    group.add_argument("--step-batch-size-schedule", metavar="'THRESHOLD:BATCH ...'",
+                       help="the global batch of each step of consumed tokens (K/M/B/T suffixes; the first "
+                            "threshold 0); the last batch is the global batch")
     group.add_argument("--lr", type=float, default=1e-4)
     group.add_argument("--min-lr", type=float, default=0.0)
     group.add_argument("--lr-decay-style", default="linear", choices=("constant", "linear", "cosine", "inverse-square-root"))
@@ -261,7 +269,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(refused)
     if compat_flags.unknown_flags(unknown):
         parser.error(f"unrecognized arguments: {' '.join(compat_flags.unknown_flags(unknown))}")
-    schedule_error = schedule_flags_error(args)
+    schedule_error = schedule_flags_error(args) or batch_ramp_error(args)
     if schedule_error:
         parser.error(schedule_error)
     if args.recompute_activations and args.recompute_granularity is None:
@@ -287,6 +295,37 @@ def schedule_flags_error(args: argparse.Namespace) -> Optional[str]:
         return f"{' and '.join(mixed)} cannot go with {kind}: use the {other}-based form"
     if args.lr_warmup_fraction is not None and (args.lr_warmup_iters or args.lr_warmup_samples):
         return "give --lr-warmup-fraction or --lr-warmup-iters/--lr-warmup-samples, not both"
+    return None
+
+
+def batch_ramp_error(args: argparse.Namespace) -> Optional[str]:
+    """Megatron-LM's checks of the growing-batch flags; sets args.batch_ramp (and the global batch of a
+    step schedule, its last batch)."""
+    from megatron_auto.runtime.batch_schedule import BatchRamp, parse_step_schedule
+
+    args.batch_ramp = None
+    if args.rampup_batch_size and args.step_batch_size_schedule:
+        return "give --rampup-batch-size or --step-batch-size-schedule, not both"
+    if args.rampup_batch_size:
+        if args.train_samples is None:
+            return ("--rampup-batch-size needs --train-samples (Megatron-LM: no batch-size ramp-up for "
+                    "iteration-based training)")
+        if args.global_batch_size is None:
+            return "--rampup-batch-size needs --global-batch-size (the batch the ramp-up ends at)"
+        args.batch_ramp = BatchRamp(rampup=tuple(args.rampup_batch_size))
+    elif args.step_batch_size_schedule:
+        try:
+            steps = parse_step_schedule(args.step_batch_size_schedule, args.seq_length)
+        except UserError as error:
+            return str(error)
+        final = steps[-1][1]
+        # Megatron-LM refuses --global-batch-size beside a step schedule; its own gpt3 example gives both,
+        # with the schedule's last batch: that agreement is accepted here.
+        if args.global_batch_size not in (None, final):
+            return (f"--global-batch-size {args.global_batch_size} differs from the last batch of "
+                    f"--step-batch-size-schedule ({final}): drop --global-batch-size")
+        args.global_batch_size = final
+        args.batch_ramp = BatchRamp(steps=steps)
     return None
 
 
@@ -360,7 +399,8 @@ def data_from_args(args: argparse.Namespace, vocab_size: int) -> DataSettings:
 
 def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> TrainSettings:
     return TrainSettings(
-        train_iters=args.train_iters or 0, train_samples=args.train_samples, lr_decay_samples=args.lr_decay_samples,
+        train_iters=args.train_iters or 0, train_samples=args.train_samples, batch_ramp=args.batch_ramp,
+        lr_decay_samples=args.lr_decay_samples,
         lr_warmup_samples=args.lr_warmup_samples, lr_warmup_fraction=args.lr_warmup_fraction,
         lr_warmup_init=args.lr_warmup_init,
         decoupled_lr=args.decoupled_lr, decoupled_min_lr=args.decoupled_min_lr,
@@ -401,7 +441,10 @@ def search_constraints(args: argparse.Namespace, model: ModelSpec) -> SearchCons
     virtual = None
     if args.num_layers_per_virtual_pipeline_stage and args.pipeline_model_parallel_size:
         virtual = model.num_layers // (args.num_layers_per_virtual_pipeline_stage * args.pipeline_model_parallel_size)
+    # A growing batch keeps --micro-batch-size (every batch of the ramp must split into micro-batches).
+    micro_batch = args.micro_batch_size if args.batch_ramp is not None else None
     return SearchConstraints(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
+                             micro_batch_size=micro_batch,
                              virtual_stages=virtual, sequence_parallel=None,  # SP: the planner's choice
                              distributed_optimizer=args.use_distributed_optimizer,
                              recompute=args.recompute_granularity)
@@ -427,10 +470,32 @@ def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, set
         return planning.plan_from_file(args.auto_parallel_plan, model, world_size)
     if not args.auto_parallel:
         return plan_from_flags(model, world_size, manual_flags(args))
-    return planning.search_for_job(model, world_size, args.auto_parallel_cluster,
-                                   training_for_job(args, settings, world_size),
-                                   search_constraints(args, model), args.auto_parallel_space,
-                                   args.auto_parallel_profile)
+    constraints = search_constraints(args, model)
+    search = lambda constraints: planning.search_for_job(  # noqa: E731
+        model, world_size, args.auto_parallel_cluster, training_for_job(args, settings, world_size), constraints,
+        args.auto_parallel_space, args.auto_parallel_profile)
+    plan = search(constraints)
+    if args.batch_ramp is None or _ramp_splits(args, plan):
+        return plan
+    # Every batch of a growing batch must split over the replicas: the widest data parallelism that does.
+    unit = math.gcd(*args.batch_ramp.batch_sizes(args.global_batch_size)) // args.micro_batch_size
+    for dp in sorted((d for d in range(1, world_size + 1) if world_size % d == 0 and unit % d == 0), reverse=True):
+        try:
+            return search(dataclasses.replace(constraints, dp=dp))
+        except UserError:
+            continue
+    return plan  # session.build_session names the batch that does not split
+
+
+def _ramp_splits(args: argparse.Namespace, plan) -> bool:
+    """Whether every batch of the ramp splits into micro-batches over `plan`'s data-parallel replicas."""
+    from megatron_auto.runtime.layout import layout_from_plan
+
+    if plan.space != "megatron":
+        return True
+    layout = layout_from_plan(plan)
+    unit = layout.micro_batch_size * layout.data_parallel
+    return all(batch % unit == 0 for batch in args.batch_ramp.batch_sizes(args.global_batch_size))
 
 
 def plan_basis(args: argparse.Namespace, plan, model: ModelSpec, world_size: int, settings: TrainSettings):

@@ -81,10 +81,6 @@ REFUSED_ANY_VALUE = {
     "--activation-func-clamp-value": "gpt-oss's clamped GLU is not built by this runtime yet",
     "--kv-lora-rank": _MLA, "--q-lora-rank": _MLA, "--qk-head-dim": _MLA, "--qk-pos-emb-head-dim": _MLA,
     "--v-head-dim": _MLA,
-    "--rampup-batch-size": "a global batch that grows during the run is not supported: the plan is priced "
-                           "for one global batch; drop it to train at --global-batch-size",
-    "--step-batch-size-schedule": "a global batch that changes during the run is not supported: the plan is "
-                                  "priced for one global batch; drop it to train at --global-batch-size",
 }
 REFUSED_UNLESS = {
     "--rope-type": ("rope", "RoPE variants other than plain rope (YaRN, ...) are not built by this runtime yet"),

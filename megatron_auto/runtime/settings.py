@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from .batch_schedule import BatchRamp
+
 
 @dataclass(frozen=True)
 class DataSettings:
@@ -40,6 +42,9 @@ class TrainSettings:
     train_samples // global batch (schedule.resolve_samples)."""
     train_samples: Optional[int] = None
     """Megatron-LM's sample-based schedule (--train-samples): samples to train on; None: iteration-based."""
+    batch_ramp: Optional[BatchRamp] = None
+    """--rampup-batch-size / --step-batch-size-schedule: a global batch that grows with the samples
+    consumed (runtime/batch_schedule.py); None: the plan's global batch throughout."""
     lr_decay_samples: Optional[int] = None
     """Sample-based schedule: samples over which the rate decays; None means train_samples."""
     lr_warmup_samples: int = 0

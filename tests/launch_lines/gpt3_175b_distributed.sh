@@ -33,10 +33,10 @@ GPT_MODEL_ARGS=(
     --attention-backend auto # Can use (flash/fused/unfused/local)
 )
 
-# --step-batch-size-schedule of the original is refused here (one global batch per plan).
 TRAINING_ARGS=(
     --micro-batch-size 1 
     --global-batch-size 8
+    --step-batch-size-schedule "0:4 1K:8"
     --train-iters 40
     --weight-decay 0.1 
     --adam-beta1 0.9 

@@ -51,6 +51,6 @@ def test_resume_restores_the_validation_position(monkeypatch):
     session.settings = TrainSettings(train_iters=12, eval_interval=4, eval_iters=2, load="ckpt")
     session.optimizer = session.scheduler = None
     monkeypatch.setattr(sessions.checkpoint, "load_checkpoint",
-                        lambda *args, **kwargs: SimpleNamespace(iteration=9))
+                        lambda *args, **kwargs: SimpleNamespace(iteration=9, consumed_samples=72))
     sessions.resume(session)
     assert (session.iteration, session.eval_batches) == (9, 4)

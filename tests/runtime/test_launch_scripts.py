@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,6 +38,7 @@ def script_arguments(script: str, tmp: Path, files: dict) -> list[str]:
     ckpt, tb = str(tmp / f"{script}-ckpt"), str(tmp / f"{script}-tb")
     gpt2 = [files["vocab"], files["merges"]]
     return {"gpt3_175b_distributed": [ckpt, tb, *gpt2, files["gpt2_data"]],
+            "gpt3_175b_rampup": [ckpt, tb, *gpt2, *files["gpt2_blend"]],
             "gpt_distributed_with_mp": [ckpt, *gpt2, files["gpt2_data"]],
             "llama3_8b": [ckpt, tb, files["hf_dir"], files["hf_data"]],
             "llama3_8b_fsdp": [ckpt, tb, files["hf_dir"], files["hf_data"]],
@@ -100,8 +102,15 @@ def files(tmp_path_factory) -> dict:
     hf_dir = tokenizer_files.hugging_face_dir(tmp / "hf")
     gpt2_flags = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(vocab), "--merge-file", str(merges)]
     hf_flags = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(hf_dir)]
-    return {"vocab": str(vocab), "merges": str(merges), "hf_dir": str(hf_dir),
-            "gpt2_data": _preprocess(tmp / "gpt2_corpus", gpt2_flags), "hf_data": _preprocess(tmp / "hf_corpus", hf_flags)}
+    gpt2_data = _preprocess(tmp / "gpt2_corpus", gpt2_flags)
+    # Three datasets for the weighted blend of examples/pretrain_gpt3_175B.sh: copies of the one corpus.
+    blend = []
+    for name in ("first", "second", "third"):
+        for suffix in (".bin", ".idx"):
+            shutil.copyfile(gpt2_data + suffix, f"{tmp / name}{suffix}")
+        blend.append(str(tmp / name))
+    return {"vocab": str(vocab), "merges": str(merges), "hf_dir": str(hf_dir), "gpt2_data": gpt2_data,
+            "gpt2_blend": blend, "hf_data": _preprocess(tmp / "hf_corpus", hf_flags)}
 
 
 @pytest.fixture(scope="module")
