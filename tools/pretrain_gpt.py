@@ -101,6 +101,8 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
                        help="no learned position table (older scripts pair it with rotary embeddings)")
     group.add_argument("--rotary-base", type=int, default=10000)
     group.add_argument("--rotary-percent", type=float, default=1.0)
+    group.add_argument("--use-rope-scaling", action="store_true", help="Llama 3.1's RoPE frequency scaling")
+    group.add_argument("--rope-scaling-factor", type=float, default=8.0, help="its factor (default 8)")
     group.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default="LayerNorm")
     group.add_argument("--norm-epsilon", type=float, default=1e-5)
     group.add_argument("--disable-bias-linear", action="store_true")
@@ -416,7 +418,8 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         attention_backend=args.attention_backend, optimizer_impl=args.optimizer_impl,
         bias_activation_fusion=not (args.no_bias_swiglu_fusion if args.swiglu else args.no_bias_gelu_fusion),
         bias_dropout_fusion=not args.no_bias_dropout_fusion, bias_fusions=args.bias_fusions,
-        rotary_percent=args.rotary_percent,
+        rotary_percent=args.rotary_percent, rope_scaling=args.use_rope_scaling,
+        rope_scaling_factor=args.rope_scaling_factor,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
         max_position_embeddings=args.max_position_embeddings, log_interval=args.log_interval,
         eval_interval=args.eval_interval, eval_iters=args.eval_iters, save=args.save, load=args.load,

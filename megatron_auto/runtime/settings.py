@@ -99,6 +99,10 @@ class TrainSettings:
     """Epsilon of the LayerNorm / RMSNorm layers (--norm-epsilon)."""
     rotary_percent: float = 1.0
     """Share of each head's channels that RoPE rotates (--rotary-percent)."""
+    rope_scaling: bool = False
+    """--use-rope-scaling: Llama 3.1's RoPE frequency scaling (megatron-core's RotaryEmbedding rope_scaling)."""
+    rope_scaling_factor: float = 8.0
+    """--rope-scaling-factor: its factor (Megatron-LM's default 8)."""
     seed: int = 1234
     attention_backend: str = "auto"
     """--attention-backend (Megatron-LM's names; runtime/kernels.py resolves `auto` for the host)."""

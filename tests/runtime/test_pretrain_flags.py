@@ -328,3 +328,19 @@ def test_readme_flag_table_lists_every_refused_and_no_effect_flag():
         assert f"| `{flag}` other than `{accepted}` | refused |" in table
     for flag in (*compat_flags.NO_EFFECT_SWITCHES, *compat_flags.NO_EFFECT_VALUES, *compat_flags.NO_EFFECT_LISTS):
         assert f"| `{flag}` | without effect |" in table
+
+
+def test_rope_scaling_reaches_the_rotary_embedding():
+    from megatron_auto.runtime.model import position_embedding_args
+
+    rope = BASE + LLAMA3
+    args = pretrain_gpt.parse_args(rope + ["--use-rope-scaling", "--rope-scaling-factor", "32"])
+    model = pretrain_gpt.model_from_args(args, 512)
+    assert position_embedding_args(model, pretrain_gpt.settings_from_args(args, 512))["rope_scaling_factor"] == 32.0
+    plain = pretrain_gpt.parse_args(rope)
+    assert "rope_scaling" not in position_embedding_args(model, pretrain_gpt.settings_from_args(plain, 512))
+
+
+def test_newer_hugging_face_special_token_flag_is_the_default_here():
+    assert not pretrain_gpt.parse_args(BASE + ["--tokenizer-hf-no-include-special-tokens"]).tokenizer_hf_include_special_tokens
+    assert pretrain_gpt.parse_args(BASE + ["--tokenizer-hf-include-special-tokens"]).tokenizer_hf_include_special_tokens
