@@ -90,6 +90,8 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--swiglu", action="store_true")
     group.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     group.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    group.add_argument("--padded-vocab-size", type=int, help="the embedding's rows (default: the vocabulary padded "
+                                                             "to a multiple of --make-vocab-size-divisible-by x TP)")
     group.add_argument("--hidden-dropout", type=float, default=0.1)
     group.add_argument("--attention-dropout", type=float, default=0.1)
     group.add_argument("--init-method-std", type=float, default=0.02)
@@ -124,7 +126,9 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rampup-batch-size", nargs=3, type=int, metavar=("START", "INCREMENT", "SAMPLES"),
                        help="with --train-samples: the global batch grows from START by INCREMENT over SAMPLES "
                             "samples to --global-batch-size (megatron-core's ramp-up calculator)")
-    group.add_argument("--step-batch-size-schedule", metavar="'THRESHOLD:BATCH ...'",
+    # nargs="+": Megatron-LM's gpt3 example expands the quoted schedule unquoted (${TRAINING_ARGS[@]}),
+    # so it arrives as one word per step.
+    group.add_argument("--step-batch-size-schedule", nargs="+", metavar="THRESHOLD:BATCH",
                        help="the global batch of each step of consumed tokens (K/M/B/T suffixes; the first "
                             "threshold 0); the last batch is the global batch")
     group.add_argument("--lr", type=float, default=1e-4)
@@ -317,7 +321,7 @@ def batch_ramp_error(args: argparse.Namespace) -> Optional[str]:
         args.batch_ramp = BatchRamp(rampup=tuple(args.rampup_batch_size))
     elif args.step_batch_size_schedule:
         try:
-            steps = parse_step_schedule(args.step_batch_size_schedule, args.seq_length)
+            steps = parse_step_schedule(" ".join(args.step_batch_size_schedule), args.seq_length)
         except UserError as error:
             return str(error)
         final = steps[-1][1]
@@ -420,7 +424,7 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         bias_dropout_fusion=not args.no_bias_dropout_fusion, bias_fusions=args.bias_fusions,
         rotary_percent=args.rotary_percent, rope_scaling=args.use_rope_scaling,
         rope_scaling_factor=args.rope_scaling_factor,
-        make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+        make_vocab_size_divisible_by=args.make_vocab_size_divisible_by, padded_vocab_size=args.padded_vocab_size,
         max_position_embeddings=args.max_position_embeddings, log_interval=args.log_interval,
         eval_interval=args.eval_interval, eval_iters=args.eval_iters, save=args.save, load=args.load,
         save_interval=args.save_interval, exit_interval=args.exit_interval, ckpt_step=args.ckpt_step,
@@ -588,7 +592,7 @@ def run(args: argparse.Namespace) -> None:
     _use_matmul_flags(args)
     tokenizer = tokenizer_from_flags(args)
     settings = settings_from_args(args, tokenizer.vocab_size, tokenizer.eod)
-    model = model_from_args(args, tokenizer.vocab_size)
+    model = model_from_args(args, args.padded_vocab_size or tokenizer.vocab_size)  # the rows the planner prices
     patches.apply_all()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     plan = choose_plan(args, model, world_size, settings)

@@ -116,6 +116,8 @@ class TrainSettings:
     """Megatron's fused bias + dropout + add allowed (with --bias-fusions on); --no-bias-dropout-fusion: off."""
     make_vocab_size_divisible_by: int = 128
     """Megatron pads the vocabulary to a multiple of this times the TP degree."""
+    padded_vocab_size: Optional[int] = None
+    """--padded-vocab-size: the embedding's rows as given (None: the tokenizer's ids padded as above)."""
     max_position_embeddings: Optional[int] = None
     """Learned position embeddings; None means the sequence length."""
     log_interval: int = 1

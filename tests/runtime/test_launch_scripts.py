@@ -164,3 +164,15 @@ def test_save_and_load_of_a_new_directory_start_from_scratch(runs):
 def test_auto_parallel_variant_searched_a_plan(runs):
     for script in SCRIPTS:
         assert "parallel plan (auto-parallel)" in runs[(script, "auto")][1]
+
+
+def test_growing_batches_follow_megatron_lms_schedules(runs):
+    # --rampup-batch-size 4 4 64 to 8: one increment after 64 samples, so 16 iterations of 4, then
+    # (320 - 72) // 8 = 31 after the 17th (Megatron-LM's update_train_iters: 48 in all).
+    # --step-batch-size-schedule "0:4 1K:8" at --seq-length 64: 8 from sample 1000 // 64 = 15 on, so
+    # 4 iterations of 4 (16 samples), then 36 of 8 up to --train-iters 40.
+    expected = {"gpt3_175b_rampup": [4] * 16 + [8] * 32, "gpt3_175b_distributed": [4] * 4 + [8] * 36}
+    for script, batches in expected.items():
+        for variant in ("flags", "auto"):
+            log = runs[(script, variant)][1]
+            assert [int(b) for b in re.findall(r"\| global batch size: +(\d+) \|", log)] == batches, (script, variant)

@@ -139,7 +139,7 @@ def test_schedule_lengths_follow_megatron_lm(flags, iters, warmup, decay, increm
     (["--train-iters", "5", "--context-parallel-size", "2"], "--context-parallel-size 2: context parallelism"),
     (["--train-iters", "5", "--expert-model-parallel-size", "4"], "--expert-model-parallel-size 4: expert"),
     (["--train-iters", "5", "--rampup-batch-size", "16", "16", "100"], "--rampup-batch-size needs --train-samples"),
-    (["--train-samples", "80", "--rampup-batch-size", "4", "4", "8", "--step-batch-size-schedule", "0:8"],
+    (["--train-samples", "80", "--rampup-batch-size", "4", "4", "8", "--step-batch-size-schedule", "0:4", "1K:8"],
      "give --rampup-batch-size or --step-batch-size-schedule, not both"),
     (["--train-iters", "5", "--step-batch-size-schedule", "1M:16 2M:32"], "the first threshold must be 0"),
     (["--train-iters", "5", "--step-batch-size-schedule", "0:16 1Q:32"], "'1Q' is not a number"),
@@ -344,3 +344,24 @@ def test_rope_scaling_reaches_the_rotary_embedding():
 def test_newer_hugging_face_special_token_flag_is_the_default_here():
     assert not pretrain_gpt.parse_args(BASE + ["--tokenizer-hf-no-include-special-tokens"]).tokenizer_hf_include_special_tokens
     assert pretrain_gpt.parse_args(BASE + ["--tokenizer-hf-include-special-tokens"]).tokenizer_hf_include_special_tokens
+
+
+def test_padded_vocab_size_is_taken_as_given_when_it_holds_the_vocabulary_and_splits_over_tp():
+    from megatron_auto.errors import UserError
+    from megatron_auto.runtime.config import padded_vocab_size
+
+    args = pretrain_gpt.parse_args(BASE + ["--padded-vocab-size", "600"])
+    settings = pretrain_gpt.settings_from_args(args, 513)
+    assert padded_vocab_size(513, settings, 2) == 600
+    assert padded_vocab_size(513, pretrain_gpt.settings_from_args(pretrain_gpt.parse_args(BASE), 513), 2) == 768
+    for tp, vocab in ((7, 513), (2, 601)):
+        with pytest.raises(UserError, match="--padded-vocab-size 600: must be at least"):
+            padded_vocab_size(vocab, settings, tp)
+
+
+def test_step_schedule_reads_as_one_word_or_one_word_per_step():
+    # Megatron-LM's gpt3 example expands its quoted schedule unquoted: one word per step.
+    quoted = pretrain_gpt.parse_args(BASE + ["--step-batch-size-schedule", "0:8 10M:16"])
+    split = pretrain_gpt.parse_args(BASE + ["--step-batch-size-schedule", "0:8", "10M:16"])
+    assert quoted.batch_ramp == split.batch_ramp and quoted.batch_ramp.steps == ((0, 8), (1220, 16))
+    assert split.global_batch_size == 16
