@@ -239,17 +239,23 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-load-rng", action="store_true",
                        help="with --load: keep fresh seeds instead of the checkpoint's random streams")
     group.add_argument("--tensorboard-dir", help="write TensorBoard scalars here (needs the tensorboard package)")
+    group.add_argument("--wandb-project", default="", help="write the scalars to this wandb project (needs wandb)")
+    group.add_argument("--wandb-exp-name", default="", help="the wandb run's name (needed with --wandb-project)")
+    group.add_argument("--wandb-save-dir", default="", help="wandb's local directory (default SAVE/wandb)")
+    group.add_argument("--wandb-entity", default="", help="the wandb team or user")
     group.add_argument("--ckpt-step", type=int)
     group.add_argument("--finetune", action="store_true")
 
 
 def no_effect_reasons(args: argparse.Namespace) -> list[tuple[str, str]]:
     """(flag, reason) of the accepted-without-effect flags this run was given."""
-    from megatron_auto.runtime.tensorboard_log import tensorboard_available
+    from megatron_auto.runtime.tensorboard_log import tensorboard_available, wandb_available
 
     reasons = compat_flags.no_effect(args)
     if args.tensorboard_dir is not None and not tensorboard_available():
         reasons.append(("--tensorboard-dir", "the tensorboard package is not installed"))
+    if args.wandb_project and not wandb_available():
+        reasons.append(("--wandb-project", "the wandb package is not installed"))
     return reasons
 
 
@@ -278,6 +284,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     schedule_error = schedule_flags_error(args) or batch_ramp_error(args)
     if schedule_error:
         parser.error(schedule_error)
+    if args.wandb_project and not args.wandb_exp_name:
+        parser.error("--wandb-project needs --wandb-exp-name (Megatron-LM: 'Please specify the wandb "
+                     "experiment name!')")
     if args.recompute_activations and args.recompute_granularity is None:
         args.recompute_granularity = "selective"
     if not args.mock_data and not args.data_path:
@@ -411,8 +420,10 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         lr_warmup_init=args.lr_warmup_init,
         decoupled_lr=args.decoupled_lr, decoupled_min_lr=args.decoupled_min_lr,
         calculate_per_token_loss=args.calculate_per_token_loss, check_for_nan=args.check_for_nan_in_loss_and_grad,
-        exit_duration_s=args.exit_duration_in_mins * 60, load_optimizer=not args.no_load_optim, load_rng=not args.no_load_rng,
-        tensorboard_dir=args.tensorboard_dir, lr=args.lr, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,
+        exit_duration_s=args.exit_duration_in_mins * 60, load_optimizer=not args.no_load_optim,
+        load_rng=not args.no_load_rng, tensorboard_dir=args.tensorboard_dir, wandb_project=args.wandb_project,
+        wandb_exp_name=args.wandb_exp_name, wandb_save_dir=args.wandb_save_dir, wandb_entity=args.wandb_entity,
+        lr=args.lr, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,
         lr_warmup_iters=args.lr_warmup_iters, lr_decay_iters=args.lr_decay_iters, weight_decay=args.weight_decay,
         clip_grad=args.clip_grad, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
         precision=precision, loss_scale=args.loss_scale, initial_loss_scale=args.initial_loss_scale,

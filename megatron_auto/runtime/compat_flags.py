@@ -51,8 +51,6 @@ NO_EFFECT_VALUES = {
     "--tensorboard-log-interval": SINK,
     "--num-workers": IO, "--dataloader-type": IO, "--ckpt-format": IO,
     "--timing-log-level": SINK, "--logging-level": SINK,
-    "--wandb-project": SINK + " (no wandb)", "--wandb-exp-name": SINK + " (no wandb)",
-    "--wandb-save-dir": SINK + " (no wandb)",
     "--manual-gc-interval": "Python's garbage collector runs as usual",
     "--profile-step-start": SINK, "--profile-step-end": SINK,
     "--empty-unused-memory-level": "torch.cuda.empty_cache() between steps only returns cached memory; the "

@@ -51,7 +51,7 @@ class Session:
     started_at: float = field(default_factory=time.time)
     """Wall-clock start of the session, for --exit-duration-in-mins."""
     scalars: Any = None
-    """tensorboard_log.ScalarSink of the logging rank with --tensorboard-dir, else None."""
+    """tensorboard_log.Sinks of the logging rank with --tensorboard-dir / --wandb-project, else None."""
     sizer: Any = None
     """batch_schedule.BatchSizer: the global batch of each iteration (the plan's, or a growing one)."""
     consumed_samples: int = 0
@@ -269,7 +269,7 @@ def train(session: Session, run: Optional[Callable[[Session], StepResult]] = Non
                                               session.padded_vocab)
     results = []
     if session.scalars is None and is_logging_rank():
-        session.scalars = tensorboard_log.open_sink(settings.tensorboard_dir)
+        session.scalars = tensorboard_log.open_sinks(settings)
     while session.iteration < stop:
         start = time.perf_counter()
         result = (run or run_iteration)(session)

@@ -146,6 +146,14 @@ class TrainSettings:
     """With `load`: take only the weights (no optimizer state, iteration restarts at 0)."""
     tensorboard_dir: Optional[str] = None
     """Write TensorBoard scalars here (--tensorboard-dir) when the tensorboard package imports."""
+    wandb_project: str = ""
+    """--wandb-project: write the scalars to this Weights & Biases project when wandb imports ('' : none)."""
+    wandb_exp_name: str = ""
+    """--wandb-exp-name: the wandb run's name (needed with a project, as Megatron-LM)."""
+    wandb_save_dir: str = ""
+    """--wandb-save-dir: wandb's local directory ('': SAVE/wandb)."""
+    wandb_entity: str = ""
+    """--wandb-entity: the wandb team or user ('': wandb's default)."""
     timeout_s: float = 300.0
     """Timeout of every process-group collective, so a dead rank cannot hang the job."""
     data: DataSettings = DataSettings()

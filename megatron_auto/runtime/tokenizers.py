@@ -128,7 +128,8 @@ def add_tokenizer_flags(group, default_type: Optional[str]) -> None:
                        help="HuggingFaceTokenizer: encoding adds the tokenizer's special tokens (e.g. BOS)")
     group.add_argument("--tokenizer-hf-no-include-special-tokens", action="store_false",
                        dest="tokenizer_hf_include_special_tokens",
-                       help="newer Megatron-LM's spelling of the default here (megatron-core 0.16.1's): no special tokens")
+                       help="newer Megatron-LM's spelling of the default here (megatron-core 0.16.1's): "
+                            "no special tokens")
 
 
 def tokenizer_from_flags(args) -> TextTokenizer:

@@ -146,6 +146,7 @@ def test_schedule_lengths_follow_megatron_lm(flags, iters, warmup, decay, increm
     (["--train-iters", "5", "--global-batch-size", "8", "--step-batch-size-schedule", "0:4 1M:16"],
      "--global-batch-size 8 differs from the last batch of --step-batch-size-schedule (16)"),
     (["--train-iters", "5", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--train-iters", "5", "--wandb-project", "p"], "--wandb-project needs --wandb-exp-name"),
     (["--train-iters", "5", "--multi-latent-attention"], "--multi-latent-attention: multi-latent attention"),
     (["--train-iters", "5", "--mtp-num-layers", "1"], "--mtp-num-layers: multi-token prediction"),
     (["--train-iters", "5", "--rope-type", "yarn"], "--rope-type yarn: RoPE variants"),
@@ -216,13 +217,22 @@ def test_run_flags_reach_the_settings_and_megatrons_configs():
     assert tconfig.layernorm_zero_centered_gamma and tconfig.calculate_per_token_loss
 
 
-def test_no_effect_flags_are_named_with_their_reason():
+def test_no_effect_flags_are_named_with_their_reason(monkeypatch):
+    from megatron_auto.runtime import tensorboard_log
+
+    monkeypatch.setattr(tensorboard_log, "tensorboard_available", lambda: False)
+    monkeypatch.setattr(tensorboard_log, "wandb_available", lambda: False)
     args = pretrain_gpt.parse_args(BASE + ["--profile", "--profile-ranks", "0", "1", "--cross-entropy-loss-fusion",
-                                           "--empty-unused-memory-level", "1", "--tensorboard-dir", "/tmp/tb"])
+                                           "--empty-unused-memory-level", "1", "--tensorboard-dir", "/tmp/tb",
+                                           "--wandb-project", "p", "--wandb-exp-name", "e"])
     reasons = dict(pretrain_gpt.no_effect_reasons(args))
     assert set(reasons) == {"--profile", "--profile-ranks", "--cross-entropy-loss-fusion",
-                            "--empty-unused-memory-level", "--tensorboard-dir"}  # tensorboard is not installed
-    assert all(reason for reason in reasons.values())
+                            "--empty-unused-memory-level", "--tensorboard-dir", "--wandb-project"}
+    assert reasons["--tensorboard-dir"] == "the tensorboard package is not installed"
+    assert reasons["--wandb-project"] == "the wandb package is not installed"
+    monkeypatch.setattr(tensorboard_log, "tensorboard_available", lambda: True)
+    monkeypatch.setattr(tensorboard_log, "wandb_available", lambda: True)
+    assert {"--tensorboard-dir", "--wandb-project"}.isdisjoint(dict(pretrain_gpt.no_effect_reasons(args)))
 
 
 def test_unknown_normalization_exits_2(capsys):
@@ -342,7 +352,8 @@ def test_rope_scaling_reaches_the_rotary_embedding():
 
 
 def test_newer_hugging_face_special_token_flag_is_the_default_here():
-    assert not pretrain_gpt.parse_args(BASE + ["--tokenizer-hf-no-include-special-tokens"]).tokenizer_hf_include_special_tokens
+    without = pretrain_gpt.parse_args(BASE + ["--tokenizer-hf-no-include-special-tokens"])
+    assert not without.tokenizer_hf_include_special_tokens
     assert pretrain_gpt.parse_args(BASE + ["--tokenizer-hf-include-special-tokens"]).tokenizer_hf_include_special_tokens
 
 
