@@ -31,12 +31,14 @@ Kernels: `--attention-backend` (Megatron-LM's flash/fused/unfused/local/auto) an
 and foreach Adam on CPU); one log line names what runs, and `--auto-parallel` prices it.
 
 Megatron-LM's own launch scripts run as they are (tests/launch_lines/ holds shrunk copies): sample-based
-schedules (`--train-samples`, `--lr-decay-samples`, `--lr-warmup-samples`), `--kv-channels`,
+schedules (`--train-samples`, `--lr-decay-samples`, `--lr-warmup-samples`), growing batches
+(`--rampup-batch-size`, `--step-batch-size-schedule`: runtime/batch_schedule.py), `--kv-channels`,
 `--add-qkv-bias`, `--qk-layernorm`, `--apply-layernorm-1p`, `--decoupled-lr`, `--calculate-per-token-loss`,
-`--exit-duration-in-mins`, `--no-load-optim`, NaN checks and a validation pass after the last iteration
-keep Megatron-LM's meaning; fp8, MoE, context and expert parallelism are refused before any work with one
-line saying why; kernel, logging and I/O flags are accepted and named in the log as without effect, with
-the reason (megatron_auto/runtime/compat_flags.py; README.md's table lists every flag).
+`--exit-duration-in-mins`, `--no-load-optim`, NaN checks, evaluations that walk through the validation
+split and a validation pass after the last iteration keep Megatron-LM's meaning; `--tensorboard-dir` and
+`--wandb-*` write scalars when their packages import; fp8, MoE, context and expert parallelism are
+refused before any work with one line saying why; kernel, logging and I/O flags are accepted and named
+in the log as without effect, with the reason (megatron_auto/runtime/compat_flags.py; README.md's table lists every flag).
 
 Parallelism flags given beside `--auto-parallel` become constraints on the search;
 `--micro-batch-size` is then the planner's to choose. A user error (a plan for another
