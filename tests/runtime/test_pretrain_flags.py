@@ -376,3 +376,13 @@ def test_step_schedule_reads_as_one_word_or_one_word_per_step():
     split = pretrain_gpt.parse_args(BASE + ["--step-batch-size-schedule", "0:8", "10M:16"])
     assert quoted.batch_ramp == split.batch_ramp and quoted.batch_ramp.steps == ((0, 8), (1220, 16))
     assert split.global_batch_size == 16
+
+
+def test_auto_parallel_with_a_growing_batch_keeps_the_micro_batch_and_a_dp_that_splits_every_batch():
+    from megatron_auto.runtime.layout import layout_from_plan
+
+    job = [f for f in VALIDATION_JOB if f not in ("--global-batch-size", "16")]
+    # Batches 2 then 16 (from 1M tokens): micro-batch 1 (pinned) x DP must divide 2.
+    _, plan = _choose(job + ["--step-batch-size-schedule", "0:2", "1M:16", "--micro-batch-size", "1"])
+    layout = layout_from_plan(plan)
+    assert layout.global_batch_size == 16 and layout.micro_batch_size == 1 and layout.data_parallel in (1, 2)
