@@ -31,12 +31,14 @@ Kernels: `--attention-backend` (Megatron-LM's flash/fused/unfused/local/auto) an
 and foreach Adam on CPU); one log line names what runs, and `--auto-parallel` prices it.
 
 Megatron-LM's own launch scripts run as they are (tests/launch_lines/ holds shrunk copies): sample-based
-schedules (`--train-samples`, `--lr-decay-samples`, `--lr-warmup-samples`), `--kv-channels`,
+schedules (`--train-samples`, `--lr-decay-samples`, `--lr-warmup-samples`), growing batches
+(`--rampup-batch-size`, `--step-batch-size-schedule`: runtime/batch_schedule.py), `--kv-channels`,
 `--add-qkv-bias`, `--qk-layernorm`, `--apply-layernorm-1p`, `--decoupled-lr`, `--calculate-per-token-loss`,
-`--exit-duration-in-mins`, `--no-load-optim`, NaN checks and a validation pass after the last iteration
-keep Megatron-LM's meaning; fp8, MoE, context and expert parallelism are refused before any work with one
-line saying why; kernel, logging and I/O flags are accepted and named in the log as without effect, with
-the reason (megatron_auto/runtime/compat_flags.py; README.md's table lists every flag).
+`--exit-duration-in-mins`, `--no-load-optim`, NaN checks, evaluations that walk through the validation
+split and a validation pass after the last iteration keep Megatron-LM's meaning; `--tensorboard-dir` and
+`--wandb-*` write scalars when their packages import; fp8, MoE, context and expert parallelism are
+refused before any work with one line saying why; kernel, logging and I/O flags are accepted and named
+in the log as without effect, with the reason (megatron_auto/runtime/compat_flags.py; README.md's table lists every flag).
 
 Parallelism flags given beside `--auto-parallel` become constraints on the search;
 `--micro-batch-size` is then the planner's to choose. A user error (a plan for another
@@ -52,7 +54,9 @@ working directory) and exits 2 with one line naming it (runtime/fit.py).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
+import math
 import os
 import sys
 import warnings
@@ -88,6 +92,8 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--swiglu", action="store_true")
     group.add_argument("--untie-embeddings-and-output-weights", action="store_true")
     group.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    group.add_argument("--padded-vocab-size", type=int, help="the embedding's rows (default: the vocabulary padded "
+                                                             "to a multiple of --make-vocab-size-divisible-by x TP)")
     group.add_argument("--hidden-dropout", type=float, default=0.1)
     group.add_argument("--attention-dropout", type=float, default=0.1)
     group.add_argument("--init-method-std", type=float, default=0.02)
@@ -99,6 +105,8 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
                        help="no learned position table (older scripts pair it with rotary embeddings)")
     group.add_argument("--rotary-base", type=int, default=10000)
     group.add_argument("--rotary-percent", type=float, default=1.0)
+    group.add_argument("--use-rope-scaling", action="store_true", help="Llama 3.1's RoPE frequency scaling")
+    group.add_argument("--rope-scaling-factor", type=float, default=8.0, help="its factor (default 8)")
     group.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default="LayerNorm")
     group.add_argument("--norm-epsilon", type=float, default=1e-5)
     group.add_argument("--disable-bias-linear", action="store_true")
@@ -117,6 +125,14 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--global-batch-size", type=int)
     group.add_argument("--train-iters", type=int, help="iterations to train (or --train-samples)")
     group.add_argument("--train-samples", type=int, help="samples to train on (Megatron-LM's sample-based schedule)")
+    group.add_argument("--rampup-batch-size", nargs=3, type=int, metavar=("START", "INCREMENT", "SAMPLES"),
+                       help="with --train-samples: the global batch grows from START by INCREMENT over SAMPLES "
+                            "samples to --global-batch-size (megatron-core's ramp-up calculator)")
+    # nargs="+": Megatron-LM's gpt3 example expands the quoted schedule unquoted (${TRAINING_ARGS[@]}),
+    # so it arrives as one word per step.
+    group.add_argument("--step-batch-size-schedule", nargs="+", metavar="THRESHOLD:BATCH",
+                       help="the global batch of each step of consumed tokens (K/M/B/T suffixes; the first "
+                            "threshold 0); the last batch is the global batch")
     group.add_argument("--lr", type=float, default=1e-4)
     group.add_argument("--min-lr", type=float, default=0.0)
     group.add_argument("--lr-decay-style", default="linear", choices=("constant", "linear", "cosine", "inverse-square-root"))
@@ -230,17 +246,23 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--no-load-rng", action="store_true",
                        help="with --load: keep fresh seeds instead of the checkpoint's random streams")
     group.add_argument("--tensorboard-dir", help="write TensorBoard scalars here (needs the tensorboard package)")
+    group.add_argument("--wandb-project", default="", help="write the scalars to this wandb project (needs wandb)")
+    group.add_argument("--wandb-exp-name", default="", help="the wandb run's name (needed with --wandb-project)")
+    group.add_argument("--wandb-save-dir", default="", help="wandb's local directory (default SAVE/wandb)")
+    group.add_argument("--wandb-entity", default="", help="the wandb team or user")
     group.add_argument("--ckpt-step", type=int)
     group.add_argument("--finetune", action="store_true")
 
 
 def no_effect_reasons(args: argparse.Namespace) -> list[tuple[str, str]]:
     """(flag, reason) of the accepted-without-effect flags this run was given."""
-    from megatron_auto.runtime.tensorboard_log import tensorboard_available
+    from megatron_auto.runtime.tensorboard_log import tensorboard_available, wandb_available
 
     reasons = compat_flags.no_effect(args)
     if args.tensorboard_dir is not None and not tensorboard_available():
         reasons.append(("--tensorboard-dir", "the tensorboard package is not installed"))
+    if args.wandb_project and not wandb_available():
+        reasons.append(("--wandb-project", "the wandb package is not installed"))
     return reasons
 
 
@@ -266,9 +288,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(refused)
     if compat_flags.unknown_flags(unknown):
         parser.error(f"unrecognized arguments: {' '.join(compat_flags.unknown_flags(unknown))}")
+    if args.wandb_project and not args.wandb_exp_name:
+        parser.error("--wandb-project needs --wandb-exp-name (Megatron-LM: 'Please specify the wandb "
+                     "experiment name!')")
     if args.recompute_activations and args.recompute_granularity is None:
         args.recompute_granularity = "selective"
-    flags_error = schedule_flags_error(args) or size_flags_error(args)
+    flags_error = schedule_flags_error(args) or batch_ramp_error(args) or size_flags_error(args)
     if flags_error:
         parser.error(flags_error)
     if not args.mock_data and not args.data_path:
@@ -318,6 +343,37 @@ def size_flags_error(args: argparse.Namespace) -> Optional[str]:
                 "(as in Megatron-LM)")
     if args.mock_data and args.data_path:
         return "give --data-path or --mock-data, not both (Megatron-LM takes a single data source)"
+    return None
+
+
+def batch_ramp_error(args: argparse.Namespace) -> Optional[str]:
+    """Megatron-LM's checks of the growing-batch flags; sets args.batch_ramp (and the global batch of a
+    step schedule, its last batch)."""
+    from megatron_auto.runtime.batch_schedule import BatchRamp, parse_step_schedule
+
+    args.batch_ramp = None
+    if args.rampup_batch_size and args.step_batch_size_schedule:
+        return "give --rampup-batch-size or --step-batch-size-schedule, not both"
+    if args.rampup_batch_size:
+        if args.train_samples is None:
+            return ("--rampup-batch-size needs --train-samples (Megatron-LM: no batch-size ramp-up for "
+                    "iteration-based training)")
+        if args.global_batch_size is None:
+            return "--rampup-batch-size needs --global-batch-size (the batch the ramp-up ends at)"
+        args.batch_ramp = BatchRamp(rampup=tuple(args.rampup_batch_size))
+    elif args.step_batch_size_schedule:
+        try:
+            steps = parse_step_schedule(" ".join(args.step_batch_size_schedule), args.seq_length)
+        except UserError as error:
+            return str(error)
+        final = steps[-1][1]
+        # Megatron-LM refuses --global-batch-size beside a step schedule; its own gpt3 example gives both,
+        # with the schedule's last batch: that agreement is accepted here.
+        if args.global_batch_size not in (None, final):
+            return (f"--global-batch-size {args.global_batch_size} differs from the last batch of "
+                    f"--step-batch-size-schedule ({final}): drop --global-batch-size")
+        args.global_batch_size = final
+        args.batch_ramp = BatchRamp(steps=steps)
     return None
 
 
@@ -397,13 +453,16 @@ def data_from_args(args: argparse.Namespace, vocab_size: int) -> DataSettings:
 
 def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> TrainSettings:
     return TrainSettings(
-        train_iters=args.train_iters or 0, train_samples=args.train_samples, lr_decay_samples=args.lr_decay_samples,
+        train_iters=args.train_iters or 0, train_samples=args.train_samples, batch_ramp=args.batch_ramp,
+        lr_decay_samples=args.lr_decay_samples,
         lr_warmup_samples=args.lr_warmup_samples, lr_warmup_fraction=args.lr_warmup_fraction,
         lr_warmup_init=args.lr_warmup_init,
         decoupled_lr=args.decoupled_lr, decoupled_min_lr=args.decoupled_min_lr,
         calculate_per_token_loss=args.calculate_per_token_loss, check_for_nan=args.check_for_nan_in_loss_and_grad,
-        exit_duration_s=args.exit_duration_in_mins * 60, load_optimizer=not args.no_load_optim, load_rng=not args.no_load_rng,
-        tensorboard_dir=args.tensorboard_dir, lr=args.lr, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,
+        exit_duration_s=args.exit_duration_in_mins * 60, load_optimizer=not args.no_load_optim,
+        load_rng=not args.no_load_rng, tensorboard_dir=args.tensorboard_dir, wandb_project=args.wandb_project,
+        wandb_exp_name=args.wandb_exp_name, wandb_save_dir=args.wandb_save_dir, wandb_entity=args.wandb_entity,
+        lr=args.lr, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,
         lr_warmup_iters=args.lr_warmup_iters, lr_decay_iters=args.lr_decay_iters, weight_decay=args.weight_decay,
         clip_grad=args.clip_grad, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
         precision=precision, loss_scale=args.loss_scale, initial_loss_scale=args.initial_loss_scale,
@@ -414,8 +473,9 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         bias_activation_fusion=not (args.no_bias_swiglu_fusion if args.swiglu else args.no_bias_gelu_fusion),
         bias_dropout_fusion=not args.no_bias_dropout_fusion, bias_fusions=args.bias_fusions,
         grad_accumulation_fusion=args.grad_accumulation_fusion,
-        rotary_percent=args.rotary_percent,
-        make_vocab_size_divisible_by=args.make_vocab_size_divisible_by,
+        rotary_percent=args.rotary_percent, rope_scaling=args.use_rope_scaling,
+        rope_scaling_factor=args.rope_scaling_factor,
+        make_vocab_size_divisible_by=args.make_vocab_size_divisible_by, padded_vocab_size=args.padded_vocab_size,
         max_position_embeddings=args.max_position_embeddings, log_interval=args.log_interval,
         eval_interval=args.eval_interval, eval_iters=args.eval_iters, save=args.save, load=args.load,
         save_interval=args.save_interval, exit_interval=args.exit_interval, ckpt_step=args.ckpt_step,
@@ -439,7 +499,10 @@ def search_constraints(args: argparse.Namespace, model: ModelSpec) -> SearchCons
     virtual = None
     if args.num_layers_per_virtual_pipeline_stage and args.pipeline_model_parallel_size:
         virtual = model.num_layers // (args.num_layers_per_virtual_pipeline_stage * args.pipeline_model_parallel_size)
+    # A growing batch keeps --micro-batch-size (every batch of the ramp must split into micro-batches).
+    micro_batch = args.micro_batch_size if args.batch_ramp is not None else None
     return SearchConstraints(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
+                             micro_batch_size=micro_batch,
                              virtual_stages=virtual, sequence_parallel=None,  # SP: the planner's choice
                              distributed_optimizer=args.use_distributed_optimizer,
                              recompute=args.recompute_granularity)
@@ -465,10 +528,32 @@ def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, set
         return planning.plan_from_file(args.auto_parallel_plan, model, world_size)
     if not args.auto_parallel:
         return plan_from_flags(model, world_size, manual_flags(args))
-    return planning.search_for_job(model, world_size, args.auto_parallel_cluster,
-                                   training_for_job(args, settings, world_size),
-                                   search_constraints(args, model), args.auto_parallel_space,
-                                   args.auto_parallel_profile)
+    constraints = search_constraints(args, model)
+    search = lambda constraints: planning.search_for_job(  # noqa: E731
+        model, world_size, args.auto_parallel_cluster, training_for_job(args, settings, world_size), constraints,
+        args.auto_parallel_space, args.auto_parallel_profile)
+    plan = search(constraints)
+    if args.batch_ramp is None or _ramp_splits(args, plan):
+        return plan
+    # Every batch of a growing batch must split over the replicas: the widest data parallelism that does.
+    unit = math.gcd(*args.batch_ramp.batch_sizes(args.global_batch_size)) // args.micro_batch_size
+    for dp in sorted((d for d in range(1, world_size + 1) if world_size % d == 0 and unit % d == 0), reverse=True):
+        try:
+            return search(dataclasses.replace(constraints, dp=dp))
+        except UserError:
+            continue
+    return plan  # session.build_session names the batch that does not split
+
+
+def _ramp_splits(args: argparse.Namespace, plan) -> bool:
+    """Whether every batch of the ramp splits into micro-batches over `plan`'s data-parallel replicas."""
+    from megatron_auto.runtime.layout import layout_from_plan
+
+    if plan.space != "megatron":
+        return True
+    layout = layout_from_plan(plan)
+    unit = layout.micro_batch_size * layout.data_parallel
+    return all(batch % unit == 0 for batch in args.batch_ramp.batch_sizes(args.global_batch_size))
 
 
 def check_plan_runs(plan, settings: TrainSettings, model: ModelSpec) -> None:
@@ -573,7 +658,7 @@ def run(args: argparse.Namespace) -> None:
     _use_matmul_flags(args)
     tokenizer = tokenizer_from_flags(args)
     settings = settings_from_args(args, tokenizer.vocab_size, tokenizer.eod)
-    model = model_from_args(args, tokenizer.vocab_size)
+    model = model_from_args(args, args.padded_vocab_size or tokenizer.vocab_size)  # the rows the planner prices
     patches.apply_all()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     plan = choose_plan(args, model, world_size, settings)

@@ -58,10 +58,12 @@ def _model_state(model: list) -> dict:
 
 
 def _ensure_adam_state(optimizer) -> None:
-    """Give every parameter Adam state (zeros, step 0) so a loading template has all the keys.
+    """Give every parameter Adam state (zeros, step 0) so a loading template has all the keys, and a
+    save before the first update (fp16's skipped steps, a batch ramp-up) has a state to write.
 
     Megatron-LM creates this state with apex/TE's fused Adam; torch's Adam creates
     it lazily at the first step, and the distributed optimizer's state_dict needs it.
+    Zeros at step 0 are what torch's first step would create, so training is unchanged.
     """
     for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
         torch_optimizer = getattr(inner, "optimizer", None)
@@ -71,7 +73,9 @@ def _ensure_adam_state(optimizer) -> None:
             for param in group["params"]:
                 state = torch_optimizer.state[param]
                 if not state:
-                    state["step"] = torch.zeros((), dtype=torch.float32)
+                    # torch's fused/capturable Adam keeps the step on the parameter's device.
+                    on_device = group.get("fused") or group.get("capturable")
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=param.device if on_device else None)
                     state["exp_avg"] = torch.zeros_like(param.data)
                     state["exp_avg_sq"] = torch.zeros_like(param.data)
 
@@ -80,8 +84,7 @@ def _full_state(model: list, optimizer, scheduler, iteration: int, consumed: int
                 is_loading: bool) -> dict:
     state = _model_state(model)
     if with_optimizer:
-        if is_loading:
-            _ensure_adam_state(optimizer)
+        _ensure_adam_state(optimizer)
         merged = {k: v for part in state.values() for k, v in part.items()}
         state["optimizer"] = optimizer.sharded_state_dict(merged, is_loading=is_loading,
                                                           metadata=OPTIMIZER_METADATA)

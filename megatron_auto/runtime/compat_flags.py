@@ -50,8 +50,6 @@ NO_EFFECT_VALUES = {
     "--tensorboard-log-interval": SINK,
     "--num-workers": IO, "--dataloader-type": IO, "--ckpt-format": IO,
     "--timing-log-level": SINK, "--logging-level": SINK,
-    "--wandb-project": SINK + " (no wandb)", "--wandb-exp-name": SINK + " (no wandb)",
-    "--wandb-save-dir": SINK + " (no wandb)",
     "--manual-gc-interval": "Python's garbage collector runs as usual",
     "--profile-step-start": SINK, "--profile-step-end": SINK,
     "--empty-unused-memory-level": "torch.cuda.empty_cache() between steps only returns cached memory; the "
@@ -80,10 +78,6 @@ REFUSED_ANY_VALUE = {
     "--activation-func-clamp-value": "gpt-oss's clamped GLU is not built by this runtime yet",
     "--kv-lora-rank": _MLA, "--q-lora-rank": _MLA, "--qk-head-dim": _MLA, "--qk-pos-emb-head-dim": _MLA,
     "--v-head-dim": _MLA,
-    "--rampup-batch-size": "a global batch that grows during the run is not supported: the plan is priced "
-                           "for one global batch; drop it to train at --global-batch-size",
-    "--step-batch-size-schedule": "a global batch that changes during the run is not supported: the plan is "
-                                  "priced for one global batch; drop it to train at --global-batch-size",
 }
 REFUSED_UNLESS = {
     "--rope-type": ("rope", "RoPE variants other than plain rope (YaRN, ...) are not built by this runtime yet"),

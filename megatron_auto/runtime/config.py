@@ -17,7 +17,13 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def padded_vocab_size(vocab_size: int, settings: TrainSettings, tensor_parallel: int) -> int:
-    """Megatron's padding: up to a multiple of make_vocab_size_divisible_by x TP."""
+    """Megatron's padding: up to a multiple of make_vocab_size_divisible_by x TP, or --padded-vocab-size
+    as given (Megatron-LM's _set_padded_vocab_size), which must hold the vocabulary and split over TP."""
+    if settings.padded_vocab_size is not None:
+        if settings.padded_vocab_size < vocab_size or settings.padded_vocab_size % tensor_parallel:
+            raise UserError(f"--padded-vocab-size {settings.padded_vocab_size}: must be at least the tokenizer's "
+                            f"{vocab_size} ids and divisible by the tensor-parallel size {tensor_parallel}")
+        return settings.padded_vocab_size
     multiple = settings.make_vocab_size_divisible_by * tensor_parallel
     return -(-vocab_size // multiple) * multiple
 

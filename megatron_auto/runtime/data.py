@@ -3,13 +3,15 @@
 Sample `n` of the run is a fixed function of `n`, and iteration `i` uses
 samples `i*B ... (i+1)*B - 1` in Megatron's sampler order (micro-batch by
 micro-batch, each DP rank taking its slice of `micro_batch_size`), so every
-layout, and a run resumed at any iteration, sees the same global batches.
+layout, and a run resumed at any iteration, sees the same global batches. With a
+growing batch (runtime/batch_schedule.py) an iteration starts at the samples consumed
+before it, as Megatron's MegatronPretrainingSampler does.
 """
 from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, Optional
 
 import numpy as np
 import torch
@@ -56,10 +58,13 @@ class BatchSlicer:
     layout: MegatronLayout
     dp_rank: int
 
-    def sample_indices(self, iteration: int, micro_batch: int) -> range:
-        """Global indices of this rank's samples in micro-batch `micro_batch` of `iteration`."""
+    def sample_indices(self, iteration: int, micro_batch: int, first_sample: Optional[int] = None) -> range:
+        """Global indices of this rank's samples in micro-batch `micro_batch` of `iteration` (whose first
+        sample is `first_sample`, by default iteration x global batch)."""
         mbs, dp = self.layout.micro_batch_size, self.layout.data_parallel
-        start = iteration * self.layout.global_batch_size + micro_batch * mbs * dp + self.dp_rank * mbs
+        if first_sample is None:
+            first_sample = iteration * self.layout.global_batch_size
+        start = first_sample + micro_batch * mbs * dp + self.dp_rank * mbs
         return range(start, start + mbs)
 
 
@@ -80,16 +85,17 @@ def make_batch(samples: list, device: torch.device) -> dict[str, torch.Tensor]:
 
 
 def micro_batches(source, slicer: BatchSlicer, iteration: int, device: torch.device,
-                  split: str = "train") -> Iterator[dict[str, torch.Tensor]]:
+                  split: str = "train", first_sample: Optional[int] = None) -> Iterator[dict[str, torch.Tensor]]:
     """This rank's micro-batches of one iteration, in schedule order."""
     for micro_batch in range(slicer.layout.num_micro_batches):
-        indices = slicer.sample_indices(iteration, micro_batch)
+        indices = slicer.sample_indices(iteration, micro_batch, first_sample)
         yield make_batch([source.sample(i, split) for i in indices], device)
 
 
 def iterators_for_chunks(source, slicer: BatchSlicer, iteration: int, device: torch.device,
-                         split: str = "train"):
+                         split: str = "train", first_sample: Optional[int] = None):
     """One iterator per model chunk (the interleaved schedule pulls each separately)."""
     if slicer.layout.virtual_stages == 1:
-        return micro_batches(source, slicer, iteration, device, split)
-    return [micro_batches(source, slicer, iteration, device, split) for _ in range(slicer.layout.virtual_stages)]
+        return micro_batches(source, slicer, iteration, device, split, first_sample)
+    return [micro_batches(source, slicer, iteration, device, split, first_sample)
+            for _ in range(slicer.layout.virtual_stages)]

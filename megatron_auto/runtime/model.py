@@ -59,9 +59,13 @@ def build_chunks(model: ModelSpec, layout: MegatronLayout, settings: TrainSettin
 
 
 def position_embedding_args(model: ModelSpec, settings: TrainSettings) -> dict:
-    """GPTModel's position-embedding arguments for the model's type (learned_absolute, rope or none)."""
-    return dict(position_embedding_type=model.position_embedding_type, rotary_base=model.rotary_base,
+    """GPTModel's position-embedding arguments for the model's type (learned_absolute, rope or none), with
+    Llama 3.1's RoPE scaling when asked (--use-rope-scaling)."""
+    args = dict(position_embedding_type=model.position_embedding_type, rotary_base=model.rotary_base,
                 rotary_percent=settings.rotary_percent)
+    if settings.rope_scaling:
+        args.update(rope_scaling=True, rope_scaling_factor=settings.rope_scaling_factor)
+    return args
 
 
 def wrap_float16(chunks: list[torch.nn.Module], config) -> list[torch.nn.Module]:

@@ -7,7 +7,7 @@ batch each iteration, so every length is in samples:
   global batch;
 - sample-based (--train-samples): decay = lr_decay_samples (default train_samples), weight-decay
   increment = train_samples, warm-up = lr_warmup_samples, and train_iters = train_samples //
-  global batch (Megatron-LM's update_train_iters without batch ramp-up);
+  global batch (Megatron-LM's update_train_iters; with a growing batch, batch_schedule.BatchSizer's count);
 - --lr-warmup-fraction in both: warm-up = fraction x decay steps.
 """
 from __future__ import annotations
@@ -33,9 +33,12 @@ class ScheduleSteps:
 def resolve_samples(settings: TrainSettings, global_batch_size: int) -> TrainSettings:
     """`settings` with train_iters set from train_samples for this global batch (unchanged when
     iteration-based)."""
+    from .batch_schedule import BatchSizer
+
     if settings.train_samples is None:
         return settings
-    return dataclasses.replace(settings, train_iters=settings.train_samples // global_batch_size)
+    sizer = BatchSizer(settings.batch_ramp, global_batch_size)
+    return dataclasses.replace(settings, train_iters=sizer.iterations_for_samples(settings.train_samples))
 
 
 def schedule_steps(settings: TrainSettings, global_batch_size: int) -> ScheduleSteps:

@@ -6,6 +6,7 @@ Megatron-style lines on the last rank.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -13,11 +14,13 @@ from typing import Any, Callable, Optional
 
 import torch
 
+from ..errors import UserError
 from ..plan import Plan
 from ..specs.model import ModelSpec
 from . import checkpoint, config as configs, data, distributed, faults, kernels, metrics, schedule, stopping
 from . import tensorboard_log
 from . import model as models
+from .batch_schedule import BatchSizer, check_divisible
 from .layout import MegatronLayout, layout_from_plan
 from .settings import TrainSettings
 from .step import StepResult, eval_step, train_step
@@ -48,7 +51,16 @@ class Session:
     started_at: float = field(default_factory=time.time)
     """Wall-clock start of the session, for --exit-duration-in-mins."""
     scalars: Any = None
-    """tensorboard_log.ScalarSink of the logging rank with --tensorboard-dir, else None."""
+    """tensorboard_log.Sinks of the logging rank with --tensorboard-dir / --wandb-project, else None."""
+    sizer: Any = None
+    """batch_schedule.BatchSizer: the global batch of each iteration (the plan's, or a growing one)."""
+    consumed_samples: int = 0
+    """Training samples consumed so far (Megatron-LM's consumed_train_samples)."""
+    current_batch: int = 0
+    """Global batch of the last iteration run."""
+    eval_batches: int = 0
+    """Validation global batches consumed so far (Megatron-LM's consumed_valid_samples / global batch):
+    each evaluation continues through the validation split where the last one stopped."""
 
 
 def _scheduler(optimizer, settings: TrainSettings, global_batch_size: int):
@@ -79,6 +91,9 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
     from megatron.core.optimizer import get_megatron_optimizer
 
     settings = schedule.resolve_samples(settings, plan.global_batch_size)
+    if plan.space == "hybrid" and settings.batch_ramp is not None:
+        raise UserError("--rampup-batch-size / --step-batch-size-schedule: a growing batch runs on megatron-space "
+                        "plans only (not --auto-parallel-space hybrid)")
     if plan.space == "hybrid":
         return _build_hybrid_session(plan, model_spec, settings, backend, device, initial_state)
     layout = layout_from_plan(plan)
@@ -98,7 +113,14 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
     source = data.open_source(settings, model_spec.seq_length, layout.global_batch_size)
     slicer = data.BatchSlicer(layout, parallel_state.get_data_parallel_rank())
     return Session(plan, layout, model_spec, settings, device, model, optimizer,
-                   _scheduler(optimizer, settings, layout.global_batch_size), source, slicer, padded_vocab)
+                   _scheduler(optimizer, settings, layout.global_batch_size), source, slicer, padded_vocab,
+                   sizer=_batch_sizer(settings, layout))
+
+
+def _batch_sizer(settings: TrainSettings, layout: MegatronLayout) -> BatchSizer:
+    """The run's batch sizer; UserError before any work when a batch of the ramp does not split evenly."""
+    check_divisible(settings.batch_ramp, layout.global_batch_size, layout.micro_batch_size, layout.data_parallel)
+    return BatchSizer(settings.batch_ramp, layout.global_batch_size)
 
 
 def _build_hybrid_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, backend: str,
@@ -111,7 +133,7 @@ def _build_hybrid_session(plan: Plan, model_spec: ModelSpec, settings: TrainSett
     source = data.open_source(settings, model_spec.seq_length, layout.global_batch_size)
     return Session(plan, layout, model_spec, settings, device, model, optimizer,
                    _scheduler(optimizer, settings, layout.global_batch_size), source, slicer, padded_vocab,
-                   hybrid=runtime)
+                   hybrid=runtime, sizer=BatchSizer(None, layout.global_batch_size))
 
 
 def resume(session: Session, path: Optional[str] = None, step: Optional[int] = None) -> None:
@@ -125,27 +147,59 @@ def resume(session: Session, path: Optional[str] = None, step: Optional[int] = N
                                          with_rng=session.settings.load_rng)
     if resumed is not None:
         session.iteration = resumed.iteration
+        session.consumed_samples = resumed.consumed_samples
+        session.eval_batches = eval_batches_before(resumed.iteration, session.settings)
+
+
+def eval_batches_before(iteration: int, settings: TrainSettings) -> int:
+    """Validation batches the periodic evaluations of iterations 1..`iteration` consumed (Megatron-LM's
+    consumed_valid_samples on resume: iteration // eval_interval x eval_iters, in global batches)."""
+    if not settings.eval_interval or settings.eval_iters <= 0:
+        return 0
+    return iteration // settings.eval_interval * settings.eval_iters
+
+
+def iteration_layout(session: Session) -> MegatronLayout:
+    """The layout of the next iteration: the plan's, with the global batch and micro-batch count of a
+    growing batch's current size."""
+    if session.settings.batch_ramp is None:
+        return session.layout
+    batch = session.sizer.batch(session.consumed_samples)
+    per_micro_batch = session.layout.micro_batch_size * session.layout.data_parallel
+    return dataclasses.replace(session.layout, global_batch_size=batch, num_micro_batches=batch // per_micro_batch)
 
 
 def run_iteration(session: Session) -> StepResult:
     """Train on the next global batch."""
-    iterators = data.iterators_for_chunks(session.source, session.slicer, session.iteration, session.device)
-    result = train_step(session.model, session.optimizer, session.scheduler, iterators, session.layout,
+    layout = iteration_layout(session)
+    slicer = dataclasses.replace(session.slicer, layout=layout)
+    first = session.consumed_samples if session.settings.batch_ramp is not None else None
+    iterators = data.iterators_for_chunks(session.source, slicer, session.iteration, session.device,
+                                          first_sample=first)
+    result = train_step(session.model, session.optimizer, session.scheduler, iterators, layout,
                         session.model_spec.seq_length, session.device, hybrid=session.hybrid)
     session.iteration += 1
+    if first is None:
+        session.consumed_samples = session.iteration * layout.global_batch_size
+    else:
+        session.consumed_samples = first + layout.global_batch_size
+    session.current_batch = layout.global_batch_size
     session.history.append(result)
     return result
 
 
 def evaluate(session: Session) -> Optional[float]:
-    """Mean loss over `eval_iters` held-out global batches (None with --eval-iters 0)."""
+    """Mean loss over the next `eval_iters` validation global batches (None with --eval-iters 0): as
+    Megatron-LM's validation iterator, each evaluation goes on where the previous one stopped."""
     if session.settings.eval_iters <= 0:
         return None
     losses = []
-    for index in range(session.settings.eval_iters):
-        iterators = data.iterators_for_chunks(session.source, session.slicer, index, session.device, split="eval")
+    for _ in range(session.settings.eval_iters):
+        iterators = data.iterators_for_chunks(session.source, session.slicer, session.eval_batches, session.device,
+                                              split="eval")
         losses.append(eval_step(session.model, iterators, session.layout, session.model_spec.seq_length,
                                 session.device, hybrid=session.hybrid))
+        session.eval_batches += 1
     return sum(losses) / len(losses)
 
 
@@ -155,13 +209,15 @@ def is_logging_rank() -> bool:
 
 
 def _log_iteration(session: Session, result: StepResult, elapsed_s: float, flops: float) -> None:
-    layout = session.layout
-    tokens = layout.global_batch_size * session.model_spec.seq_length
+    """Megatron's iteration line; `flops`: of one iteration at the plan's global batch."""
+    batch = session.current_batch or session.layout.global_batch_size
+    tokens = batch * session.model_spec.seq_length
+    flops *= batch / session.layout.global_batch_size
     world = torch.distributed.get_world_size()
     line = metrics.format_iteration(metrics.IterationLog(
         iteration=session.iteration, train_iters=session.settings.train_iters,
-        consumed_samples=session.iteration * layout.global_batch_size, elapsed_s=elapsed_s,
-        learning_rate=session.optimizer.param_groups[0]["lr"], global_batch_size=layout.global_batch_size,
+        consumed_samples=session.consumed_samples, elapsed_s=elapsed_s,
+        learning_rate=session.optimizer.param_groups[0]["lr"], global_batch_size=batch,
         loss=result.loss, grad_norm=result.grad_norm, tokens_per_s=tokens / elapsed_s,
         tflops_per_gpu=flops / elapsed_s / world / 1e12, skipped=int(result.skipped),
         loss_scale=result.loss_scale))
@@ -172,13 +228,16 @@ def _log_iteration(session: Session, result: StepResult, elapsed_s: float, flops
 
 
 def _maybe_save(session: Session, last: bool) -> None:
+    """Save at --save-interval, at the end, and before a growing batch grows (Megatron-LM saves when the
+    micro-batch count changes)."""
     settings = session.settings
     if not settings.save:
         return
     periodic = settings.save_interval and session.iteration % settings.save_interval == 0
-    if periodic or last:
+    grows = settings.batch_ramp is not None and session.sizer.batch(session.consumed_samples) != session.current_batch
+    if periodic or last or grows:
         checkpoint.save_checkpoint(settings.save, session.model, session.optimizer, session.scheduler,
-                                   session.iteration, session.iteration * session.layout.global_batch_size)
+                                   session.iteration, session.consumed_samples)
 
 
 def stop_iteration(settings: TrainSettings) -> int:
@@ -210,7 +269,7 @@ def train(session: Session, run: Optional[Callable[[Session], StepResult]] = Non
                                               session.padded_vocab)
     results = []
     if session.scalars is None and is_logging_rank():
-        session.scalars = tensorboard_log.open_sink(settings.tensorboard_dir)
+        session.scalars = tensorboard_log.open_sinks(settings)
     while session.iteration < stop:
         start = time.perf_counter()
         result = (run or run_iteration)(session)

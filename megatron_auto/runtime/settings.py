@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from .batch_schedule import BatchRamp
+
 
 @dataclass(frozen=True)
 class DataSettings:
@@ -40,6 +42,9 @@ class TrainSettings:
     train_samples // global batch (schedule.resolve_samples)."""
     train_samples: Optional[int] = None
     """Megatron-LM's sample-based schedule (--train-samples): samples to train on; None: iteration-based."""
+    batch_ramp: Optional[BatchRamp] = None
+    """--rampup-batch-size / --step-batch-size-schedule: a global batch that grows with the samples
+    consumed (runtime/batch_schedule.py); None: the plan's global batch throughout."""
     lr_decay_samples: Optional[int] = None
     """Sample-based schedule: samples over which the rate decays; None means train_samples."""
     lr_warmup_samples: int = 0
@@ -94,6 +99,10 @@ class TrainSettings:
     """Epsilon of the LayerNorm / RMSNorm layers (--norm-epsilon)."""
     rotary_percent: float = 1.0
     """Share of each head's channels that RoPE rotates (--rotary-percent)."""
+    rope_scaling: bool = False
+    """--use-rope-scaling: Llama 3.1's RoPE frequency scaling (megatron-core's RotaryEmbedding rope_scaling)."""
+    rope_scaling_factor: float = 8.0
+    """--rope-scaling-factor: its factor (Megatron-LM's default 8)."""
     seed: int = 1234
     attention_backend: str = "auto"
     """--attention-backend (Megatron-LM's names; runtime/kernels.py resolves `auto` for the host)."""
@@ -109,6 +118,8 @@ class TrainSettings:
     """Megatron's fused bias + dropout + add allowed (with --bias-fusions on); --no-bias-dropout-fusion: off."""
     make_vocab_size_divisible_by: int = 128
     """Megatron pads the vocabulary to a multiple of this times the TP degree."""
+    padded_vocab_size: Optional[int] = None
+    """--padded-vocab-size: the embedding's rows as given (None: the tokenizer's ids padded as above)."""
     max_position_embeddings: Optional[int] = None
     """Learned position embeddings; None means the sequence length."""
     log_interval: int = 1
@@ -137,6 +148,14 @@ class TrainSettings:
     """With `load`: take only the weights (no optimizer state, iteration restarts at 0)."""
     tensorboard_dir: Optional[str] = None
     """Write TensorBoard scalars here (--tensorboard-dir) when the tensorboard package imports."""
+    wandb_project: str = ""
+    """--wandb-project: write the scalars to this Weights & Biases project when wandb imports ('' : none)."""
+    wandb_exp_name: str = ""
+    """--wandb-exp-name: the wandb run's name (needed with a project, as Megatron-LM)."""
+    wandb_save_dir: str = ""
+    """--wandb-save-dir: wandb's local directory ('': SAVE/wandb)."""
+    wandb_entity: str = ""
+    """--wandb-entity: the wandb team or user ('': wandb's default)."""
     timeout_s: float = 300.0
     """Timeout of every process-group collective, so a dead rank cannot hang the job."""
     data: DataSettings = DataSettings()

@@ -126,6 +126,10 @@ def add_tokenizer_flags(group, default_type: Optional[str]) -> None:
     group.add_argument("--tiktoken-num-special-tokens", type=int, default=1000)
     group.add_argument("--tokenizer-hf-include-special-tokens", action="store_true",
                        help="HuggingFaceTokenizer: encoding adds the tokenizer's special tokens (e.g. BOS)")
+    group.add_argument("--tokenizer-hf-no-include-special-tokens", action="store_false",
+                       dest="tokenizer_hf_include_special_tokens",
+                       help="newer Megatron-LM's spelling of the default here (megatron-core 0.16.1's): "
+                            "no special tokens")
 
 
 def tokenizer_from_flags(args) -> TextTokenizer:

@@ -13,7 +13,9 @@ WORLD_SIZE=$(($GPUS_PER_NODE*$NUM_NODES))
 
 CHECKPOINT_PATH=$1 #<Specify path>
 TENSORBOARD_LOGS_PATH=$2 #<Specify path>
-DATA_PATH=$3 #<Specify path and file prefix>_text_document
+VOCAB_FILE=$3 #<Specify path to file>/gpt2-vocab.json
+MERGE_FILE=$4 #<Specify path to file>/gpt2-merges.txt
+DATA_PATH=$5 #<Specify path and file prefix>_text_document
 
 DISTRIBUTED_ARGS=(
     --nproc_per_node $GPUS_PER_NODE 
@@ -31,10 +33,10 @@ GPT_MODEL_ARGS=(
     --attention-backend auto # Can use (flash/fused/unfused/local)
 )
 
-# --step-batch-size-schedule of the original is refused here (one global batch per plan).
 TRAINING_ARGS=(
     --micro-batch-size 1 
     --global-batch-size 8
+    --step-batch-size-schedule "0:4 1K:8"
     --train-iters 40
     --weight-decay 0.1 
     --adam-beta1 0.9 
@@ -56,7 +58,8 @@ MODEL_PARALLEL_ARGS=(
 
 DATA_ARGS=(
     --data-path $DATA_PATH 
-    --tokenizer-type ByteTokenizer
+    --vocab-file $VOCAB_FILE 
+    --merge-file $MERGE_FILE 
     --split 949,50,1
 )
 

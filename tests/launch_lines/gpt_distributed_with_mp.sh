@@ -11,8 +11,10 @@ NNODES=1
 NODE_RANK=0
 WORLD_SIZE=$(($GPUS_PER_NODE*$NNODES))
 
-CHECKPOINT_PATH=$1
-DATA_PATH=$3
+CHECKPOINT_PATH=$1 #<Specify path>
+VOCAB_FILE=$2 #<Specify path to file>/gpt2-vocab.json
+MERGE_FILE=$3 #<Specify path to file>/gpt2-merges.txt
+DATA_PATH=$4 #<Specify path and file prefix>_text_document
 
 DISTRIBUTED_ARGS="
     --nproc_per_node $GPUS_PER_NODE \
@@ -46,7 +48,8 @@ GPT_ARGS="
 
 DATA_ARGS="
     --data-path $DATA_PATH \
-    --tokenizer-type ByteTokenizer \
+    --vocab-file $VOCAB_FILE \
+    --merge-file $MERGE_FILE \
     --split 949,50,1
 "
 

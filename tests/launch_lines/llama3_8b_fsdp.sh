@@ -4,7 +4,8 @@
 
 CHECKPOINT_PATH=${1:-"checkpoints/llama3_8b_fsdp_fp8"}
 TENSORBOARD_LOGS_PATH=${2:-"tensorboard_logs/llama3_8b_fsdp_fp8"}
-DATA_ARG=${3:-"MOCK"}       # Data prefix, or "MOCK"
+TOKENIZER_ARG=${3:-"MOCK"} # Path to tokenizer model, or "MOCK"
+DATA_ARG=${4:-"MOCK"}     # Data prefix, or "MOCK"
 
 mkdir -p "$(dirname "$CHECKPOINT_PATH")"
 mkdir -p "$(dirname "$TENSORBOARD_LOGS_PATH")"
@@ -128,19 +129,31 @@ DDP_ARGS=(
 TRAINING_ARGS+=("${DDP_ARGS[@]}")
 
 DATA_ARGS_LIST=()
-if [[ "$DATA_ARG" == "MOCK" ]]; then
+if [[ "$TOKENIZER_ARG" == "MOCK" ]] || [[ "$DATA_ARG" == "MOCK" ]] || [[ -z "$TOKENIZER_ARG" ]]; then
     DATA_ARGS_LIST+=(
         "--mock-data"
         "--tokenizer-type NullTokenizer"
-        "--vocab-size 256"
+        "--vocab-size 128256" 
+        "--data-cache-path ${DATA_CACHE_PATH}"
+        "--tiktoken-pattern v2" 
+        "--split '99,1,0'"
+        "--no-create-attention-mask-in-dataloader"
+        "--no-mmap-bin-files"
         "--num-workers 1"
     )
 else
+    # Settings for real data
     DATA_ARGS_LIST+=(
         "--data-path $DATA_ARG"
-        "--tokenizer-type ByteTokenizer"
+        "--tokenizer-type HuggingFaceTokenizer" 
+        "--tokenizer-model $TOKENIZER_ARG"
         "--data-cache-path ${DATA_CACHE_PATH}"
+        "--split '99,1,0'"
+        "--no-create-attention-mask-in-dataloader"
+        "--no-mmap-bin-files"
         "--num-workers 1"
+        # Note: --vocab-size might be inferred by HuggingFaceTokenizer or might need to be explicit.
+        "--vocab-size 128256"
     )
 fi
 

@@ -2,9 +2,17 @@
 # Qwen3-0.6B's Megatron-LM model flags (examples/post_training/modelopt/conf/Qwen/Qwen3-0.6B.sh),
 # shrunk (sizes, data) for 4 CPU ranks, with a pretraining block: a head width (--kv-channels)
 # twice hidden / heads, as Qwen3-0.6B has, and per-head q/k norms.
+# Usage: qwen3_0p6b.sh CHECKPOINT_DIR TOKENIZER_DIR DATA_PREFIX (or HF_MODEL_CKPT=TOKENIZER_DIR).
 
 CHECKPOINT_PATH=$1
 DATA_PATH=$3
+
+if [ -z ${HF_MODEL_CKPT} ]; then
+    HF_MODEL_CKPT=$2  # a local HuggingFace tokenizer directory (the original: Qwen/Qwen3-0.6B from the Hub)
+    TOKENIZER_MODEL=$2
+else
+    TOKENIZER_MODEL=${HF_MODEL_CKPT}
+fi
 
 MODEL_ARGS=" \
     --save-interval 100000 \
@@ -26,6 +34,7 @@ MODEL_ARGS=" \
     --qk-layernorm \
     --seq-length 64 \
     --max-position-embeddings 640 \
+    --tokenizer-type HuggingFaceTokenizer \
     --make-vocab-size-divisible-by 1187 \
     --use-mcore-models \
     --rotary-percent 1.0 \
@@ -55,5 +64,5 @@ MODEL_PARALLEL_ARGS=" \
 
 torchrun --nproc_per_node 4 tools/pretrain_gpt.py \
     ${MODEL_ARGS} ${TRAINING_ARGS} ${MODEL_PARALLEL_ARGS} \
-    --data-path ${DATA_PATH} --tokenizer-type ByteTokenizer --split 99,1,0 \
+    --data-path ${DATA_PATH} --tokenizer-model ${TOKENIZER_MODEL} --split 99,1,0 \
     --save ${CHECKPOINT_PATH} --load ${CHECKPOINT_PATH}

@@ -203,3 +203,20 @@ def test_auto_parallel_relaunch_at_another_world_size_replans_and_resumes(tmp_pa
     assert sorted(_losses(again.output)) == [5, 6]
     assert re.search(r" iteration +6/ +6 \| consumed samples: +24 \|", again.output)
     assert "no random-stream state for this rank and world size" in again.output
+
+
+def test_adam_state_made_for_a_save_before_the_first_update_leaves_training_unchanged():
+    # A save before any update (fp16's skipped first steps, a batch ramp-up) gives torch's Adam its
+    # state early (checkpoint._ensure_adam_state); the first step must then match a fresh Adam's exactly.
+    from types import SimpleNamespace
+
+    torch.manual_seed(0)
+    start, grad = torch.randn(5, 3), torch.randn(5, 3)
+    params = [torch.nn.Parameter(start.clone()) for _ in range(2)]
+    fresh, early = (torch.optim.Adam([p], lr=1e-2, foreach=True) for p in params)
+    checkpoint._ensure_adam_state(SimpleNamespace(chained_optimizers=[SimpleNamespace(optimizer=early)]))
+    assert float(early.state[params[1]]["step"]) == 0.0
+    for optimizer, param in ((fresh, params[0]), (early, params[1])):
+        param.grad = grad.clone()
+        optimizer.step()
+    assert torch.equal(params[0], params[1]) and not torch.equal(params[0], start)

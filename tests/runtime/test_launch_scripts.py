@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+import tokenizer_files
 from launcher import REPO, launch, rank_env
 
 LINES = REPO / "tests" / "launch_lines"
@@ -30,15 +32,28 @@ with open(os.environ["LAUNCH_LINE_RECORD"], "a") as record:
 """
 
 
-def recorded_line(script: str, tmp: Path, dataset: str) -> list[str]:
-    """The pretrain_gpt.py arguments that `bash script CKPT TB DATA` hands to torchrun."""
+def script_arguments(script: str, tmp: Path, files: dict) -> list[str]:
+    """The positional arguments of `script`, in its Megatron-LM original's order (paths of checkpoints,
+    TensorBoard logs, tokenizer files and data)."""
+    ckpt, tb = str(tmp / f"{script}-ckpt"), str(tmp / f"{script}-tb")
+    gpt2 = [files["vocab"], files["merges"]]
+    return {"gpt3_175b_distributed": [ckpt, tb, *gpt2, files["gpt2_data"]],
+            "gpt3_175b_rampup": [ckpt, tb, *gpt2, *files["gpt2_blend"]],
+            "gpt_distributed_with_mp": [ckpt, *gpt2, files["gpt2_data"]],
+            "llama3_8b": [ckpt, tb, files["hf_dir"], files["hf_data"]],
+            "llama3_8b_fsdp": [ckpt, tb, files["hf_dir"], files["hf_data"]],
+            "qwen3_0p6b": [ckpt, files["hf_dir"], files["hf_data"]]}[script]
+
+
+def recorded_line(script: str, tmp: Path, files: dict) -> list[str]:
+    """The pretrain_gpt.py arguments that `bash script ARGS...` hands to torchrun."""
     shim_dir, record = tmp / "shim", tmp / f"{script}.jsonl"
     shim_dir.mkdir(exist_ok=True)
     (shim_dir / "torchrun").write_text(SHIM.format(python=sys.executable))
     (shim_dir / "torchrun").chmod(0o755)
     env = {**os.environ, "PATH": f"{shim_dir}{os.pathsep}{os.environ['PATH']}", "LAUNCH_LINE_RECORD": str(record)}
-    done = subprocess.run(["bash", str(LINES / f"{script}.sh"), str(tmp / f"{script}-ckpt"), str(tmp / f"{script}-tb"),
-                           dataset], cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(["bash", str(LINES / f"{script}.sh"), *script_arguments(script, tmp, files)],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     torchrun_argv = json.loads(record.read_text().splitlines()[-1])
     script_at = next(i for i, arg in enumerate(torchrun_argv) if arg.endswith("pretrain_gpt.py"))
@@ -69,23 +84,42 @@ def with_checkpoints_in(argv: list[str], directory: Path) -> list[str]:
     return out
 
 
-@pytest.fixture(scope="module")
-def dataset(tmp_path_factory) -> str:
-    prefix = tmp_path_factory.mktemp("data") / "tiny"
+def _preprocess(prefix: Path, tokenizer_flags: list[str]) -> str:
+    """tools/preprocess_data.py over the shipped corpus with these tokenizer flags; the data prefix."""
     done = subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", "data/tiny_corpus.jsonl",
-                           "--output-prefix", str(prefix), "--tokenizer-type", "ByteTokenizer"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120, env=rank_env(0, 1, 0))
+                           "--output-prefix", str(prefix), "--append-eod", *tokenizer_flags],
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env=rank_env(0, 1, 0))
     assert done.returncode == 0, done.stderr
     return f"{prefix}_text_document"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory, dataset) -> dict:
+def files(tmp_path_factory) -> dict:
+    """Tokenizer files generated from the corpus (GPT-2 vocab + merges, a HuggingFace directory) and
+    the corpus preprocessed with each."""
+    tmp = tmp_path_factory.mktemp("tokenizers")
+    vocab, merges = tokenizer_files.gpt2_files(tmp / "gpt2")
+    hf_dir = tokenizer_files.hugging_face_dir(tmp / "hf")
+    gpt2_flags = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(vocab), "--merge-file", str(merges)]
+    hf_flags = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(hf_dir)]
+    gpt2_data = _preprocess(tmp / "gpt2_corpus", gpt2_flags)
+    # Three datasets for the weighted blend of examples/pretrain_gpt3_175B.sh: copies of the one corpus.
+    blend = []
+    for name in ("first", "second", "third"):
+        for suffix in (".bin", ".idx"):
+            shutil.copyfile(gpt2_data + suffix, f"{tmp / name}{suffix}")
+        blend.append(str(tmp / name))
+    return {"vocab": str(vocab), "merges": str(merges), "hf_dir": str(hf_dir), "gpt2_data": gpt2_data,
+            "gpt2_blend": blend, "hf_data": _preprocess(tmp / "hf_corpus", hf_flags)}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, files) -> dict:
     """{(script, variant): (exit code, the last rank's log of that run, rank 0's)} for every script and variant."""
     tmp = tmp_path_factory.mktemp("launch_lines")
     plan = []
     for script in SCRIPTS:
-        argv = recorded_line(script, tmp, dataset)
+        argv = recorded_line(script, tmp, files)
         plan.append({"name": f"{script}:flags", "argv": argv})
         plan.append({"name": f"{script}:auto", "argv": with_checkpoints_in(without_parallel_sizes(argv),
                                                                             tmp / f"{script}-auto-ckpt")})
@@ -113,10 +147,10 @@ def test_launch_line_trains_and_its_loss_falls(runs, script, variant):
     assert code == 0, log[-4000:]
     trained = losses(log)
     assert len(trained) >= 20
-    # Byte-level text: the first losses sit at ln(padded vocab) or above (5.9-7.7 here); 20 updates
-    # at these learning rates take every line down by more than 1.2 nats (measured), so 0.5 leaves
-    # margin. The fp16 lines spend their first ~17 of 40 iterations backing the loss scale off from
-    # 2^32 (Megatron-LM's default) without updating.
+    # A 400-id BPE (GPT-2 files or a HuggingFace directory): the first losses sit near ln(400) or
+    # above (6.2-7.8 here); 20 updates at these learning rates take every line down by 1.04-2.03
+    # nats (measured over the 12 runs), so 0.5 leaves margin. The fp16 lines spend their first
+    # ~17 iterations backing the loss scale off from 2^32 (Megatron-LM's default) without updating.
     assert sum(trained[-5:]) / 5 < sum(trained[:3]) / 3 - 0.5, trained
     assert "validation loss at iteration" in log and "(end of training)" in log
 
@@ -130,3 +164,15 @@ def test_save_and_load_of_a_new_directory_start_from_scratch(runs):
 def test_auto_parallel_variant_searched_a_plan(runs):
     for script in SCRIPTS:
         assert "parallel plan (auto-parallel)" in runs[(script, "auto")][1]
+
+
+def test_growing_batches_follow_megatron_lms_schedules(runs):
+    # --rampup-batch-size 4 4 64 to 8: one increment after 64 samples, so 16 iterations of 4, then
+    # (320 - 72) // 8 = 31 after the 17th (Megatron-LM's update_train_iters: 48 in all).
+    # --step-batch-size-schedule "0:4 1K:8" at --seq-length 64: 8 from sample 1000 // 64 = 15 on, so
+    # 4 iterations of 4 (16 samples), then 36 of 8 up to --train-iters 40.
+    expected = {"gpt3_175b_rampup": [4] * 16 + [8] * 32, "gpt3_175b_distributed": [4] * 4 + [8] * 36}
+    for script, batches in expected.items():
+        for variant in ("flags", "auto"):
+            log = runs[(script, variant)][1]
+            assert [int(b) for b in re.findall(r"\| global batch size: +(\d+) \|", log)] == batches, (script, variant)

@@ -138,9 +138,15 @@ def test_schedule_lengths_follow_megatron_lm(flags, iters, warmup, decay, increm
     (["--train-iters", "5", "--moe-router-topk", "2"], "--moe-router-topk: mixture-of-experts"),
     (["--train-iters", "5", "--context-parallel-size", "2"], "--context-parallel-size 2: context parallelism"),
     (["--train-iters", "5", "--expert-model-parallel-size", "4"], "--expert-model-parallel-size 4: expert"),
-    (["--train-iters", "5", "--step-batch-size-schedule", "0:16 1M:32"], "--step-batch-size-schedule: a global"),
-    (["--train-iters", "5", "--rampup-batch-size", "16", "16", "100"], "--rampup-batch-size: a global"),
+    (["--train-iters", "5", "--rampup-batch-size", "16", "16", "100"], "--rampup-batch-size needs --train-samples"),
+    (["--train-samples", "80", "--rampup-batch-size", "4", "4", "8", "--step-batch-size-schedule", "0:4", "1K:8"],
+     "give --rampup-batch-size or --step-batch-size-schedule, not both"),
+    (["--train-iters", "5", "--step-batch-size-schedule", "1M:16 2M:32"], "the first threshold must be 0"),
+    (["--train-iters", "5", "--step-batch-size-schedule", "0:16 1Q:32"], "'1Q' is not a number"),
+    (["--train-iters", "5", "--global-batch-size", "8", "--step-batch-size-schedule", "0:4 1M:16"],
+     "--global-batch-size 8 differs from the last batch of --step-batch-size-schedule (16)"),
     (["--train-iters", "5", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
+    (["--train-iters", "5", "--wandb-project", "p"], "--wandb-project needs --wandb-exp-name"),
     (["--train-iters", "5", "--multi-latent-attention"], "--multi-latent-attention: multi-latent attention"),
     (["--train-iters", "5", "--mtp-num-layers", "1"], "--mtp-num-layers: multi-token prediction"),
     (["--train-iters", "5", "--rope-type", "yarn"], "--rope-type yarn: RoPE variants"),
@@ -211,13 +217,22 @@ def test_run_flags_reach_the_settings_and_megatrons_configs():
     assert tconfig.layernorm_zero_centered_gamma and tconfig.calculate_per_token_loss
 
 
-def test_no_effect_flags_are_named_with_their_reason():
+def test_no_effect_flags_are_named_with_their_reason(monkeypatch):
+    from megatron_auto.runtime import tensorboard_log
+
+    monkeypatch.setattr(tensorboard_log, "tensorboard_available", lambda: False)
+    monkeypatch.setattr(tensorboard_log, "wandb_available", lambda: False)
     args = pretrain_gpt.parse_args(BASE + ["--profile", "--profile-ranks", "0", "1", "--cross-entropy-loss-fusion",
-                                           "--empty-unused-memory-level", "1", "--tensorboard-dir", "/tmp/tb"])
+                                           "--empty-unused-memory-level", "1", "--tensorboard-dir", "/tmp/tb",
+                                           "--wandb-project", "p", "--wandb-exp-name", "e"])
     reasons = dict(pretrain_gpt.no_effect_reasons(args))
     assert set(reasons) == {"--profile", "--profile-ranks", "--cross-entropy-loss-fusion",
-                            "--empty-unused-memory-level", "--tensorboard-dir"}  # tensorboard is not installed
-    assert all(reason for reason in reasons.values())
+                            "--empty-unused-memory-level", "--tensorboard-dir", "--wandb-project"}
+    assert reasons["--tensorboard-dir"] == "the tensorboard package is not installed"
+    assert reasons["--wandb-project"] == "the wandb package is not installed"
+    monkeypatch.setattr(tensorboard_log, "tensorboard_available", lambda: True)
+    monkeypatch.setattr(tensorboard_log, "wandb_available", lambda: True)
+    assert {"--tensorboard-dir", "--wandb-project"}.isdisjoint(dict(pretrain_gpt.no_effect_reasons(args)))
 
 
 def test_unknown_normalization_exits_2(capsys):
@@ -323,3 +338,51 @@ def test_readme_flag_table_lists_every_refused_and_no_effect_flag():
         assert f"| `{flag}` other than `{accepted}` | refused |" in table
     for flag in (*compat_flags.NO_EFFECT_SWITCHES, *compat_flags.NO_EFFECT_VALUES, *compat_flags.NO_EFFECT_LISTS):
         assert f"| `{flag}` | without effect |" in table
+
+
+def test_rope_scaling_reaches_the_rotary_embedding():
+    from megatron_auto.runtime.model import position_embedding_args
+
+    rope = BASE + LLAMA3
+    args = pretrain_gpt.parse_args(rope + ["--use-rope-scaling", "--rope-scaling-factor", "32"])
+    model = pretrain_gpt.model_from_args(args, 512)
+    assert position_embedding_args(model, pretrain_gpt.settings_from_args(args, 512))["rope_scaling_factor"] == 32.0
+    plain = pretrain_gpt.parse_args(rope)
+    assert "rope_scaling" not in position_embedding_args(model, pretrain_gpt.settings_from_args(plain, 512))
+
+
+def test_newer_hugging_face_special_token_flag_is_the_default_here():
+    without = pretrain_gpt.parse_args(BASE + ["--tokenizer-hf-no-include-special-tokens"])
+    assert not without.tokenizer_hf_include_special_tokens
+    assert pretrain_gpt.parse_args(BASE + ["--tokenizer-hf-include-special-tokens"]).tokenizer_hf_include_special_tokens
+
+
+def test_padded_vocab_size_is_taken_as_given_when_it_holds_the_vocabulary_and_splits_over_tp():
+    from megatron_auto.errors import UserError
+    from megatron_auto.runtime.config import padded_vocab_size
+
+    args = pretrain_gpt.parse_args(BASE + ["--padded-vocab-size", "600"])
+    settings = pretrain_gpt.settings_from_args(args, 513)
+    assert padded_vocab_size(513, settings, 2) == 600
+    assert padded_vocab_size(513, pretrain_gpt.settings_from_args(pretrain_gpt.parse_args(BASE), 513), 2) == 768
+    for tp, vocab in ((7, 513), (2, 601)):
+        with pytest.raises(UserError, match="--padded-vocab-size 600: must be at least"):
+            padded_vocab_size(vocab, settings, tp)
+
+
+def test_step_schedule_reads_as_one_word_or_one_word_per_step():
+    # Megatron-LM's gpt3 example expands its quoted schedule unquoted: one word per step.
+    quoted = pretrain_gpt.parse_args(BASE + ["--step-batch-size-schedule", "0:8 10M:16"])
+    split = pretrain_gpt.parse_args(BASE + ["--step-batch-size-schedule", "0:8", "10M:16"])
+    assert quoted.batch_ramp == split.batch_ramp and quoted.batch_ramp.steps == ((0, 8), (1220, 16))
+    assert split.global_batch_size == 16
+
+
+def test_auto_parallel_with_a_growing_batch_keeps_the_micro_batch_and_a_dp_that_splits_every_batch():
+    from megatron_auto.runtime.layout import layout_from_plan
+
+    job = [f for f in VALIDATION_JOB if f not in ("--global-batch-size", "16")]
+    # Batches 2 then 16 (from 1M tokens): micro-batch 1 (pinned) x DP must divide 2.
+    _, plan = _choose(job + ["--step-batch-size-schedule", "0:2", "1M:16", "--micro-batch-size", "1"])
+    layout = layout_from_plan(plan)
+    assert layout.global_batch_size == 16 and layout.micro_batch_size == 1 and layout.data_parallel in (1, 2)

@@ -38,3 +38,36 @@ def test_no_sink_without_a_directory_or_the_package(monkeypatch, tmp_path):
     assert tensorboard_log.open_sink(None) is None
     monkeypatch.setattr(tensorboard_log, "tensorboard_available", lambda: False)
     assert tensorboard_log.open_sink(str(tmp_path)) is None
+
+
+def test_wandb_sink_starts_a_run_as_megatron_lm_does_and_logs_the_same_scalars(monkeypatch, tmp_path):
+    # wandb is not installed here: a recording stand-in for the module.
+    from megatron_auto.runtime.settings import TrainSettings
+
+    calls = []
+    module = types.ModuleType("wandb")
+    module.init = lambda **options: calls.append(("init", options))
+    module.log = lambda scalars, step: calls.append(("log", scalars, step))
+    monkeypatch.setitem(sys.modules, "wandb", module)
+    monkeypatch.setattr(tensorboard_log, "wandb_available", lambda: True)
+    monkeypatch.setattr(tensorboard_log, "tensorboard_available", lambda: False)
+    settings = TrainSettings(wandb_project="proj", wandb_exp_name="run", save=str(tmp_path / "ckpt"), lr=3e-4)
+    sinks = tensorboard_log.open_sinks(settings)
+    sinks.iteration(3, StepResult(loss=2.5, grad_norm=0.5), 1e-3, 100.0)
+    sinks.validation(3, 2.25)
+    init = calls[0][1]
+    # Megatron-LM's _set_wandb_writer: dir defaults to SAVE/wandb, the run's arguments as its config.
+    assert (init["dir"], init["name"], init["project"]) == (str(tmp_path / "ckpt" / "wandb"), "run", "proj")
+    assert init["config"]["lr"] == 3e-4 and "entity" not in init and (tmp_path / "ckpt" / "wandb").is_dir()
+    assert calls[1][0] == "log" and calls[1][1]["lm loss"] == 2.5 and calls[1][1]["learning-rate"] == 1e-3
+    assert calls[1][2] == 3 and calls[2] == ("log", {"lm loss validation": 2.25}, 3)
+
+
+def test_no_sinks_without_the_flags_or_the_packages(monkeypatch, tmp_path):
+    from megatron_auto.runtime.settings import TrainSettings
+
+    assert tensorboard_log.open_sinks(TrainSettings()) is None
+    monkeypatch.setattr(tensorboard_log, "wandb_available", lambda: False)
+    monkeypatch.setattr(tensorboard_log, "tensorboard_available", lambda: False)
+    assert tensorboard_log.open_sinks(TrainSettings(wandb_project="p", wandb_exp_name="e",
+                                                    tensorboard_dir=str(tmp_path))) is None
