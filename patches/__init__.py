@@ -32,6 +32,12 @@ PATCH_MODULES = (
     "distrib_optimizer_torch_adam_step",
     "grad_scaler_cuda",
     "multi_tensor_on_device",
+    "moe_cuda_device",
+    "moe_split_sizes_cpu",
+    "moe_router_gemm_without_te",
+    "expert_bias_inplace",
+    "gloo_uneven_gather",
+    "moe_aux_loss_avg_gloo",
 )
 
 __all__ = ["PATCH_MODULES", "PatchTargetChanged", "apply_all", "check_all", "patch_modules"]
