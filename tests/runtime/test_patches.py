@@ -51,14 +51,15 @@ def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
 
     monkeypatch.setattr(moe_utils, "HAVE_TE", False)  # and no TE for the MoE router's GEMM
     assert patches.apply_all() == ["torch_norm_zero_centered_gamma", "distrib_optimizer_torch_adam_step",
-                                   "multi_tensor_on_device", "moe_router_gemm_without_te", "expert_bias_inplace"]
+                                   "multi_tensor_on_device", "moe_router_gemm_without_te", "expert_bias_inplace",
+                                   "expert_bias_sequence_parallel"]
     monkeypatch.setattr(optimizer, "USING_PYTORCH_OPTIMIZER", False)  # apex/TE FusedAdam and norms
     monkeypatch.setattr(gpt_layer_specs, "HAVE_APEX", True)
     for module, attribute in (("clip_grads", "l2_norm_impl"), ("clip_grads", "multi_tensor_scale_impl"),
                               ("optimizer", "multi_tensor_scale_impl")):  # and apex's multi-tensor kernels
         monkeypatch.setattr(getattr(optimizer, module), attribute, lambda *args: None)
     monkeypatch.setattr(moe_utils, "HAVE_TE", True)
-    assert patches.apply_all() == ["expert_bias_inplace"]  # autograd's error, on any device
+    assert patches.apply_all() == ["expert_bias_inplace", "expert_bias_sequence_parallel"]  # on any device
 
 
 def test_other_megatron_core_version_is_refused(monkeypatch):
@@ -282,3 +283,17 @@ def test_moe_aux_loss_mean_without_avg(monkeypatch):
     moe_utils.reduce_aux_losses_tracker_across_ranks(["probe"], SimpleNamespace(pp=pp, dp=dp))
     assert moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER["probe"]["values"].tolist() == [1.5, 3.0]  # the mean
     assert ops == [None, None, None]  # pp, tp and dp: sums only
+
+
+def test_expert_row_parallel_bias_is_not_summed_over_tp():
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.tensor_parallel.layers import RowParallelLinear
+
+    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, sequence_parallel=True,
+                               tensor_model_parallel_size=2, use_cpu_initialization=True)
+    group = SimpleNamespace(size=lambda: 1, rank=lambda: 0)
+    layers = {is_expert: RowParallelLinear(8, 8, config=config, init_method=torch.nn.init.zeros_, bias=True,
+                                           input_is_parallel=True, skip_bias_add=False, is_expert=is_expert,
+                                           tp_group=group) for is_expert in (False, True)}
+    assert layers[False].bias.sequence_parallel is True  # a dense bias: summed over TP, as upstream
+    assert layers[True].bias.sequence_parallel is False
