@@ -22,7 +22,25 @@ def megatron_flags(plan: Plan) -> list[str]:
         flags.append("--sequence-parallel")
     if layout.zero >= 1:
         flags.append("--use-distributed-optimizer")
-    return flags
+    return flags + _expert_flags(plan)
+
+
+def expert_degrees(plan: Plan) -> tuple[int, int] | None:
+    """(ep, etp) of the plan's MoE layers (one pair in the megatron space), None without MoE layers."""
+    if plan.model is None:
+        return None
+    pairs = {(s.ep, s.expert_tp) for layer, s in zip(plan.model.layers, plan.layer_strategies) if layer.moe}
+    return min(pairs) if pairs else None
+
+
+def _expert_flags(plan: Plan) -> list[str]:
+    """Megatron-LM's expert-parallel flags (Megatron defaults --expert-tensor-parallel-size to tp; written
+    out always, so the line reads the same whatever the default)."""
+    degrees = expert_degrees(plan)
+    if degrees is None:
+        return []
+    ep, etp = degrees
+    return ["--expert-model-parallel-size", str(ep), "--expert-tensor-parallel-size", str(etp)]
 
 
 def _pipeline_split_flags(plan: Plan) -> list[str]:

@@ -364,7 +364,7 @@ def _check_model_match(plan: Plan) -> None:
         raise ValueError(f"plan places {plan.num_layers} layers but the model has {plan.model.num_layers}")
     model = plan.model
     pairs = ({(model.layers[0], s) for s in plan.distinct_strategies} if model.is_uniform()
-             else zip(model.layers, plan.layer_strategies))
+             else set(zip(model.layers, plan.layer_strategies)))
     for layer, strategy in pairs:
         if layer.num_attention_heads % strategy.tp or layer.num_query_groups % strategy.tp:
             raise ValueError(f"tp={strategy.tp} does not divide the attention heads ({layer.num_attention_heads}) "
@@ -395,9 +395,7 @@ def _check_megatron_space(plan: Plan) -> None:
         raise ValueError("a megatron-space plan uses one TP/DP/ZeRO/SP layout for all layers")
     if plan.embedding.zero not in (0, 1):
         raise ValueError("stock Megatron shards at most the optimizer state (zero 0 or 1)")
-    if plan.model is not None and len({(s.ep, s.etp) for layer, s in zip(plan.model.layers, plan.layer_strategies)
-                                       if layer.moe is not None}) > 1:
-        raise ValueError("a megatron-space plan uses one ep/etp for all MoE layers")
+    _check_one_expert_layout(plan)
     kinds = {s.recompute for s in plan.distinct_strategies}
     if "selective" in kinds and len(kinds) > 1:
         raise ValueError("stock Megatron recomputes selectively on all layers or on none")
@@ -406,6 +404,20 @@ def _check_megatron_space(plan: Plan) -> None:
     counts = plan.stage_layer_counts()
     if plan.virtual_stages == 1 and len(set(counts[1:-1])) > 1:
         raise ValueError("stock Megatron lets only the first and last stage differ in layer count")
+
+
+def _check_one_expert_layout(plan: Plan) -> None:
+    """Megatron's --expert-model/tensor-parallel-size: one (ep, etp) for every MoE layer. Dense layers
+    have (1, None) (check_expert_strategy), so more than two pairs, or two beside no dense layer, differ;
+    only two pairs on a model with both kinds of layer need the layer-by-layer look."""
+    pairs = {(s.ep, s.etp) for s in plan.distinct_strategies}
+    if len(pairs) <= 1 or plan.model is None:
+        return
+    dense = any(layer.moe is None for layer in plan.model.distinct_layers)
+    if len(pairs) == 2 and dense and (1, None) in pairs:
+        pairs = {(s.ep, s.etp) for layer, s in zip(plan.model.layers, plan.layer_strategies) if layer.moe}
+    if len(pairs) > 1:
+        raise ValueError("a megatron-space plan uses one ep/etp for all MoE layers")
 
 
 PLAN_VALIDATORS = (

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from .errors import UserError
-from .megatron_flags import megatron_flags
+from .megatron_flags import expert_degrees, megatron_flags
 from .plan import Chunk, LayerStrategy, Plan, Prediction
 
 __all__ = ["plan_table", "strategy_runs", "stage_lines", "prediction_lines"]
@@ -102,6 +102,9 @@ def _header_lines(plan: Plan) -> list[str]:
         f"  schedule            {plan.schedule}" + (" (interleaved)" if plan.virtual_stages > 1 else ""),
         f"  embedding / head    {plan.embedding.short()}",
     ]
+    degrees = expert_degrees(plan)
+    if degrees is not None:
+        lines.append(f"  expert parallel     ep {degrees[0]}, expert tp {degrees[1]} (MoE layers)")
     return lines
 
 

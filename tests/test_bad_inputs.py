@@ -218,6 +218,16 @@ CLI_CASES = [
                            "--memory-budget-gib", "nan"]),
     ("memory-budget-below-a-byte", ["plan", "--model", "tiny-gpt", "--cluster", "cpu-gloo", *JOB,
                                     "--memory-budget-gib", "1e-300"]),
+    ("moe-load-imbalance-below-one", ["plan", "--model", "tiny-mixtral", "--cluster", "cpu-gloo", *JOB,
+                                      "--moe-load-imbalance", "0.5"]),
+    ("moe-dispatcher-unknown", ["plan", "--model", "tiny-mixtral", "--cluster", "cpu-gloo", *JOB,
+                                "--moe-token-dispatcher-type", "flex"]),
+    ("ep-on-a-dense-model", ["estimate", "--model", "tiny-gpt", "--cluster", "cpu-gloo", "--gpus-per-node", "2",
+                             "--tp", "1", "--pp", "1", "--ep", "2", *JOB]),
+    ("ep-not-dividing-experts", ["estimate", "--model", "tiny-mixtral", "--cluster", "cpu-gloo",
+                                 "--gpus-per-node", "8", "--tp", "1", "--pp", "1", "--ep", "8", *JOB]),
+    ("etp-not-dividing-the-stage", ["plan", "--model", "tiny-mixtral", "--cluster", "cpu-gloo", "--gpus-per-node",
+                                    "4", "--etp", "8", *JOB]),
 ]
 
 

@@ -98,3 +98,33 @@ def test_block_recompute_under_interleaving_is_found_as_the_grid_finds_it():
     found = search_plan(model, cluster, training, "megatron", SearchConstraints(tp=4, pp=16)).plan
     assert grid.plan is not None and grid.plan.prediction.fits
     assert found.prediction.iteration_time_s <= grid.plan.prediction.iteration_time_s * (1 + 1e-12)
+
+
+# A small MoE model: a dense first layer, then three layers of 8 SwiGLU experts (top-2), no biases, so that
+# every expert tensor-parallel degree is valid too.
+MOE_MODEL = uniform_model("grid-moe", 4, 512, 8, seq_length=512, vocab_size=4096, swiglu=True, add_bias_linear=False,
+                          normalization="RMSNorm", ffn_hidden_size=1024, num_experts=8, moe_router_topk=2,
+                          moe_layer_freq=[0, 1, 1, 1])
+
+
+@pytest.mark.parametrize("budget_gib", [0.2, 0.22, 0.25, 0.3, 40.0])
+def test_grid_with_expert_parallel_equals_megatron_search(budget_gib):
+    training = TrainingSpec(global_batch_size=8, memory_budget_bytes=int(budget_gib * GIB))
+    grid = grid_search(MOE_MODEL, CLUSTER, training)
+    assert grid.plan is not None and grid.plan.prediction.fits
+    searched = search_plan(MOE_MODEL, CLUSTER, training, "megatron").plan
+    assert grid.time_s == pytest.approx(searched.prediction.iteration_time_s, rel=1e-12)
+    # Expert parallelism wins here (the grid had every ep, the search's rules must not have lost it).
+    assert grid.config.expert_parallel > 1
+    moe_strategies = {s for layer, s in zip(MOE_MODEL.layers, searched.layer_strategies) if layer.moe}
+    assert len(moe_strategies) >= 1 and all(s.ep > 1 for s in moe_strategies)
+
+
+def test_grid_enumerates_every_expert_degree_megatron_accepts():
+    from megatron_auto.search.experts import expert_degree_choices
+
+    # 4 GPUs at tp 2: etp in {1, 2 (= tp, written None), 4}; ep divides 8 experts and 4 / etp.
+    assert sorted(expert_degree_choices(MOE_MODEL, 2, 4), key=str) == sorted(
+        [(1, 1), (2, 1), (4, 1), (1, None), (2, None), (1, 4)], key=str)
+    dense = uniform_model("dense", 2, 512, 8, seq_length=512, vocab_size=4096)
+    assert expert_degree_choices(dense, 2, 4) == [(1, None)]

@@ -11,6 +11,7 @@ from megatron_auto.search import search_plan
 from megatron_auto.search.constraints import SearchConstraints
 from megatron_auto.search.hybrid import HybridOptions, embedding_layout, micro_batch_sizes, search_hybrid
 from megatron_auto.search.megatron_space import search_megatron
+from megatron_auto.search.experts import valid_for_layer
 from megatron_auto.search.space import StageContext, prune_strategies
 from megatron_auto.search.uniform import UniformConfig, build_uniform_plan, divisors, megatron_uneven_splits
 from megatron_auto.specs.model import uniform_model
@@ -134,3 +135,50 @@ def test_infeasible_budget_reports_minimum():
     training = TrainingSpec(global_batch_size=8, memory_budget_bytes=int(0.01 * GIB))
     with pytest.raises(UserError, match="least memory any plan needs"):
         search_plan(MODEL, CLUSTER, training, "hybrid")
+
+
+# A MoE model: a dense first layer and two layers of 4 experts; no biases, so every expert TP is valid.
+MOE_MODEL = uniform_model("opt-moe", 3, 512, 8, seq_length=512, vocab_size=4096, swiglu=True, add_bias_linear=False,
+                          normalization="RMSNorm", ffn_hidden_size=1024, num_experts=4, moe_layer_freq=[0, 1, 1])
+
+
+def _brute_force_hybrid_moe(training, constraints, cluster=CLUSTER):
+    """Every per-layer assignment of the pruned strategies that Megatron-Core runs on each layer."""
+    best = None
+    for pp in (p for p in divisors(cluster.world_size) if p <= MOE_MODEL.num_layers):
+        gpus = cluster.world_size // pp
+        for samples in micro_batch_sizes(training, pp, gpus):
+            strategies, _ = prune_strategies(StageContext(gpus, cluster, MOE_MODEL, constraints, samples))
+            per_layer = [[s for s in strategies if valid_for_layer(layer, s)] for layer in MOE_MODEL.layers]
+            embedding = embedding_layout(strategies)
+            for lengths in _compositions(MOE_MODEL.num_layers, pp):
+                for assignment in itertools.product(*per_layer):
+                    starts = [sum(lengths[:i]) for i in range(pp)]
+                    chunks = tuple(Chunk(assignment[a:a + n]) for a, n in zip(starts, lengths))
+                    plan = Plan(space="hybrid", world_size=cluster.world_size, pipeline_parallel=pp,
+                                global_batch_size=training.global_batch_size,
+                                num_micro_batches=training.global_batch_size // samples,
+                                chunks=chunks, embedding=embedding, model=MOE_MODEL)
+                    prediction = estimate_plan(plan, MOE_MODEL, cluster, training)
+                    if prediction.fits and (best is None or prediction.iteration_time_s < best):
+                        best = prediction.iteration_time_s
+    return best
+
+
+@pytest.mark.parametrize("budget_gib", [0.1, 0.11, 0.12, 0.16, 40.0])
+def test_hybrid_dp_with_per_layer_expert_parallel_equals_brute_force(budget_gib):
+    training = TrainingSpec(global_batch_size=8, memory_budget_bytes=int(budget_gib * GIB))
+    options = HybridOptions(memory_units=8192, tune_embedding=False)
+    pinned = SearchConstraints(recompute="none", distributed_optimizer=True)  # keeps |S|^L small
+    found, _ = search_hybrid(MOE_MODEL, CLUSTER, training, pinned, options=options)
+    expected = _brute_force_hybrid_moe(training, pinned)
+    if expected is None:
+        assert found is None
+        return
+    assert found is not None
+    assert found.prediction.iteration_time_s == pytest.approx(expected, rel=1e-9)
+    moe = [s for layer, s in zip(MOE_MODEL.layers, found.layer_strategies) if layer.moe]
+    dense = [s for layer, s in zip(MOE_MODEL.layers, found.layer_strategies) if not layer.moe]
+    assert all(s.ep == 1 and s.etp is None for s in dense)
+    if budget_gib == 40.0:
+        assert any(s.ep > 1 for s in moe)  # with room to spare, expert parallelism wins on the MoE layers

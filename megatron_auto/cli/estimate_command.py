@@ -16,7 +16,7 @@ from .job import (attach_profiles, fit_cluster_to_world, load_cluster_arg, load_
 from .output import print_json, summary, write_plan
 
 LAYOUT_FLAGS = ("tp", "pp", "dp", "micro_batch_size", "virtual_stages", "recompute",
-                "sequence_parallel", "distributed_optimizer")
+                "sequence_parallel", "distributed_optimizer", "ep", "etp")
 
 
 def check_dp(args: argparse.Namespace, cluster: ClusterSpec) -> None:
@@ -35,6 +35,7 @@ def config_from_args(args: argparse.Namespace) -> UniformConfig:
         tp=args.tp, pp=args.pp, micro_batch_size=args.micro_batch_size or 1,
         virtual_stages=args.virtual_stages or 1, sequence_parallel=bool(sequence_parallel_flag(args)),
         distributed_optimizer=bool(args.distributed_optimizer), recompute=args.recompute or "none",
+        expert_parallel=args.ep or 1, expert_tensor_parallel=args.etp,
     )
 
 

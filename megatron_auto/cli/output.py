@@ -8,7 +8,7 @@ from typing import Any, Optional
 
 from .. import serde
 from ..errors import UserError
-from ..megatron_flags import megatron_flags
+from ..megatron_flags import expert_degrees, megatron_flags
 from ..plan import Plan, save_plan
 
 
@@ -48,6 +48,9 @@ def summary(plan: Plan) -> dict[str, Any]:
         "micro_batch_size": max(plan.local_micro_batch(s) for s in plan.distinct_strategies),
         "embedding_micro_batch_size": plan.local_micro_batch(plan.embedding),
         "num_micro_batches": plan.num_micro_batches,
+        # The MoE layers' expert-parallel and expert tensor-parallel degrees (1, None without MoE layers).
+        "ep": (expert_degrees(plan) or (1, None))[0],
+        "etp": (expert_degrees(plan) or (1, None))[1],
         "virtual_stages": plan.virtual_stages,
         "megatron_flags": flags_or_none(plan),
         "plan": serde.to_dict(plan),

@@ -7,6 +7,7 @@ from typing import NoReturn, Optional
 
 from ..kernels import ATTENTION_BACKENDS, OPTIMIZER_IMPLS
 from ..plan import RECOMPUTE_KINDS, SPACES
+from ..specs.training import DEFAULT_MOE_LOAD_IMBALANCE, MOE_TOKEN_DISPATCHERS
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 
@@ -49,6 +50,28 @@ def margin_fraction(text: str) -> float:
     return value
 
 
+def load_imbalance(text: str) -> float:
+    """A MoE load-imbalance factor: the busiest expert-parallel rank's routed tokens over the mean, >= 1."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text!r}") from None
+    if not 1.0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {text!r}")
+    return value
+
+
+def add_moe_arguments(parser: argparse.ArgumentParser) -> None:
+    """How MoE layers run (the model file says what they are): Megatron-LM's names."""
+    parser.add_argument("--moe-token-dispatcher-type", choices=MOE_TOKEN_DISPATCHERS, default="alltoall",
+                        help="how MoE layers send tokens to their experts (default: alltoall)")
+    parser.add_argument("--moe-load-imbalance", type=load_imbalance, default=DEFAULT_MOE_LOAD_IMBALANCE,
+                        metavar="X", help="routed tokens on the busiest expert-parallel rank over the mean, >= 1 "
+                                          f"(default {DEFAULT_MOE_LOAD_IMBALANCE}: balanced; docs/cost_model.md)")
+    parser.add_argument("--moe-grouped-gemm", action="store_true",
+                        help="price the experts as one grouped GEMM (Megatron's --moe-grouped-gemm)")
+
+
 def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """--model, --cluster, --num-nodes, --global-batch-size and the memory/precision knobs."""
     parser.add_argument("--model", required=required, metavar="PRESET|FILE.json",
@@ -77,6 +100,7 @@ def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) ->
     parser.add_argument("--profile", action="append", metavar="FILE",
                         help="measured cluster and/or model profile JSON (profile-cluster, profile-model); "
                              "repeat for both. Without it the cost model is analytic")
+    add_moe_arguments(parser)
 
 
 def add_layout_arguments(parser: argparse.ArgumentParser, tp_pp_required: bool) -> None:
@@ -97,6 +121,10 @@ def add_layout_arguments(parser: argparse.ArgumentParser, tp_pp_required: bool) 
                         help="Megatron sequence parallelism (needs tp > 1)")
     parser.add_argument("--distributed-optimizer", action=argparse.BooleanOptionalAction, default=None,
                         help="Megatron's distributed optimizer (ZeRO-1)")
+    parser.add_argument("--ep", "--expert-model-parallel-size", dest="ep", type=positive_int, metavar="E",
+                        help="expert-parallel degree of the MoE layers")
+    parser.add_argument("--etp", "--expert-tensor-parallel-size", dest="etp", type=positive_int, metavar="T",
+                        help="expert tensor-parallel degree of the MoE layers (default: tp)")
 
 
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:

@@ -22,6 +22,7 @@ def constraints_from_args(args: argparse.Namespace) -> SearchConstraints:
         tp=args.tp, pp=args.pp, dp=args.dp, micro_batch_size=args.micro_batch_size,
         virtual_stages=args.virtual_stages, sequence_parallel=sequence_parallel_flag(args),
         distributed_optimizer=args.distributed_optimizer, recompute=args.recompute,
+        expert_parallel=args.ep, expert_tensor_parallel=args.etp,
     )
 
 

@@ -12,6 +12,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import GIB, TrainingSpec
 from .constraints import SearchConstraints, SearchResult
+from .experts import check_expert_constraints
 from .hybrid import search_hybrid
 from .least_memory import least_memory_gib
 from .megatron_space import SpaceStats, search_megatron
@@ -30,6 +31,8 @@ def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     """
     if space not in ("megatron", "hybrid"):
         raise UserError(f"unknown search space '{space}'; choose megatron or hybrid")
+    check_expert_constraints(model, cluster.world_size, constraints.expert_parallel,
+                             constraints.expert_tensor_parallel)
     started = time.perf_counter()
     stats = SpaceStats()
     share = 0.3 if space == "hybrid" else 1.0

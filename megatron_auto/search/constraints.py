@@ -31,6 +31,10 @@ class SearchConstraints:
     """Force Megatron's distributed optimizer (ZeRO-1) on or off."""
     recompute: Optional[str] = None
     """Force one recomputation kind on every layer: none, selective or full."""
+    expert_parallel: Optional[int] = None
+    """Expert-parallel degree of every MoE layer (--expert-model-parallel-size)."""
+    expert_tensor_parallel: Optional[int] = None
+    """Expert tensor-parallel degree of every MoE layer (--expert-tensor-parallel-size)."""
 
 
 @dataclass(frozen=True)

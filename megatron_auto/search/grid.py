@@ -9,6 +9,8 @@ scores every combination of
 - `--micro-batch-size`: every divisor of B / dp;
 - `--num-layers-per-virtual-pipeline-stage`: every v dividing the stage's layers;
 - `--sequence-parallel` on and off, `--use-distributed-optimizer` on and off;
+- for MoE models, `--expert-model-parallel-size` e and `--expert-tensor-parallel-size` t_e: every pair
+  with e dividing the experts and e x t_e dividing t x dp (t_e = t written as Megatron's default);
 - `--recompute-granularity` none, selective, full (uniform: every layer), and
   full with `--recompute-method block --recompute-num-layers N` for every N;
 - `--decoder-first/last-pipeline-num-layers`: every first/last stage size whose
@@ -25,6 +27,7 @@ best-so-far. `use_bound=False` turns the bounds off; the tests check both agree.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -36,6 +39,7 @@ from ..plan import Plan
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
+from .experts import expert_degree_choices
 from .uniform import UniformConfig, build_uniform_plan, divisors, even_split, megatron_uneven_splits
 
 
@@ -93,16 +97,16 @@ def grid_splits(model: ModelSpec, pp: int, split_window: Optional[int]) -> list[
 def _base_configs(model, cluster, training, tp, pp, split_window) -> Iterator[UniformConfig]:
     """Every flag combination of one (t, p) with recomputation off."""
     dp = cluster.world_size // (tp * pp)
+    experts = expert_degree_choices(model, tp, tp * dp)
     for split in grid_splits(model, pp, split_window):
         layers = split or even_split(model.num_layers, pp)
         virtual = divisors(layers[0]) if split is None and pp > 1 else [1]
-        for mbs in divisors(training.global_batch_size // dp):
-            for v in virtual:
-                for sp in ((False, True) if tp > 1 else (False,)):
-                    for distributed in (False, True):
-                        yield UniformConfig(tp=tp, pp=pp, micro_batch_size=mbs, virtual_stages=v,
-                                            sequence_parallel=sp, distributed_optimizer=distributed,
-                                            stage_layers=split)
+        for mbs, v, (ep, etp) in itertools.product(divisors(training.global_batch_size // dp), virtual, experts):
+            for sp in ((False, True) if tp > 1 else (False,)):
+                for distributed in (False, True):
+                    yield UniformConfig(tp=tp, pp=pp, micro_batch_size=mbs, virtual_stages=v,
+                                        sequence_parallel=sp, distributed_optimizer=distributed,
+                                        stage_layers=split, expert_parallel=ep, expert_tensor_parallel=etp)
 
 
 def recompute_variants(config: UniformConfig, model: ModelSpec) -> list[UniformConfig]:

@@ -166,7 +166,8 @@ def _prepare(model, cluster, training, constraints, pp, samples, stats,
     if not strategies:
         return None
     m = training.global_batch_size // samples
-    tables = layer_tables(model, cluster, training, strategies, samples, m)
+    tables = layer_tables(model, cluster, training, strategies, samples, m,
+                          (constraints.expert_parallel, constraints.expert_tensor_parallel))
     embedding = embedding_layout(strategies, embedding_tp)
     try:
         boundary = boundary_layout_for(gpus, samples, model.seq_length) if pp > 1 else embedding

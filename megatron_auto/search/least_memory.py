@@ -1,9 +1,9 @@
 """The least memory any plan needs, for the error that says a budget is impossible.
 
 Memory falls with full recomputation, ZeRO-3 (hybrid space) or ZeRO-1
-(megatron space), SP, one sample per micro-batch and no interleaving, so the
-minimum over (tp, pp, pipeline split) of those layouts is the least any plan of
-the space needs.
+(megatron space), SP, one sample per micro-batch and no interleaving, and for
+MoE layers with the most expert sharding (ep x etp), so the minimum over
+(tp, pp, pipeline split) of those layouts is the least any plan of the space needs.
 """
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import GIB, TrainingSpec
 from .constraints import SearchConstraints
+from .experts import expert_degree_choices, with_experts
 from .megatron_space import SpaceStats, parallel_degrees
 from .uniform import megatron_uneven_splits
 
@@ -29,12 +30,20 @@ def least_memory_gib(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         zero = 3 if space == "hybrid" and dp > 1 else (1 if dp > 1 else 0)
         lean = LayerStrategy(tp=tp, dp=dp, zero=zero, sp=tp > 1, recompute="full")
         embedding = LayerStrategy(tp=tp, dp=dp, zero=min(zero, 1), sp=tp > 1)
+        experts = expert_degree_choices(model, tp, tp * dp, None, constraints.expert_parallel,
+                                        constraints.expert_tensor_parallel)
+        if not experts:
+            continue
+        ep, etp = max(experts, key=lambda pair: pair[0] * (tp if pair[1] is None else pair[1]))
+        layers = tuple(with_experts(layer, lean, ep, etp) for layer in model.layers)
         for split in megatron_uneven_splits(model.num_layers, pp):
+            starts = [sum(split[:i]) for i in range(len(split))]
             try:
                 plan = Plan(space="hybrid", world_size=cluster.world_size, pipeline_parallel=pp,
                             global_batch_size=training.global_batch_size,
                             num_micro_batches=training.global_batch_size // dp,
-                            chunks=tuple(Chunk((lean,) * n) for n in split), embedding=embedding, model=model)
+                            chunks=tuple(Chunk(layers[start:start + n]) for start, n in zip(starts, split)),
+                            embedding=embedding, model=model)
                 least = min(least, estimate_plan(plan, model, cluster, training).device_memory_gib)
             except (ValueError, UserError):
                 continue

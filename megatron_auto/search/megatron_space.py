@@ -22,6 +22,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
 from .constraints import SearchConstraints
+from .experts import expert_degree_choices, moe_layers
 from .uniform import (UniformConfig, best_uniform_plan, divisors, even_split, megatron_uneven_splits,
                       pipeline_lower_bound, states_overflow)
 
@@ -129,6 +130,8 @@ def _sp_choices(model, cluster, training, constraints, tp: int, dp: int) -> tupl
     (measured gloo curves), since the sp-with-tp rule then does not hold."""
     if constraints.sequence_parallel is not None or tp == 1:
         return (bool(constraints.sequence_parallel) and tp > 1,)
+    if moe_layers(model):
+        return (True,)  # Megatron-Core's MoELayer refuses TP without SP in training
     layer, word = model.layers[0], training.activation_bytes
     for samples in {1, max(1, training.global_batch_size // dp)}:
         with_sp = tp_comm_time(layer.hidden_size, model.seq_length, samples, LayerStrategy(tp=tp, dp=dp, sp=True),
@@ -156,14 +159,9 @@ def _distributed_choices(model, cluster, training, constraints, tp: int, dp: int
 
 def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats, incumbent) -> Iterator[Plan]:
     dp = cluster.world_size // (tp * pp)
-    choices = itertools.product(stage_splits(model, pp), _sp_choices(model, cluster, training, constraints, tp, dp),
-                                _distributed_choices(model, cluster, training, constraints, tp, dp))
-    for split, sp, distributed in choices:
-        base = UniformConfig(tp=tp, pp=pp, micro_batch_size=constraints.micro_batch_size or 1,
-                             virtual_stages=constraints.virtual_stages or 1, sequence_parallel=sp,
-                             distributed_optimizer=distributed, stage_layers=split)
-        if states_overflow(model, cluster, training, base):
-            stats.drop("states-exceed-memory", len(recompute_choices(constraints)))
+    for base in _base_configs(model, cluster, training, constraints, tp, pp, stats):
+        if incumbent < math.inf and _config_bound(model, cluster, training, constraints, base) >= incumbent:
+            stats.drop("lower-bound", len(recompute_choices(constraints)))
             continue
         for recompute in recompute_choices(constraints):
             with stats.timed(f"megatron space: recompute {recompute}"):
@@ -173,6 +171,41 @@ def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats, inc
                 if plan.prediction.fits:
                     incumbent = min(incumbent, plan.prediction.iteration_time_s)
                 yield plan
+
+
+def _base_configs(model, cluster, training, constraints, tp, pp, stats) -> list[UniformConfig]:
+    """The flag combinations of (tp, pp) without recomputation whose states fit, most promising first
+    (the order lets the incumbent prune more of the rest; with MoE layers the expert degrees multiply them)."""
+    dp = cluster.world_size // (tp * pp)
+    experts = expert_degree_choices(model, tp, tp * dp, cluster.gpus_per_node, constraints.expert_parallel,
+                                    constraints.expert_tensor_parallel)
+    if not experts:
+        stats.drop("expert-degrees")
+    choices = itertools.product(stage_splits(model, pp), _sp_choices(model, cluster, training, constraints, tp, dp),
+                                _distributed_choices(model, cluster, training, constraints, tp, dp), experts)
+    configs = []
+    for split, sp, distributed, (ep, etp) in choices:
+        base = UniformConfig(tp=tp, pp=pp, micro_batch_size=constraints.micro_batch_size or 1,
+                             virtual_stages=constraints.virtual_stages or 1, sequence_parallel=sp,
+                             distributed_optimizer=distributed, stage_layers=split, expert_parallel=ep,
+                             expert_tensor_parallel=etp)
+        if states_overflow(model, cluster, training, base):
+            stats.drop("states-exceed-memory", len(recompute_choices(constraints)))
+        else:
+            configs.append(base)
+    if len(experts) == 1:
+        return configs
+    return sorted(configs, key=lambda config: _config_bound(model, cluster, training, constraints, config))
+
+
+def _config_bound(model, cluster, training, constraints, config: UniformConfig) -> float:
+    """No plan of these flags beats this, whatever its micro-batch, chunks or recomputation: the least
+    pipeline_lower_bound over the micro-batch sizes at the most chunks (recomputation only adds work)."""
+    dp = cluster.world_size // (config.tp * config.pp)
+    sizes = [constraints.micro_batch_size] if constraints.micro_batch_size else \
+        divisors(training.global_batch_size // dp)
+    virtual = max(_virtual_choices(model, config, constraints))
+    return min(pipeline_lower_bound(model, cluster, training, config, size, virtual) for size in sizes)
 
 
 def _best_for_recompute(model, cluster, training, constraints, config: UniformConfig, stats,

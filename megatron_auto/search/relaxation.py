@@ -10,7 +10,8 @@ lambda >= 0 the Lagrangian relaxation gives
 (weak duality; Martello & Toth, Knapsack Problems, 1990, ch. 2 for the
 multiple-choice knapsack). The best lambda lies on a slope of the lower convex
 hull of some layer's (mem, time) points, so those slopes are the ones tried.
-Spans whose least memory exceeds M cannot fit and stay +inf, as in the DP.
+Spans whose least memory exceeds M cannot fit and stay +inf, as in the DP. Strategies a
+layer cannot run (time +inf in the tables: expert degrees on a dense layer) are left out.
 """
 from __future__ import annotations
 
@@ -24,6 +25,8 @@ MAX_MULTIPLIERS = 64
 def hull_slopes(memory: np.ndarray, time: np.ndarray) -> np.ndarray:
     """Seconds per byte along the lower convex hull of one layer's (memory, time) points,
     where more memory buys less time."""
+    runs = np.isfinite(time)
+    memory, time = memory[runs], time[runs]
     order = np.lexsort((time, memory))
     hull: list[tuple[float, float]] = []
     for point in zip(memory[order], time[order]):
@@ -55,12 +58,15 @@ def relaxed_spans(tables: LayerTables, fixed: list[StageFixed], budget: float, m
     rows = slice(0, 1) if uniform else slice(0, num_layers)
     spans = []
     for stage in fixed:
+        runs = np.isfinite(tables.time[rows])
         memory = tables.state[rows] + stage.in_flight * tables.activation[rows]
         room = budget - stage.memory - stage.least_extra()
         lambdas = multipliers(tables.time[rows], memory)
-        priced = (tables.time[rows][None] + lambdas[:, None, None] * memory[None]).min(axis=-1)   # [K, rows]
+        priced = np.where(runs[None], tables.time[rows][None] + lambdas[:, None, None] * memory[None],
+                          np.inf).min(axis=-1)   # [K, rows]
+        least_memory = np.where(runs, memory, np.inf).min(axis=1)
         bound = _uniform_spans if uniform else _layered_spans
-        spans.append(bound(priced, memory.min(axis=1), lambdas, room, num_layers, max_len) + stage.time)
+        spans.append(bound(priced, least_memory, lambdas, room, num_layers, max_len) + stage.time)
     return spans
 
 

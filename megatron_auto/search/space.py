@@ -14,6 +14,7 @@ from ..plan import RECOMPUTE_KINDS, LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from .constraints import SearchConstraints
+from .experts import expert_degree_choices
 from .uniform import divisors
 
 
@@ -84,20 +85,29 @@ def _violates(s: LayerStrategy, c: SearchConstraints) -> bool:
             or (c.recompute is not None and s.recompute != c.recompute))
 
 
-def raw_strategies(gpus: int) -> list[LayerStrategy]:
-    """Every (tp, zero, sp, recompute) for a stage of `gpus` GPUs, before pruning."""
+def raw_strategies(gpus: int, model: ModelSpec | None = None, gpus_per_node: int | None = None,
+                   constraints: SearchConstraints = SearchConstraints()) -> list[LayerStrategy]:
+    """Every (tp, zero, sp, recompute) for a stage of `gpus` GPUs, before pruning; for a model with MoE
+    layers also each with every (ep, etp) its MoE layers take (search/experts.py), which the cost tables
+    allow on MoE layers only (tables.layer_tables)."""
     out = []
     for tp in divisors(gpus):
+        experts = [(1, None)]
+        if model is not None:
+            pinned = (constraints.expert_parallel, constraints.expert_tensor_parallel)
+            experts += [pair for pair in expert_degree_choices(model, tp, gpus, gpus_per_node, *pinned)
+                        if pair != (1, None)]
         for zero in (0, 1, 2, 3):
             for sp in ((False, True) if tp > 1 else (False,)):
                 for recompute in RECOMPUTE_KINDS:
-                    out.append(LayerStrategy(tp=tp, dp=gpus // tp, zero=zero, sp=sp, recompute=recompute))
+                    out += [LayerStrategy(tp=tp, dp=gpus // tp, zero=zero, sp=sp, recompute=recompute, ep=ep, etp=etp)
+                            for ep, etp in experts]
     return out
 
 
 def prune_strategies(ctx: StageContext) -> tuple[list[LayerStrategy], list[tuple[str, int]]]:
     """The surviving candidates and, per rule, how many it removed."""
-    candidates = raw_strategies(ctx.gpus)
+    candidates = raw_strategies(ctx.gpus, ctx.model, ctx.cluster.gpus_per_node, ctx.constraints)
     removed = []
     for rule in RULES:
         kept = [s for s in candidates if not rule.drops(s, ctx)]

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Optional
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
+from .experts import valid_for_layer
 
 
 @dataclass(frozen=True)
@@ -46,7 +48,10 @@ class LayerTables:
 
 
 def layer_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, strategies: list[LayerStrategy],
-                 micro_batch_samples: int, num_micro_batches: int) -> LayerTables:
+                 micro_batch_samples: int, num_micro_batches: int,
+                 expert_pins: tuple[Optional[int], Optional[int]] = (None, None)) -> LayerTables:
+    """The tables; a (layer, strategy) pair Megatron-Core would not run (expert degrees on a dense layer, a
+    MoE layer without SP under TP, or off the user's --ep/--etp) costs infinite time, so the DP never picks it."""
     shape = (model.num_layers, len(strategies))
     time, first, state, act, transient = (np.zeros(shape) for _ in range(5))
     m = num_micro_batches
@@ -59,6 +64,9 @@ def layer_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
             continue
         distinct[spec] = l
         for j, strategy in enumerate(strategies):
+            if not _allowed(spec, strategy, expert_pins):
+                time[l, j] = np.inf
+                continue
             c = layer_cost(spec, strategy, micro_batch_samples // strategy.dp, model.seq_length, cluster, training)
             hidden = exposed_dp_time(c.dp_comm_per_iteration_s, c.backward_s, comm_model(cluster).grad_overlap)
             optimizer = optimizer_step_time(c.state_bytes, cluster, training.optimizer_impl)
@@ -76,6 +84,14 @@ def layer_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                           for a in representatives])
     transition = by_layout[np.ix_(groups, groups)]
     return LayerTables(tuple(strategies), time, first, state, act, transient, transition, groups)
+
+
+def _allowed(layer, strategy: LayerStrategy, expert_pins: tuple[Optional[int], Optional[int]]) -> bool:
+    """Megatron-Core runs `layer` under `strategy`, and a MoE layer takes the pinned --ep/--etp."""
+    if not valid_for_layer(layer, strategy):
+        return False
+    ep, etp = expert_pins
+    return layer.moe is None or (ep in (None, strategy.ep) and etp in (None, strategy.expert_tp))
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from ..plan import Chunk, LayerStrategy, Plan
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
+from .experts import moe_layers, with_experts
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,14 @@ class UniformConfig:
     """With full recompute: recompute the first N layers of every chunk (block method); None means all."""
     stage_layers: Optional[tuple[int, ...]] = None
     """Layers per stage; None splits evenly."""
+    expert_parallel: int = 1
+    """--expert-model-parallel-size: EP degree of every MoE layer."""
+    expert_tensor_parallel: Optional[int] = None
+    """--expert-tensor-parallel-size of every MoE layer; None: tp (Megatron's default)."""
+
+    def layer_strategy(self, layer, strategy: LayerStrategy) -> LayerStrategy:
+        """`strategy` with this config's expert degrees on a MoE layer."""
+        return with_experts(layer, strategy, self.expert_parallel, self.expert_tensor_parallel)
 
 
 def even_split(num_layers: int, parts: int) -> Optional[tuple[int, ...]]:
@@ -80,7 +89,9 @@ def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         raise UserError(f"{model.num_layers} layers do not split into {pp} x {v} equal virtual stages")
     strategy = LayerStrategy(tp=tp, dp=dp, zero=1 if config.distributed_optimizer else 0,
                              sp=config.sequence_parallel and tp > 1)
-    chunks = _chunks(tuple(stage_layers), v, strategy, config.recompute, config.recompute_num_layers)
+    experts = _expert_strategy(model, strategy, config)
+    chunks = _chunks(tuple(stage_layers), v, strategy, config.recompute, config.recompute_num_layers,
+                     experts, _moe_pattern(model) if experts is not None else None)
     try:
         return Plan(space="megatron", world_size=world, pipeline_parallel=pp,
                     global_batch_size=training.global_batch_size,
@@ -90,20 +101,42 @@ def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         raise UserError(str(error)) from None
 
 
+def _expert_strategy(model: ModelSpec, strategy: LayerStrategy, config: UniformConfig) -> Optional[LayerStrategy]:
+    """The MoE layers' strategy (None for a dense model); UserError for expert flags Megatron rejects."""
+    if not moe_layers(model):
+        if config.expert_parallel != 1 or config.expert_tensor_parallel is not None:
+            raise UserError(f"model '{model.name}' has no MoE layers: expert parallelism does not apply")
+        return None
+    try:
+        return replace(strategy, ep=config.expert_parallel, etp=config.expert_tensor_parallel)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+
+
+@lru_cache(maxsize=64)
+def _moe_pattern(model: ModelSpec) -> tuple[bool, ...]:
+    return tuple(layer.moe is not None for layer in model.layers)
+
+
 @lru_cache(maxsize=4096)
 def _chunks(stage_layers: tuple[int, ...], v: int, strategy: LayerStrategy, recompute: str,
-            recompute_num_layers: Optional[int]) -> tuple[Chunk, ...]:
+            recompute_num_layers: Optional[int], experts: Optional[LayerStrategy] = None,
+            moe_pattern: Optional[tuple[bool, ...]] = None) -> tuple[Chunk, ...]:
     """Memoised: the search scores the same chunks under many micro-batch sizes, and
-    the chunks' cached runs then serve every one of those plans."""
+    the chunks' cached runs then serve every one of those plans. With `experts`, the layers that
+    `moe_pattern` marks (model order) take that strategy."""
     sizes = [n // v for n in stage_layers] if v > 1 else list(stage_layers)
     order = [sizes[c % len(sizes)] for c in range(len(sizes) * v)]
-    recomputed = replace(strategy, recompute=recompute)
-    plain = replace(strategy, recompute="none")
     limit = recompute_num_layers if recompute == "full" else None
-    return tuple(
-        Chunk(tuple(recomputed if limit is None or i < limit else plain for i in range(size)))
-        for size in order
-    )
+    # One object per (kind, recomputed): Chunk.runs groups equal neighbours by identity first.
+    variants = {(kind, on): replace(base, recompute=recompute if on else "none")
+                for kind, base in ((False, strategy), (True, experts or strategy)) for on in (False, True)}
+    chunks, layer = [], 0
+    for size in order:
+        chunks.append(Chunk(tuple(variants[(moe_pattern is not None and moe_pattern[layer + i],
+                                            limit is None or i < limit)] for i in range(size))))
+        layer += size
+    return tuple(chunks)
 
 
 def divisors(n: int) -> list[int]:
@@ -127,21 +160,37 @@ def pipeline_lower_bound(model: ModelSpec, cluster: ClusterSpec, training: Train
     """
     dp = cluster.world_size // (config.tp * config.pp)
     recompute = config.recompute if config.recompute != "full" else "none"
-    strategy = LayerStrategy(tp=config.tp, dp=dp, zero=1 if config.distributed_optimizer else 0,
-                             sp=config.sequence_parallel and config.tp > 1, recompute=recompute)
+    strategy = _layer_strategy(config.tp, dp, 1 if config.distributed_optimizer else 0,
+                               config.sequence_parallel and config.tp > 1, recompute)
     m = training.global_batch_size // (micro_batch_size * dp)
     work, compute_total, idle = 0.0, 0.0, 1.0 - core_share(cluster)
-    for spec in set(model.layers):
-        cost = layer_cost(spec, strategy, micro_batch_size, model.seq_length, cluster, training)
+    for spec, count in layer_counts(model):
+        cost = layer_cost(spec, config.layer_strategy(spec, strategy), micro_batch_size, model.seq_length, cluster,
+                          training)
         compute = cost.forward_s + cost.backward_s + cost.recompute_s
-        work += model.layers.count(spec) * (cost.micro_batch_s - idle * compute)
-        compute_total += model.layers.count(spec) * compute
+        work += count * (cost.micro_batch_s - idle * compute)
+        compute_total += count * compute
     bound = (m + (config.pp - 1) / max_virtual_stages) * work / config.pp
     cores = profiled_cpu_cores(cluster)
     if cores:
         ranks_per_stage = cluster.world_size // config.pp
         bound = max(bound, m * compute_total * core_share(cluster) * ranks_per_stage / cores)
     return bound
+
+
+@lru_cache(maxsize=4096)
+def _layer_strategy(tp: int, dp: int, zero: int, sp: bool, recompute: str) -> LayerStrategy:
+    """One object per layout: the bound runs per (micro-batch, chunks) and its cost lookups hash it."""
+    return LayerStrategy(tp=tp, dp=dp, zero=zero, sp=sp, recompute=recompute)
+
+
+@lru_cache(maxsize=64)
+def layer_counts(model: ModelSpec) -> tuple[tuple, ...]:
+    """(layer shape, how many layers have it) for each distinct shape of the model."""
+    counts: dict = {}
+    for layer in model.layers:
+        counts[layer] = counts.get(layer, 0) + 1
+    return tuple(counts.items())
 
 
 def states_overflow(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig) -> bool:
@@ -151,10 +200,8 @@ def states_overflow(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     dp = cluster.world_size // (config.tp * config.pp)
     strategy = LayerStrategy(tp=config.tp, dp=dp, zero=1 if config.distributed_optimizer else 0,
                              sp=config.sequence_parallel and config.tp > 1)
-    state = layer_cost(model.layers[0], strategy, 1, model.seq_length, cluster, training).state_bytes
-    if not model.is_uniform():
-        state = min(layer_cost(spec, strategy, 1, model.seq_length, cluster, training).state_bytes
-                    for spec in model.distinct_layers)
+    state = min(layer_cost(spec, config.layer_strategy(spec, strategy), 1, model.seq_length, cluster,
+                           training).state_bytes for spec in model.distinct_layers)
     most_layers = max(config.stage_layers or even_split(model.num_layers, config.pp) or (0,))
     tied = not model.untie_embeddings_and_output_weights
     budget = allocated_limit_bytes(cluster, training, communicator_count((), config.pp, tied))

@@ -1,0 +1,72 @@
+"""MoE on the command line: plan and estimate take Megatron's expert flags and the MoE run options, and print
+and write ep/etp and the Megatron flags line."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from megatron_auto.cli.main import main
+from megatron_auto.megatron_flags import megatron_flags
+from megatron_auto.plan import load_plan
+
+CPU4 = ["--cluster", "cpu-gloo", "--gpus-per-node", "4", "--global-batch-size", "8"]
+
+
+def run_json(capsys, argv: list[str]) -> dict:
+    assert main([*argv, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_plan_of_a_moe_model_reports_expert_degrees_and_megatron_flags(capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    result = run_json(capsys, ["plan", "--model", "tiny-mixtral", *CPU4, "--out", str(out)])
+    plan = load_plan(out)
+    moe = {(s.ep, s.expert_tp) for s in plan.layer_strategies}
+    assert len(moe) == 1 and (result["ep"], result["etp"]) == moe.pop()
+    flags = result["megatron_flags"]
+    assert flags[flags.index("--expert-model-parallel-size") + 1] == str(result["ep"])
+    assert flags[flags.index("--expert-tensor-parallel-size") + 1] == str(result["etp"])
+
+
+def test_estimate_with_expert_flags_puts_them_on_the_moe_layers_only(capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    run_json(capsys, ["estimate", "--model", "tiny-deepseek-moe", *CPU4, "--tp", "2", "--pp", "1",
+                      "--sequence-parallel", "--ep", "2", "--etp", "1", "--out", str(out)])
+    plan = load_plan(out)
+    assert [(s.ep, s.etp) for s in plan.layer_strategies] == [(1, None), (2, 1), (2, 1), (2, 1)]
+    assert megatron_flags(plan)[-4:] == ["--expert-model-parallel-size", "2", "--expert-tensor-parallel-size", "1"]
+
+
+def test_text_report_names_the_expert_layout(capsys):
+    assert main(["estimate", "--model", "tiny-mixtral", *CPU4, "--tp", "1", "--pp", "1", "--ep", "4"]) == 0
+    text = capsys.readouterr().out
+    assert "expert parallel     ep 4, expert tp 1 (MoE layers)" in text
+    assert "ep comm" in text
+
+
+@pytest.mark.parametrize("option, value", [("--moe-load-imbalance", "2.0"),
+                                           ("--moe-token-dispatcher-type", "allgather")])
+def test_moe_run_options_change_the_prediction(capsys, option, value):
+    base = ["estimate", "--model", "tiny-mixtral", *CPU4, "--tp", "1", "--pp", "1", "--ep", "4",
+            "--micro-batch-size", "2"]
+    default = run_json(capsys, base)
+    changed = run_json(capsys, [*base, option, value])
+    assert changed["breakdown"]["ep_comm_s"] != default["breakdown"]["ep_comm_s"]
+    if option == "--moe-load-imbalance":
+        assert changed["iteration_time_s"] > default["iteration_time_s"]
+
+
+def test_dense_model_plans_carry_no_expert_flags(capsys):
+    result = run_json(capsys, ["plan", "--model", "tiny-gpt", *CPU4])
+    assert (result["ep"], result["etp"]) == (1, None)
+    assert "--expert-model-parallel-size" not in result["megatron_flags"]
+
+
+def test_hybrid_space_plans_moe_models(capsys, tmp_path):
+    out = tmp_path / "plan.json"
+    run_json(capsys, ["plan", "--model", "tiny-deepseek-moe", *CPU4, "--space", "hybrid", "--out", str(out)])
+    plan = load_plan(out)
+    dense, *moe = plan.layer_strategies
+    assert (dense.ep, dense.etp) == (1, None)
+    assert all(s.sp or s.tp == 1 for s in moe)
