@@ -120,9 +120,9 @@ def check_data(data: DataSettings) -> tuple[list[str], Optional[list[float]]]:
 
 
 def check_split_documents(prefixes: list[str], data: DataSettings, sizes: list[int]) -> None:
-    """UserError when --split gives a split that the run draws samples from no document of a dataset:
-    megatron-core's GPTDataset would loop forever counting epochs of zero tokens (gpt_dataset.py,
-    _get_num_epochs). The document ranges are megatron-core's (blended_megatron_dataset_builder.py:
+    """UserError when --split gives a split of positive weight no document of a dataset: megatron-core's
+    GPTDataset would loop forever counting epochs of zero tokens (gpt_dataset.py, _get_num_epochs), for any
+    requested sample count, 0 included (None, the whole split, is safe). The document ranges are megatron-core's (blended_megatron_dataset_builder.py:
     round(cumulative share x documents))."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
@@ -131,7 +131,7 @@ def check_split_documents(prefixes: list[str], data: DataSettings, sizes: list[i
         documents = IndexedDataset(prefix, mmap=data.mmap_bin_files).document_indices.shape[0] - 1
         for index, name in enumerate(("train", "validation", "test")):
             first, end = (int(round(share * float(documents))) for share in shares[index:index + 2])
-            if (sizes[index] or 0) > 0 and shares[index + 1] > shares[index] and end <= first:
+            if sizes[index] is not None and shares[index + 1] > shares[index] and end <= first:
                 raise UserError(f"--split {data.split}: the {name} split of {prefix} gets none of its {documents} "
                                 f"documents; give it a larger weight (e.g. --split 949,50,1)")
 

@@ -148,4 +148,6 @@ def test_split_that_leaves_a_needed_split_no_document_is_refused(prefixes):
     megatron-core's GPTDataset would count epochs of zero tokens forever; here it is one line."""
     with pytest.raises(UserError, match="the validation split of .* gets none of its 700 documents"):
         _datasets((prefixes[0],), "99990,8,2", [80, 16, 0])
-    assert _datasets((prefixes[0],), "99990,8,2", [80, 0, 0]).splits["train"]  # not needed: no error
+    with pytest.raises(UserError, match="the test split"):  # megatron-core builds it even for 0 samples
+        _datasets((prefixes[0],), "99990,100,2", [80, 16, 0])
+    assert _datasets((prefixes[0],), "99990,100,0", [80, 16, 0]).splits["eval"]  # weight 0: not built
