@@ -31,7 +31,8 @@ from worker_models import llama_model, mixed_moe_model, swiglu_moe_model, qwen3_
 MODEL = uniform_model("equivalence-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
                       seq_length=32, vocab_size=256)
 MODELS = {"gpt": MODEL, "llama": llama_model("equivalence-llama"), "qwen3": qwen3_model("equivalence-qwen3"),
-          "swiglu_moe": swiglu_moe_model("equivalence-swiglu-moe"), "mixed_moe": mixed_moe_model("equivalence-mixed-moe")}
+          "swiglu_moe": swiglu_moe_model("equivalence-swiglu-moe"),
+          "mixed_moe": mixed_moe_model("equivalence-mixed-moe")}
 SETTINGS = TrainSettings(train_iters=5, lr=1e-3, hidden_dropout=0.0, attention_dropout=0.0, clip_grad=1.0,
                          weight_decay=0.01, seed=1234, timeout_s=90.0, data=DataSettings(vocab_size=256))
 

@@ -12,7 +12,8 @@ which reshards the experts over EP), trains the same 5 global batches and must m
   expert TP 1 (biases need it) and the allgather dispatcher.
 
 Every case starts from the single process's weights (EP1), resharded onto its EP degree; a full
-checkpoint (weights, optimizer, schedule) saved at iteration 3 under EP2 resumes under EP4, and iterations 4 and 5 continue the uninterrupted run.
+checkpoint (weights, optimizer, schedule) saved at iteration 3 under EP2 resumes under EP4, and
+iterations 4 and 5 continue the uninterrupted run.
 
 Every case uses micro-batches of one sequence, as the reference does: the load-balancing loss is
 computed per micro-batch (over the TP/SP ranks' tokens), so its value and gradient depend on

@@ -347,7 +347,8 @@ def test_moe_flags_reach_the_model_spec_and_the_run_settings():
 @pytest.mark.parametrize("world, flags, message", [
     (4, ["--expert-model-parallel-size", "3"], "EP x expert TP = 3 x 1 must divide TP x DP = 1 x 4"),
     (4, ["--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
-         "--expert-tensor-parallel-size", "4", "--sequence-parallel"], "EP x expert TP = 2 x 4 must divide TP x DP = 2 x 2"),
+         "--expert-tensor-parallel-size", "4", "--sequence-parallel"],
+     "EP x expert TP = 2 x 4 must divide TP x DP = 2 x 2"),
     (4, ["--expert-model-parallel-size", "4", "--num-experts", "6"], "ep=4 does not divide the 6 experts"),
 ])
 def test_expert_parallel_sizes_that_do_not_fit_are_user_errors(world, flags, message):

@@ -29,9 +29,10 @@ def swiglu_moe_model(name: str) -> ModelSpec:
     load-balancing and z losses on."""
     return uniform_model(name, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=32, vocab_size=256,
                          num_query_groups=2, ffn_hidden_size=64, swiglu=True, normalization="RMSNorm",
-                         add_bias_linear=False, position_embedding_type="rope", untie_embeddings_and_output_weights=True,
-                         num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=48, moe_aux_loss_coeff=1e-2,
-                         moe_z_loss_coeff=1e-3, moe_shared_expert_intermediate_size=32)
+                         add_bias_linear=False, position_embedding_type="rope",
+                         untie_embeddings_and_output_weights=True, num_experts=4, moe_router_topk=2,
+                         moe_ffn_hidden_size=48, moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3,
+                         moe_shared_expert_intermediate_size=32)
 
 
 def mixed_moe_model(name: str) -> ModelSpec:
