@@ -37,7 +37,8 @@ schedules (`--train-samples`, `--lr-decay-samples`, `--lr-warmup-samples`), `--k
 keep Megatron-LM's meaning; MoE models (`--num-experts`, `--moe-*`) train with Megatron-Core's MoE layer under
 `--expert-model-parallel-size` / `--expert-tensor-parallel-size` (chosen by the planner under --auto-parallel);
 fp8 and context parallelism are refused before any work with one line saying why; kernel, logging and I/O
-flags are accepted and named in the log as without effect, with the reason (megatron_auto/runtime/compat_flags.py; README.md's table lists every flag).
+flags are accepted and named in the log as without effect, with the reason (megatron_auto/runtime/compat_flags.py;
+README.md's table lists every flag).
 
 Parallelism flags given beside `--auto-parallel` become constraints on the search;
 `--micro-batch-size` is then the planner's to choose. A user error (a plan for another

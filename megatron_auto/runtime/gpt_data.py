@@ -122,8 +122,8 @@ def check_data(data: DataSettings) -> tuple[list[str], Optional[list[float]]]:
 def check_split_documents(prefixes: list[str], data: DataSettings, sizes: list[int]) -> None:
     """UserError when --split gives a split of positive weight no document of a dataset: megatron-core's
     GPTDataset would loop forever counting epochs of zero tokens (gpt_dataset.py, _get_num_epochs), for any
-    requested sample count, 0 included (None, the whole split, is safe). The document ranges are megatron-core's (blended_megatron_dataset_builder.py:
-    round(cumulative share x documents))."""
+    requested sample count, 0 included (None, the whole split, is safe). The document ranges are
+    megatron-core's (blended_megatron_dataset_builder.py: round(cumulative share x documents))."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
     shares = np.cumsum([0.0, *parse_split(data.split)])
