@@ -248,3 +248,27 @@ def test_estimate_rejects_ep_that_does_not_divide_the_experts():
                           moe_layer_freq=[0, 1])
     with pytest.raises(UserError, match="experts"):
         estimate_plan(plan, model, TOY.with_nodes(1), BF16)
+
+
+def test_dominated_strategies_leave_the_dp_tables():
+    import numpy as np
+
+    from megatron_auto.search.tables import LayerTables, drop_dominated
+
+    a, b, c, d = (LayerStrategy(tp=1, dp=4), LayerStrategy(tp=1, dp=4, ep=2), LayerStrategy(tp=1, dp=4, ep=4),
+                  LayerStrategy(tp=2, dp=2, sp=True))
+    inf = np.inf
+    # Layer 0 dense (expert variants cannot run it), layer 1 MoE. b beats a on the MoE layer; c is worse than b
+    # in memory but faster; d has another layout, so it stays whatever its numbers.
+    time = np.array([[1.0, inf, inf, 5.0], [3.0, 2.0, 1.5, 9.0]])
+    state = np.array([[1.0, 0.0, 0.0, 1.0], [4.0, 2.0, 3.0, 9.0]])
+    zeros = np.zeros_like(time)
+    groups = np.array([0, 0, 0, 1])
+    tables = LayerTables((a, b, c, d), time, zeros, state, zeros, zeros, np.zeros((4, 4)), groups)
+    kept = drop_dominated(tables)
+    assert kept.strategies == (a, b, c, d)  # a is the only one that runs the dense layer: nothing dominates it
+    dense_time = time.copy()
+    dense_time[0] = [1.0, 1.0, inf, 5.0]  # now b runs the dense layer as well as a does, and the MoE one better
+    kept = drop_dominated(LayerTables((a, b, c, d), dense_time, zeros, state, zeros, zeros, np.zeros((4, 4)), groups))
+    assert kept.strategies == (b, c, d)
+    assert list(kept.groups) == [0, 0, 1] and kept.time.shape == (2, 3)

@@ -46,7 +46,7 @@ def test_moe_layer_pattern_follows_megatrons_moe_layer_freq():
     assert moe_layer_pattern(1, 4) == (True, True, True, True)
     assert moe_layer_pattern(2, 5) == (True, False, True, False, True)
     assert moe_layer_pattern([0, 1, 1], 3) == (False, True, True)
-    for bad in (0, [1, 1], [0, 2, 1], True, "1"):
+    for bad in (0, [1, 1], [0, 2, 1], True, "x", 1.5):
         with pytest.raises(ValueError):
             moe_layer_pattern(bad, 3)
 
@@ -173,3 +173,26 @@ def test_plan_file_with_ep_on_the_dense_layer_is_a_user_error(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(data))
     with pytest.raises(UserError, match="dense layer"):
         load_plan(tmp_path / "bad.json")
+
+
+def test_moe_layer_freq_takes_megatrons_list_expressions():
+    from megatron_auto.specs.model import parse_moe_layer_freq
+
+    assert parse_moe_layer_freq("([0]*1+[1]*27)") == [0] + [1] * 27
+    assert parse_moe_layer_freq("([1]*3+[0]*1)*3") == [1, 1, 1, 0] * 3
+    assert parse_moe_layer_freq("2") == 2
+    assert moe_layer_pattern("[0]+[1]*3", 4) == (False, True, True, True)
+    for bad in ("__import__('os')", "[0]*10**9", "[0]*1000000000", "[0]*-1", "[0]*[1]", "1+[1]", "[0.5]"):
+        with pytest.raises(ValueError):
+            moe_layer_pattern(bad, 4)
+
+
+def test_compact_model_file_takes_a_moe_layer_freq_string(tmp_path):
+    path = tmp_path / "deepseek-like.json"
+    path.write_text(json.dumps({"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
+                                "vocab_size": 128, "num_experts": 4, "moe_layer_freq": "([0]*1+[1]*3)"}))
+    assert [layer.is_moe for layer in load_model(str(path)).layers] == [False, True, True, True]
+    path.write_text(json.dumps({"num_layers": 4, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
+                                "vocab_size": 128, "num_experts": 4, "moe_layer_freq": "[0]*"}))
+    with pytest.raises(UserError, match="moe_layer_freq"):
+        load_model(str(path))

@@ -85,6 +85,53 @@ def plan_rows() -> list[str]:
     return rows + [""] + details
 
 
+# Neighbours of each plan, pinned as (tp, pp, ep, etp) and otherwise searched: why the planner chose as it did.
+ALTERNATIVES = {
+    "mixtral-8x7b": [(1, 4, 8, 1), (1, 2, 8, 1), (1, 8, 8, 1), (1, 4, 4, 1), (1, 4, 1, 1), (2, 4, 8, 1), (2, 4, 4, 2),
+                     (4, 4, 2, 4), (8, 1, 1, 8)],
+    "deepseek-moe-16b": [(2, 1, 8, 1), (1, 1, 8, 1), (2, 1, 16, 1), (2, 1, 4, 1), (2, 1, 8, 2), (1, 2, 8, 1),
+                         (2, 2, 8, 1), (4, 1, 8, 1)],
+}
+
+
+def alternative_rows(model_name: str, nodes: int, batch: int) -> list[str]:
+    """The best plan under each pinned (tp, pp, ep, etp) of ALTERNATIVES: time, throughput and memory."""
+    from megatron_auto.errors import UserError
+    from megatron_auto.search import SearchConstraints, search_plan
+    from megatron_auto.specs import TrainingSpec, load_cluster, load_model
+
+    model, cluster, training = load_model(model_name), load_cluster("dgx-h100-80gb", nodes), TrainingSpec(batch)
+    rows = [f"{model_name} on {nodes * 8} GPUs, batch {batch}:", "",
+            "| tp | pp | ep | etp | best plan under these flags | iteration s | TFLOP/s per GPU | device GiB | ep comm s |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for tp, pp, ep, etp in ALTERNATIVES[model_name]:
+        pinned = SearchConstraints(tp=tp, pp=pp, expert_parallel=ep, expert_tensor_parallel=etp)
+        try:
+            plan = search_plan(model, cluster, training, "megatron", pinned).plan
+        except UserError as error:
+            rows.append(f"| {tp} | {pp} | {ep} | {etp} | {error} | | | | |")
+            continue
+        p, s = plan.prediction, plan.layer_strategies[-1]
+        layout = f"v {plan.virtual_stages}, mbs {plan.local_micro_batch(s)}, {s.short()}"
+        rows.append(f"| {tp} | {pp} | {ep} | {etp} | {layout} | {p.iteration_time_s:.3f} | {p.tflops_per_gpu:.1f} | "
+                    f"{p.device_memory_gib:.1f} | {p.breakdown.ep_comm_s:.3f} |")
+    return rows + [""]
+
+
+REASONS = [
+    "Read from these rows (as of the commit that wrote them): for Mixtral, EP 8 gives each GPU one whole "
+    "expert, so the expert weights per GPU are smallest and each expert GEMM is largest, and its all-to-all stays "
+    "in the NVLink node; EP 4 keeps two experts per GPU (more memory, smaller GEMMs) and without EP the experts "
+    "do not fit at all. TP 1 has no per-layer TP collectives (TP 2 with SP prices within a fraction of a percent). "
+    "Four stages of four virtual chunks trade the bubble against memory: two stages need more memory and "
+    "eight add bubble and p2p. Expert TP (etp = tp) gathers k x the tokens over TP every MoE layer, which is "
+    "why etp 1 wins wherever the experts fit. For DeepSeekMoE 16B the 27 MoE layers of 64 narrow experts favour "
+    "EP 8 inside a node: EP 16 crosses nodes and its all-to-all costs about four times as much, and EP 4 doubles "
+    "the experts per GPU. TP 2 with SP halves the attention and shared-expert activations, which lets a "
+    "micro-batch of 8 fit with block recomputation of some layers.",
+]
+
+
 def imbalance_rows() -> list[str]:
     rows = ["| --moe-load-imbalance | layouts | pp | v | iteration s | TFLOP/s per GPU |", "|---|---|---|---|---|---|"]
     for imbalance in (1.0, 1.2, 1.5):
@@ -111,8 +158,15 @@ def published_lines() -> list[str]:
 def section() -> str:
     lines = [HEADING, "", f"Command: {COMMAND}. Each `megatron-auto plan` search (cluster dgx-h100-80gb, bf16, "
              "flash attention, fused Adam, alltoall dispatcher, load imbalance 1.0) in a fresh interpreter; CPU "
-             "seconds are its time on one free core, wall seconds its time on this shared 2-core machine.", "",
+             "seconds are its time on one free core, wall seconds its time on this shared 2-core machine. The same "
+             "searches from the command line: `megatron-auto plan --model mixtral-8x7b --cluster dgx-h100-80gb "
+             "--num-nodes 8 --global-batch-size 256` and `megatron-auto plan --model deepseek-moe-16b --cluster "
+             "dgx-h100-80gb --num-nodes 32 --global-batch-size 1024` (add `--space hybrid`).", "",
              *plan_rows(), "",
+             "Why these plans: the best plan the search finds with (tp, pp, ep, etp) pinned to the chosen ones and "
+             "to their neighbours (the rest searched as usual; last layer's layout shown):", "",
+             *alternative_rows("mixtral-8x7b", 8, 256), *alternative_rows("deepseek-moe-16b", 32, 1024),
+             *REASONS, "",
              "Published throughput: Megatron-LM's megatron/core/transformer/moe/README.md reports 468 TFLOP/s per "
              "GPU for Mixtral 8x7B bf16 (MCore v0.9) and, as its reference mapping, TP 1, EP 8, PP 4, VP 8, MBS 1, "
              "GBS 256 on 64 H100s (seq 4096, dropless, all-to-all). Our prediction for that mapping:", "",

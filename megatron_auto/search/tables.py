@@ -83,7 +83,34 @@ def layer_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                                            cluster, training.activation_bytes) for b in representatives]
                           for a in representatives])
     transition = by_layout[np.ix_(groups, groups)]
-    return LayerTables(tuple(strategies), time, first, state, act, transient, transition, groups)
+    return drop_dominated(LayerTables(tuple(strategies), time, first, state, act, transient, transition, groups))
+
+
+def drop_dominated(tables: LayerTables) -> LayerTables:
+    """The tables without strategies that another of the same activation layout beats or ties on every layer
+    it can run (time, first-unit time, states, activations, transient all no larger): swapping one for the
+    other never costs time or memory and the transitions are the same, so the DP's optimum is unchanged.
+    With MoE layers most (ep, etp) pairs fall here, and the DP runs over far fewer strategies."""
+    metrics = np.stack([tables.time, tables.first_extra, tables.state, tables.activation, tables.transient])
+    runnable = np.isfinite(tables.time)  # [L, S]
+    keep = np.ones(len(tables.strategies), dtype=bool)
+    for b in range(len(tables.strategies)):
+        rivals = keep & (tables.groups == tables.groups[b])
+        rivals[b] = False
+        if not rivals.any():
+            continue
+        no_worse = (metrics[:, :, rivals] <= metrics[:, :, b:b + 1]).all(axis=0) | ~runnable[:, b:b + 1]  # [L, R]
+        better = (metrics[:, :, rivals] < metrics[:, :, b:b + 1]).any(axis=(0, 1))
+        earlier = np.nonzero(rivals)[0] < b  # exact ties keep the first
+        if (no_worse.all(axis=0) & (better | earlier)).any():
+            keep[b] = False
+    if keep.all():
+        return tables
+    index = np.nonzero(keep)[0]
+    layouts, groups = np.unique(tables.groups[index], return_inverse=True)
+    return LayerTables(tuple(tables.strategies[i] for i in index), tables.time[:, index],
+                       tables.first_extra[:, index], tables.state[:, index], tables.activation[:, index],
+                       tables.transient[:, index], tables.transition[np.ix_(index, index)], groups)
 
 
 def _allowed(layer, strategy: LayerStrategy, expert_pins: tuple[Optional[int], Optional[int]]) -> bool:

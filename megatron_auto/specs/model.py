@@ -76,9 +76,43 @@ def mlp_parameters(hidden_size: int, ffn_hidden_size: int, swiglu: bool, bias: b
     return weights + ((fc1_out + hidden_size) if bias else 0)
 
 
+def parse_moe_layer_freq(text: str) -> "int | list[int]":
+    """Megatron-LM's --moe-layer-freq text: an integer N, or a Python list expression of 0/1 such as
+    `([0]*1+[1]*27)` or `[1,1,0]*2` (megatron/training/arguments.py evaluates it; here only list literals,
+    integers, + and * are accepted). ValueError for anything else."""
+    import ast
+
+    def value(node: ast.AST):
+        if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
+            return node.value
+        if isinstance(node, ast.List):
+            return [value(item) for item in node.elts]
+        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
+            left, right = value(node.left), value(node.right)
+            if isinstance(node.op, ast.Mult) and isinstance(left, list) == isinstance(right, list):
+                raise ValueError("'*' needs a list and an integer")
+            if isinstance(node.op, ast.Add):
+                return left + right
+            items, count = (left, right) if isinstance(left, list) else (right, left)
+            if not 0 <= count * len(items) <= MAX_LAYERS:  # before building it
+                raise ValueError(f"a list of {count * len(items)} layers")
+            return items * count
+        raise ValueError(f"unsupported element {ast.dump(node)[:40]}")
+
+    try:
+        parsed = value(ast.parse(text.strip(), mode="eval").body) if len(text) <= 10000 else None
+    except (SyntaxError, ValueError, TypeError, RecursionError, MemoryError) as error:
+        raise ValueError(f"moe_layer_freq {text!r} is not an integer or a list expression of 0/1 ({error})") from None
+    if parsed is None or isinstance(parsed, list) and len(parsed) > MAX_LAYERS:
+        raise ValueError(f"moe_layer_freq {text[:40]!r}... describes more than {MAX_LAYERS} layers")
+    return parsed
+
+
 def moe_layer_pattern(freq: "int | list | tuple", num_layers: int) -> tuple[bool, ...]:
     """Which layers are MoE, by Megatron's --moe-layer-freq (megatron/training/arguments.py,
     TransformerConfig.moe_layer_freq): an int N makes layer i MoE iff i % N == 0; a list gives 0/1 per layer."""
+    if isinstance(freq, str):
+        freq = parse_moe_layer_freq(freq)
     if isinstance(freq, bool) or not isinstance(freq, (int, list, tuple)):
         raise ValueError(f"moe_layer_freq must be an integer or a list of 0/1 per layer, got {freq!r}")
     if isinstance(freq, int):
@@ -327,7 +361,7 @@ _COMPACT_TYPES = {"swiglu": bool, "untie_embeddings_and_output_weights": bool, "
                   "normalization": str, "position_embedding_type": str, "add_qkv_bias": bool,
                   "qk_layernorm": bool, "apply_layernorm_1p": bool, "name": str,
                   "moe_router_load_balancing_type": str, "moe_aux_loss_coeff": float, "moe_z_loss_coeff": float,
-                  "moe_layer_freq": (int, list)}
+                  "moe_layer_freq": (int, list, str)}
 
 
 def model_from_dict(data: dict, name: str = "model", where: str = "") -> ModelSpec:
@@ -376,7 +410,7 @@ def _check_compact_value(key: str, value: object, label: str) -> None:
     if not isinstance(value, expected) or (expected is not bool and isinstance(value, bool)):
         names = expected.__name__ if isinstance(expected, type) else " or ".join(t.__name__ for t in expected)
         raise UserError(f"{label}.{key}: expected {names}, got {value!r}")
-    if isinstance(value, list):  # moe_layer_freq's per-layer 0/1 list: moe_layer_pattern checks it
+    if isinstance(value, (list, str)) and key == "moe_layer_freq":  # moe_layer_pattern checks it
         return
     if expected is float:
         serde.check_number(value, f"{label}.{key}")
