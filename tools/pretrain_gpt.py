@@ -115,22 +115,12 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
 
 def moe_layer_freq(text: str):
     """Megatron-LM's --moe-layer-freq: an int N (every N-th layer is MoE), or a Python list expression of
-    0/1 per layer such as "[1,0,1,0]" or "([0]*3+[1]*29)" (lists, ints, + and * only)."""
-    import ast
-
-    def value(node):
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.List):
-            return [value(item) for item in node.elts]
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
-            left, right = value(node.left), value(node.right)
-            return left + right if isinstance(node.op, ast.Add) else left * right
-        raise ValueError(text)
+    0/1 per layer such as "[1,0,1,0]" or "([0]*3+[1]*29)" (specs.model.parse_moe_layer_freq)."""
+    from megatron_auto.specs.model import parse_moe_layer_freq
 
     try:
-        return value(ast.parse(text.strip(), mode="eval").body)
-    except (SyntaxError, ValueError, TypeError):
+        return parse_moe_layer_freq(text)
+    except ValueError:
         raise argparse.ArgumentTypeError(f"--moe-layer-freq takes an int or a list such as [1,0,1,0], "
                                          f"got {text!r}") from None
 
