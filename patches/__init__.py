@@ -33,6 +33,13 @@ PATCH_MODULES = (
     "grad_scaler_cuda",
     "multi_tensor_on_device",
     "wgrad_accumulation_torch",
+    "moe_cuda_device",
+    "moe_split_sizes_cpu",
+    "moe_router_gemm_without_te",
+    "expert_bias_inplace",
+    "expert_bias_sequence_parallel",
+    "gloo_uneven_gather",
+    "moe_aux_loss_avg_gloo",
 )
 
 __all__ = ["PATCH_MODULES", "PatchTargetChanged", "apply_all", "check_all", "patch_modules"]

@@ -44,6 +44,19 @@ def _factory_on_cpu(factory):
     return wrapper
 
 
+class _NullEvent:
+    """A CUDA event that is always complete: on CPU every op is already ordered."""
+
+    def synchronize(self) -> None:
+        pass
+
+    def wait(self, stream: Any = None) -> None:
+        pass
+
+    def query(self) -> bool:
+        return True
+
+
 class _NullStream:
     """A CUDA stream that never waits: on CPU every op is already ordered."""
 
@@ -56,8 +69,8 @@ class _NullStream:
     def wait_event(self, event: Any) -> None:
         pass
 
-    def record_event(self, event: Any = None) -> None:
-        return None
+    def record_event(self, event: Any = None) -> _NullEvent:
+        return event if event is not None else _NullEvent()
 
     def synchronize(self) -> None:
         pass

@@ -36,9 +36,11 @@ schedules (`--train-samples`, `--lr-decay-samples`, `--lr-warmup-samples`), grow
 `--add-qkv-bias`, `--qk-layernorm`, `--apply-layernorm-1p`, `--decoupled-lr`, `--calculate-per-token-loss`,
 `--exit-duration-in-mins`, `--no-load-optim`, NaN checks, evaluations that walk through the validation
 split and a validation pass after the last iteration keep Megatron-LM's meaning; `--tensorboard-dir` and
-`--wandb-*` write scalars when their packages import; fp8, MoE, context and expert parallelism are
-refused before any work with one line saying why; kernel, logging and I/O flags are accepted and named
-in the log as without effect, with the reason (megatron_auto/runtime/compat_flags.py; README.md's table lists every flag).
+`--wandb-*` write scalars when their packages import; MoE models (`--num-experts`, `--moe-*`) train with
+Megatron-Core's MoE layer under `--expert-model-parallel-size` / `--expert-tensor-parallel-size` (chosen
+by the planner under --auto-parallel); fp8 and context parallelism are refused before any work with one
+line saying why; kernel, logging and I/O flags are accepted and named in the log as without effect, with
+the reason (megatron_auto/runtime/compat_flags.py; README.md's table lists every flag).
 
 Parallelism flags given beside `--auto-parallel` become constraints on the search;
 `--micro-batch-size` is then the planner's to choose. A user error (a plan for another
@@ -71,7 +73,7 @@ from megatron_auto.kernels import (ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMU
                                    OPTIMIZER_IMPLS, resolve_attention_backend, resolve_optimizer_impl)
 from megatron_auto.runtime import compat_flags  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
-from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
+from megatron_auto.runtime.settings import DataSettings, MoESettings, TrainSettings  # noqa: E402
 from megatron_auto.runtime.tokenizers import add_tokenizer_flags, tokenizer_from_flags  # noqa: E402
 from megatron_auto.search.constraints import SearchConstraints  # noqa: E402
 from megatron_auto.specs.model import ModelSpec, uniform_model  # noqa: E402
@@ -117,6 +119,70 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--qk-layernorm", action="store_true", help="normalise each query and key head")
     group.add_argument("--apply-layernorm-1p", action="store_true",
                        help="norm weights stored as gamma - 1, zero-initialised")
+
+
+def moe_layer_freq(text: str):
+    """Megatron-LM's --moe-layer-freq: an int N (every N-th layer is MoE), or a Python list expression of
+    0/1 per layer such as "[1,0,1,0]" or "([0]*3+[1]*29)" (specs.model.parse_moe_layer_freq)."""
+    from megatron_auto.specs.model import parse_moe_layer_freq
+
+    try:
+        return parse_moe_layer_freq(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--moe-layer-freq takes an int or a list such as [1,0,1,0], "
+                                         f"got {text!r}") from None
+
+
+def _moe_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("mixture of experts (Megatron-LM's names)")
+    group.add_argument("--num-experts", type=int, help="experts per MoE layer (without it: a dense model)")
+    group.add_argument("--moe-router-topk", type=int, default=2)
+    group.add_argument("--moe-ffn-hidden-size", type=int, help="width of one expert (default --ffn-hidden-size)")
+    group.add_argument("--moe-shared-expert-intermediate-size", type=int)
+    group.add_argument("--moe-layer-freq", type=moe_layer_freq, default=1)
+    group.add_argument("--moe-router-load-balancing-type", default="aux_loss",
+                       choices=("aux_loss", "seq_aux_loss", "sinkhorn", "none"))
+    group.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
+    group.add_argument("--moe-z-loss-coeff", type=float)
+    group.add_argument("--moe-token-dispatcher-type", default="allgather", choices=("alltoall", "allgather", "flex"),
+                       help="flex (DeepEP/HybridEP kernels) runs the alltoall dispatcher")
+    group.add_argument("--moe-grouped-gemm", action="store_true")
+    group.add_argument("--moe-router-dtype", choices=("fp32", "fp64"))
+    group.add_argument("--moe-router-pre-softmax", action="store_true")
+    group.add_argument("--moe-router-score-function", choices=("softmax", "sigmoid"), default="softmax")
+    group.add_argument("--moe-router-topk-scaling-factor", type=float)
+    group.add_argument("--moe-expert-capacity-factor", type=float)
+    group.add_argument("--moe-pad-expert-input-to-capacity", action="store_true")
+    group.add_argument("--moe-token-drop-policy", choices=("probs", "position"), default="probs")
+    group.add_argument("--moe-input-jitter-eps", type=float)
+    group.add_argument("--moe-per-layer-logging", action="store_true")
+    group.add_argument("--expert-model-parallel-size", type=int, help="EP degree (a constraint under --auto-parallel)")
+    group.add_argument("--expert-tensor-parallel-size", type=int,
+                       help="expert TP degree (default --tensor-model-parallel-size)")
+
+
+def moe_settings(args: argparse.Namespace) -> MoESettings:
+    """How the MoE layers route and dispatch (the shape of the experts is the model's)."""
+    return MoESettings(
+        token_dispatcher="alltoall" if args.moe_token_dispatcher_type == "flex" else args.moe_token_dispatcher_type,
+        grouped_gemm=args.moe_grouped_gemm, router_dtype=args.moe_router_dtype,
+        router_pre_softmax=args.moe_router_pre_softmax, router_score_function=args.moe_router_score_function,
+        router_topk_scaling_factor=args.moe_router_topk_scaling_factor,
+        expert_capacity_factor=args.moe_expert_capacity_factor,
+        pad_expert_input_to_capacity=args.moe_pad_expert_input_to_capacity,
+        token_drop_policy=args.moe_token_drop_policy, input_jitter_eps=args.moe_input_jitter_eps,
+        per_layer_logging=args.moe_per_layer_logging)
+
+
+def moe_model_flags(args: argparse.Namespace) -> dict:
+    """uniform_model's MoE keywords from the flags (none without --num-experts)."""
+    if args.num_experts is None:
+        return {}
+    return dict(num_experts=args.num_experts, moe_router_topk=args.moe_router_topk,
+                moe_ffn_hidden_size=args.moe_ffn_hidden_size,
+                moe_shared_expert_intermediate_size=args.moe_shared_expert_intermediate_size,
+                moe_layer_freq=args.moe_layer_freq, moe_router_load_balancing_type=args.moe_router_load_balancing_type,
+                moe_aux_loss_coeff=args.moe_aux_loss_coeff, moe_z_loss_coeff=args.moe_z_loss_coeff or 0.0)
 
 
 def _training_args(parser: argparse.ArgumentParser) -> None:
@@ -280,7 +346,7 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = _OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for add in (_model_args, _training_args, _parallel_args, _data_args, compat_flags.add_arguments):
+    for add in (_model_args, _moe_args, _training_args, _parallel_args, _data_args, compat_flags.add_arguments):
         add(parser)
     args, unknown = parser.parse_known_args(argv)
     refused = compat_flags.refusal(args, unknown)
@@ -397,7 +463,8 @@ def model_from_args(args: argparse.Namespace, vocab_size: int) -> ModelSpec:
                              apply_layernorm_1p=args.apply_layernorm_1p,
                              untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
                              normalization=args.normalization, add_bias_linear=not args.disable_bias_linear,
-                             position_embedding_type=position_embedding_type(args), rotary_base=args.rotary_base)
+                             position_embedding_type=position_embedding_type(args), rotary_base=args.rotary_base,
+                             **moe_model_flags(args))
     except ValueError as error:
         raise UserError(f"model flags: {error}") from None
 
@@ -480,7 +547,7 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         eval_interval=args.eval_interval, eval_iters=args.eval_iters, save=args.save, load=args.load,
         save_interval=args.save_interval, exit_interval=args.exit_interval, ckpt_step=args.ckpt_step,
         finetune=args.finetune, timeout_s=args.distributed_timeout_minutes * 60,
-        data=data_from_args(args, vocab_size))
+        data=data_from_args(args, vocab_size), moe=moe_settings(args))
 
 
 def manual_flags(args: argparse.Namespace) -> ManualParallelism:
@@ -491,7 +558,8 @@ def manual_flags(args: argparse.Namespace) -> ManualParallelism:
         first_stage_layers=args.decoder_first_pipeline_num_layers, last_stage_layers=args.decoder_last_pipeline_num_layers,
         recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers, sequence_parallel=bool(args.sequence_parallel),
-        distributed_optimizer=bool(args.use_distributed_optimizer))
+        distributed_optimizer=bool(args.use_distributed_optimizer),
+        expert_parallel=args.expert_model_parallel_size or 1, expert_tensor_parallel=args.expert_tensor_parallel_size)
 
 
 def search_constraints(args: argparse.Namespace, model: ModelSpec) -> SearchConstraints:
@@ -505,7 +573,8 @@ def search_constraints(args: argparse.Namespace, model: ModelSpec) -> SearchCons
                              micro_batch_size=micro_batch,
                              virtual_stages=virtual, sequence_parallel=None,  # SP: the planner's choice
                              distributed_optimizer=args.use_distributed_optimizer,
-                             recompute=args.recompute_granularity)
+                             recompute=args.recompute_granularity, expert_parallel=args.expert_model_parallel_size,
+                             expert_tensor_parallel=args.expert_tensor_parallel_size)
 
 
 def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_size: int) -> TrainingSpec:
@@ -517,7 +586,8 @@ def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_si
     on_gpu = torch.cuda.is_available()
     common = dict(attention_backend=resolve_attention_backend(settings.attention_backend, on_gpu),
                   optimizer_impl=resolve_optimizer_impl(settings.optimizer_impl, on_gpu),
-                  memory_margin=args.auto_parallel_memory_margin)
+                  memory_margin=args.auto_parallel_memory_margin,
+                  moe_token_dispatcher=settings.moe.token_dispatcher, moe_grouped_gemm=settings.moe.grouped_gemm)
     return TrainingSpec.for_precision(settings.precision, global_batch, **common)
 
 
@@ -622,6 +692,11 @@ def megatron_lm_adjustments(args: argparse.Namespace) -> list[str]:
     if args.sequence_parallel and args.auto_parallel:
         warnings_given.append("--sequence-parallel: under --auto-parallel sequence parallelism is the planner's "
                               "choice (with tensor parallelism)")
+    if args.moe_token_dispatcher_type == "flex":
+        warnings_given.append("--moe-token-dispatcher-type flex: DeepEP/HybridEP kernels are not available here; "
+                              "the alltoall dispatcher moves the same tokens")
+    if args.sequence_parallel and args.auto_parallel:
+        pass
     elif args.sequence_parallel and (args.tensor_model_parallel_size or 1) == 1:
         args.sequence_parallel = False
         warnings_given.append("Disabling sequence parallelism because tensor model parallelism is disabled")

@@ -59,16 +59,23 @@ NO_EFFECT_VALUES = {
     "--megatron-fsdp-main-grads-dtype": LAYOUT + " (main gradients are fp32)",
     "--dist-ckpt-strictness": IO,
 }
+MOE_NO_EFFECT_SWITCHES = {
+    "--moe-permute-fusion": KERNEL + " (the fused permutation needs Transformer Engine; the tokens are the same)",
+    "--moe-router-fusion": KERNEL + " (the fused router needs Transformer Engine; the scores are the same)",
+    "--moe-shared-expert-overlap": LAYOUT + " (the shared expert runs in the layer's stream)",
+    "--moe-use-legacy-grouped-gemm": KERNEL + " (--moe-grouped-gemm picks TE's or Megatron's grouped GEMM)",
+    "--overlap-moe-expert-parallel-comm": LAYOUT,
+    "--moe-enable-deepep": KERNEL + " (DeepEP's dispatcher needs its CUDA kernels; alltoall moves the same tokens)",
+}
 NO_EFFECT_LISTS = {"--profile-ranks": SINK}
 
 REFUSED_PREFIXES = {
     "--fp8": "fp8 training needs Transformer Engine's fp8 recipes, which this runtime does not run yet",
-    "--moe-": "mixture-of-experts layers are not built by this runtime yet (dense models only)",
+    "--moe-": "this --moe-* option is not run by this runtime yet (the --moe-* flags it runs are listed in README.md)",
     "--mtp-": "multi-token prediction layers are not built by this runtime yet",
 }
 _MLA = "multi-latent attention (DeepSeek) is not built by this runtime yet"
 REFUSED_ANY_VALUE = {
-    "--num-experts": REFUSED_PREFIXES["--moe-"],
     "--window-size": "sliding-window attention is not built by this runtime yet",
     "--softmax-type": "attention sinks / learnable softmax are not built by this runtime yet",
     "--quick-geglu": "the quick-GeGLU activation is not built by this runtime yet",
@@ -91,8 +98,6 @@ REFUSED_SWITCHES = {
 }
 REFUSED_ABOVE_ONE = {
     "--context-parallel-size": "context parallelism is not run by this runtime yet",
-    "--expert-model-parallel-size": "expert parallelism needs MoE layers, not built by this runtime yet",
-    "--expert-tensor-parallel-size": "expert parallelism needs MoE layers, not built by this runtime yet",
 }
 
 
@@ -109,6 +114,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         group.add_argument(flag, dest=dest(flag), metavar="VALUE")
     for flag in NO_EFFECT_LISTS:
         group.add_argument(flag, dest=dest(flag), nargs="+", metavar="VALUE")
+    for flag in MOE_NO_EFFECT_SWITCHES:
+        group.add_argument(flag, action="store_true", dest=dest(flag))
+
     refused = parser.add_argument_group("Megatron-LM flags refused here (one line says why)")
     for flag in REFUSED_ANY_VALUE:
         refused.add_argument(flag, dest=dest(flag), metavar="VALUE")
@@ -122,7 +130,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def no_effect(args: argparse.Namespace) -> list[tuple[str, str]]:
     """(flag, reason) of every accepted-without-effect flag this run was given."""
-    given = [(f, why) for f, why in NO_EFFECT_SWITCHES.items() if getattr(args, dest(f))]
+    switches = {**NO_EFFECT_SWITCHES, **MOE_NO_EFFECT_SWITCHES}
+    given = [(f, why) for f, why in switches.items() if getattr(args, dest(f))]
     values = {**NO_EFFECT_VALUES, **NO_EFFECT_LISTS}
     return given + [(f, why) for f, why in values.items() if getattr(args, dest(f)) is not None]
 

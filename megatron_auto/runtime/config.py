@@ -36,6 +36,42 @@ def check_layout(layout: MegatronLayout) -> None:
         raise UserError("virtual pipeline stages need --pipeline-model-parallel-size >= 2")
 
 
+def moe_spec_of(model: ModelSpec):
+    """The MoESpec all of the model's MoE layers share (None for a dense model); Megatron-Core's
+    TransformerConfig holds one, so layers that differ in it are a UserError."""
+    specs = {layer.moe for layer in model.layers if layer.moe is not None}
+    if len(specs) > 1:
+        raise UserError("the Megatron-Core runtime builds one kind of MoE layer per model; the model's MoE "
+                        "layers differ in experts, top-k, widths or losses")
+    return next(iter(specs), None)
+
+
+def moe_fields(model: ModelSpec, layout: MegatronLayout, settings: TrainSettings) -> dict:
+    """TransformerConfig's MoE fields (Megatron-LM's --num-experts, --moe-*, --expert-*-parallel-size);
+    none for a dense model."""
+    moe = moe_spec_of(model)
+    if moe is None:
+        return {}
+    if moe.shared_expert_ffn_hidden_size and model.layers[0].add_bias_linear:
+        raise UserError("--moe-shared-expert-intermediate-size: Megatron-Core's shared experts have no biases; "
+                        "add --disable-bias-linear")
+    return dict(
+        num_moe_experts=moe.num_experts,
+        moe_router_topk=moe.router_topk,
+        moe_ffn_hidden_size=moe.expert_ffn_hidden_size,
+        moe_shared_expert_intermediate_size=moe.shared_expert_ffn_hidden_size or None,
+        moe_router_load_balancing_type=moe.router_load_balancing_type,
+        moe_aux_loss_coeff=moe.aux_loss_coeff,
+        # Megatron's "no z-loss" is None: a coefficient of 0 would be tracked as z_loss / 0.
+        moe_z_loss_coeff=moe.z_loss_coeff or None,
+        moe_layer_freq=[int(layer.moe is not None) for layer in model.layers],
+        expert_model_parallel_size=layout.expert_parallel,
+        expert_tensor_parallel_size=layout.expert_tensor_parallel,
+        moe_grouped_gemm=kernels.kernels_for_run(model, settings).grouped_gemm,
+        **settings.moe.config_fields(),
+    )
+
+
 def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: TrainSettings, backend: str):
     """The TransformerConfig of a GPT model under `layout`."""
     from megatron.core.transformer import TransformerConfig
@@ -85,6 +121,7 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
         deallocate_pipeline_outputs=True,
         # The run's fusions (and TE's attention backend): runtime/kernels.py.
         **kernels.config_flags(kernels.kernels_for_run(model, settings)),
+        **moe_fields(model, layout, settings),
     )
 
 

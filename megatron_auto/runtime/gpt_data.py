@@ -198,12 +198,30 @@ def check_data_tokens(data: DataSettings) -> bool:
     return all([check_token_ids(prefix, data.vocab_size) for prefix in prefixes])
 
 
+def check_split_documents(prefixes: list[str], data: DataSettings, sizes: list[int]) -> None:
+    """UserError when --split gives a split of positive weight no document of a dataset: megatron-core's
+    GPTDataset would loop forever counting epochs of zero tokens (gpt_dataset.py, _get_num_epochs), for any
+    requested sample count, 0 included (None, the whole split, is safe). The document ranges are
+    megatron-core's (blended_megatron_dataset_builder.py: round(cumulative share x documents))."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    shares = np.cumsum([0.0, *parse_split(data.split)])
+    for prefix in prefixes:
+        documents = IndexedDataset(prefix, mmap=data.mmap_bin_files).document_indices.shape[0] - 1
+        for index, name in enumerate(("train", "validation", "test")):
+            first, end = (int(round(share * float(documents))) for share in shares[index:index + 2])
+            if sizes[index] is not None and shares[index + 1] > shares[index] and end <= first:
+                raise UserError(f"--split {data.split}: the {name} split of {prefix} gets none of its {documents} "
+                                f"documents; give it a larger weight (e.g. --split 949,50,1)")
+
+
 def build_splits(data: DataSettings, seq_length: int, seed: int, sizes: list[int]) -> list:
     """megatron-core's train, validation and test datasets (None for a split of weight 0)."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
     prefixes, weights = check_data(data)
+    check_split_documents(prefixes, data, sizes)
     config = GPTDatasetConfig(
         random_seed=seed, sequence_length=seq_length, blend=(prefixes, weights), split=data.split,
         path_to_cache=data.cache_path, mmap_bin_files=data.mmap_bin_files,

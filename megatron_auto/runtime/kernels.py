@@ -77,6 +77,11 @@ class RunKernels:
     """fused (torch Adam fused=True) or foreach (torch's default)."""
     grad_accumulation_fusion: bool = False
     """Megatron's gradient_accumulation_fusion: weight gradients added into main_grad by the GEMM."""
+    grouped_gemm: bool = False
+    """MoE experts as one grouped GEMM (TE's TEGroupedMLP, or Megatron's GroupedMLP on the grouped_gemm
+    package); False: SequentialMLP, one GEMM per local expert (the same math)."""
+    moe: bool = False
+    """Whether the model has MoE layers (then describe() names the experts' kernel)."""
 
     def describe(self) -> str:
         """One log line naming every choice."""
@@ -89,7 +94,13 @@ class RunKernels:
                 f"bias-activation fusion {_on(self.bias_activation_fusion)}, "
                 f"bias-dropout-add fusion {_on(self.bias_dropout_fusion)}, masked-softmax fusion off, "
                 f"optimizer Adam step {self.optimizer_impl}, "
-                f"weight-gradient accumulation fusion {_wgrad_fusion(self.grad_accumulation_fusion)}")
+                f"weight-gradient accumulation fusion {_wgrad_fusion(self.grad_accumulation_fusion)}"
+                + self._experts())
+
+    def _experts(self) -> str:
+        if not self.moe:
+            return ""
+        return ", MoE experts " + ("grouped GEMM" if self.grouped_gemm else "SequentialMLP (a GEMM per expert)")
 
 
 def _on(flag: bool) -> str:
@@ -112,17 +123,30 @@ def apex_wgrad_available() -> bool:
     return True
 
 
+def grouped_gemm_available(spec: str, on_gpu: bool) -> bool:
+    """Whether the experts' grouped GEMM runs: TE's TEGroupedMLP under its spec, else Megatron's
+    GroupedMLP on the grouped_gemm package (CUDA kernels)."""
+    if spec == "transformer_engine":
+        return True
+    from megatron.core.transformer.moe import grouped_gemm_util
+
+    return on_gpu and grouped_gemm_util.grouped_gemm_is_available()
+
+
 def choose_kernels(layer: LayerSpec, attention_backend: str = "auto", optimizer_impl: str = "auto",
                    on_gpu: bool | None = None, fusions: tuple[bool, bool] = (True, True),
-                   bias_fusions: str = "auto", grad_accumulation_fusion: str = "auto") -> RunKernels:
+                   bias_fusions: str = "auto", grad_accumulation_fusion: str = "auto",
+                   grouped_gemm: bool = False, moe: bool = False) -> RunKernels:
     """The kernels of layers like `layer` for the requested backends (`auto` resolved for this host);
     `bias_fusions` (auto/on/off) whether Megatron's bias fusions run, and `fusions` whether each
     (bias-activation, bias-dropout-add) is allowed (Megatron-LM's --no-bias-*-fusion flags);
-    `grad_accumulation_fusion` (auto/on/off) megatron_auto.kernels.resolve_grad_accumulation_fusion's."""
+    `grad_accumulation_fusion` (auto/on/off) megatron_auto.kernels.resolve_grad_accumulation_fusion's;
+    `grouped_gemm` (--moe-grouped-gemm) runs where its kernel is available, else SequentialMLP."""
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
     fused = choices.resolve_bias_fusions(bias_fusions, on_gpu)
+    spec = "transformer_engine" if on_gpu and transformer_engine_available() else "local"
     return RunKernels(
-        layer_spec="transformer_engine" if on_gpu and transformer_engine_available() else "local",
+        layer_spec=spec,
         attention=choices.resolve_attention_backend(attention_backend, on_gpu),
         attention_request=attention_backend,
         # Megatron's bias-GeLU kernel needs a bias; its SwiGLU kernel runs with or without one
@@ -132,6 +156,8 @@ def choose_kernels(layer: LayerSpec, attention_backend: str = "auto", optimizer_
         optimizer_impl=choices.resolve_optimizer_impl(optimizer_impl, on_gpu),
         grad_accumulation_fusion=choices.resolve_grad_accumulation_fusion(grad_accumulation_fusion,
                                                                           apex_wgrad_available()),
+        grouped_gemm=moe and grouped_gemm and grouped_gemm_available(spec, on_gpu),
+        moe=moe,
     )
 
 
@@ -154,13 +180,15 @@ def config_flags(kernels: RunKernels) -> dict:
 
 
 def layer_spec(layer: LayerSpec, kernels: RunKernels):
-    """The TransformerLayer spec that runs `kernels`: TE's, or the local one with its core attention set."""
+    """The TransformerLayer spec that runs `kernels`: TE's, or the local one with its core attention set;
+    a MoE layer's MLP is Megatron-Core's MoELayer (its router, dispatcher and experts)."""
     from megatron.core.models.gpt import gpt_layer_specs
 
+    experts = dict(num_experts=layer.moe.num_experts if layer.moe else None, moe_grouped_gemm=kernels.grouped_gemm)
     if kernels.layer_spec == "transformer_engine":
-        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=layer.qk_layernorm)
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=layer.qk_layernorm, **experts)
     spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization=layer.normalization,
-                                                    qk_layernorm=layer.qk_layernorm)
+                                                    qk_layernorm=layer.qk_layernorm, **experts)
     if kernels.attention == "flash":
         from .attention import SDPAttention
 
@@ -174,7 +202,9 @@ def kernels_for_run(model: ModelSpec, settings) -> RunKernels:
     return choose_kernels(model.layers[0], settings.attention_backend, settings.optimizer_impl,
                           fusions=(settings.bias_activation_fusion, settings.bias_dropout_fusion),
                           bias_fusions=settings.bias_fusions,
-                          grad_accumulation_fusion=settings.grad_accumulation_fusion)
+                          grad_accumulation_fusion=settings.grad_accumulation_fusion,
+                          grouped_gemm=settings.moe.grouped_gemm,
+                          moe=any(layer.moe is not None for layer in model.layers))
 
 
 def torch_adams(optimizer) -> list:

@@ -37,6 +37,10 @@ class MegatronLayout:
     recompute_num_layers: Optional[int] = None
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
+    expert_parallel: int = 1
+    """Megatron's --expert-model-parallel-size (MoE layers)."""
+    expert_tensor_parallel: Optional[int] = None
+    """Megatron's --expert-tensor-parallel-size; None = tensor_parallel (Megatron's default)."""
 
     @property
     def world_size(self) -> int:
@@ -58,6 +62,18 @@ def _parse_flags(flags: list[str]) -> dict[str, object]:
     return values
 
 
+def expert_layout(plan: Plan) -> tuple[int, Optional[int]]:
+    """(ep, etp) of the plan's MoE layers, which a megatron-space plan gives all one value; (1, None)
+    for a dense model. Without the model in the plan, the layers whose ep or etp is set."""
+    strategies = plan.layer_strategies
+    if plan.model is not None:
+        strategies = tuple(s for layer, s in zip(plan.model.layers, strategies) if layer.moe is not None)
+    experts = {(s.ep, s.etp) for s in strategies if s.ep > 1 or s.etp is not None}
+    if len(experts) > 1:
+        raise UserError(f"the Megatron-Core runtime runs one ep/etp for all MoE layers; the plan has {sorted(experts)}")
+    return next(iter(experts), (1, None))
+
+
 def layout_from_plan(plan: Plan) -> MegatronLayout:
     """The Megatron layout of a megatron-space plan; UserError for a hybrid plan."""
     if plan.space != "megatron":
@@ -68,6 +84,7 @@ def layout_from_plan(plan: Plan) -> MegatronLayout:
         return int(flags[name]) if name in flags else None
 
     per_virtual_stage = number("num_layers_per_virtual_pipeline_stage")
+    ep, etp = expert_layout(plan)
     return MegatronLayout(
         tensor_parallel=int(flags["tensor_model_parallel_size"]),
         pipeline_parallel=int(flags["pipeline_model_parallel_size"]),
@@ -83,4 +100,6 @@ def layout_from_plan(plan: Plan) -> MegatronLayout:
         recompute_num_layers=number("recompute_num_layers"),
         sequence_parallel=bool(flags.get("sequence_parallel", False)),
         distributed_optimizer=bool(flags.get("use_distributed_optimizer", False)),
+        expert_parallel=ep,
+        expert_tensor_parallel=etp,
     )

@@ -30,6 +30,10 @@ class ManualParallelism:
     recompute_num_layers: Optional[int] = None
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
+    expert_parallel: int = 1
+    """--expert-model-parallel-size (MoE layers only)."""
+    expert_tensor_parallel: Optional[int] = None
+    """--expert-tensor-parallel-size; None = tensor_parallel (Megatron's default)."""
 
 
 def stage_layer_counts(num_layers: int, pp: int, first: Optional[int], last: Optional[int]) -> list[int]:
@@ -65,6 +69,24 @@ def _recompute_kinds(flags: ManualParallelism, chunk_sizes: list[int]) -> list[l
     return [["full"] * n for n in chunk_sizes]
 
 
+def check_expert_flags(model: ModelSpec, tp: int, dp: int, flags: ManualParallelism) -> None:
+    """UserError unless Megatron-Core can form the expert groups: a MoE model, and ep x etp dividing
+    tp x dp (the expert groups partition the tp x dp ranks of a pipeline stage)."""
+    if flags.expert_parallel == 1 and flags.expert_tensor_parallel is None:
+        return
+    if not any(layer.moe is not None for layer in model.layers):
+        raise UserError("--expert-model-parallel-size/--expert-tensor-parallel-size need a MoE model (--num-experts)")
+    etp = flags.expert_tensor_parallel or tp
+    if (tp * dp) % (flags.expert_parallel * etp):
+        raise UserError(f"world size {tp * dp * flags.pipeline_parallel} does not fit expert parallelism: "
+                        f"EP x expert TP = {flags.expert_parallel} x {etp} must divide TP x DP = {tp} x {dp}")
+
+
+def _layer_strategy(layer, tp: int, dp: int, zero: int, flags: ManualParallelism, recompute: str) -> LayerStrategy:
+    experts = (dict(ep=flags.expert_parallel, etp=flags.expert_tensor_parallel) if layer.moe is not None else {})
+    return LayerStrategy(tp=tp, dp=dp, zero=zero, sp=flags.sequence_parallel, recompute=recompute, **experts)
+
+
 def plan_from_flags(model: ModelSpec, world_size: int, flags: ManualParallelism) -> Plan:
     """The megatron-space Plan of these flags on `world_size` ranks."""
     tp, pp = flags.tensor_parallel, flags.pipeline_parallel
@@ -84,11 +106,11 @@ def plan_from_flags(model: ModelSpec, world_size: int, flags: ManualParallelism)
         chunk_sizes = stage_layer_counts(model.num_layers, pp, flags.first_stage_layers, flags.last_stage_layers)
         virtual = 1
     zero = 1 if flags.distributed_optimizer else 0
-    chunks = tuple(
-        Chunk(tuple(LayerStrategy(tp=tp, dp=dp, zero=zero, sp=flags.sequence_parallel, recompute=kind)
-                    for kind in kinds))
-        for kinds in _recompute_kinds(flags, chunk_sizes))
+    check_expert_flags(model, tp, dp, flags)
     try:
+        layers = iter(model.layers)
+        chunks = tuple(Chunk(tuple(_layer_strategy(next(layers), tp, dp, zero, flags, kind) for kind in kinds))
+                       for kinds in _recompute_kinds(flags, chunk_sizes))
         return Plan(space="megatron", world_size=world_size, pipeline_parallel=pp, global_batch_size=global_batch,
                     num_micro_batches=global_batch // (flags.micro_batch_size * dp), chunks=chunks,
                     embedding=LayerStrategy(tp=tp, dp=dp, zero=zero, sp=flags.sequence_parallel),

@@ -20,11 +20,23 @@ def model_flops_per_iteration(model: ModelSpec, global_batch_size: int, padded_v
     for layer in model.layers:
         h, kv = layer.hidden_size, layer.kv_channels
         qkv_out = (layer.num_attention_heads + 2 * layer.num_query_groups) * kv
-        mlp_in = layer.ffn_hidden_size * (2 if layer.swiglu else 1)
-        matmul_weights = h * qkv_out + layer.attention_width * h + h * mlp_in + layer.ffn_hidden_size * h
+        matmul_weights = h * qkv_out + layer.attention_width * h + mlp_weights_per_token(layer)
         forward_per_token += 2 * matmul_weights + 4 * s * layer.attention_width  # a*d = h unless --kv-channels
     forward_per_token += 2 * model.hidden_size * padded_vocab
     return 3.0 * forward_per_token * s * global_batch_size
+
+
+def mlp_weights_per_token(layer) -> int:
+    """MLP weights one token multiplies by: the dense MLP's, or for a MoE layer the router's (h x E), its
+    top-k experts' and the shared expert's (a routed token passes k experts; Fedus et al. 2022, sec. 2)."""
+    def mlp(width: int) -> int:
+        return layer.hidden_size * width * (3 if layer.swiglu else 2)
+
+    if layer.moe is None:
+        return mlp(layer.ffn_hidden_size)
+    moe = layer.moe
+    return (layer.hidden_size * moe.num_experts + moe.router_topk * mlp(moe.expert_ffn_hidden_size)
+            + mlp(moe.shared_expert_ffn_hidden_size))
 
 
 @dataclass(frozen=True)
@@ -45,6 +57,8 @@ class IterationLog:
     skipped: int = 0
     loss_scale: Optional[float] = None
     """fp16 only: the current loss scale (Megatron-LM logs it after the loss)."""
+    extra_losses: tuple[tuple[str, float], ...] = ()
+    """MoE models: the routers' auxiliary losses, logged after the lm loss as Megatron-LM does."""
 
 
 def format_iteration(log: IterationLog) -> str:
@@ -58,6 +72,7 @@ def format_iteration(log: IterationLog) -> str:
         f" learning rate: {log.learning_rate:.6E} |"
         f" global batch size: {log.global_batch_size:5d} |"
         f" lm loss: {log.loss:.6E} |"
+        + "".join(f" {name}: {value:.6E} |" for name, value in log.extra_losses)
         + (f" loss scale: {log.loss_scale:.1f} |" if log.loss_scale is not None else "")
         + f" grad norm: {log.grad_norm:.6f} |"
         f" number of skipped iterations: {log.skipped:3d} |"

@@ -21,6 +21,26 @@ def layer_spec(model: ModelSpec, attention_backend: str = "auto"):
     return kernels.layer_spec(layer, kernels.choose_kernels(layer, attention_backend))
 
 
+def decoder_spec(model: ModelSpec, settings: TrainSettings, config, vp_stage):
+    """GPTModel's layer spec for this rank's chunk: one TransformerLayer spec when all layers are alike
+    (dense or MoE), else this chunk's per-layer specs (dense and MoE MLPs, Megatron's --moe-layer-freq)."""
+    from . import kernels
+
+    run = kernels.kernels_for_run(model, settings)
+    if len({layer.moe is None for layer in model.layers}) == 1:
+        return kernels.layer_spec(model.layers[0], run)
+    from megatron.core.transformer import transformer_block
+    from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+    dense = kernels.layer_spec(next(layer for layer in model.layers if layer.moe is None), run)
+    moe = kernels.layer_spec(next(layer for layer in model.layers if layer.moe is not None), run)
+    first = get_transformer_layer_offset(config, vp_stage=vp_stage)
+    count = transformer_block.get_num_layers_to_build(config, vp_stage=vp_stage)
+    specs = [dense if layer.moe is None else moe for layer in model.layers[first:first + count]]
+    return transformer_block.TransformerBlockSubmodules(layer_specs=specs,
+                                                        layer_norm=transformer_block.LayerNormImpl)
+
+
 def set_random_seed(seed: int) -> None:
     """Megatron-LM's seeding: one seed per pipeline stage, plus the tensor-parallel RNG tracker."""
     from megatron.core import parallel_state, tensor_parallel
@@ -36,14 +56,13 @@ def build_chunks(model: ModelSpec, layout: MegatronLayout, settings: TrainSettin
     from megatron.core import parallel_state, tensor_parallel
     from megatron.core.models.gpt import GPTModel
 
-    spec = layer_spec(model, settings.attention_backend)
     chunks = []
     virtual = layout.virtual_stages > 1
     for vp_stage in range(layout.virtual_stages):
         stage = vp_stage if virtual else None
         chunk = GPTModel(
             config=config,
-            transformer_layer_spec=spec,
+            transformer_layer_spec=decoder_spec(model, settings, config, stage),
             vocab_size=padded_vocab,
             max_sequence_length=settings.max_position_embeddings or model.seq_length,
             pre_process=parallel_state.is_pipeline_first_stage(ignore_virtual=not virtual, vp_stage=stage),

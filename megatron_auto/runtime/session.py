@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..plan import Plan
 from ..specs.model import ModelSpec
 from . import checkpoint, config as configs, data, distributed, faults, kernels, metrics, schedule, stopping
-from . import tensorboard_log
+from . import moe_metrics, tensorboard_log
 from . import model as models
 from .batch_schedule import BatchSizer, check_divisible
 from .layout import MegatronLayout, layout_from_plan
@@ -74,6 +74,23 @@ def _scheduler(optimizer, settings: TrainSettings, global_batch_size: int):
         wd_incr_steps=steps.weight_decay_increment, wd_incr_style="constant")
 
 
+def use_expert_tp_group_for_grad_norm(optimizer) -> None:
+    """Count each expert parameter replicated over TP once per expert-TP group in the gradient norm.
+
+    megatron-core 0.16.1's get_megatron_optimizer gives the experts' optimizer the dense TP group
+    (optimizer/__init__.py sets `tp_group` from the TP group for every optimizer), so the norm keeps a
+    replicated parameter (an expert's fc2 bias) only on dense TP rank 0: with TP > expert TP, the
+    other TP ranks' experts drop out of the norm and clipping (measured: norm 2.4% low at TP2, ETP1,
+    tests/runtime/test_moe_equivalence.py). The experts' optimizer is the one over params with
+    `allreduce` False (Megatron's expert-parallel marker)."""
+    from megatron.core import parallel_state
+
+    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        params = [p for group in inner.param_groups for p in group["params"]]
+        if params and all(not getattr(p, "allreduce", True) for p in params):
+            inner.tp_group = parallel_state.get_expert_tensor_parallel_group()
+
+
 def _attach_sync_functions(transformer_config, model: list) -> None:
     """What the schedules call around gradient accumulation (Megatron-LM's setup_model_and_optimizer)."""
     from megatron.core.distributed import finalize_model_grads
@@ -98,6 +115,7 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
         return _build_hybrid_session(plan, model_spec, settings, backend, device, initial_state)
     layout = layout_from_plan(plan)
     distributed.initialize_parallel(layout, settings.timeout_s)
+    moe_metrics.reset_aux_loss_tracker()
     models.set_random_seed(settings.seed)
     padded_vocab = configs.padded_vocab_size(settings.data.vocab_size, settings, layout.tensor_parallel)
     tconfig = configs.transformer_config(model_spec, layout, settings, backend)
@@ -107,6 +125,7 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
     optimizer = get_megatron_optimizer(configs.optimizer_config(layout, settings), model,
                                        use_gloo_process_groups=False)
     kernels.use_run_optimizer_impl(optimizer, settings)
+    use_expert_tp_group_for_grad_norm(optimizer)
     _attach_sync_functions(tconfig, model)
     if optimizer.config.fp16:
         tconfig.grad_scale_func = optimizer.scale_loss
@@ -220,7 +239,7 @@ def _log_iteration(session: Session, result: StepResult, elapsed_s: float, flops
         learning_rate=session.optimizer.param_groups[0]["lr"], global_batch_size=batch,
         loss=result.loss, grad_norm=result.grad_norm, tokens_per_s=tokens / elapsed_s,
         tflops_per_gpu=flops / elapsed_s / world / 1e12, skipped=int(result.skipped),
-        loss_scale=result.loss_scale))
+        loss_scale=result.loss_scale, extra_losses=result.moe_losses))
     logger.info(line)
     if session.scalars is not None:
         session.scalars.iteration(session.iteration, result, session.optimizer.param_groups[0]["lr"],

@@ -32,6 +32,45 @@ class DataSettings:
     """--reset-position-ids: positions restart after each end-of-document token (GPTDataset)."""
 
 
+@dataclass(frozen=True)
+class MoESettings:
+    """How a MoE model's routers and experts run (Megatron-LM's --moe-* flags that are not the model's shape;
+    the shape is the ModelSpec's MoESpec)."""
+
+    token_dispatcher: str = "alltoall"
+    """--moe-token-dispatcher-type: alltoall or allgather."""
+    grouped_gemm: bool = False
+    """--moe-grouped-gemm: one grouped GEMM for the local experts where its kernel imports (runtime/kernels.py)."""
+    router_dtype: Optional[str] = None
+    """--moe-router-dtype: fp32 or fp64 routing (None: the activations' dtype)."""
+    router_pre_softmax: bool = False
+    """--moe-router-pre-softmax: softmax over all experts before the top-k (Mixtral's router takes it after)."""
+    router_score_function: str = "softmax"
+    """--moe-router-score-function: softmax or sigmoid."""
+    router_topk_scaling_factor: Optional[float] = None
+    """--moe-router-topk-scaling-factor: scales the routing weights of the chosen experts."""
+    expert_capacity_factor: Optional[float] = None
+    """--moe-expert-capacity-factor: tokens over capacity x mean are dropped (None: no dropping)."""
+    pad_expert_input_to_capacity: bool = False
+    """--moe-pad-expert-input-to-capacity: pad every expert's input to its capacity."""
+    token_drop_policy: str = "probs"
+    """--moe-token-drop-policy: probs or position (which tokens an over-capacity expert drops)."""
+    input_jitter_eps: Optional[float] = None
+    """--moe-input-jitter-eps: multiplicative noise on the router's input while training."""
+    per_layer_logging: bool = False
+    """--moe-per-layer-logging: log each layer's auxiliary losses, not only their mean."""
+
+    def config_fields(self) -> dict:
+        """TransformerConfig's fields for these settings (megatron/core/transformer/transformer_config.py)."""
+        return dict(moe_token_dispatcher_type=self.token_dispatcher, moe_router_dtype=self.router_dtype,
+                    moe_router_pre_softmax=self.router_pre_softmax,
+                    moe_router_score_function=self.router_score_function,
+                    moe_router_topk_scaling_factor=self.router_topk_scaling_factor,
+                    moe_expert_capacity_factor=self.expert_capacity_factor,
+                    moe_pad_expert_input_to_capacity=self.pad_expert_input_to_capacity,
+                    moe_token_drop_policy=self.token_drop_policy, moe_input_jitter_eps=self.input_jitter_eps,
+                    moe_per_layer_logging=self.per_layer_logging)
+
 
 @dataclass(frozen=True)
 class TrainSettings:
@@ -160,3 +199,5 @@ class TrainSettings:
     """Timeout of every process-group collective, so a dead rank cannot hang the job."""
     data: DataSettings = DataSettings()
     """Training data."""
+    moe: MoESettings = MoESettings()
+    """How MoE layers route and dispatch (unused by dense models)."""

@@ -23,6 +23,8 @@ class StepResult:
     """Whether this rank computed the loss (the last pipeline stage); elsewhere `loss` is NaN."""
     has_grad_norm: bool = True
     """Whether the optimizer measured the gradient norm (not with --clip-grad 0 or a skipped fp16 step)."""
+    moe_losses: tuple[tuple[str, float], ...] = ()
+    """MoE models: (name, value) of the routers' auxiliary losses (runtime/moe_metrics.py), logged as Megatron-LM."""
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -86,10 +88,14 @@ def train_step(model: list, optimizer, scheduler, iterators, layout: MegatronLay
     if update_successful:
         scheduler.step(increment=layout.global_batch_size)
     group = hybrid.head_dp_group if hybrid else None
+    from .moe_metrics import collect_aux_losses
+
     return StepResult(loss=reduce_reported_loss(losses, device, group),
                       grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
                       skipped=not update_successful, loss_scale=current_loss_scale(optimizer),
-                      has_loss=bool(losses), has_grad_norm=grad_norm is not None)
+                      has_loss=bool(losses), has_grad_norm=grad_norm is not None,
+                      moe_losses=collect_aux_losses(getattr(model[0], "config", None),
+                                                            layout.num_micro_batches))
 
 
 def current_loss_scale(optimizer) -> Optional[float]:

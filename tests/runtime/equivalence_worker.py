@@ -1,13 +1,15 @@
 """One rank of an equivalence launch: run several parallel layouts of the same tiny GPT in turn.
 
 Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python equivalence_worker.py CASES.json RESULTS.json
-Each case: {"name", "flags": ManualParallelism fields, "steps", optional "model" ("gpt", "llama" or "qwen3"),
+Each case: {"name", "flags": ManualParallelism fields, "steps", optional "model" ("gpt", "llama", "qwen3",
+"swiglu_moe" or "mixed_moe"), "moe" (MoESettings fields, e.g. token_dispatcher),
 optional "load_weights" (checkpoint dir, weights only), "resume" (checkpoint dir, full state),
 "save" + "save_interval", "force_batch_p2p", "settings" (TrainSettings fields, e.g. precision, attention_backend),
 "data_vocab_size" (mock tokens drawn from fewer ids than the padded vocabulary, so that training
 has something to learn), "drop_grad_sync" (a broken run: DDP's gradient reduction skipped)}.
 The last rank writes {name: {"iterations", "losses", "grad_norms", "loss_scales", "skipped",
-"param_dtypes"} or {"error"}} to RESULTS.json.
+"param_dtypes", "moe_losses", "router_gap"} or {"error"}} to RESULTS.json; router_gap is the smallest
+margin, over every token routed on this rank, between the k-th and (k+1)-th router logit (MoE models).
 """
 from __future__ import annotations
 
@@ -22,13 +24,15 @@ patches.apply_all()
 
 from megatron_auto.runtime import distributed, session  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
-from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
+from megatron_auto.runtime.settings import DataSettings, MoESettings, TrainSettings  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
-from worker_models import llama_model, qwen3_model  # noqa: E402
+from worker_models import llama_model, mixed_moe_model, swiglu_moe_model, qwen3_model  # noqa: E402
 
 MODEL = uniform_model("equivalence-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
                       seq_length=32, vocab_size=256)
-MODELS = {"gpt": MODEL, "llama": llama_model("equivalence-llama"), "qwen3": qwen3_model("equivalence-qwen3")}
+MODELS = {"gpt": MODEL, "llama": llama_model("equivalence-llama"), "qwen3": qwen3_model("equivalence-qwen3"),
+          "swiglu_moe": swiglu_moe_model("equivalence-swiglu-moe"),
+          "mixed_moe": mixed_moe_model("equivalence-mixed-moe")}
 SETTINGS = TrainSettings(train_iters=5, lr=1e-3, hidden_dropout=0.0, attention_dropout=0.0, clip_grad=1.0,
                          weight_decay=0.01, seed=1234, timeout_s=90.0, data=DataSettings(vocab_size=256))
 
@@ -38,7 +42,8 @@ def run_case(case: dict, info) -> dict:
 
     settings = dataclasses.replace(SETTINGS, train_iters=case.get("steps", 5), save=case.get("save"),
                                    save_interval=case.get("save_interval", 0), **case.get("settings", {}),
-                                   data=DataSettings(vocab_size=case.get("data_vocab_size", 256)))
+                                   data=DataSettings(vocab_size=case.get("data_vocab_size", 256)),
+                                   moe=MoESettings(**case.get("moe", {})))
     world = torch.distributed.get_world_size()
     model = MODELS[case.get("model", "gpt")]
     plan = plan_from_flags(model, world, ManualParallelism(**case["flags"]))
@@ -57,13 +62,30 @@ def run_case(case: dict, info) -> dict:
     if case.get("resume"):
         session.resume(run, case["resume"], case.get("resume_step"))
     first = run.iteration
+    gaps = _record_router_gaps(run.model)
     results = session.train(run)
     return {"iterations": list(range(first + 1, run.iteration + 1)),
             "losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results],
             "loss_scales": [r.loss_scale for r in results], "skipped": [r.skipped for r in results],
             "param_dtypes": sorted({str(p.dtype) for chunk in run.model for p in chunk.parameters()}),
             "wgrad_fused_linears": sum(bool(getattr(m, "gradient_accumulation_fusion", False))
-                                       for chunk in run.model for m in chunk.modules())}
+                                       for chunk in run.model for m in chunk.modules()),
+            "moe_losses": [dict(r.moe_losses) for r in results], "router_gap": min(gaps, default=None)}
+
+
+def _record_router_gaps(model) -> list:
+    """Wrap every MoE router's gating so each call appends its smallest top-k margin to the returned list."""
+    from megatron.core.transformer.moe.router import TopKRouter
+
+    gaps: list = []
+    for module in (m for chunk in model for m in chunk.modules() if isinstance(m, TopKRouter)):
+        def gating(input, _gating=module.gating, _k=module.topk):
+            logits = _gating(input)
+            top = logits.detach().float().topk(_k + 1, dim=-1).values
+            gaps.append(float((top[..., _k - 1] - top[..., _k]).min()))
+            return logits
+        module.gating = gating
+    return gaps
 
 
 def _load_weights(run, path: str) -> None:

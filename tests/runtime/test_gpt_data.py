@@ -141,3 +141,13 @@ def test_eod_mask_loss_and_reset_position_ids_reach_the_samples(prefixes):
         assert item["position_ids"].tolist() == expected
         seen_eod += tokens.count(256)
     assert seen_eod > 0  # documents of ~230 bytes: 16 windows of 64 cross several ends
+
+
+def test_split_that_leaves_a_needed_split_no_document_is_refused(prefixes):
+    """Megatron-LM's Mixtral line splits 99990,8,2: 0.008% of 700 documents rounds to none, and
+    megatron-core's GPTDataset would count epochs of zero tokens forever; here it is one line."""
+    with pytest.raises(UserError, match="the validation split of .* gets none of its 700 documents"):
+        _datasets((prefixes[0],), "99990,8,2", [80, 16, 0])
+    with pytest.raises(UserError, match="the test split"):  # megatron-core builds it even for 0 samples
+        _datasets((prefixes[0],), "99990,100,2", [80, 16, 0])
+    assert _datasets((prefixes[0],), "99990,100,0", [80, 16, 0]).splits["eval"]  # weight 0: not built

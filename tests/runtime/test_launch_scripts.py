@@ -24,7 +24,8 @@ LINES = REPO / "tests" / "launch_lines"
 SCRIPTS = sorted(path.stem for path in LINES.glob("*.sh"))
 WORLD_SIZE = 4
 PARALLEL_SIZES = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
-                  "--expert-model-parallel-size", "--num-layers-per-virtual-pipeline-stage")
+                  "--expert-model-parallel-size", "--expert-tensor-parallel-size",
+                  "--num-layers-per-virtual-pipeline-stage")
 SHIM = """#!{python}
 import json, os, sys
 with open(os.environ["LAUNCH_LINE_RECORD"], "a") as record:

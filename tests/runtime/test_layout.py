@@ -42,3 +42,21 @@ def test_megatron_stage_split():
 def test_world_size_that_does_not_divide_is_a_user_error():
     with pytest.raises(UserError, match="not divisible"):
         plan_from_flags(MODEL, 6, ManualParallelism(tensor_parallel=4))
+
+
+MOE_MODEL = uniform_model("m", 4, 64, 4, seq_length=32, vocab_size=256, num_experts=4, moe_layer_freq=2,
+                          add_bias_linear=False)
+
+
+@pytest.mark.parametrize("flags, expected", [
+    (dict(expert_parallel=2), (2, None)),
+    (dict(expert_parallel=2, tensor_parallel=2, sequence_parallel=True), (2, None)),
+    (dict(expert_parallel=4, expert_tensor_parallel=1, tensor_parallel=2, sequence_parallel=True), (4, 1)),
+    (dict(), (1, None)),
+])
+def test_expert_degrees_reach_the_layout_on_the_moe_layers_only(flags, expected):
+    plan = plan_from_flags(MOE_MODEL, 8, ManualParallelism(global_batch_size=8, **flags))
+    layout = layout_from_plan(plan)
+    assert (layout.expert_parallel, layout.expert_tensor_parallel) == expected
+    dense = [s for layer, s in zip(MOE_MODEL.layers, plan.layer_strategies) if layer.moe is None]
+    assert dense and all((s.ep, s.etp) == (1, None) for s in dense)

@@ -47,8 +47,13 @@ def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
     monkeypatch.setattr(optimizer, "USING_PYTORCH_OPTIMIZER", True)  # no apex, no TE: torch's Adam
     monkeypatch.setattr(gpt_layer_specs, "HAVE_APEX", False)  # and torch's norms in the local spec
     monkeypatch.setattr(gpt_layer_specs, "HAVE_TE", False)
+    from megatron.core.transformer.moe import moe_utils
+
+    monkeypatch.setattr(moe_utils, "HAVE_TE", False)  # and no TE for the MoE router's GEMM
     assert patches.apply_all() == ["torch_norm_zero_centered_gamma", "distrib_optimizer_torch_adam_step",
-                                   "multi_tensor_on_device", "wgrad_accumulation_torch"]
+                                   "multi_tensor_on_device", "wgrad_accumulation_torch",
+                                   "moe_router_gemm_without_te", "expert_bias_inplace",
+                                   "expert_bias_sequence_parallel"]
     monkeypatch.setattr(optimizer, "USING_PYTORCH_OPTIMIZER", False)  # apex/TE FusedAdam and norms
     monkeypatch.setattr(gpt_layer_specs, "HAVE_APEX", True)
     for module, attribute in (("clip_grads", "l2_norm_impl"), ("clip_grads", "multi_tensor_scale_impl"),
@@ -58,7 +63,8 @@ def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
 
     monkeypatch.setattr(layers, "fused_weight_gradient_mlp_cuda", object(), raising=False)
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)
-    assert patches.apply_all() == []
+    monkeypatch.setattr(moe_utils, "HAVE_TE", True)
+    assert patches.apply_all() == ["expert_bias_inplace", "expert_bias_sequence_parallel"]  # on any device
 
 
 def test_other_megatron_core_version_is_refused(monkeypatch):
@@ -199,3 +205,100 @@ def test_fp16_loss_scaler_lives_on_the_cpu():
     resumed = scaler()
     resumed.load_state_dict(first.state_dict())  # upstream moves the scale with .cuda()
     assert resumed.scale.device.type == "cpu" and float(resumed.scale) == 2.0**15
+
+
+def test_moe_dispatcher_streams_and_events_are_no_ops():
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    stream = token_dispatcher.torch.cuda.Stream()
+    stream.wait_stream(token_dispatcher.torch.cuda.current_stream())
+    stream.record_event().synchronize()  # what the alltoall dispatcher waits on
+    assert moe_utils.torch.zeros(2, device="cuda").device.type == "cpu"
+
+
+def test_moe_split_sizes_become_numpy_on_the_cpu():
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    splits = moe_utils.maybe_move_tensor_to_cpu(torch.tensor([3, 1]), as_numpy=True, record_stream=True)
+    assert list(splits) == [3, 1] and not torch.is_tensor(splits)  # all_to_all_single takes these
+    counts = torch.tensor([2, 2])
+    assert moe_utils.maybe_move_tensor_to_cpu(counts) is counts
+    assert token_dispatcher.maybe_move_tensor_to_cpu is moe_utils.maybe_move_tensor_to_cpu
+
+
+def test_moe_router_gating_runs_without_transformer_engine():
+    from megatron.core.transformer.moe import moe_utils
+
+    inp, weight = torch.randn(3, 4, requires_grad=True), torch.randn(2, 4, requires_grad=True)
+    logits = moe_utils.router_gating_linear(inp, weight, None, torch.float32)
+    assert torch.allclose(logits, inp @ weight.t())
+    logits.sum().backward()
+    assert torch.allclose(weight.grad, inp.detach().sum(0).expand(2, 4))
+
+
+def test_expert_bias_is_added_out_of_place():
+    from megatron.core.transformer.mlp import MLP
+
+    source = inspect.getsource(MLP.forward.__wrapped_original__)
+    assert "output += output_bias" in source  # upstream's in-place add, which the rewrite replaces
+    assert MLP.forward.__megatron_auto_patched__
+
+
+def test_uneven_gather_and_reduce_scatter_over_one_gloo_rank_and_padding(monkeypatch):
+    from megatron.core.tensor_parallel import mappings
+    from patches import gloo_uneven_gather
+
+    assert mappings._gather_along_first_dim is gloo_uneven_gather.gather_uneven
+    group = SimpleNamespace(size=lambda: 2, rank=lambda: 1)
+    monkeypatch.setattr(gloo_uneven_gather, "_on_gloo", lambda g: True)
+
+    def fake_gather(out, inp, group):  # rank 0 holds [10, 11, pad], rank 1 holds ours padded
+        out.copy_(torch.cat([torch.tensor([[10.0], [11.0], [0.0]]), inp]))
+
+    def fake_reduce_scatter(out, inp, group):  # rank 1's padded slot, doubled (two equal ranks)
+        out.copy_(2 * inp[3:6])
+
+    monkeypatch.setattr(torch.distributed, "all_gather_into_tensor", fake_gather)
+    monkeypatch.setattr(torch.distributed, "reduce_scatter_tensor", fake_reduce_scatter)
+    ours = torch.tensor([[1.0], [2.0], [3.0]])
+    gathered = mappings._gather_along_first_dim(ours, group, output_split_sizes=[2, 3])
+    assert gathered.view(-1).tolist() == [10.0, 11.0, 1.0, 2.0, 3.0]
+    scattered = mappings._reduce_scatter_along_first_dim(torch.arange(5.0).view(5, 1), group,
+                                                         input_split_sizes=[3, 2])
+    assert scattered.view(-1).tolist() == [6.0, 8.0]
+
+
+def test_moe_aux_loss_mean_without_avg(monkeypatch):
+    from megatron.core.transformer.moe import moe_utils
+
+    upstream = inspect.getsource(moe_utils.reduce_aux_losses_tracker_across_ranks.__wrapped_original__)
+    assert upstream.count("ReduceOp.AVG") == 2  # what gloo lacks, and the rewrite replaces
+    pp, dp, tp = (SimpleNamespace(name=n) for n in ("pp", "dp", "tp"))
+    ops = []
+
+    def all_reduce(values, group=None, op=None):  # dp holds two ranks with equal values: a sum doubles
+        ops.append(op)
+        if group is dp:
+            values *= 2
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda group=None: 2)
+    monkeypatch.setitem(moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER, "probe", {
+        "values": torch.tensor([1.5, 3.0]), "reduce_group": tp, "avg_group": None, "reduce_group_has_dp": False})
+    moe_utils.reduce_aux_losses_tracker_across_ranks(["probe"], SimpleNamespace(pp=pp, dp=dp))
+    assert moe_utils._MOE_LAYER_WISE_LOGGING_TRACKER["probe"]["values"].tolist() == [1.5, 3.0]  # the mean
+    assert ops == [None, None, None]  # pp, tp and dp: sums only
+
+
+def test_expert_row_parallel_bias_is_not_summed_over_tp():
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.tensor_parallel.layers import RowParallelLinear
+
+    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, sequence_parallel=True,
+                               tensor_model_parallel_size=2, use_cpu_initialization=True)
+    group = SimpleNamespace(size=lambda: 1, rank=lambda: 0)
+    layers = {is_expert: RowParallelLinear(8, 8, config=config, init_method=torch.nn.init.zeros_, bias=True,
+                                           input_is_parallel=True, skip_bias_add=False, is_expert=is_expert,
+                                           tp_group=group) for is_expert in (False, True)}
+    assert layers[False].bias.sequence_parallel is True  # a dense bias: summed over TP, as upstream
+    assert layers[True].bias.sequence_parallel is False

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 
 import pytest
 
@@ -134,10 +135,9 @@ def test_schedule_lengths_follow_megatron_lm(flags, iters, warmup, decay, increm
     (["--train-samples", "40", "--lr-warmup-samples", "8", "--lr-warmup-fraction", "0.1"],
      "give --lr-warmup-fraction or --lr-warmup-iters/--lr-warmup-samples, not both"),
     (["--train-iters", "5", "--fp8-format", "hybrid", "--fp8-amax-history-len", "1024"], "--fp8-format: fp8 training"),
-    (["--train-iters", "5", "--num-experts", "8"], "--num-experts: mixture-of-experts"),
-    (["--train-iters", "5", "--moe-router-topk", "2"], "--moe-router-topk: mixture-of-experts"),
+    (["--train-iters", "5", "--moe-router-group-topk", "4"], "--moe-router-group-topk: this --moe-* option"),
+    (["--train-iters", "5", "--moe-layer-freq", "[1,x]"], "--moe-layer-freq takes an int or a list"),
     (["--train-iters", "5", "--context-parallel-size", "2"], "--context-parallel-size 2: context parallelism"),
-    (["--train-iters", "5", "--expert-model-parallel-size", "4"], "--expert-model-parallel-size 4: expert"),
     (["--train-iters", "5", "--rampup-batch-size", "16", "16", "100"], "--rampup-batch-size needs --train-samples"),
     (["--train-samples", "80", "--rampup-batch-size", "4", "4", "8", "--step-batch-size-schedule", "0:4", "1K:8"],
      "give --rampup-batch-size or --step-batch-size-schedule, not both"),
@@ -336,7 +336,8 @@ def test_readme_flag_table_lists_every_refused_and_no_effect_flag():
         assert f"| `{flag}` | refused |" in table
     for flag, (accepted, _) in compat_flags.REFUSED_UNLESS.items():
         assert f"| `{flag}` other than `{accepted}` | refused |" in table
-    for flag in (*compat_flags.NO_EFFECT_SWITCHES, *compat_flags.NO_EFFECT_VALUES, *compat_flags.NO_EFFECT_LISTS):
+    for flag in (*compat_flags.NO_EFFECT_SWITCHES, *compat_flags.NO_EFFECT_VALUES, *compat_flags.NO_EFFECT_LISTS,
+                 *compat_flags.MOE_NO_EFFECT_SWITCHES):
         assert f"| `{flag}` | without effect |" in table
 
 
@@ -386,3 +387,45 @@ def test_auto_parallel_with_a_growing_batch_keeps_the_micro_batch_and_a_dp_that_
     _, plan = _choose(job + ["--step-batch-size-schedule", "0:2", "1M:16", "--micro-batch-size", "1"])
     layout = layout_from_plan(plan)
     assert layout.global_batch_size == 16 and layout.micro_batch_size == 1 and layout.data_parallel in (1, 2)
+
+
+MIXTRAL = ["--num-experts", "8", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "14336",
+           "--moe-aux-loss-coeff", "1e-2", "--moe-z-loss-coeff", "1e-3", "--moe-token-dispatcher-type", "alltoall",
+           "--moe-grouped-gemm", "--moe-router-dtype", "fp32", "--moe-permute-fusion", "--moe-layer-freq",
+           "([0]*2+[1]*30)", "--moe-shared-expert-intermediate-size", "1024", "--disable-bias-linear"]
+
+
+def test_moe_flags_reach_the_model_spec_and_the_run_settings():
+    args = pretrain_gpt.parse_args(BASE + MIXTRAL)
+    model = pretrain_gpt.model_from_args(args, 512)
+    assert [layer.moe is not None for layer in model.layers] == [False] * 2 + [True] * 30
+    moe = model.layers[2].moe
+    assert (moe.num_experts, moe.router_topk, moe.expert_ffn_hidden_size, moe.shared_expert_ffn_hidden_size,
+            moe.aux_loss_coeff, moe.z_loss_coeff) == (8, 2, 14336, 1024, 1e-2, 1e-3)
+    run = pretrain_gpt.moe_settings(args)
+    assert (run.token_dispatcher, run.grouped_gemm, run.router_dtype) == ("alltoall", True, "fp32")
+    assert pretrain_gpt.no_effect_flags(args) == ["--moe-permute-fusion"]
+
+
+@pytest.mark.parametrize("world, flags, message", [
+    (4, ["--expert-model-parallel-size", "3"], "EP x expert TP = 3 x 1 must divide TP x DP = 1 x 4"),
+    (4, ["--expert-model-parallel-size", "2", "--tensor-model-parallel-size", "2",
+         "--expert-tensor-parallel-size", "4", "--sequence-parallel"],
+     "EP x expert TP = 2 x 4 must divide TP x DP = 2 x 2"),
+    (4, ["--expert-model-parallel-size", "4", "--num-experts", "6"], "ep=4 does not divide the 6 experts"),
+])
+def test_expert_parallel_sizes_that_do_not_fit_are_user_errors(world, flags, message):
+    from megatron_auto.errors import UserError
+
+    base = [f for f in BASE + MIXTRAL if f not in ("--moe-layer-freq", "([0]*2+[1]*30)")]
+    args = pretrain_gpt.parse_args(base + flags)
+    with pytest.raises(UserError, match=re.escape(message)):
+        pretrain_gpt.plan_from_flags(pretrain_gpt.model_from_args(args, 512), world, pretrain_gpt.manual_flags(args))
+
+
+def test_expert_parallel_flags_need_a_moe_model():
+    from megatron_auto.errors import UserError
+
+    args = pretrain_gpt.parse_args(BASE + ["--expert-model-parallel-size", "2"])
+    with pytest.raises(UserError, match="need a MoE model"):
+        pretrain_gpt.plan_from_flags(pretrain_gpt.model_from_args(args, 512), 4, pretrain_gpt.manual_flags(args))

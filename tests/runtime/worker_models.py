@@ -21,3 +21,23 @@ def qwen3_model(name: str) -> ModelSpec:
                          add_bias_linear=False, position_embedding_type="rope", rotary_base=1000000,
                          untie_embeddings_and_output_weights=True, kv_channels=32, qk_layernorm=True,
                          add_qkv_bias=True, apply_layernorm_1p=True)
+
+
+def swiglu_moe_model(name: str) -> ModelSpec:
+    """Mixtral's architecture at test size (every layer a MoE of 4 SwiGLU experts, top-2, no biases,
+    RMSNorm, GQA, RoPE, untied head) plus a shared expert (Qwen-MoE/DeepSeek style), with the
+    load-balancing and z losses on."""
+    return uniform_model(name, num_layers=2, hidden_size=32, num_attention_heads=4, seq_length=32, vocab_size=256,
+                         num_query_groups=2, ffn_hidden_size=64, swiglu=True, normalization="RMSNorm",
+                         add_bias_linear=False, position_embedding_type="rope",
+                         untie_embeddings_and_output_weights=True, num_experts=4, moe_router_topk=2,
+                         moe_ffn_hidden_size=48, moe_aux_loss_coeff=1e-2, moe_z_loss_coeff=1e-3,
+                         moe_shared_expert_intermediate_size=32)
+
+
+def mixed_moe_model(name: str) -> ModelSpec:
+    """GPT layers with biases where every second layer is a MoE (--moe-layer-freq 2: layers 0 and 2) of
+    4 GeLU experts with biases, top-2, and the load-balancing loss (megatron-core's shared expert has no biases)."""
+    return uniform_model(name, num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=32, vocab_size=256,
+                         ffn_hidden_size=64, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32,
+                         moe_layer_freq=2, moe_aux_loss_coeff=1e-2)

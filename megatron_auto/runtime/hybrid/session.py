@@ -90,6 +90,9 @@ def build(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, backend: s
     from ..model import set_random_seed
 
     check_supported(plan, settings)
+    if any(layer.moe is not None for layer in model_spec.layers):
+        raise UserError("the hybrid runtime builds dense layers only: run MoE models with a megatron-space plan "
+                        "(--auto-parallel-space megatron, the default)")
     initialize_parallel(plan, settings.timeout_s)
     set_random_seed(settings.seed)
     pgs = HybridProcessGroups(plan, model_spec.seq_length, settings.timeout_s)
