@@ -1,6 +1,7 @@
 """Start N ranks of a script the way torchrun does (RANK, WORLD_SIZE, MASTER_*), with a hard timeout."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import socket
@@ -11,6 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
+
+
+def load_pretrain_gpt(module_name: str = "pretrain_gpt"):
+    """tools/pretrain_gpt.py imported as `module_name` (a test that patches its globals takes its own copy)."""
+    spec = importlib.util.spec_from_file_location(module_name, REPO / "tools" / "pretrain_gpt.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 @dataclass(frozen=True)

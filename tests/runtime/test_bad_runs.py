@@ -10,7 +10,6 @@ a rendezvous that times out.
 """
 from __future__ import annotations
 
-import importlib.util
 import re
 import subprocess
 import sys
@@ -19,23 +18,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher import REPO, free_port, rank_env
+from launcher import REPO, free_port, load_pretrain_gpt, rank_env
 
 VOCAB = 257  # ByteTokenizer: bytes 0..255 and end-of-document 256
 TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
         "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "2",
         "--lr", "1e-3", "--eval-iters", "0", "--tokenizer-type", "ByteTokenizer"]
 """A demo-sized run of 2 iterations (--train-iters 2 unless the case gives --train-samples)."""
-
-
-def _load_pretrain_gpt():
-    spec = importlib.util.spec_from_file_location("pretrain_gpt_bad_runs", REPO / "tools" / "pretrain_gpt.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-pretrain_gpt = _load_pretrain_gpt()
+pretrain_gpt = load_pretrain_gpt("pretrain_gpt_bad_runs")
 
 
 class ReachedWork(Exception):

@@ -1,24 +1,15 @@
 """tools/pretrain_gpt.py's Megatron-LM flag handling, without a launch."""
 from __future__ import annotations
 
-import importlib.util
 import logging
 import re
 
 import pytest
 
-from launcher import REPO
+from launcher import REPO, load_pretrain_gpt
 from megatron_auto.specs.presets import MODEL_PRESETS
 
-
-def _load_pretrain_gpt():
-    spec = importlib.util.spec_from_file_location("pretrain_gpt", REPO / "tools" / "pretrain_gpt.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-pretrain_gpt = _load_pretrain_gpt()
+pretrain_gpt = load_pretrain_gpt()
 BASE = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32", "--seq-length", "8192",
         "--train-iters", "10", "--mock-data"]
 LLAMA3 = ["--group-query-attention", "--num-query-groups", "8", "--ffn-hidden-size", "14336", "--swiglu",
