@@ -231,6 +231,11 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--loss-scale-window", type=int, default=1000)
     group.add_argument("--hysteresis", type=int, default=2)
     group.add_argument("--seed", type=int, default=1234)
+    group.add_argument("--distributed-timeout-minutes", type=float, default=10.0)
+
+
+def _kernel_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("kernels (runtime/kernels.py; one log line names them)")
     group.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
                        help="core attention, Megatron-LM's names (auto: flash on GPUs, unfused on CPU; "
                             "without Transformer Engine flash/fused run torch SDPA, unfused/local Megatron's own)")
@@ -247,7 +252,6 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
                             "main_grad by the GEMM (auto: on with apex's extension, else off; megatron_auto.kernels)")
     group.add_argument("--no-gradient-accumulation-fusion", dest="grad_accumulation_fusion", action="store_const",
                        const="off", help="Megatron-LM's flag: --grad-accumulation-fusion off")
-    group.add_argument("--distributed-timeout-minutes", type=float, default=10.0)
 
 
 def _parallel_args(parser: argparse.ArgumentParser) -> None:
@@ -346,7 +350,8 @@ class _OneLineParser(argparse.ArgumentParser):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = _OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for add in (_model_args, _moe_args, _training_args, _parallel_args, _data_args, compat_flags.add_arguments):
+    for add in (_model_args, _moe_args, _training_args, _kernel_args, _parallel_args, _data_args,
+                compat_flags.add_arguments):
         add(parser)
     args, unknown = parser.parse_known_args(argv)
     refused = compat_flags.refusal(args, unknown)
