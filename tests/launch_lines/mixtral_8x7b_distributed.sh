@@ -1,7 +1,7 @@
 #!/bin/bash
 # Megatron-LM examples/mixtral/train_mixtral_8x7b_distributed.sh, shrunk (sizes, data) for 4 CPU ranks:
-# 4 layers of 4 experts instead of 32 of 8, PP 2 x EP 2 instead of PP 4 x EP 8, the byte-level corpus
-# instead of the Llama-2 tokenizer's data (with a --split that leaves the tiny corpus a validation set).
+# 4 layers of 4 experts instead of 32 of 8, PP 2 x EP 2 instead of PP 4 x EP 8, a SentencePiece model
+# trained on the tiny corpus as its Llama-2 tokenizer (with a --split that leaves it a validation set).
 
 export CUDA_DEVICE_MAX_CONNECTIONS=1
 
@@ -13,9 +13,10 @@ NNODES=${SLURM_NNODES:-"1"}
 NODE_RANK=${RANK:-"0"}
 WORLD_SIZE=$(($GPUS_PER_NODE*$NNODES))
 
-CHECKPOINT_PATH=${1:-"checkpoints/mixtral"}
-TENSORBOARD_LOGS_PATH=${2:-"tensorboard_logs/mixtral"}
-DATA_PATH=${3:-"MOCK"}
+CHECKPOINT_PATH=$1
+TENSORBOARD_LOGS_PATH=$2
+TOKENIZER_MODEL=$3
+DATA_PATH=$4
 
 DISTRIBUTED_ARGS=(
     --nproc_per_node $GPUS_PER_NODE
@@ -59,13 +60,12 @@ MOE_ARGS=(
     --overlap-grad-reduce
 )
 
-DATA_ARGS=()
-if [[ "$DATA_PATH" == "MOCK" ]]; then
-    DATA_ARGS+=(--mock-data --tokenizer-type NullTokenizer --vocab-size 256)
-else
-    DATA_ARGS+=(--tokenizer-type ByteTokenizer --data-path $DATA_PATH)
-fi
-DATA_ARGS+=(--split 949,50,1)  # 99990,8,2 there: 0.008% of the tiny corpus is no validation set
+DATA_ARGS=(
+    --tokenizer-type Llama2Tokenizer
+    --tokenizer-model ${TOKENIZER_MODEL}
+    --data-path $DATA_PATH
+    --split 949,50,1  # 99990,8,2 there: 0.008% of the tiny corpus is no validation set
+)
 
 TRAINING_ARGS=(
     --micro-batch-size 1

@@ -42,6 +42,7 @@ def script_arguments(script: str, tmp: Path, files: dict) -> list[str]:
             "gpt3_175b_rampup": [ckpt, tb, *gpt2, *files["gpt2_blend"]],
             "gpt_distributed_with_mp": [ckpt, *gpt2, files["gpt2_data"]],
             "llama3_8b": [ckpt, tb, files["hf_dir"], files["hf_data"]],
+            "mixtral_8x7b_distributed": [ckpt, tb, files["sp_model"], files["sp_data"]],
             "llama3_8b_fsdp": [ckpt, tb, files["hf_dir"], files["hf_data"]],
             "qwen3_0p6b": [ckpt, files["hf_dir"], files["hf_data"]]}[script]
 
@@ -96,13 +97,16 @@ def _preprocess(prefix: Path, tokenizer_flags: list[str]) -> str:
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory) -> dict:
-    """Tokenizer files generated from the corpus (GPT-2 vocab + merges, a HuggingFace directory) and
-    the corpus preprocessed with each."""
+    """Tokenizer files generated from the corpus (GPT-2 vocab + merges, a HuggingFace directory, a
+    SentencePiece model for the Llama-2 tokenizer) and the corpus preprocessed with each."""
     tmp = tmp_path_factory.mktemp("tokenizers")
     vocab, merges = tokenizer_files.gpt2_files(tmp / "gpt2")
     hf_dir = tokenizer_files.hugging_face_dir(tmp / "hf")
     gpt2_flags = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(vocab), "--merge-file", str(merges)]
     hf_flags = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(hf_dir)]
+    (tmp / "sp").mkdir()
+    sp_model = tokenizer_files.sentencepiece_model(tmp / "sp")
+    sp_flags = ["--tokenizer-type", "Llama2Tokenizer", "--tokenizer-model", str(sp_model)]
     gpt2_data = _preprocess(tmp / "gpt2_corpus", gpt2_flags)
     # Three datasets for the weighted blend of examples/pretrain_gpt3_175B.sh: copies of the one corpus.
     blend = []
@@ -111,7 +115,8 @@ def files(tmp_path_factory) -> dict:
             shutil.copyfile(gpt2_data + suffix, f"{tmp / name}{suffix}")
         blend.append(str(tmp / name))
     return {"vocab": str(vocab), "merges": str(merges), "hf_dir": str(hf_dir), "gpt2_data": gpt2_data,
-            "gpt2_blend": blend, "hf_data": _preprocess(tmp / "hf_corpus", hf_flags)}
+            "gpt2_blend": blend, "hf_data": _preprocess(tmp / "hf_corpus", hf_flags), "sp_model": str(sp_model),
+            "sp_data": _preprocess(tmp / "sp_corpus", sp_flags)}
 
 
 @pytest.fixture(scope="module")
