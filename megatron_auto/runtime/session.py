@@ -191,7 +191,7 @@ def iteration_layout(session: Session) -> MegatronLayout:
 def run_iteration(session: Session) -> StepResult:
     """Train on the next global batch."""
     layout = iteration_layout(session)
-    slicer = dataclasses.replace(session.slicer, layout=layout)
+    slicer = session.slicer if layout is session.layout else dataclasses.replace(session.slicer, layout=layout)
     first = session.consumed_samples if session.settings.batch_ramp is not None else None
     iterators = data.iterators_for_chunks(session.source, slicer, session.iteration, session.device,
                                           first_sample=first)

@@ -159,8 +159,10 @@ def _distributed_choices(model, cluster, training, constraints, tp: int, dp: int
 
 def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats, incumbent) -> Iterator[Plan]:
     dp = cluster.world_size // (tp * pp)
-    for base in _base_configs(model, cluster, training, constraints, tp, pp, stats):
-        if incumbent < math.inf and _config_bound(model, cluster, training, constraints, base) >= incumbent:
+    for bound, base in _base_configs(model, cluster, training, constraints, tp, pp, stats):
+        if incumbent < math.inf and bound is None:
+            bound = _config_bound(model, cluster, training, constraints, base)
+        if incumbent < math.inf and bound >= incumbent:
             stats.drop("lower-bound", len(recompute_choices(constraints)))
             continue
         for recompute in recompute_choices(constraints):
@@ -173,9 +175,11 @@ def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats, inc
                 yield plan
 
 
-def _base_configs(model, cluster, training, constraints, tp, pp, stats) -> list[UniformConfig]:
-    """The flag combinations of (tp, pp) without recomputation whose states fit, most promising first
-    (the order lets the incumbent prune more of the rest; with MoE layers the expert degrees multiply them)."""
+def _base_configs(model, cluster, training, constraints, tp, pp, stats) -> list[tuple[Optional[float], UniformConfig]]:
+    """(lower bound, flags) for the flag combinations of (tp, pp) without recomputation whose states fit,
+    most promising first (the order lets the incumbent prune more of the rest; with MoE layers the expert
+    degrees multiply them). The bound is computed here only to sort by it (None otherwise: the caller
+    computes it once an incumbent makes it useful)."""
     dp = cluster.world_size // (tp * pp)
     experts = expert_degree_choices(model, tp, tp * dp, cluster.gpus_per_node, constraints.expert_parallel,
                                     constraints.expert_tensor_parallel)
@@ -194,8 +198,9 @@ def _base_configs(model, cluster, training, constraints, tp, pp, stats) -> list[
         else:
             configs.append(base)
     if len(experts) == 1:
-        return configs
-    return sorted(configs, key=lambda config: _config_bound(model, cluster, training, constraints, config))
+        return [(None, config) for config in configs]
+    bounded = [(_config_bound(model, cluster, training, constraints, config), config) for config in configs]
+    return sorted(bounded, key=lambda pair: pair[0])
 
 
 def _config_bound(model, cluster, training, constraints, config: UniformConfig) -> float:
