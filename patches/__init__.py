@@ -40,6 +40,7 @@ PATCH_MODULES = (
     "expert_bias_sequence_parallel",
     "gloo_uneven_gather",
     "moe_aux_loss_avg_gloo",
+    "moe_per_token_aux_loss_tp",
 )
 
 __all__ = ["PATCH_MODULES", "PatchTargetChanged", "apply_all", "check_all", "patch_modules"]

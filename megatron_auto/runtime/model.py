@@ -12,33 +12,35 @@ from .settings import TrainSettings
 logger = logging.getLogger(__name__)
 
 
-def layer_spec(model: ModelSpec, attention_backend: str = "auto"):
-    """The layer spec of the run's kernels (runtime/kernels.py): Transformer Engine's when it imports
-    on a GPU host, else Megatron-Core's local spec with SDPA (`flash`) or Megatron's unfused core attention."""
-    from . import kernels
-
-    layer = model.layers[0]
-    return kernels.layer_spec(layer, kernels.choose_kernels(layer, attention_backend))
-
-
 def decoder_spec(model: ModelSpec, settings: TrainSettings, config, vp_stage):
     """GPTModel's layer spec for this rank's chunk: one TransformerLayer spec when all layers are alike
     (dense or MoE), else this chunk's per-layer specs (dense and MoE MLPs, Megatron's --moe-layer-freq)."""
     from . import kernels
 
-    run = kernels.kernels_for_run(model, settings)
     if len({layer.moe is None for layer in model.layers}) == 1:
-        return kernels.layer_spec(model.layers[0], run)
+        return kernels.layer_spec(model.layers[0], kernels.kernels_for_run(model, settings))
     from megatron.core.transformer import transformer_block
     from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-    dense = kernels.layer_spec(next(layer for layer in model.layers if layer.moe is None), run)
-    moe = kernels.layer_spec(next(layer for layer in model.layers if layer.moe is not None), run)
     first = get_transformer_layer_offset(config, vp_stage=vp_stage)
     count = transformer_block.get_num_layers_to_build(config, vp_stage=vp_stage)
-    specs = [dense if layer.moe is None else moe for layer in model.layers[first:first + count]]
-    return transformer_block.TransformerBlockSubmodules(layer_specs=specs,
-                                                        layer_norm=transformer_block.LayerNormImpl)
+    return block_spec(model, settings, first, count)
+
+
+def block_spec(model: ModelSpec, settings: TrainSettings, first: int, count: int):
+    """TransformerBlockSubmodules of layers first ... first + count - 1: each the dense or the MoE spec."""
+    from megatron.core.transformer import transformer_block
+
+    from . import kernels
+
+    run = kernels.kernels_for_run(model, settings)
+    specs: dict = {}
+    for layer in model.layers[first:first + count]:
+        if (layer.moe is None) not in specs:
+            specs[layer.moe is None] = kernels.layer_spec(layer, run)
+    return transformer_block.TransformerBlockSubmodules(
+        layer_specs=[specs[layer.moe is None] for layer in model.layers[first:first + count]],
+        layer_norm=transformer_block.LayerNormImpl)
 
 
 def set_random_seed(seed: int) -> None:

@@ -86,9 +86,15 @@ def use_expert_tp_group_for_grad_norm(optimizer) -> None:
     from megatron.core import parallel_state
 
     for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
-        params = [p for group in inner.param_groups for p in group["params"]]
-        if params and all(not getattr(p, "allreduce", True) for p in params):
+        if steps_experts(inner):
             inner.tp_group = parallel_state.get_expert_tensor_parallel_group()
+
+
+def steps_experts(inner_optimizer) -> bool:
+    """Whether one of get_megatron_optimizer's optimizers is its experts' one: all its params are expert
+    parameters (`allreduce` False, Megatron's expert-parallel marker)."""
+    params = [p for group in inner_optimizer.param_groups for p in group["params"]]
+    return bool(params) and all(not getattr(p, "allreduce", True) for p in params)
 
 
 def _attach_sync_functions(transformer_config, model: list) -> None:
@@ -111,11 +117,11 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
     if plan.space == "hybrid" and settings.batch_ramp is not None:
         raise UserError("--rampup-batch-size / --step-batch-size-schedule: a growing batch runs on megatron-space "
                         "plans only (not --auto-parallel-space hybrid)")
+    moe_metrics.reset_aux_loss_tracker()
     if plan.space == "hybrid":
         return _build_hybrid_session(plan, model_spec, settings, backend, device, initial_state)
     layout = layout_from_plan(plan)
     distributed.initialize_parallel(layout, settings.timeout_s)
-    moe_metrics.reset_aux_loss_tracker()
     models.set_random_seed(settings.seed)
     padded_vocab = configs.padded_vocab_size(settings.data.vocab_size, settings, layout.tensor_parallel)
     tconfig = configs.transformer_config(model_spec, layout, settings, backend)

@@ -94,8 +94,8 @@ def train_step(model: list, optimizer, scheduler, iterators, layout: MegatronLay
                       grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
                       skipped=not update_successful, loss_scale=current_loss_scale(optimizer),
                       has_loss=bool(losses), has_grad_norm=grad_norm is not None,
-                      moe_losses=collect_aux_losses(getattr(model[0], "config", None),
-                                                            layout.num_micro_batches))
+                      moe_losses=collect_aux_losses(getattr(model[0], "config", None), layout.num_micro_batches,
+                                                    hybrid.moe_layers if hybrid else None))
 
 
 def current_loss_scale(optimizer) -> Optional[float]:

@@ -4,7 +4,10 @@ Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python equivalence_worker.py CAS
 Each case: {"name", "flags": ManualParallelism fields, "steps", optional "model" ("gpt", "llama", "qwen3",
 "swiglu_moe" or "mixed_moe"), "moe" (MoESettings fields, e.g. token_dispatcher),
 optional "load_weights" (checkpoint dir, weights only), "resume" (checkpoint dir, full state),
-"save" + "save_interval", "force_batch_p2p", "settings" (TrainSettings fields, e.g. precision, attention_backend),
+"save" + "save_interval", "force_batch_p2p", "hybrid" (a hybrid plan instead of the flags' layout:
+{"chunks": [[LayerStrategy fields, ...], ...], "embedding": {...}, "micro_batches"}, at the flags' global
+batch), "save_state" / "init_state" (a single-process GPTModel state dict written before training / a
+hybrid plan's starting weights), "settings" (TrainSettings fields, e.g. precision, attention_backend),
 "data_vocab_size" (mock tokens drawn from fewer ids than the padded vocabulary, so that training
 has something to learn), "drop_grad_sync" (a broken run: DDP's gradient reduction skipped)}.
 The last rank writes {name: {"iterations", "losses", "grad_norms", "loss_scales", "skipped",
@@ -22,17 +25,20 @@ import patches
 
 patches.apply_all()
 
+from megatron_auto.plan import Chunk, LayerStrategy, Plan  # noqa: E402
 from megatron_auto.runtime import distributed, session  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, MoESettings, TrainSettings  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
-from worker_models import llama_model, mixed_moe_model, swiglu_moe_model, qwen3_model  # noqa: E402
+from worker_models import (deepseek_style_moe_model, llama_model, mixed_moe_model, qwen3_model,  # noqa: E402
+                           swiglu_moe_model)
 
 MODEL = uniform_model("equivalence-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
                       seq_length=32, vocab_size=256)
 MODELS = {"gpt": MODEL, "llama": llama_model("equivalence-llama"), "qwen3": qwen3_model("equivalence-qwen3"),
           "swiglu_moe": swiglu_moe_model("equivalence-swiglu-moe"),
-          "mixed_moe": mixed_moe_model("equivalence-mixed-moe")}
+          "mixed_moe": mixed_moe_model("equivalence-mixed-moe"),
+          "deepseek_moe": deepseek_style_moe_model("equivalence-deepseek-moe")}
 SETTINGS = TrainSettings(train_iters=5, lr=1e-3, hidden_dropout=0.0, attention_dropout=0.0, clip_grad=1.0,
                          weight_decay=0.01, seed=1234, timeout_s=90.0, data=DataSettings(vocab_size=256))
 
@@ -46,8 +52,15 @@ def run_case(case: dict, info) -> dict:
                                    moe=MoESettings(**case.get("moe", {})))
     world = torch.distributed.get_world_size()
     model = MODELS[case.get("model", "gpt")]
-    plan = plan_from_flags(model, world, ManualParallelism(**case["flags"]))
-    run = session.build_session(plan, model, settings, info.backend, info.device)
+    flags = ManualParallelism(**case["flags"])
+    if case.get("hybrid"):
+        plan = hybrid_plan(case["hybrid"], world, flags.global_batch_size)
+        state = torch.load(case["init_state"], weights_only=True)
+        run = session.build_session(plan, model, settings, info.backend, info.device, initial_state=state)
+    else:
+        run = session.build_session(plan_from_flags(model, world, flags), model, settings, info.backend, info.device)
+    if case.get("save_state"):
+        torch.save(run.model[0].module.state_dict(), case["save_state"])
     if case.get("force_batch_p2p"):
         for chunk in run.model:
             chunk.config.batch_p2p_comm = True
@@ -71,6 +84,14 @@ def run_case(case: dict, info) -> dict:
             "wgrad_fused_linears": sum(bool(getattr(m, "gradient_accumulation_fusion", False))
                                        for chunk in run.model for m in chunk.modules()),
             "moe_losses": [dict(r.moe_losses) for r in results], "router_gap": min(gaps, default=None)}
+
+
+def hybrid_plan(spec: dict, world: int, global_batch: int) -> Plan:
+    """A hybrid Plan from a compact case description (one pipeline stage per chunk)."""
+    chunks = tuple(Chunk(tuple(LayerStrategy(**s) for s in layers)) for layers in spec["chunks"])
+    return Plan(space="hybrid", world_size=world, pipeline_parallel=len(chunks), global_batch_size=global_batch,
+                num_micro_batches=spec.get("micro_batches", 2), chunks=chunks,
+                embedding=LayerStrategy(**spec["embedding"]))
 
 
 def _record_router_gaps(model) -> list:

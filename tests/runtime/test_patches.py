@@ -6,6 +6,7 @@ different version, or a target line that moved or vanished.
 from __future__ import annotations
 
 import inspect
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -53,7 +54,7 @@ def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
     assert patches.apply_all() == ["torch_norm_zero_centered_gamma", "distrib_optimizer_torch_adam_step",
                                    "multi_tensor_on_device", "wgrad_accumulation_torch",
                                    "moe_router_gemm_without_te", "expert_bias_inplace",
-                                   "expert_bias_sequence_parallel"]
+                                   "expert_bias_sequence_parallel", "moe_per_token_aux_loss_tp"]
     monkeypatch.setattr(optimizer, "USING_PYTORCH_OPTIMIZER", False)  # apex/TE FusedAdam and norms
     monkeypatch.setattr(gpt_layer_specs, "HAVE_APEX", True)
     for module, attribute in (("clip_grads", "l2_norm_impl"), ("clip_grads", "multi_tensor_scale_impl"),
@@ -64,7 +65,8 @@ def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
     monkeypatch.setattr(layers, "fused_weight_gradient_mlp_cuda", object(), raising=False)
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)
     monkeypatch.setattr(moe_utils, "HAVE_TE", True)
-    assert patches.apply_all() == ["expert_bias_inplace", "expert_bias_sequence_parallel"]  # on any device
+    assert patches.apply_all() == ["expert_bias_inplace", "expert_bias_sequence_parallel",  # on any device
+                                   "moe_per_token_aux_loss_tp"]
 
 
 def test_other_megatron_core_version_is_refused(monkeypatch):
@@ -302,3 +304,21 @@ def test_expert_row_parallel_bias_is_not_summed_over_tp():
                                            tp_group=group) for is_expert in (False, True)}
     assert layers[False].bias.sequence_parallel is True  # a dense bias: summed over TP, as upstream
     assert layers[True].bias.sequence_parallel is False
+
+
+def test_per_token_aux_losses_weigh_the_tp_groups_tokens(monkeypatch):
+    """Under per-token loss a router rank attaches its losses x its TP group's tokens: the load-balancing
+    loss x (its tokens x tp_cp size), the z-loss likewise (upstream: x its own tokens)."""
+    from megatron.core.transformer.moe import router as router_module
+
+    attached = []
+    monkeypatch.setattr(router_module.MoEAuxLossAutoScaler, "apply",
+                        lambda activation, loss: attached.append(float(loss)) or activation)
+    config = SimpleNamespace(num_layers=1, mtp_num_layers=None, moe_z_loss_coeff=1.0)
+    router = SimpleNamespace(config=config, layer_number=None, training=True, calculate_per_token_loss=True,
+                             tp_cp_group=SimpleNamespace(size=lambda: 2))
+    router_module.TopKRouter.attach_and_log_load_balancing_loss(router, torch.zeros(3), 1.0, torch.tensor(0.5),
+                                                                "probe", None, valid_token_count=3)
+    router_module.TopKRouter.apply_z_loss(router, torch.zeros(3, 2))
+    z_mean = math.log(2) ** 2 / 2  # z-loss of 3 zero-logit tokens, coefficient 1 / tp_cp size
+    assert attached == pytest.approx([0.5 * 3 * 2, z_mean * 3 * 2])

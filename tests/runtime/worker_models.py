@@ -41,3 +41,16 @@ def mixed_moe_model(name: str) -> ModelSpec:
     return uniform_model(name, num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=32, vocab_size=256,
                          ffn_hidden_size=64, num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=32,
                          moe_layer_freq=2, moe_aux_loss_coeff=1e-2)
+
+
+def deepseek_style_moe_model(name: str) -> ModelSpec:
+    """DeepSeekMoE's shape at test size: a dense first layer, then three MoE layers of 4 SwiGLU experts
+    (top-2, no biases) with a shared expert, RMSNorm, GQA, RoPE, untied head; the sequence-level
+    load-balancing loss (--moe-router-load-balancing-type seq_aux_loss, DeepSeek-V3's) and the z-loss."""
+    return uniform_model(name, num_layers=4, hidden_size=32, num_attention_heads=4, seq_length=32, vocab_size=256,
+                         num_query_groups=2, ffn_hidden_size=64, swiglu=True, normalization="RMSNorm",
+                         add_bias_linear=False, position_embedding_type="rope",
+                         untie_embeddings_and_output_weights=True, num_experts=4, moe_router_topk=2,
+                         moe_ffn_hidden_size=48, moe_layer_freq=[0, 1, 1, 1],
+                         moe_router_load_balancing_type="seq_aux_loss", moe_aux_loss_coeff=1e-2,
+                         moe_z_loss_coeff=1e-3, moe_shared_expert_intermediate_size=32)

@@ -37,14 +37,19 @@ class BuildContext:
 
 
 def pg_collection(ctx: BuildContext, strategy: LayerStrategy):
-    """Megatron's group collection with this strategy's TP and DP groups (PP/embedding from parallel_state)."""
+    """Megatron's group collection with this strategy's TP, DP and expert groups (PP/embedding from
+    parallel_state, whose data-parallel group is the whole stage at its TP 1: the routers' tp_dp_cp group)."""
+    from megatron.core import parallel_state
     from megatron.core.process_groups_config import ProcessGroupCollection
 
     pgc = ProcessGroupCollection.use_mpu_process_groups()
     tp, dp = ctx.pgs.tp(strategy), ctx.pgs.dp(strategy)
     pgc.tp, pgc.dp, pgc.dp_cp, pgc.intra_dp_cp = tp, dp, dp, dp
-    pgc.mp, pgc.tp_ep_pp, pgc.tp_cp, pgc.tp_dp_cp = tp, tp, tp, None
-    pgc.expt_dp, pgc.intra_expt_dp = dp, dp
+    pgc.mp, pgc.tp_cp, pgc.tp_dp_cp = tp, tp, parallel_state.get_data_parallel_group()
+    experts = ctx.pgs.experts(strategy)
+    pgc.expt_tp, pgc.tp_ep, pgc.ep = experts["expt_tp"], experts["tp_ep"], experts["ep"]
+    # The experts' optimizer takes tp_ep_pp as its model-parallel group: the expert TP group of this stage.
+    pgc.expt_dp, pgc.intra_expt_dp, pgc.tp_ep_pp = experts["expt_dp"], experts["expt_dp"], experts["expt_tp"]
     pgc.intra_dist_opt = dp
     return pgc
 
@@ -71,10 +76,8 @@ def _wrap(ctx: BuildContext, config, strategy: LayerStrategy, module):
 
 def _segment(ctx: BuildContext, segment: Segment, ends_model: bool):
     """(raw TransformerBlock of the segment, its config), on the device."""
-    from megatron.core.transformer.transformer_block import _get_block_submodules
-
     config = hconfigs.segment_config(ctx.model, ctx.plan, segment.strategy, ctx.settings, ctx.backend)
-    submodules = _get_block_submodules(config, models.layer_spec(ctx.model, ctx.settings.attention_backend), None, 0)
+    submodules = models.block_spec(ctx.model, ctx.settings, segment.first, segment.count)
     # Per-segment seed: a layer's initial weights do not depend on which ranks build it.
     torch.manual_seed(ctx.settings.seed + 1 + segment.first)
     block = segment_block(config, submodules, segment, ends_model, pg_collection(ctx, segment.strategy))
@@ -90,10 +93,11 @@ class PartGroup(torch.nn.Module):
 
 
 def _group_key(ctx: BuildContext, strategy: LayerStrategy, is_shell: bool):
-    """Parts with equal keys share a DDP; None keeps a part alone (ZeRO-3, or the tied shell under PP)."""
+    """Parts with equal keys share a DDP; None keeps a part alone (ZeRO-3, or the tied shell under PP).
+    The key holds the expert layout: a DDP reduces its experts' gradients over one expert-DP group."""
     if strategy.zero >= 2 or (is_shell and ctx.plan.pipeline_parallel > 1):
         return None
-    return strategy.tp, strategy.dp, strategy.sp, strategy.zero
+    return strategy.tp, strategy.dp, strategy.sp, strategy.zero, strategy.ep, strategy.expert_tp
 
 
 def wrap_parts(ctx: BuildContext, members: list) -> list:

@@ -13,7 +13,7 @@ RECOMPUTE = {"none": (None, None, None), "selective": ("selective", None, None),
 
 
 def strategy_layout(plan: Plan, strategy: LayerStrategy) -> MegatronLayout:
-    """A one-stage Megatron layout with this strategy's TP, SP, recompute and optimizer sharding."""
+    """A one-stage Megatron layout with this strategy's TP, SP, recompute, optimizer sharding and experts."""
     granularity, method, num_layers = RECOMPUTE[strategy.recompute]
     per_micro_batch = plan.global_batch_size // plan.num_micro_batches
     return MegatronLayout(
@@ -21,7 +21,7 @@ def strategy_layout(plan: Plan, strategy: LayerStrategy) -> MegatronLayout:
         micro_batch_size=per_micro_batch // strategy.dp, num_micro_batches=plan.num_micro_batches,
         global_batch_size=plan.global_batch_size, recompute_granularity=granularity,
         recompute_method=method, recompute_num_layers=num_layers, sequence_parallel=strategy.sp,
-        distributed_optimizer=strategy.zero == 1)
+        distributed_optimizer=strategy.zero == 1, expert_parallel=strategy.ep, expert_tensor_parallel=strategy.etp)
 
 
 def needs_per_token_loss(plan: Plan) -> bool:

@@ -11,6 +11,13 @@ rank and the finer layout's tensor rank (`stride = min(tp)`, k of them). Those
 hold the k sub-batches of one coarse sample chunk, so a batch all-gather over
 them rebuilds it (see relayout.py).
 
+A MoE layer's experts take Megatron-Core's expert order inside the stage
+(tp-ep-dp: parallel_state's expert RankGenerator): local rank r is at expert
+tensor rank `r % etp`, expert rank `(r // etp) % ep` and expert data rank
+`r // (etp * ep)`. Its expert-TP, TP x EP and expert-DP groups are thus the TP
+and DP groups of a (tp = etp) or (tp = etp * ep) layout; the EP groups are
+`ep` ranks `etp` apart.
+
 Every group is listed once per rank set, in one deterministic order, so every
 rank calls `new_group` for the same sets in the same order, and a rank set that
 two roles share (a TP4 group is also the DP4 group of tp1 on 4 GPUs) is one
@@ -75,6 +82,27 @@ def regroup_index(local_rank: int, tp_a: int, tp_b: int) -> int:
     return (local_rank % big) // small
 
 
+def ep_groups(stage: int, gpus: int, ep: int, etp: int) -> list[Ranks]:
+    """Expert-parallel groups: `ep` ranks `etp` apart, one per (expert data rank, expert tensor rank)."""
+    base, block = stage * gpus, ep * etp
+    return [tuple(base + d * block + e * etp + t for e in range(ep))
+            for d in range(gpus // block) for t in range(etp)]
+
+
+def expert_groups(stage: int, gpus: int, strategy: LayerStrategy) -> dict[str, list[Ranks]]:
+    """The expert groups of a MoE layer's strategy on one stage, by role."""
+    etp, ep = strategy.expert_tp, strategy.ep
+    return {"expt_tp": tp_groups(StageLayout(stage, gpus, etp)),
+            "tp_ep": tp_groups(StageLayout(stage, gpus, etp * ep)),
+            "ep": ep_groups(stage, gpus, ep, etp),
+            "expt_dp": dp_groups(StageLayout(stage, gpus, etp * ep))}
+
+
+def has_experts(strategy: LayerStrategy) -> bool:
+    """Whether the strategy lays experts out other than its dense layer (ep > 1 or its own expert TP)."""
+    return strategy.ep > 1 or strategy.expert_tp != strategy.tp
+
+
 def stage_layouts(plan: Plan) -> list[tuple[int, LayerStrategy]]:
     """(stage, strategy) of every layer and of the embedding on the stages that hold it."""
     pairs = []
@@ -122,6 +150,10 @@ def plan_groups(plan: Plan, seq_length: int) -> dict[str, list[Ranks]]:
                     if a.tp != b.tp})
     for stage, small, big in pairs:
         roles["regroup"].extend(regroup_groups(stage, gpus, small, big))
+    expert_layouts = sorted({(stage, s.tp, s.ep, s.expert_tp) for stage, s in stage_layouts(plan) if has_experts(s)})
+    for stage, tp, ep, etp in expert_layouts:
+        for role, rank_sets in expert_groups(stage, gpus, LayerStrategy(tp=tp, dp=gpus // tp, ep=ep, etp=etp)).items():
+            roles.setdefault(role, []).extend(rank_sets)
     return roles
 
 

@@ -139,10 +139,14 @@ class _AllNoSync:
 
 
 def segment_block(config, spec_submodules, segment: Segment, post_process: bool, pg_collection):
-    """A TransformerBlock of the segment's layers (final layernorm when it ends the model)."""
-    from megatron.core.transformer.transformer_block import TransformerBlock, TransformerBlockSubmodules
+    """A TransformerBlock of the segment's layers (final layernorm when it ends the model), numbered as
+    the model's layers `segment.first + 1 ...` (a MoE router logs its losses under its layer's number)."""
+    from megatron.core.transformer.transformer_block import TransformerBlock
 
-    submodules = TransformerBlockSubmodules(layer_specs=spec_submodules.layer_specs[:segment.count],
-                                            layer_norm=spec_submodules.layer_norm)
-    return TransformerBlock(config=config, spec=submodules, pre_process=True, post_process=post_process,
-                            post_layer_norm=post_process, pg_collection=pg_collection)
+    block = TransformerBlock(config=config, spec=spec_submodules, pre_process=True, post_process=post_process,
+                             post_layer_norm=post_process, pg_collection=pg_collection)
+    for offset, layer in enumerate(block.layers):
+        layer.layer_number = segment.first + offset + 1
+        if hasattr(layer.mlp, "set_layer_number"):
+            layer.mlp.set_layer_number(layer.layer_number)
+    return block

@@ -18,6 +18,7 @@ the one scale, as Megatron's optimizer does over its model-parallel group.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -85,6 +86,25 @@ def _main_grads(optimizer) -> list:
     return [getattr(grad, "_local_tensor", grad) for grad in grads]
 
 
+@contextlib.contextmanager
+def _param_groups_of_this_part():
+    """megatron-core 0.16.1's _get_param_groups (optimizer/__init__.py) aligns its (override, expert)
+    param-group keys over the whole world with all_gather_object, for distributed checkpoints. Hybrid
+    parts differ between stages and layers (a dense part beside a part with experts, or another number
+    of parts on another stage), so each part's optimizer takes its own keys: the gather returns this
+    rank's keys for every rank. It is the only all_gather_object get_megatron_optimizer makes."""
+    real = torch.distributed.all_gather_object
+
+    def own_keys(outputs, obj, group=None):
+        outputs[:] = [obj] * len(outputs)
+
+    torch.distributed.all_gather_object = own_keys
+    try:
+        yield
+    finally:
+        torch.distributed.all_gather_object = real
+
+
 def part_optimizer_config(plan, strategy, settings: TrainSettings):
     """Megatron's OptimizerConfig for one part: fp32 for ZeRO-3 parts, whose FSDP2 shards are the masters."""
     config = configs.optimizer_config(hconfigs.strategy_layout(plan, strategy), settings)
@@ -97,16 +117,21 @@ def build_optimizer(chunks, plan, settings: TrainSettings, parts_with_strategy, 
     """The chained optimizer over every (DDP part, strategy) of this rank."""
     from megatron.core.optimizer import get_megatron_optimizer
 
+    from ..session import steps_experts
+
     optimizers, replication = [], []
     for part, strategy in parts_with_strategy:
         pgc = pg_collection_for(strategy)
         config = part_optimizer_config(plan, strategy, settings)
-        optimizer = get_megatron_optimizer(config, [part], use_gloo_process_groups=False, pg_collection=pgc)
+        with _param_groups_of_this_part():
+            optimizer = get_megatron_optimizer(config, [part], use_gloo_process_groups=False, pg_collection=pgc)
         kernels.use_run_optimizer_impl(optimizer, settings)
         for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
-            inner.tp_group = pgc.tp
+            experts = steps_experts(inner)
+            # Experts: TP duplicates within the expert-TP group, replicas over the expert-DP group.
+            inner.tp_group = pgc.expt_tp if experts else pgc.tp
             optimizers.append(inner)
-            replication.append(1 if strategy.zero >= 1 else strategy.dp)
+            replication.append(1 if strategy.zero >= 1 else strategy.expert_dp if experts else strategy.dp)
     # Parts differ in `use_distributed_optimizer`, which ChainedOptimizer's constructor
     # forbids (it asserts equal configs); the fields it reads at step time agree.
     chained = _chained_class()([])

@@ -56,6 +56,16 @@ class HybridProcessGroups:
         """This rank's data-parallel group under `strategy`."""
         return self.group(groups.dp_groups(self._layout(strategy))[self.local_rank % strategy.tp])
 
+    def experts(self, strategy: LayerStrategy) -> dict[str, object]:
+        """This rank's expert groups under a MoE layer's `strategy`, by role (groups.expert_groups);
+        without expert parallelism they are its TP and DP groups and a one-rank EP group."""
+        if not groups.has_experts(strategy):
+            return {"expt_tp": self.tp(strategy), "tp_ep": self.tp(strategy), "ep": self._single,
+                    "expt_dp": self.dp(strategy)}
+        by_role = groups.expert_groups(self.stage, self.gpus, strategy)
+        return {role: self.group(next(ranks for ranks in rank_sets if self.rank in ranks))
+                for role, rank_sets in by_role.items()}
+
     def dp_rank(self, strategy: LayerStrategy) -> int:
         return self.local_rank // strategy.tp
 

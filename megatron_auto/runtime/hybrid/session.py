@@ -39,10 +39,17 @@ class HybridRuntime:
     head_dp_group: object
     p2p_seq_length: int
     p2p_micro_batch: int
+    moe_layers: object = None
+    """moe_metrics.HybridLayers of a MoE model (its aux losses reduce per layer), else None."""
 
 
-def check_supported(plan: Plan, settings: TrainSettings) -> None:
+def check_supported(plan: Plan, model: ModelSpec, settings: TrainSettings) -> None:
     """UserError for what the hybrid runtime does not run yet."""
+    moe_zero3 = [index for index, (layer, strategy) in enumerate(zip(model.layers, plan.layer_strategies))
+                 if layer.moe is not None and strategy.zero >= 2]
+    if moe_zero3:
+        raise UserError(f"the hybrid runtime shards MoE layers with ZeRO 0 or 1 only (experts over their expert "
+                        f"data-parallel group); layer {moe_zero3[0]} has ZeRO-{plan.layer_strategies[moe_zero3[0]].zero}")
     if plan.embedding.zero >= 2:
         raise UserError("the hybrid runtime shards the embedding/LM head with ZeRO 0 or 1 only "
                         "(layers may use ZeRO-3)")
@@ -89,10 +96,7 @@ def build(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, backend: s
     from .. import config as configs
     from ..model import set_random_seed
 
-    check_supported(plan, settings)
-    if any(layer.moe is not None for layer in model_spec.layers):
-        raise UserError("the hybrid runtime builds dense layers only: run MoE models with a megatron-space plan "
-                        "(--auto-parallel-space megatron, the default)")
+    check_supported(plan, model_spec, settings)
     initialize_parallel(plan, settings.timeout_s)
     set_random_seed(settings.seed)
     pgs = HybridProcessGroups(plan, model_spec.seq_length, settings.timeout_s)
@@ -113,7 +117,23 @@ def build(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, backend: s
     layout = data_layout(plan)
     slicer = data.BatchSlicer(layout, pgs.dp_rank(plan.embedding))
     seq, batch = _p2p_shape(plan, model_spec.seq_length)
-    return layout, chunks, optimizer, slicer, padded_vocab, HybridRuntime(pgs, head_dp, seq, batch)
+    runtime = HybridRuntime(pgs, head_dp, seq, batch, moe_layers=_moe_layers(plan, model_spec, device))
+    return layout, chunks, optimizer, slicer, padded_vocab, runtime
+
+
+def _moe_layers(plan: Plan, model_spec: ModelSpec, device: torch.device):
+    """How the routers' logged losses reduce under this plan (None for a dense model)."""
+    if all(layer.moe is None for layer in model_spec.layers):
+        return None
+    from types import SimpleNamespace
+
+    from megatron.core import parallel_state
+
+    from ..moe_metrics import HybridLayers
+
+    one_rank = parallel_state.get_tensor_model_parallel_group()  # TP 1: initialize_parallel
+    return HybridLayers(tuple(s.dp for s in plan.layer_strategies), plan.gpus_per_stage, device,
+                        no_more_reduction=SimpleNamespace(pp=one_rank, dp=one_rank))
 
 
 def _parts(plan: Plan, chunk):

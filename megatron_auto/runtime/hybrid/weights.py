@@ -23,7 +23,9 @@ def _slice_for_rank(full: torch.Tensor, param: torch.nn.Parameter, tp_group, gat
 
 
 def _is_gated_fc1(key: str, param: torch.nn.Parameter, gated_linear_unit: bool) -> bool:
-    return gated_linear_unit and ".mlp.linear_fc1." in key and getattr(param, "partition_dim", None) == 0
+    """The fc1 of a gated MLP: the dense one, a shared expert's or a routed expert's."""
+    return (gated_linear_unit and ".mlp." in key and ".linear_fc1." in key
+            and getattr(param, "partition_dim", None) == 0)
 
 
 def _shell_key(name: str, state: dict) -> str:
@@ -40,6 +42,24 @@ def _segment_key(name: str, first: int) -> str:
     return f"decoder.{name}"
 
 
+def _segment_params(block, tp_group, first: int):
+    """(TP group to cut by, single-process key, param) of a segment's parameters. A MoE layer's routed
+    experts are this EP rank's (local expert j is the model's expert local_expert_indices[j]) and are
+    cut by their expert-TP group."""
+    experts = {}
+    for name, module in block.named_modules():
+        if hasattr(module, "local_expert_indices") and hasattr(module, "experts"):
+            experts[f"{name}.experts.local_experts."] = (module.local_expert_indices, module.experts.tp_group)
+    for name, param in block.named_parameters():
+        prefix = next((p for p in experts if name.startswith(p)), None)
+        if prefix is None:
+            yield tp_group, _segment_key(name, first), param
+            continue
+        indices, expert_tp_group = experts[prefix]
+        local, rest = name[len(prefix):].split(".", 1)
+        yield expert_tp_group, _segment_key(f"{prefix}{indices[int(local)]}.{rest}", first), param
+
+
 @torch.no_grad()
 def load_full_state(chunks, state: dict[str, torch.Tensor], segment_firsts: list[list[int]]) -> int:
     """Copy `state` (GPTModel names, unsharded) into every part; returns the tensors copied."""
@@ -49,7 +69,7 @@ def load_full_state(chunks, state: dict[str, torch.Tensor], segment_firsts: list
         if chunk.shell is not None:
             named += [(chunk.shell_tp_group, _shell_key(n, state), p) for n, p in chunk.shell.named_parameters()]
         for block, tp_group, first in zip(chunk.segments, chunk.block_tp_groups, firsts):
-            named += [(tp_group, _segment_key(n, first), p) for n, p in block.named_parameters()]
+            named += list(_segment_params(block, tp_group, first))
         for tp_group, key, param in named:
             if key not in state:
                 raise KeyError(f"no '{key}' in the state dict")
