@@ -70,3 +70,31 @@ def test_hybrid_space_plans_moe_models(capsys, tmp_path):
     dense, *moe = plan.layer_strategies
     assert (dense.ep, dense.etp) == (1, None)
     assert all(s.sp or s.tp == 1 for s in moe)
+
+
+def test_hybrid_space_keeps_moe_layers_at_zero_0_or_1(capsys, tmp_path):
+    """The hybrid runtime shards experts with Megatron's DDP and distributed optimizer over their expert-DP
+    group, not FSDP2: the search offers MoE layers no ZeRO-2/3 (dense layers keep it), and a plan file that
+    gives one anyway is refused with one line before any process starts."""
+    from megatron_auto.errors import UserError
+    from megatron_auto.plan import Chunk, LayerStrategy, Plan
+    from megatron_auto.runtime.hybrid.session import check_supported
+    from megatron_auto.runtime.settings import TrainSettings
+    from megatron_auto.search.tables import _allowed
+    from megatron_auto.specs.model import load_model
+
+    out = tmp_path / "plan.json"
+    run_json(capsys, ["plan", "--model", "tiny-deepseek-moe", "--cluster", "dgx-h100-80gb", "--num-nodes", "2",
+                      "--global-batch-size", "64", "--space", "hybrid", "--out", str(out)])
+    plan = load_plan(out)
+    model = load_model("tiny-deepseek-moe")
+    assert all(s.zero < 2 for layer, s in zip(model.layers, plan.layer_strategies) if layer.moe is not None)
+    dense, moe = model.layers[0], model.layers[1]
+    assert _allowed(dense, LayerStrategy(dp=8, zero=3), (None, None))
+    assert not _allowed(moe, LayerStrategy(dp=8, zero=3), (None, None))
+    assert _allowed(moe, LayerStrategy(dp=8, zero=1, ep=8), (None, None))
+    zero3 = Plan(space="hybrid", world_size=2, pipeline_parallel=1, global_batch_size=4, num_micro_batches=1,
+                 chunks=(Chunk(tuple(LayerStrategy(dp=2, zero=3) for _ in model.layers)),),
+                 embedding=LayerStrategy(dp=2, zero=1))
+    with pytest.raises(UserError, match="layer 1 has ZeRO-3"):
+        check_supported(zero3, model, TrainSettings())
