@@ -28,6 +28,7 @@ import torch
 
 from ..errors import UserError
 from . import rng_state
+from .optimizer_parts import has_expert_optimizer
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +36,8 @@ TRACKER = "latest_checkpointed_iteration.txt"
 COMPLETE = "complete"
 """Marker file of an iteration directory that every rank finished writing."""
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
+EXPERT_OPTIMIZER = "expert_optimizer"
+"""Checkpoint entry: whether the experts had an optimizer of their own (check_optimizer_layout)."""
 _ITERATION_DIR = re.compile(r"iter_(\d{7})")
 
 
@@ -91,7 +94,29 @@ def _full_state(model: list, optimizer, scheduler, iteration: int, consumed: int
         state["opt_param_scheduler"] = scheduler.state_dict()
     state["iteration"] = iteration
     state["consumed_samples"] = consumed
+    state[EXPERT_OPTIMIZER] = _on_any_rank(has_expert_optimizer(optimizer))
     return state
+
+
+def check_optimizer_layout(root: str, iteration: int, optimizer) -> None:
+    """UserError when the checkpoint's optimizer state cannot load into this run's: megatron-core steps
+    the experts with an optimizer of their own only at expert parallel > 1 (tensor_parallel/layers.py
+    marks expert params `allreduce` False only then), and its optimizer state does not convert between
+    one optimizer and two. Checkpoints older than the EXPERT_OPTIMIZER entry are not checked."""
+    from megatron.core.dist_checkpointing import load_common_state_dict
+
+    ours = _on_any_rank(has_expert_optimizer(optimizer))
+    try:
+        saved = load_common_state_dict(iteration_dir(root, iteration)).get(EXPERT_OPTIMIZER)
+    except Exception:  # noqa: BLE001 - a damaged common.pt: load_checkpoint's fallback says so
+        return
+    if saved is None or saved == ours:
+        return
+    kinds = {True: "expert parallel > 1 (the experts have an optimizer of their own)",
+             False: "expert parallel 1 (one optimizer for all parameters)"}
+    raise UserError(f"--load {root}: iteration {iteration} was saved at {kinds[saved]} and this run is at "
+                    f"{kinds[ours]}; megatron-core's optimizer state does not convert between the two: add "
+                    f"--no-load-optim to resume the weights and iteration with a fresh optimizer")
 
 
 def path_problem(save: Optional[str], load: Optional[str]) -> Optional[str]:
@@ -115,7 +140,7 @@ def path_problem(save: Optional[str], load: Optional[str]) -> Optional[str]:
 def check_paths(save: Optional[str], load: Optional[str]) -> None:
     """Before any work, on every rank: UserError on all ranks when any rank cannot use its paths."""
     problem = path_problem(save, load)
-    if _any_rank_failed(problem is not None):
+    if _on_any_rank(problem is not None):
         raise UserError(problem or "--save/--load: another rank cannot use its path (its error says why)")
 
 
@@ -209,6 +234,8 @@ def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: 
                            "will start from random", os.path.join(root, TRACKER))
         return None
     options = dict(weights_only=weights_only, with_optimizer=with_optimizer, with_rng=with_rng)
+    if with_optimizer and not weights_only:
+        check_optimizer_layout(root, candidates[0], optimizer)
     reasons = []
     for iteration in candidates:
         loaded, failure = _try_load(root, iteration, model, optimizer, scheduler, options)
@@ -240,7 +267,7 @@ def _try_load(root: str, iteration: int, model: list, optimizer, scheduler,
         raise
     except BaseException as error:  # noqa: BLE001 - torch DCP's CheckpointException is a BaseException
         failure = describe_failure(error)
-    if _any_rank_failed(failure is not None):
+    if _on_any_rank(failure is not None):
         return None, failure or "another rank could not read it"
     return loaded, None
 
@@ -260,9 +287,10 @@ def _chunk_keys(model: list) -> list[str]:
     return ["model"] if len(model) == 1 else [f"model{i}" for i in range(len(model))]
 
 
-def _any_rank_failed(failed: bool) -> bool:
+def _on_any_rank(flag: bool) -> bool:
+    """Whether `flag` holds on some rank (every rank must call it)."""
     device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    flag = torch.tensor([1 if failed else 0], dtype=torch.int32, device=device)
+    flag = torch.tensor([1 if flag else 0], dtype=torch.int32, device=device)
     torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.MAX)
     return bool(flag.item())
 

@@ -22,6 +22,7 @@ from . import moe_metrics, tensorboard_log
 from . import model as models
 from .batch_schedule import BatchSizer, check_divisible
 from .layout import MegatronLayout, layout_from_plan
+from .optimizer_parts import steps_experts
 from .settings import TrainSettings
 from .step import StepResult, eval_step, train_step
 
@@ -88,13 +89,6 @@ def use_expert_tp_group_for_grad_norm(optimizer) -> None:
     for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
         if steps_experts(inner):
             inner.tp_group = parallel_state.get_expert_tensor_parallel_group()
-
-
-def steps_experts(inner_optimizer) -> bool:
-    """Whether one of get_megatron_optimizer's optimizers is its experts' one: all its params are expert
-    parameters (`allreduce` False, Megatron's expert-parallel marker)."""
-    params = [p for group in inner_optimizer.param_groups for p in group["params"]]
-    return bool(params) and all(not getattr(p, "allreduce", True) for p in params)
 
 
 def _attach_sync_functions(transformer_config, model: list) -> None:

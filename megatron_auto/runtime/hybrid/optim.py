@@ -26,6 +26,7 @@ import torch
 
 from .. import config as configs
 from .. import kernels
+from ..optimizer_parts import steps_experts
 from ..settings import TrainSettings
 from . import configs as hconfigs
 
@@ -116,8 +117,6 @@ def part_optimizer_config(plan, strategy, settings: TrainSettings):
 def build_optimizer(chunks, plan, settings: TrainSettings, parts_with_strategy, pg_collection_for):
     """The chained optimizer over every (DDP part, strategy) of this rank."""
     from megatron.core.optimizer import get_megatron_optimizer
-
-    from ..session import steps_experts
 
     optimizers, replication = [], []
     for part, strategy in parts_with_strategy:

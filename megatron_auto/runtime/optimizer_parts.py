@@ -1,0 +1,19 @@
+"""Which of get_megatron_optimizer's optimizers steps the experts (MoE under expert parallelism)."""
+from __future__ import annotations
+
+
+def inner_optimizers(optimizer) -> list:
+    """The optimizers a (possibly chained) Megatron optimizer steps."""
+    return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def steps_experts(inner_optimizer) -> bool:
+    """Whether one of get_megatron_optimizer's optimizers is its experts' one: all its params are expert
+    parameters (`allreduce` False, Megatron's expert-parallel marker: set only at expert parallel > 1)."""
+    params = [p for group in inner_optimizer.param_groups for p in group["params"]]
+    return bool(params) and all(not getattr(p, "allreduce", True) for p in params)
+
+
+def has_expert_optimizer(optimizer) -> bool:
+    """Whether the experts have an optimizer of their own (expert parallel > 1 somewhere on this rank)."""
+    return any(steps_experts(inner) for inner in inner_optimizers(optimizer))
