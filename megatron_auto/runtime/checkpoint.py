@@ -28,7 +28,7 @@ import torch
 
 from ..errors import UserError
 from . import rng_state
-from .optimizer_parts import has_expert_optimizer
+from .optimizer_parts import has_expert_optimizer, inner_optimizers
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ def _ensure_adam_state(optimizer) -> None:
     it lazily at the first step, and the distributed optimizer's state_dict needs it.
     Zeros at step 0 are what torch's first step would create, so training is unchanged.
     """
-    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+    for inner in inner_optimizers(optimizer):
         torch_optimizer = getattr(inner, "optimizer", None)
         if torch_optimizer is None:
             continue

@@ -42,6 +42,7 @@ import torch
 
 from .. import kernels as choices
 from ..specs.model import LayerSpec, ModelSpec
+from .optimizer_parts import inner_optimizers
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +215,7 @@ def torch_adams(optimizer) -> list:
     (megatron/core/optimizer/__init__.py); with them it builds their FusedAdam, found here as none.
     """
     found = []
-    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+    for inner in inner_optimizers(optimizer):
         torch_optimizer = getattr(inner, "optimizer", None)
         if isinstance(torch_optimizer, torch.optim.Adam):
             found.append(torch_optimizer)

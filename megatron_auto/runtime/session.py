@@ -22,7 +22,7 @@ from . import moe_metrics, tensorboard_log
 from . import model as models
 from .batch_schedule import BatchSizer, check_divisible
 from .layout import MegatronLayout, layout_from_plan
-from .optimizer_parts import steps_experts
+from .optimizer_parts import inner_optimizers, steps_experts
 from .settings import TrainSettings
 from .step import StepResult, eval_step, train_step
 
@@ -86,7 +86,7 @@ def use_expert_tp_group_for_grad_norm(optimizer) -> None:
     `allreduce` False (Megatron's expert-parallel marker)."""
     from megatron.core import parallel_state
 
-    for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+    for inner in inner_optimizers(optimizer):
         if steps_experts(inner):
             inner.tp_group = parallel_state.get_expert_tensor_parallel_group()
 

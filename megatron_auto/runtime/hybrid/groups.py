@@ -89,9 +89,8 @@ def ep_groups(stage: int, gpus: int, ep: int, etp: int) -> list[Ranks]:
             for d in range(gpus // block) for t in range(etp)]
 
 
-def expert_groups(stage: int, gpus: int, strategy: LayerStrategy) -> dict[str, list[Ranks]]:
-    """The expert groups of a MoE layer's strategy on one stage, by role."""
-    etp, ep = strategy.expert_tp, strategy.ep
+def expert_groups(stage: int, gpus: int, ep: int, etp: int) -> dict[str, list[Ranks]]:
+    """The expert groups of a MoE layout (ep, expert tp) on one stage, by role."""
     return {"expt_tp": tp_groups(StageLayout(stage, gpus, etp)),
             "tp_ep": tp_groups(StageLayout(stage, gpus, etp * ep)),
             "ep": ep_groups(stage, gpus, ep, etp),
@@ -150,9 +149,9 @@ def plan_groups(plan: Plan, seq_length: int) -> dict[str, list[Ranks]]:
                     if a.tp != b.tp})
     for stage, small, big in pairs:
         roles["regroup"].extend(regroup_groups(stage, gpus, small, big))
-    expert_layouts = sorted({(stage, s.tp, s.ep, s.expert_tp) for stage, s in stage_layouts(plan) if has_experts(s)})
-    for stage, tp, ep, etp in expert_layouts:
-        for role, rank_sets in expert_groups(stage, gpus, LayerStrategy(tp=tp, dp=gpus // tp, ep=ep, etp=etp)).items():
+    expert_layouts = sorted({(stage, s.ep, s.expert_tp) for stage, s in stage_layouts(plan) if has_experts(s)})
+    for stage, ep, etp in expert_layouts:
+        for role, rank_sets in expert_groups(stage, gpus, ep, etp).items():
             roles.setdefault(role, []).extend(rank_sets)
     return roles
 

@@ -26,7 +26,7 @@ import torch
 
 from .. import config as configs
 from .. import kernels
-from ..optimizer_parts import steps_experts
+from ..optimizer_parts import inner_optimizers, steps_experts
 from ..settings import TrainSettings
 from . import configs as hconfigs
 
@@ -125,7 +125,7 @@ def build_optimizer(chunks, plan, settings: TrainSettings, parts_with_strategy, 
         with _param_groups_of_this_part():
             optimizer = get_megatron_optimizer(config, [part], use_gloo_process_groups=False, pg_collection=pgc)
         kernels.use_run_optimizer_impl(optimizer, settings)
-        for inner in getattr(optimizer, "chained_optimizers", [optimizer]):
+        for inner in inner_optimizers(optimizer):
             experts = steps_experts(inner)
             # Experts: TP duplicates within the expert-TP group, replicas over the expert-DP group.
             inner.tp_group = pgc.expt_tp if experts else pgc.tp

@@ -62,7 +62,7 @@ class HybridProcessGroups:
         if not groups.has_experts(strategy):
             return {"expt_tp": self.tp(strategy), "tp_ep": self.tp(strategy), "ep": self._single,
                     "expt_dp": self.dp(strategy)}
-        by_role = groups.expert_groups(self.stage, self.gpus, strategy)
+        by_role = groups.expert_groups(self.stage, self.gpus, strategy.ep, strategy.expert_tp)
         return {role: self.group(next(ranks for ranks in rank_sets if self.rank in ranks))
                 for role, rank_sets in by_role.items()}
 

@@ -45,11 +45,12 @@ class HybridRuntime:
 
 def check_supported(plan: Plan, model: ModelSpec, settings: TrainSettings) -> None:
     """UserError for what the hybrid runtime does not run yet."""
-    moe_zero3 = [index for index, (layer, strategy) in enumerate(zip(model.layers, plan.layer_strategies))
-                 if layer.moe is not None and strategy.zero >= 2]
-    if moe_zero3:
+    sharded_moe = next(((index, strategy.zero) for index, (layer, strategy)
+                        in enumerate(zip(model.layers, plan.layer_strategies))
+                        if layer.moe is not None and strategy.zero >= 2), None)
+    if sharded_moe is not None:
         raise UserError(f"the hybrid runtime shards MoE layers with ZeRO 0 or 1 only (experts over their expert "
-                        f"data-parallel group); layer {moe_zero3[0]} has ZeRO-{plan.layer_strategies[moe_zero3[0]].zero}")
+                        f"data-parallel group); layer {sharded_moe[0]} has ZeRO-{sharded_moe[1]}")
     if plan.embedding.zero >= 2:
         raise UserError("the hybrid runtime shards the embedding/LM head with ZeRO 0 or 1 only "
                         "(layers may use ZeRO-3)")
