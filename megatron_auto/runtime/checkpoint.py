@@ -37,7 +37,7 @@ COMPLETE = "complete"
 """Marker file of an iteration directory that every rank finished writing."""
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
 EXPERT_OPTIMIZER = "expert_optimizer"
-"""Checkpoint entry: whether the experts had an optimizer of their own (check_optimizer_layout)."""
+"""Checkpoint entry: whether the experts had an optimizer of their own (check_layout)."""
 _ITERATION_DIR = re.compile(r"iter_(\d{7})")
 
 
@@ -53,11 +53,48 @@ def iteration_dir(root: str, iteration: int) -> str:
     return os.path.join(root, f"iter_{iteration:07d}")
 
 
-def _model_state(model: list) -> dict:
-    """Chunk state dicts under Megatron-LM's keys (`model`, or `model0`, `model1`, ... with virtual stages)."""
-    if len(model) == 1:
-        return {"model": model[0].module.sharded_state_dict()}
-    return {f"model{i}": chunk.module.sharded_state_dict() for i, chunk in enumerate(model)}
+STOCK_FORMAT = "megatron"
+"""The `checkpoint_format` entry of a stock checkpoint (a hybrid one's is hybrid.checkpoint_state.FORMAT)."""
+CHECKPOINT_FORMAT = "checkpoint_format"
+"""Checkpoint entry: which runtime wrote it (StockFormat.format or the hybrid one)."""
+
+
+class StockFormat:
+    """What a checkpoint holds for the stock runtime's model chunks: Megatron-LM's own layout."""
+
+    format = STOCK_FORMAT
+
+    def __init__(self, model: list) -> None:
+        self.model = model
+
+    def model_state(self) -> dict:
+        """Chunk state dicts under Megatron-LM's keys (`model`, or `model0`, `model1`, ... with virtual stages)."""
+        return {key: chunk.module.sharded_state_dict() for key, chunk in zip(_chunk_keys(self.model), self.model)}
+
+    def load_model(self, loaded: dict) -> None:
+        for key, chunk in zip(_chunk_keys(self.model), self.model):
+            chunk.module.load_state_dict(loaded[key])
+
+    def optimizer_state(self, optimizer, model_state: dict, is_loading: bool) -> dict:
+        merged = {k: v for part in model_state.values() for k, v in part.items()}
+        return optimizer.sharded_state_dict(merged, is_loading=is_loading, metadata=OPTIMIZER_METADATA)
+
+    def load_optimizer(self, optimizer, loaded: dict) -> None:
+        optimizer.load_state_dict(loaded)
+
+    def random_streams(self) -> list:
+        return []
+
+
+def checkpoint_format(model: list):
+    """The format object of these model chunks: the hybrid runtime's, or the stock one."""
+    from .hybrid.model import HybridChunk
+
+    if model and isinstance(model[0], HybridChunk):
+        from .hybrid.checkpoint_state import HybridFormat
+
+        return HybridFormat(model)
+    return StockFormat(model)
 
 
 def _ensure_adam_state(optimizer) -> None:
@@ -83,34 +120,46 @@ def _ensure_adam_state(optimizer) -> None:
                     state["exp_avg_sq"] = torch.zeros_like(param.data)
 
 
-def _full_state(model: list, optimizer, scheduler, iteration: int, consumed: int, with_optimizer: bool,
+def _full_state(layout, optimizer, scheduler, iteration: int, consumed: int, with_optimizer: bool,
                 is_loading: bool) -> dict:
-    state = _model_state(model)
+    """`layout`: checkpoint_format's object for the run's model chunks."""
+    state = layout.model_state()
     if with_optimizer:
         _ensure_adam_state(optimizer)
-        merged = {k: v for part in state.values() for k, v in part.items()}
-        state["optimizer"] = optimizer.sharded_state_dict(merged, is_loading=is_loading,
-                                                          metadata=OPTIMIZER_METADATA)
+        state["optimizer"] = layout.optimizer_state(optimizer, state, is_loading)
         state["opt_param_scheduler"] = scheduler.state_dict()
     state["iteration"] = iteration
     state["consumed_samples"] = consumed
     state[EXPERT_OPTIMIZER] = _on_any_rank(has_expert_optimizer(optimizer))
+    state[CHECKPOINT_FORMAT] = layout.format
     return state
 
 
-def check_optimizer_layout(root: str, iteration: int, optimizer) -> None:
-    """UserError when the checkpoint's optimizer state cannot load into this run's: megatron-core steps
-    the experts with an optimizer of their own only at expert parallel > 1 (tensor_parallel/layers.py
-    marks expert params `allreduce` False only then), and its optimizer state does not convert between
-    one optimizer and two. Checkpoints older than the EXPERT_OPTIMIZER entry are not checked."""
+def check_layout(root: str, iteration: int, optimizer, layout, with_optimizer: bool) -> None:
+    """UserError when the checkpoint cannot load into this run.
+
+    - A hybrid-space plan keys each layer on its own and keeps its optimizer state per parameter
+      (hybrid/checkpoint_state.py); the stock runtime keeps Megatron-LM's layout.
+    - megatron-core steps the experts with an optimizer of their own only at expert parallel > 1
+      (tensor_parallel/layers.py marks expert params `allreduce` False only then), and its optimizer state
+      does not convert between one optimizer and two.
+    Checkpoints older than these entries are not checked."""
     from megatron.core.dist_checkpointing import load_common_state_dict
 
     ours = _on_any_rank(has_expert_optimizer(optimizer))
     try:
-        saved = load_common_state_dict(iteration_dir(root, iteration)).get(EXPERT_OPTIMIZER)
+        common = load_common_state_dict(iteration_dir(root, iteration))
     except Exception:  # noqa: BLE001 - a damaged common.pt: load_checkpoint's fallback says so
         return
-    if saved is None or saved == ours:
+    saved_format = common.get(CHECKPOINT_FORMAT, STOCK_FORMAT)
+    if saved_format != layout.format:
+        spaces = {STOCK_FORMAT: "megatron", "hybrid": "hybrid"}
+        raise UserError(f"--load {root}: iteration {iteration} was saved by a {spaces.get(saved_format, saved_format)}"
+                        f"-space plan and this run's plan is {spaces.get(layout.format, layout.format)}-space; their "
+                        f"checkpoints are laid out differently: resume it with --auto-parallel-space "
+                        f"{spaces.get(saved_format, saved_format)} (or a plan file of that space)")
+    saved = common.get(EXPERT_OPTIMIZER)
+    if not with_optimizer or layout.format != STOCK_FORMAT or saved is None or saved == ours:
         return
     kinds = {True: "expert parallel > 1 (the experts have an optimizer of their own)",
              False: "expert parallel 1 (one optimizer for all parameters)"}
@@ -170,9 +219,10 @@ def save_checkpoint(root: str, model: list, optimizer, scheduler, iteration: int
         shutil.rmtree(path, ignore_errors=True)  # a part written before a crash, or an older copy
         os.makedirs(path, exist_ok=True)
     torch.distributed.barrier()
-    state = _full_state(model, optimizer, scheduler, iteration, consumed, with_optimizer=True, is_loading=False)
+    layout = checkpoint_format(model)
+    state = _full_state(layout, optimizer, scheduler, iteration, consumed, with_optimizer=True, is_loading=False)
     dist_checkpointing.save(state, path)
-    rng_state.save(path)
+    rng_state.save(path, layout.random_streams())
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
         write_atomically(os.path.join(path, COMPLETE), f"{iteration}\n")
@@ -234,14 +284,13 @@ def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: 
                            "will start from random", os.path.join(root, TRACKER))
         return None
     options = dict(weights_only=weights_only, with_optimizer=with_optimizer, with_rng=with_rng)
-    if with_optimizer and not weights_only:
-        check_optimizer_layout(root, candidates[0], optimizer)
+    check_layout(root, candidates[0], optimizer, checkpoint_format(model), with_optimizer and not weights_only)
     reasons = []
     for iteration in candidates:
         loaded, failure = _try_load(root, iteration, model, optimizer, scheduler, options)
         if failure is None:
             _say_fallback(root, iteration, reasons)
-            return _finish_load(root, iteration, loaded, optimizer, scheduler, options)
+            return _finish_load(root, iteration, loaded, checkpoint_format(model), optimizer, scheduler, options)
         reasons.append(f"iteration {iteration}: {failure}")
     raise UserError(f"--load {root}: no checkpoint there can be read ({'; '.join(reasons)})")
 
@@ -255,14 +304,14 @@ def _try_load(root: str, iteration: int, model: list, optimizer, scheduler,
     failure, loaded = None, None
     try:
         load_optimizer = options["with_optimizer"] and not options["weights_only"]
-        template = _full_state(model, optimizer, scheduler, 0, 0, with_optimizer=load_optimizer, is_loading=True)
+        layout = checkpoint_format(model)
+        template = _full_state(layout, optimizer, scheduler, 0, 0, with_optimizer=load_optimizer, is_loading=True)
         path = iteration_dir(root, iteration)
         missing = [name for name in ("metadata.json", "common.pt") if not os.path.isfile(os.path.join(path, name))]
         if missing:
             raise FileNotFoundError(f"{' and '.join(missing)} missing in {path}")
         loaded = dist_checkpointing.load(template, path)
-        for key, chunk in zip(_chunk_keys(model), model):
-            chunk.module.load_state_dict(loaded[key])
+        layout.load_model(loaded)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as error:  # noqa: BLE001 - torch DCP's CheckpointException is a BaseException
@@ -301,7 +350,7 @@ def _say_fallback(root: str, loaded: int, reasons: list[str]) -> None:
                        "that reads (%s)", root, loaded, "; ".join(reasons))
 
 
-def _finish_load(root: str, iteration: int, loaded: dict, optimizer, scheduler, options: dict) -> Resumed:
+def _finish_load(root: str, iteration: int, loaded: dict, layout, optimizer, scheduler, options: dict) -> Resumed:
     """Optimizer, schedule and random streams of the iteration _try_load read."""
     path = iteration_dir(root, iteration)
     if options["weights_only"]:
@@ -313,10 +362,10 @@ def _finish_load(root: str, iteration: int, loaded: dict, optimizer, scheduler, 
         logger.info("resumed weights of iteration %d of %s (--no-load-optim: fresh optimizer state and "
                     "learning-rate schedule)", loaded["iteration"], path)
     else:
-        optimizer.load_state_dict(loaded["optimizer"])
+        layout.load_optimizer(optimizer, loaded["optimizer"])
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
         logger.info("resumed from iteration %d of %s", loaded["iteration"], path)
-    if options["with_rng"] and not rng_state.load(path) and torch.distributed.get_rank() == 0:
-        logger.info("--load %s: no random-stream state for this rank and world size; dropout and other "
+    if options["with_rng"] and not rng_state.load(path, layout.random_streams()) and torch.distributed.get_rank() == 0:
+        logger.info("--load %s: no random-stream state for this rank, world size and plan; dropout and other "
                     "random draws start from fresh seeds", path)
     return Resumed(iteration=int(loaded["iteration"]), consumed_samples=int(loaded["consumed_samples"]))

@@ -47,18 +47,25 @@ def rank_file(checkpoint_dir: str, rank: int, world_size: int) -> str:
     return os.path.join(checkpoint_dir, FOLDER, f"rank_{rank:05d}_of_{world_size:05d}.pt")
 
 
-def save(checkpoint_dir: str) -> None:
-    """Write this rank's streams into `checkpoint_dir`/rng/ (every rank calls it)."""
+def save(checkpoint_dir: str, part_streams: list = ()) -> None:
+    """Write this rank's streams into `checkpoint_dir`/rng/ (every rank calls it). `part_streams`: the
+    hybrid runtime's per-part dropout streams (hybrid/rng.PartRng), saved with them."""
     path = rank_file(checkpoint_dir, torch.distributed.get_rank(), torch.distributed.get_world_size())
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    torch.save(capture(), path)
+    torch.save({**capture(), "parts": [stream.state.clone() for stream in part_streams]}, path)
 
 
-def load(checkpoint_dir: str) -> bool:
-    """Restore this rank's streams from `checkpoint_dir`; False (streams untouched) when the checkpoint
-    has none for this rank and world size."""
+def load(checkpoint_dir: str, part_streams: list = ()) -> bool:
+    """Restore this rank's streams (and those of `part_streams`) from `checkpoint_dir`; False (streams
+    untouched) when the checkpoint has none for this rank and world size, or another number of parts."""
     path = rank_file(checkpoint_dir, torch.distributed.get_rank(), torch.distributed.get_world_size())
     if not os.path.isfile(path):
         return False
-    restore(torch.load(path, weights_only=False))
+    state = torch.load(path, weights_only=False)
+    parts = state.get("parts", [])
+    if len(parts) != len(part_streams):
+        return False
+    restore(state)
+    for stream, saved in zip(part_streams, parts):
+        stream.state = saved
     return True

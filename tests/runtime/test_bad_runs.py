@@ -225,22 +225,6 @@ def test_token_ids_of_a_bin_too_large_to_scan_are_checked_as_read(data):
         datasets.sample(0)
 
 
-def test_hybrid_space_plan_with_save_is_refused_before_any_work(data, saved, monkeypatch, capsys):
-    """Checkpoints of hybrid-space plans are not supported yet: one line before the process group."""
-    from megatron_auto.plan import Chunk, LayerStrategy, Plan, save_plan
-
-    argv = _argv([], data, saved)
-    model = pretrain_gpt.model_from_args(pretrain_gpt.parse_args(argv), VOCAB)
-    plan = Plan(space="hybrid", world_size=1, pipeline_parallel=1, global_batch_size=2, num_micro_batches=1,
-                chunks=(Chunk((LayerStrategy(), LayerStrategy(zero=3))),), model=model)
-    save_plan(plan, saved.parent / "hybrid.json")
-    before = _snapshot(saved)
-    code = _main(argv + ["--auto-parallel-plan", str(saved.parent / "hybrid.json")], monkeypatch)
-    lines = capsys.readouterr().err.strip().splitlines()
-    assert code == 2 and len(lines) == 1 and "checkpoints of hybrid-space plans are not supported" in lines[0], lines
-    assert _snapshot(saved) == before
-
-
 def _process(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     """pretrain_gpt.py as a user runs it (Python's warnings not silenced)."""
     env = {key: value for key, value in env.items() if key != "PYTHONWARNINGS"}

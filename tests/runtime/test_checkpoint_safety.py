@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from checkpoint_files import checkpoint_tensors as _tensors, logged_losses as _losses
 from launcher import REPO, launch
 from megatron_auto.runtime import checkpoint
 
@@ -69,30 +70,6 @@ def _direct(args: list[str], nproc: int, log_dir: Path):
     """The ranks started as torchrun starts them, without its agent (whose own report of a failed
     worker would hide whether ours stopped with one line): tests/runtime/launcher.py."""
     return launch(nproc, ["tools/pretrain_gpt.py", *TINY, *(TWO_RANKS if nproc == 2 else []), *args], 300, log_dir)
-
-
-def _losses(stdout: str) -> dict[int, set[str]]:
-    """Every logged loss per iteration (an iteration run twice, before and after a restart, logs twice)."""
-    found: dict[int, set[str]] = {}
-    for iteration, loss in re.findall(r" iteration +(\d+)/ .*?\| lm loss: (\S+) \|", stdout):
-        found.setdefault(int(iteration), set()).add(loss)
-    return found
-
-
-def _tensors(iteration_dir: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint iteration, read back without a process group."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    target = tmp_path / f"{iteration_dir.parent.name}_{iteration_dir.name}.pt"
-    dcp_to_torch_save(str(iteration_dir), str(target))
-
-    def flat(tree, prefix=""):
-        for key, value in tree.items():
-            if isinstance(value, dict):
-                yield from flat(value, f"{prefix}{key}.")
-            elif torch.is_tensor(value):
-                yield f"{prefix}{key}", value
-    return dict(flat(torch.load(target, weights_only=False)))
 
 
 @pytest.fixture(scope="module")

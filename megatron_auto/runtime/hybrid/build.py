@@ -179,10 +179,10 @@ def build_chunk(ctx: BuildContext, chunk_index: int, vp_stage) -> HybridChunk:
         members.insert(0, (shell, plan.embedding, config, True))
     wrapped = wrap_parts(ctx, members)
     shell_rng = part_rng(ctx, plan.embedding, 0) if shell is not None else None
-    tp_groups = [ctx.pgs.tp(seg.strategy) for seg in segments]
+    shell_groups = (ctx.pgs.tp(plan.embedding), ctx.pgs.dp(plan.embedding)) if shell is not None else (None, None)
+    block_groups = ([ctx.pgs.tp(seg.strategy) for seg in segments], [ctx.pgs.dp(seg.strategy) for seg in segments])
     return HybridChunk(hconfigs.schedule_config(config, plan, ctx.backend), shell, blocks, decoder, wrapped,
-                       shell_tp_group=ctx.pgs.tp(plan.embedding) if shell is not None else None,
-                       block_tp_groups=tp_groups, shell_rng=shell_rng)
+                       shell_groups=shell_groups, block_groups=block_groups, shell_rng=shell_rng)
 
 
 def build_model(plan: Plan, model: ModelSpec, settings: TrainSettings, backend: str, device: torch.device,

@@ -82,7 +82,7 @@ class HybridChunk(torch.nn.Module):
     """
 
     def __init__(self, config, shell, segments: list, decoder: HybridDecoder, wrapped: list,
-                 shell_tp_group=None, block_tp_groups=None, shell_rng=None) -> None:
+                 shell_groups=(None, None), block_groups=((), ()), shell_rng=None) -> None:
         from megatron.core.enums import ModelType
 
         super().__init__()
@@ -94,8 +94,10 @@ class HybridChunk(torch.nn.Module):
         self.__dict__["decoder"] = decoder
         self.shell_rng = shell_rng
         """The embedding/head's dropout stream (rng.PartRng), or None."""
-        self.shell_tp_group, self.block_tp_groups = shell_tp_group, block_tp_groups
-        """TP groups of the shell and of each segment (loading full weights cuts by them)."""
+        self.shell_tp_group, self.shell_dp_group = shell_groups
+        self.block_tp_groups, self.block_dp_groups = (list(groups) for groups in block_groups)
+        """TP and DP groups of the shell and of each segment (loading full weights cuts by TP; a checkpoint
+        writes one replica per DP group)."""
         self.parts = torch.nn.ModuleList([part for part, _ in wrapped])
         self.wrapped = [part for part, _ in wrapped]
         """Every DDP/FSDP-wrapped part of this chunk."""

@@ -54,8 +54,6 @@ def check_supported(plan: Plan, model: ModelSpec, settings: TrainSettings) -> No
     if plan.embedding.zero >= 2:
         raise UserError("the hybrid runtime shards the embedding/LM head with ZeRO 0 or 1 only "
                         "(layers may use ZeRO-3)")
-    if settings.save or settings.load:
-        raise UserError("checkpoints of hybrid-space plans are not supported yet (drop --save/--load)")
 
 
 def initialize_parallel(plan: Plan, timeout_s: float) -> None:

@@ -1,0 +1,153 @@
+"""Checkpoints of hybrid-space plans: a bit-identical resume under the same plan, a resume under another plan
+and world size, and one line when a checkpoint of the other runtime is given.
+
+The plan of the saving runs puts every kind of part optimizer on 2 gloo ranks: layer 0 at TP2 + SP (ZeRO-0),
+layer 1 at DP2 ZeRO-3 (FSDP2 shards), layer 2 at DP2 ZeRO-0, layer 3 and the
+embedding/head at DP2 ZeRO-1 (Megatron's distributed optimizer). Runs go through tools/pretrain_gpt.py.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from checkpoint_files import checkpoint_tensors, logged_losses
+from launcher import launch, load_pretrain_gpt
+from megatron_auto.plan import Chunk, LayerStrategy, Plan, save_plan
+
+pretrain_gpt = load_pretrain_gpt("pretrain_gpt_hybrid_checkpoints")
+
+TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+        "--max-position-embeddings", "32", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "256",
+        "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-3", "--log-interval", "1",
+        "--eval-iters", "0"]
+NO_DROPOUT = ["--hidden-dropout", "0", "--attention-dropout", "0"]
+DP2_ZERO1 = LayerStrategy(dp=2, zero=1)
+SAVING_LAYERS = (LayerStrategy(tp=2, sp=True), LayerStrategy(dp=2, zero=3), LayerStrategy(dp=2), DP2_ZERO1)
+
+LOSS_RTOL = 1e-5
+"""Another plan sums the same fp32 products in another order (TP partial sums, DP and ZeRO-3 reductions over
+2 or 4 ranks, pipeline stages): over two steps the loss moves by a few fp32 roundings of values near 6
+(measured 1.7e-7 relative at most). 1e-5 leaves a factor of 50 and stays far below what a tensor loaded
+wrongly does: a layer left at its fresh initialisation moves the loss by more than 1e-2."""
+
+
+def _plan_file(folder: Path, name: str, world_size: int, chunks, embedding: LayerStrategy, pp: int = 1) -> Path:
+    model = pretrain_gpt.model_from_args(pretrain_gpt.parse_args([*TINY, "--train-iters", "6"]), 256)
+    path = folder / name
+    save_plan(Plan(space="hybrid", world_size=world_size, pipeline_parallel=pp, global_batch_size=4,
+                   num_micro_batches=pp, chunks=chunks, embedding=embedding, model=model), path)
+    return path
+
+
+def _run(world_size: int, args: list[str], log_dir: Path, ok: bool = True):
+    result = launch(world_size, ["tools/pretrain_gpt.py", *TINY, *args], 300, log_dir)
+    assert result.ok == ok, result.output[-4000:]
+    return result
+
+
+def _saved_run(folder: Path, extra: list[str]):
+    """6 iterations of the saving plan on 2 ranks, a checkpoint every 2: (checkpoint root, plan, losses)."""
+    plan = _plan_file(folder, "plan.json", 2, (Chunk(SAVING_LAYERS),), DP2_ZERO1)
+    result = _run(2, ["--auto-parallel-plan", str(plan), "--train-iters", "6", "--save-interval", "2",
+                      "--save", str(folder / "ckpt"), *extra], folder / "logs")
+    return folder / "ckpt", plan, logged_losses(result.output)
+
+
+@pytest.fixture(scope="module")
+def with_dropout(tmp_path_factory):
+    return _saved_run(tmp_path_factory.mktemp("hybrid_dropout"), [])
+
+
+@pytest.fixture(scope="module")
+def without_dropout(tmp_path_factory):
+    return _saved_run(tmp_path_factory.mktemp("hybrid_no_dropout"), NO_DROPOUT)
+
+
+def test_same_plan_resume_is_bit_identical(with_dropout, tmp_path):
+    """Dropout 0.1 (Megatron's default) in every part, the TP2 layer's inside its SP region too: the per-part
+    dropout streams, the Adam state of all three part-optimizer kinds and the fp32 masters come back exactly."""
+    reference, plan, reference_losses = with_dropout
+    result = _run(2, ["--auto-parallel-plan", str(plan), "--train-iters", "6", "--load", str(reference),
+                      "--ckpt-step", "4", "--save", str(tmp_path / "ckpt")], tmp_path / "logs")
+    assert "resumed from iteration 4 of" in result.output
+    losses = logged_losses(result.output)
+    assert losses == {i: reference_losses[i] for i in (5, 6)}
+    ours = checkpoint_tensors(tmp_path / "ckpt" / "iter_0000006", tmp_path)
+    theirs = checkpoint_tensors(reference / "iter_0000006", tmp_path)
+    assert ours.keys() == theirs.keys() and len(ours) > 150
+    assert any(name.startswith("optimizer.state.exp_avg_sq.decoder.layers.1.") for name in ours)  # the ZeRO-3 layer
+    assert [name for name in ours if not torch.equal(ours[name], theirs[name])] == []
+
+
+def test_without_the_saved_streams_the_resume_differs(with_dropout, tmp_path):
+    """The control of the test above: --no-load-rng draws other dropout masks."""
+    reference, plan, _ = with_dropout
+    _run(2, ["--auto-parallel-plan", str(plan), "--train-iters", "6", "--load", str(reference), "--ckpt-step", "4",
+             "--no-load-rng", "--save", str(tmp_path / "ckpt")], tmp_path / "logs")
+    ours = checkpoint_tensors(tmp_path / "ckpt" / "iter_0000006", tmp_path)
+    theirs = checkpoint_tensors(reference / "iter_0000006", tmp_path)
+    assert any(not torch.equal(ours[name], theirs[name]) for name in ours)
+
+
+def _assert_losses_match(losses: dict, reference: dict, iterations) -> None:
+    assert sorted(losses) == list(iterations), losses
+    for iteration in iterations:
+        ours, = {float(x) for x in losses[iteration]}
+        theirs, = {float(x) for x in reference[iteration]}
+        assert ours == pytest.approx(theirs, rel=LOSS_RTOL), (iteration, ours, theirs)
+
+
+def test_another_plan_and_world_size_resume_the_weights_and_optimizer_state(without_dropout, tmp_path):
+    """Two pipeline stages of 2 ranks, every layer under another layout (the ZeRO-3 layer now ZeRO-1, a
+    ZeRO-0 one now ZeRO-3, the TP2 one on the other stage): iterations 5 and 6 match the uninterrupted run
+    within LOSS_RTOL, so every weight, fp32 master and Adam moment was read into its new shard."""
+    reference, _, reference_losses = without_dropout
+    chunks = (Chunk((DP2_ZERO1, LayerStrategy(tp=2, sp=True))), Chunk((LayerStrategy(dp=2, zero=3), DP2_ZERO1)))
+    plan = _plan_file(tmp_path, "other.json", 4, chunks, DP2_ZERO1, pp=2)
+    result = _run(4, ["--auto-parallel-plan", str(plan), "--train-iters", "6", "--load", str(reference),
+                      "--ckpt-step", "4", *NO_DROPOUT], tmp_path / "logs")
+    _assert_losses_match(logged_losses(result.output), reference_losses, (5, 6))
+
+
+MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48", "--moe-layer-freq",
+       "([0]*1+[1]*3)", "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff", "1e-2",
+       "--swiglu", "--disable-bias-linear", "--normalization", "RMSNorm", "--global-batch-size", "8",
+       "--micro-batch-size", "1", "--lr", "3e-3", *NO_DROPOUT]
+
+
+def _moe_plan(folder: Path, name: str, layers, embedding: LayerStrategy) -> Path:
+    model = pretrain_gpt.model_from_args(pretrain_gpt.parse_args([*TINY, *MOE, "--train-iters", "3"]), 256)
+    save_plan(Plan(space="hybrid", world_size=4, pipeline_parallel=1, global_batch_size=8, num_micro_batches=2,
+                   chunks=(Chunk(layers),), embedding=embedding, model=model), folder / name)
+    return folder / name
+
+
+def test_moe_layers_resume_under_other_expert_degrees(tmp_path):
+    """A DeepSeek-style model (dense layer 0, MoE after) saved with its MoE layers at EP4, EP2 (ZeRO-0) and
+    TP2 + SP with EP2 x ETP1, resumed at EP2 x ETP2, EP4 and EP1: the experts' shards and their own
+    optimizer's state move to other ranks, and iteration 3 matches within LOSS_RTOL. (The embedding keeps
+    TP2, so the padded vocabulary, and with it the softmax, is the same.)"""
+    tp2 = LayerStrategy(tp=2, dp=2, sp=True, zero=1)
+    saving = _moe_plan(tmp_path, "saving.json", (tp2, LayerStrategy(dp=4, zero=1, ep=4), LayerStrategy(dp=4, ep=2),
+                                                  LayerStrategy(tp=2, dp=2, sp=True, zero=1, ep=2, etp=1)), tp2)
+    resuming = _moe_plan(tmp_path, "resuming.json", (LayerStrategy(dp=4, zero=3),
+                                                     LayerStrategy(tp=2, dp=2, sp=True, ep=2, etp=2),
+                                                     LayerStrategy(dp=4, zero=1, ep=4), LayerStrategy(dp=4, zero=1)),
+                         LayerStrategy(tp=2, dp=2))
+    first = _run(4, [*MOE, "--auto-parallel-plan", str(saving), "--train-iters", "3", "--save-interval", "2",
+                     "--save", str(tmp_path / "ckpt")], tmp_path / "saving")
+    again = _run(4, [*MOE, "--auto-parallel-plan", str(resuming), "--train-iters", "3", "--load",
+                     str(tmp_path / "ckpt"), "--ckpt-step", "2"], tmp_path / "resuming")
+    _assert_losses_match(logged_losses(again.output), logged_losses(first.output), (3,))
+
+
+def test_a_hybrid_checkpoint_under_a_megatron_space_plan_is_one_line(without_dropout, tmp_path):
+    reference, _, _ = without_dropout
+    result = _run(2, ["--tensor-model-parallel-size", "2", "--train-iters", "6", "--load", str(reference),
+                      "--no-load-optim"], tmp_path / "logs", ok=False)
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert errors and all("was saved by a hybrid-space plan" in line and "--auto-parallel-space hybrid" in line
+                          for line in errors), result.output[-3000:]
+    assert "Traceback" not in result.output
