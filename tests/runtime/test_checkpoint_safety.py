@@ -179,7 +179,7 @@ def test_auto_parallel_relaunch_at_another_world_size_replans_and_resumes(tmp_pa
     assert "parallel plan (auto-parallel)" in again.output and "resumed from iteration 4 of" in again.output
     assert sorted(_losses(again.output)) == [5, 6]
     assert re.search(r" iteration +6/ +6 \| consumed samples: +24 \|", again.output)
-    assert "no random-stream state for this rank and world size" in again.output
+    assert "no random-stream state for this rank, world size and plan" in again.output
 
 
 def test_adam_state_made_for_a_save_before_the_first_update_leaves_training_unchanged():
