@@ -80,10 +80,37 @@ class StockFormat:
         return optimizer.sharded_state_dict(merged, is_loading=is_loading, metadata=OPTIMIZER_METADATA)
 
     def load_optimizer(self, optimizer, loaded: dict) -> None:
+        restore_zero_adam_step(loaded)
         optimizer.load_state_dict(loaded)
 
     def random_streams(self) -> list:
         return []
+
+
+def restore_zero_adam_step(state) -> None:
+    """Put back the Adam step 0 that megatron-core left out of a checkpoint.
+
+    megatron-core 0.16.1 writes a non-distributed optimizer's shared step only `if step:`
+    (optimizer.py, MixedPrecisionOptimizer and FP32Optimizer `sharded_state_dict`), so a
+    checkpoint saved before the first update (every fp16 iteration skipped by the loss
+    scale's back-off) has per-parameter state without a step, which torch's Adam refuses
+    to load (`KeyError: 'step'`). Zero is the value that was dropped.
+    """
+    if isinstance(state, (list, tuple)):
+        for part in state:
+            restore_zero_adam_step(part)
+        return
+    if not isinstance(state, dict):
+        return
+    per_param = state.get("state")
+    if isinstance(per_param, dict) and isinstance(state.get("param_groups"), list):
+        entries = [entry for key, entry in per_param.items() if key != "common_step" and isinstance(entry, dict)]
+        adam = entries and all("exp_avg" in entry for entry in entries)
+        if adam and "common_step" not in per_param and not any("step" in entry for entry in entries):
+            per_param["common_step"] = torch.zeros((), dtype=torch.float32)
+        return
+    for value in state.values():
+        restore_zero_adam_step(value)
 
 
 def checkpoint_format(model: list):

@@ -197,3 +197,33 @@ def test_adam_state_made_for_a_save_before_the_first_update_leaves_training_unch
         param.grad = grad.clone()
         optimizer.step()
     assert torch.equal(params[0], params[1]) and not torch.equal(params[0], start)
+
+
+def _losses_and_scales(output: str) -> dict[int, tuple[str, str]]:
+    return {int(i): (loss, scale) for i, loss, scale in
+            re.findall(r" iteration +(\d+)/ .*?\| lm loss: (\S+) \| loss scale: (\S+) \|", output)}
+
+
+def test_fp16_checkpoint_saved_before_any_update_resumes_as_if_uninterrupted(tmp_path):
+    """At fp16's first loss scale (2^32) every early iteration overflows and is skipped, so the
+    checkpoint of iteration 2 holds Adam step 0, which megatron-core leaves out of the file
+    (checkpoint.restore_zero_adam_step). The resume must load it and go on as one run would."""
+    fp16, root = ["--fp16", "--save-interval", "2"], tmp_path / "ckpt"
+    whole = _direct([*fp16, "--train-iters", "4"], 2, tmp_path / "whole")
+    first = _direct([*fp16, "--train-iters", "2", "--save", str(root)], 2, tmp_path / "first")
+    again = _direct([*fp16, "--train-iters", "4", "--load", str(root)], 2, tmp_path / "again")
+    assert whole.ok and first.ok and again.ok, (first.output + again.output)[-3000:]
+    assert "number of skipped iterations:   1" in first.output and "resumed from iteration 2 of" in again.output
+    expected = _losses_and_scales(whole.output)
+    assert len(expected) == 4 and _losses_and_scales(again.output) == {i: expected[i] for i in (3, 4)}
+
+
+def test_a_dropped_zero_adam_step_is_restored_and_nothing_else_changes():
+    dropped = {"optimizer": {"state": {0: {"exp_avg": torch.zeros(2), "exp_avg_sq": torch.zeros(2)}},
+                             "param_groups": [{"params": [0]}]}}
+    kept = {"state": {0: {"exp_avg": torch.zeros(2), "exp_avg_sq": torch.zeros(2)}, "common_step": torch.tensor(3.0)},
+            "param_groups": [{"params": [0]}]}
+    sgd = {"state": {0: {"momentum_buffer": torch.zeros(2)}}, "param_groups": [{"params": [0]}]}
+    checkpoint.restore_zero_adam_step({0: dropped, 1: kept, 2: sgd})
+    assert float(dropped["optimizer"]["state"]["common_step"]) == 0.0
+    assert float(kept["state"]["common_step"]) == 3.0 and "common_step" not in sgd["state"]
