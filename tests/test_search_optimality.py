@@ -5,6 +5,7 @@ from dataclasses import replace
 import pytest
 
 from megatron_auto.cost.estimate import estimate_plan
+from megatron_auto.cost.peak_memory import device_budget_bytes
 from megatron_auto.errors import UserError
 from megatron_auto.plan import Chunk, Plan
 from megatron_auto.search import search_plan
@@ -39,7 +40,28 @@ SLOW_RS_CLUSTER = replace(CLUSTER, measured=MeasuredCosts(cluster=replace(RUNTIM
 
 
 def _brute_force_hybrid(training, constraints, cluster=CLUSTER):
-    best = None
+    """The fastest plan of every plan there is that fits `training`'s budget (None if none fits)."""
+    budget_gib = device_budget_bytes(cluster, training) / GIB
+    fitting = [time for device_gib, time in _every_hybrid_plan(training.global_batch_size, constraints, cluster)
+               if device_gib <= budget_gib]
+    return min(fitting, default=None)
+
+
+_EVERY_PLAN: dict = {}
+
+
+def _every_hybrid_plan(global_batch_size, constraints, cluster):
+    """(device memory GiB, iteration time) of every hybrid plan, estimated once per constraint and cluster:
+    the budget decides only which of them fit (estimate_plan: fits = device <= budget)."""
+    key = (global_batch_size, constraints, id(cluster))
+    if key not in _EVERY_PLAN:
+        training = TrainingSpec(global_batch_size=global_batch_size, memory_budget_bytes=1 << 50)
+        _EVERY_PLAN[key] = [(prediction.device_memory_gib, prediction.iteration_time_s)
+                            for prediction in _estimate_every_hybrid_plan(training, constraints, cluster)]
+    return _EVERY_PLAN[key]
+
+
+def _estimate_every_hybrid_plan(training, constraints, cluster):
     for pp in (p for p in divisors(cluster.world_size) if p <= MODEL.num_layers):
         gpus = cluster.world_size // pp
         for samples in micro_batch_sizes(training, pp, gpus):
@@ -57,10 +79,7 @@ def _brute_force_hybrid(training, constraints, cluster=CLUSTER):
                                 global_batch_size=training.global_batch_size,
                                 num_micro_batches=training.global_batch_size // samples,
                                 chunks=tuple(chunks), embedding=embedding, model=MODEL)
-                    prediction = estimate_plan(plan, MODEL, cluster, training)
-                    if prediction.fits and (best is None or prediction.iteration_time_s < best):
-                        best = prediction.iteration_time_s
-    return best
+                    yield estimate_plan(plan, MODEL, cluster, training)
 
 
 def _compositions(total, parts):

@@ -784,6 +784,7 @@ def configure_logging() -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     configure_logging()
+    from megatron_auto.runtime.faults import peer_failure
     from megatron_auto.runtime.stopping import TrainingDiverged
 
     try:
@@ -793,6 +794,12 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except TrainingDiverged as error:  # Megatron-LM stops with an error too (its rerun state machine)
         print(f"error: {error}", file=sys.stderr)
+        return 1
+    except RuntimeError as error:  # a peer that stalled or died: one line, and torchrun may restart the job
+        said = peer_failure(error)
+        if said is None:
+            raise
+        print(f"error: {said}", file=sys.stderr)
         return 1
     return 0
 

@@ -307,7 +307,7 @@ def train(session: Session, run: Optional[Callable[[Session], StepResult]] = Non
                             (time.time() - session.started_at) / 60, session.iteration)
             return results
         _maybe_save(session, last=session.iteration == stop)
-        faults.maybe_kill(session.iteration)
+        faults.maybe_inject(session.iteration)
         if after_iteration is not None:
             after_iteration(session, result)
     if session.iteration == settings.train_iters:

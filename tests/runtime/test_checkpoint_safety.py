@@ -227,3 +227,20 @@ def test_a_dropped_zero_adam_step_is_restored_and_nothing_else_changes():
     checkpoint.restore_zero_adam_step({0: dropped, 1: kept, 2: sgd})
     assert float(dropped["optimizer"]["state"]["common_step"]) == 0.0
     assert float(kept["state"]["common_step"]) == 3.0 and "common_step" not in sgd["state"]
+
+
+@pytest.mark.parametrize("fault, survivors, words", [
+    # Rank 1 sleeps 20 s after iteration 2; its peer's 6 s timeout runs out first, and rank 1 then
+    # wakes to a closed connection. The 14 s between them leave room for a loaded machine.
+    (("MEGATRON_AUTO_INJECT_STALL", "2:1:20"), (0, 1), ("timed out waiting for a peer", "lost the connection to a peer")),
+    (("MEGATRON_AUTO_INJECT_KILL", "2:1"), (0,), ("lost the connection to a peer",))])
+def test_a_peer_that_stalls_or_dies_mid_run_ends_the_others_with_one_line(fault, survivors, words, tmp_path,
+                                                                       monkeypatch):
+    monkeypatch.setenv(*fault)
+    done = _direct(["--train-iters", "6", "--distributed-timeout-minutes", "0.1"], 2, tmp_path / "logs")
+    logs = [(tmp_path / "logs" / f"rank{rank}.log").read_text() for rank in survivors]
+    assert [done.returncodes[rank] for rank in survivors] == [1] * len(survivors), done.output[-3000:]
+    for rank, log, expected in zip(survivors, logs, words):
+        errors = [line for line in log.splitlines() if line.startswith("error:")]
+        assert len(errors) == 1 and f"rank {rank}: {expected}" in errors[0], log[-3000:]
+        assert "Traceback" not in log and "Timed out" not in log.replace(errors[0], "")
