@@ -79,7 +79,6 @@ def test_hybrid_space_keeps_moe_layers_at_zero_0_or_1(capsys, tmp_path):
     from megatron_auto.errors import UserError
     from megatron_auto.plan import Chunk, LayerStrategy, Plan
     from megatron_auto.runtime.hybrid.session import check_supported
-    from megatron_auto.runtime.settings import TrainSettings
     from megatron_auto.search.tables import _allowed
     from megatron_auto.specs.model import load_model
 
@@ -97,4 +96,4 @@ def test_hybrid_space_keeps_moe_layers_at_zero_0_or_1(capsys, tmp_path):
                  chunks=(Chunk(tuple(LayerStrategy(dp=2, zero=3) for _ in model.layers)),),
                  embedding=LayerStrategy(dp=2, zero=1))
     with pytest.raises(UserError, match="layer 1 has ZeRO-3"):
-        check_supported(zero3, model, TrainSettings())
+        check_supported(zero3, model)

@@ -650,7 +650,7 @@ def check_plan_runs(plan, settings: TrainSettings, model: ModelSpec) -> None:
     if plan.space == "hybrid":
         from megatron_auto.runtime.hybrid.session import check_supported
 
-        check_supported(plan, model, settings)
+        check_supported(plan, model)
 
 
 def plan_basis(args: argparse.Namespace, plan, model: ModelSpec, world_size: int, settings: TrainSettings):

@@ -14,6 +14,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -21,7 +22,7 @@ import pytest
 import torch
 
 from checkpoint_files import checkpoint_tensors as _tensors, logged_losses as _losses
-from launcher import REPO, launch
+from launcher import REPO, free_port, launch
 from megatron_auto.runtime import checkpoint
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -244,3 +245,55 @@ def test_a_peer_that_stalls_or_dies_mid_run_ends_the_others_with_one_line(fault,
         errors = [line for line in log.splitlines() if line.startswith("error:")]
         assert len(errors) == 1 and f"rank {rank}: {expected}" in errors[0], log[-3000:]
         assert "Traceback" not in log and "Timed out" not in log.replace(errors[0], "")
+
+
+def _elastic_agent(port: int, args: list[str], log: Path, tag: str, env: dict) -> subprocess.Popen:
+    """One torchrun agent of an elastic job of 1 to 2 nodes, 2 ranks each, on this host.
+
+    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the store shared (torch's default), the agent that
+    was rank 0 skips publishing the new round's MASTER_ADDR and a membership change hangs
+    (pytorch/pytorch#135712); README says so for users."""
+    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node", "2",
+               "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "elastic-test",
+               "--rdzv-conf", "join_timeout=120,last_call_timeout=1", "--max-restarts", "2",
+               "--monitor-interval", "0.2", "tools/pretrain_gpt.py", *TINY, *args]
+    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore", JOB_TAG: tag,
+                "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+                "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **env}
+    return subprocess.Popen(command, cwd=REPO, env=full_env, stdout=log.open("w"), stderr=subprocess.STDOUT)
+
+
+def _wait_for(text: str, log: Path, seconds: float) -> None:
+    deadline = time.monotonic() + seconds
+    while text not in log.read_text():
+        assert time.monotonic() < deadline, f"no {text!r} in {seconds} s: {log.read_text()[-3000:]}"
+        time.sleep(0.2)
+
+
+def test_an_elastic_job_that_gains_a_node_replans_for_it_and_resumes(tmp_path):
+    """torchrun --nnodes 1:2: the job starts on one agent (2 ranks); a second agent joins, torchrun
+    restarts every worker at world size 4, and --auto-parallel re-plans and resumes from the last
+    complete checkpoint. The losses after it are those of a 4-rank relaunch from that checkpoint."""
+    root, tag, port = tmp_path / "ckpt", uuid.uuid4().hex, free_port()
+    args = ["--train-iters", "8", "--save-interval", "4", "--save", str(root), "--load", str(root), "--auto-parallel"]
+    first_log, second_log = tmp_path / "first.log", tmp_path / "second.log"
+    # The first agent's rank 0 hangs after the save at 4 until the membership change restarts it.
+    first = _elastic_agent(port, args, first_log, tag, {"MEGATRON_AUTO_INJECT_STALL": "4:0:600"})
+    try:
+        _wait_for("saved checkpoint at iteration 4", first_log, 300)
+        second = _elastic_agent(port, args, second_log, tag, {})
+        codes = (first.wait(timeout=300), second.wait(timeout=300))
+    finally:
+        _kill_tagged(tag)
+    output = first_log.read_text() + second_log.read_text()
+    assert codes == (0, 0), output[-4000:]
+    # Global rank 0 logs the plan: before the restart on the first agent, after it on either.
+    assert sorted(re.findall(r"for model pretrain_gpt on (\d+) GPUs", output)) == ["2", "4"]
+    assert "resumed from iteration 4 of" in output
+    consumed = re.findall(r" iteration +(\d+)/ +8 \| consumed samples: +(\d+) \|", output)
+    assert {int(i) for i, _ in consumed} == set(range(1, 9)) and all(int(n) == 4 * int(i) for i, n in consumed)
+    relaunch = launch(4, ["tools/pretrain_gpt.py", *TINY, "--train-iters", "8", "--load", str(root), "--ckpt-step", "4",
+                          "--auto-parallel"], 300, tmp_path / "relaunch")
+    assert relaunch.ok, relaunch.output[-3000:]
+    resumed = {i: losses for i, losses in _losses(output).items() if i > 4}
+    assert resumed == _losses(relaunch.output) and sorted(resumed) == [5, 6, 7, 8]

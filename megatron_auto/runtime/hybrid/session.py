@@ -43,7 +43,7 @@ class HybridRuntime:
     """moe_metrics.HybridLayers of a MoE model (its aux losses reduce per layer), else None."""
 
 
-def check_supported(plan: Plan, model: ModelSpec, settings: TrainSettings) -> None:
+def check_supported(plan: Plan, model: ModelSpec) -> None:
     """UserError for what the hybrid runtime does not run yet."""
     sharded_moe = next(((index, strategy.zero) for index, (layer, strategy)
                         in enumerate(zip(model.layers, plan.layer_strategies))
@@ -95,7 +95,7 @@ def build(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, backend: s
     from .. import config as configs
     from ..model import set_random_seed
 
-    check_supported(plan, model_spec, settings)
+    check_supported(plan, model_spec)
     initialize_parallel(plan, settings.timeout_s)
     set_random_seed(settings.seed)
     pgs = HybridProcessGroups(plan, model_spec.seq_length, settings.timeout_s)
