@@ -34,8 +34,8 @@ Megatron-LM's own launch scripts run as they are (tests/launch_lines/ holds shru
 schedules (`--train-samples`, `--lr-decay-samples`, `--lr-warmup-samples`), growing batches
 (`--rampup-batch-size`, `--step-batch-size-schedule`: runtime/batch_schedule.py), `--kv-channels`,
 `--add-qkv-bias`, `--qk-layernorm`, `--apply-layernorm-1p`, `--decoupled-lr`, `--calculate-per-token-loss`,
-`--exit-duration-in-mins`, `--no-load-optim`, NaN checks, evaluations that walk through the validation
-split and a validation pass after the last iteration keep Megatron-LM's meaning; `--tensorboard-dir` and
+`--exit-duration-in-mins`, `--exit-signal-handler`, `--no-load-optim`, NaN checks, evaluations that walk through
+the validation split and a validation pass after the last iteration keep Megatron-LM's meaning; `--tensorboard-dir` and
 `--wandb-*` write scalars when their packages import; MoE models (`--num-experts`, `--moe-*`) train with
 Megatron-Core's MoE layer under `--expert-model-parallel-size` / `--expert-tensor-parallel-size` (chosen
 by the planner under --auto-parallel); fp8 and context parallelism are refused before any work with one
@@ -73,7 +73,7 @@ from megatron_auto.kernels import (ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMU
                                    OPTIMIZER_IMPLS, resolve_attention_backend, resolve_optimizer_impl)
 from megatron_auto.runtime import compat_flags  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
-from megatron_auto.runtime.settings import DataSettings, MoESettings, TrainSettings  # noqa: E402
+from megatron_auto.runtime.settings import EXIT_SIGNALS, DataSettings, MoESettings, TrainSettings  # noqa: E402
 from megatron_auto.runtime.tokenizers import add_tokenizer_flags, tokenizer_from_flags  # noqa: E402
 from megatron_auto.search.constraints import SearchConstraints  # noqa: E402
 from megatron_auto.specs.model import ModelSpec, uniform_model  # noqa: E402
@@ -311,6 +311,11 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--exit-interval", type=int, default=0)
     group.add_argument("--exit-duration-in-mins", type=float, default=0.0,
                        help="save (with --save) and stop once training has run this long")
+    group.add_argument("--exit-signal-handler", action="store_true",
+                       help="on --exit-signal (a scheduler's warning before it kills the job), save (with --save) "
+                            "and stop after the current iteration, on every rank")
+    group.add_argument("--exit-signal", choices=EXIT_SIGNALS, default="SIGTERM",
+                       help="the signal --exit-signal-handler catches (default SIGTERM)")
     group.add_argument("--no-load-optim", action="store_true",
                        help="with --load: restore the weights and the iteration, not the optimizer or schedule")
     group.add_argument("--no-load-rng", action="store_true",
@@ -532,6 +537,7 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         decoupled_lr=args.decoupled_lr, decoupled_min_lr=args.decoupled_min_lr,
         calculate_per_token_loss=args.calculate_per_token_loss, check_for_nan=args.check_for_nan_in_loss_and_grad,
         exit_duration_s=args.exit_duration_in_mins * 60, load_optimizer=not args.no_load_optim,
+        exit_signal=args.exit_signal if args.exit_signal_handler else None,
         load_rng=not args.no_load_rng, tensorboard_dir=args.tensorboard_dir, wandb_project=args.wandb_project,
         wandb_exp_name=args.wandb_exp_name, wandb_save_dir=args.wandb_save_dir, wandb_entity=args.wandb_entity,
         lr=args.lr, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,

@@ -281,7 +281,8 @@ def train(session: Session, run: Optional[Callable[[Session], StepResult]] = Non
     `run` replaces run_iteration (runtime.oom.OomGuard); `after_iteration` is called after each
     iteration (runtime.memory_check.MemoryCheck). A NaN loss or gradient raises
     stopping.TrainingDiverged (with --check-for-nan-in-loss-and-grad, the default); past
-    --exit-duration-in-mins the run saves (with --save) and stops."""
+    --exit-duration-in-mins, or once --exit-signal-handler's signal has come, the run saves (with
+    --save) and stops."""
     settings = session.settings
     stop = stop_iteration(settings)
     flops = metrics.model_flops_per_iteration(session.model_spec, session.layout.global_batch_size,
@@ -289,27 +290,37 @@ def train(session: Session, run: Optional[Callable[[Session], StepResult]] = Non
     results = []
     if session.scalars is None and is_logging_rank():
         session.scalars = tensorboard_log.open_sinks(settings)
-    while session.iteration < stop:
-        start = time.perf_counter()
-        result = (run or run_iteration)(session)
-        elapsed = time.perf_counter() - start
-        results.append(result)
-        if settings.check_for_nan:
-            stopping.check_for_nan(result, session.iteration, session.device)
-        if is_logging_rank() and session.iteration % max(1, settings.log_interval) == 0:
-            _log_iteration(session, result, elapsed, flops)
-        if settings.eval_interval and session.iteration % settings.eval_interval == 0:
-            _validate(session, "")
-        if stopping.duration_exceeded(session.started_at, settings.exit_duration_s, session.device):
-            _maybe_save(session, last=True)
-            if is_logging_rank():
-                logger.info("exiting after %.2f minutes (--exit-duration-in-mins) at iteration %d",
-                            (time.time() - session.started_at) / 60, session.iteration)
-            return results
-        _maybe_save(session, last=session.iteration == stop)
-        faults.maybe_inject(session.iteration)
-        if after_iteration is not None:
-            after_iteration(session, result)
+    with stopping.exit_signal(settings.exit_signal) as exit_signal:
+        while session.iteration < stop:
+            start = time.perf_counter()
+            result = (run or run_iteration)(session)
+            elapsed = time.perf_counter() - start
+            results.append(result)
+            if settings.check_for_nan:
+                stopping.check_for_nan(result, session.iteration, session.device)
+            if is_logging_rank() and session.iteration % max(1, settings.log_interval) == 0:
+                _log_iteration(session, result, elapsed, flops)
+            if settings.eval_interval and session.iteration % settings.eval_interval == 0:
+                _validate(session, "")
+            reason = _early_exit(session, exit_signal)
+            if reason is not None:
+                _maybe_save(session, last=True)
+                if is_logging_rank():
+                    logger.info("exiting %s at iteration %d", reason, session.iteration)
+                return results
+            _maybe_save(session, last=session.iteration == stop)
+            faults.maybe_inject(session.iteration)
+            if after_iteration is not None:
+                after_iteration(session, result)
     if session.iteration == settings.train_iters:
         _validate(session, " on validation set (end of training)")
     return results
+
+
+def _early_exit(session: Session, exit_signal: Optional[stopping.ExitSignal]) -> Optional[str]:
+    """Why every rank stops after this iteration (None: it goes on)."""
+    if stopping.duration_exceeded(session.started_at, session.settings.exit_duration_s, session.device):
+        return f"after {(time.time() - session.started_at) / 60:.2f} minutes (--exit-duration-in-mins)"
+    if exit_signal is not None and exit_signal.agreed(session.device):
+        return f"on {exit_signal.name} (--exit-signal-handler)"
+    return None

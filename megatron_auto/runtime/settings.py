@@ -9,6 +9,9 @@ from typing import Optional
 
 from .batch_schedule import BatchRamp
 
+EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
+"""What --exit-signal may name."""
+
 
 @dataclass(frozen=True)
 class DataSettings:
@@ -177,6 +180,9 @@ class TrainSettings:
     """Stop after this iteration (0: run to train_iters); for tests of resumption."""
     exit_duration_s: float = 0.0
     """Save (with `save`) and stop once training has run this long (--exit-duration-in-mins; 0: never)."""
+    exit_signal: Optional[str] = None
+    """With --exit-signal-handler, the signal (one of EXIT_SIGNALS) on which the run saves (with
+    `save`) and stops after the current iteration; None: the signal keeps its default action."""
     load_optimizer: bool = True
     """With `load`: restore the optimizer and learning-rate schedule (False: --no-load-optim)."""
     load_rng: bool = True

@@ -1,10 +1,13 @@
-"""Why a run stops early, as Megatron-LM decides it: a NaN in the loss or gradients, or the
---exit-duration-in-mins budget. Both are agreed on by every rank (a MAX all-reduce of a flag), so
-all ranks stop at the same iteration."""
+"""Why a run stops early, as Megatron-LM decides it: a NaN in the loss or gradients, the
+--exit-duration-in-mins budget, or the signal of --exit-signal-handler. Each is agreed on by every
+rank (a MAX all-reduce of a flag), so all ranks stop at the same iteration."""
 from __future__ import annotations
 
+import contextlib
 import math
+import signal
 import time
+from typing import Iterator, Optional
 
 import torch
 
@@ -43,3 +46,35 @@ def duration_exceeded(started_at: float, limit_s: float, device: torch.device) -
     if not limit_s:
         return False
     return _any_rank(time.time() - started_at > limit_s, device)
+
+
+class ExitSignal:
+    """--exit-signal-handler: notes that the signal arrived; the training loop then saves and stops
+    at the end of the iteration every rank is in (a scheduler's warning before it kills the job)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.received = False
+
+    def note(self, signum, frame) -> None:
+        self.received = True
+
+    def agreed(self, device: torch.device) -> bool:
+        """Whether the signal reached any rank (every rank must call it, once per iteration)."""
+        return _any_rank(self.received, device)
+
+
+@contextlib.contextmanager
+def exit_signal(name: Optional[str]) -> Iterator[Optional[ExitSignal]]:
+    """An ExitSignal catching signal `name` for the length of the block (None: the signal keeps its
+    default action, which ends the process)."""
+    if name is None:
+        yield None
+        return
+    caught = ExitSignal(name)
+    signum = getattr(signal, name)
+    previous = signal.signal(signum, caught.note)
+    try:
+        yield caught
+    finally:
+        signal.signal(signum, previous)

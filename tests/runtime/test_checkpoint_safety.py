@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from checkpoint_files import checkpoint_tensors as _tensors, logged_losses as _losses
-from launcher import REPO, free_port, launch
+from launcher import REPO, free_port, launch, rank_env
 from megatron_auto.runtime import checkpoint
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -233,7 +233,8 @@ def test_a_dropped_zero_adam_step_is_restored_and_nothing_else_changes():
 @pytest.mark.parametrize("fault, survivors, words", [
     # Rank 1 sleeps 20 s after iteration 2; its peer's 6 s timeout runs out first, and rank 1 then
     # wakes to a closed connection. The 14 s between them leave room for a loaded machine.
-    (("MEGATRON_AUTO_INJECT_STALL", "2:1:20"), (0, 1), ("timed out waiting for a peer", "lost the connection to a peer")),
+    (("MEGATRON_AUTO_INJECT_STALL", "2:1:20"), (0, 1),
+     ("timed out waiting for a peer", "lost the connection to a peer")),
     (("MEGATRON_AUTO_INJECT_KILL", "2:1"), (0,), ("lost the connection to a peer",))])
 def test_a_peer_that_stalls_or_dies_mid_run_ends_the_others_with_one_line(fault, survivors, words, tmp_path,
                                                                        monkeypatch):
@@ -297,3 +298,28 @@ def test_an_elastic_job_that_gains_a_node_replans_for_it_and_resumes(tmp_path):
     assert relaunch.ok, relaunch.output[-3000:]
     resumed = {i: losses for i, losses in _losses(output).items() if i > 4}
     assert resumed == _losses(relaunch.output) and sorted(resumed) == [5, 6, 7, 8]
+
+
+def test_the_exit_signal_saves_and_stops_every_rank_at_one_iteration(tmp_path):
+    """--exit-signal-handler: SIGTERM to rank 0 alone (as a scheduler's warning may reach one node
+    first) stops both ranks after the same iteration, with a complete checkpoint of it. Rank 1, the
+    last, logs the iterations and the exit."""
+    root, port = tmp_path / "ckpt", free_port()
+    argv = ["tools/pretrain_gpt.py", *TINY, *TWO_RANKS, "--train-iters", "100000", "--save", str(root),
+            "--exit-signal-handler"]
+    logs = [(tmp_path / f"rank{rank}.log").open("w+") for rank in range(2)]
+    ranks = [subprocess.Popen([sys.executable, *argv], cwd=REPO, env=rank_env(rank, 2, port), stdout=logs[rank],
+                              stderr=subprocess.STDOUT, start_new_session=True) for rank in range(2)]
+    try:
+        _wait_for("iteration        3/", tmp_path / "rank1.log", 120)
+        ranks[0].send_signal(signal.SIGTERM)
+        codes = [rank.wait(timeout=120) for rank in ranks]
+    finally:
+        for rank in ranks:
+            rank.kill()
+    output = "".join((tmp_path / f"rank{rank}.log").read_text() for rank in range(2))
+    assert codes == [0, 0], output[-3000:]
+    stopped = re.findall(r"exiting on SIGTERM \(--exit-signal-handler\) at iteration (\d+)", output)
+    assert len(stopped) == 1 and 3 <= int(stopped[0]) < 100000
+    assert checkpoint.load_candidates(str(root)) == [int(stopped[0])]
+    assert max(_losses(output)) == int(stopped[0])
