@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import struct
 from dataclasses import dataclass
 from typing import Optional, Sequence
@@ -65,10 +66,15 @@ def parse_split(split: str) -> list[float]:
     """`--split` as normalized train/valid/test shares (megatron-core's parser, its errors as one line)."""
     from megatron.core.datasets.blended_megatron_dataset_config import parse_and_normalize_split
 
-    try:
-        shares = parse_and_normalize_split(split)
-    except (AssertionError, ValueError, ZeroDivisionError):
-        shares = None
+    # megatron-core keeps whatever its number pattern finds ("98,2,x" reads as 98,2,0 and "-1,2,3"
+    # as 1,2,3), so each field is checked here first.
+    fields = [field.strip() for field in re.split(r"[,/]", split.strip())]
+    shares = None
+    if len(fields) <= 3 and all(re.fullmatch(r"\d+(\.\d*)?|\.\d+", field) for field in fields):
+        try:
+            shares = parse_and_normalize_split(split)
+        except (AssertionError, ValueError, ZeroDivisionError):
+            shares = None
     if shares is None or not np.isfinite(shares).all() or shares[0] <= 0:
         raise UserError(f"--split {split!r}: give up to three non-negative comma-separated weights "
                         "(train, validation, test) with a positive train weight, e.g. 949,50,1")

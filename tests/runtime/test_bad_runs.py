@@ -170,6 +170,9 @@ CASES = [
     ("validation_without_validation_split", ["--split", "100,0,0", "--eval-iters", "2"], 1,
      "--split 100,0,0 leaves no validation data, but --eval-iters 2 asks for validation"),
     ("cache_path_under_a_file", ["--data-cache-path", "@under_a_file"], 1, "cannot be created"),
+    # megatron-core's split parser keeps the numbers it finds: "98,2,x" would read as 98,2,0, "-1,2,3" as 1,2,3.
+    ("split_with_a_word", ["--split", "98,2,x"], 1, "--split '98,2,x': give up to three non-negative"),
+    ("split_negative", ["--split=-1,2,3"], 1, "--split '-1,2,3': give up to three non-negative"),
 ]
 
 
