@@ -201,7 +201,12 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
                             "threshold 0); the last batch is the global batch")
     group.add_argument("--lr", type=float, default=1e-4)
     group.add_argument("--min-lr", type=float, default=0.0)
-    group.add_argument("--lr-decay-style", default="linear", choices=("constant", "linear", "cosine", "inverse-square-root"))
+    group.add_argument("--lr-decay-style", default="linear",
+                       choices=("constant", "linear", "cosine", "inverse-square-root", "WSD"))
+    group.add_argument("--lr-wsd-decay-style", default="exponential",
+                       choices=("exponential", "linear", "cosine", "minus_sqrt"))
+    group.add_argument("--lr-wsd-decay-iters", type=int, help="with WSD: iterations of the final decay")
+    group.add_argument("--lr-wsd-decay-samples", type=int, help="with WSD and --train-samples: samples of it")
     group.add_argument("--lr-warmup-iters", type=int, default=0)
     group.add_argument("--lr-warmup-fraction", type=float)
     group.add_argument("--lr-warmup-init", type=float, default=0.0, help="learning rate at the start of the warm-up")
@@ -219,6 +224,10 @@ def _training_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--disable-bf16-reduced-precision-matmul", action="store_true",
                        help="CUDA bf16 GEMMs accumulate without reduced-precision reductions")
     group.add_argument("--weight-decay", type=float, default=0.01)
+    group.add_argument("--start-weight-decay", type=float, help="with --weight-decay-incr-style linear/cosine")
+    group.add_argument("--end-weight-decay", type=float, help="with --weight-decay-incr-style linear/cosine")
+    group.add_argument("--weight-decay-incr-style", default="constant", choices=("constant", "linear", "cosine"),
+                       help="how the weight decay moves from its start to its end value over the run")
     group.add_argument("--clip-grad", type=float, default=1.0)
     group.add_argument("--adam-beta1", type=float, default=0.9)
     group.add_argument("--adam-beta2", type=float, default=0.999)
@@ -541,6 +550,9 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         load_rng=not args.no_load_rng, tensorboard_dir=args.tensorboard_dir, wandb_project=args.wandb_project,
         wandb_exp_name=args.wandb_exp_name, wandb_save_dir=args.wandb_save_dir, wandb_entity=args.wandb_entity,
         lr=args.lr, min_lr=args.min_lr, lr_decay_style=args.lr_decay_style,
+        lr_wsd_decay_style=args.lr_wsd_decay_style, lr_wsd_decay_iters=args.lr_wsd_decay_iters,
+        lr_wsd_decay_samples=args.lr_wsd_decay_samples, weight_decay_incr_style=args.weight_decay_incr_style,
+        start_weight_decay=args.start_weight_decay, end_weight_decay=args.end_weight_decay,
         lr_warmup_iters=args.lr_warmup_iters, lr_decay_iters=args.lr_decay_iters, weight_decay=args.weight_decay,
         clip_grad=args.clip_grad, adam_beta1=args.adam_beta1, adam_beta2=args.adam_beta2, adam_eps=args.adam_eps,
         precision=precision, loss_scale=args.loss_scale, initial_loss_scale=args.initial_loss_scale,

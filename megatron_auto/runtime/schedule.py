@@ -8,12 +8,14 @@ batch each iteration, so every length is in samples:
 - sample-based (--train-samples): decay = lr_decay_samples (default train_samples), weight-decay
   increment = train_samples, warm-up = lr_warmup_samples, and train_iters = train_samples //
   global batch (Megatron-LM's update_train_iters; with a growing batch, batch_schedule.BatchSizer's count);
-- --lr-warmup-fraction in both: warm-up = fraction x decay steps.
+- --lr-warmup-fraction in both: warm-up = fraction x decay steps;
+- WSD's final decay: lr_wsd_decay_iters x global batch, or lr_wsd_decay_samples.
 """
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Optional
 
 from .settings import TrainSettings
 
@@ -28,6 +30,8 @@ class ScheduleSteps:
     """Samples over which the rate decays."""
     weight_decay_increment: int
     """Samples over which the weight decay moves from its start to its end value."""
+    wsd_decay: Optional[int] = None
+    """With --lr-decay-style WSD: samples of the final decay (None: not WSD, or not given)."""
 
 
 def resolve_samples(settings: TrainSettings, global_batch_size: int) -> TrainSettings:
@@ -43,14 +47,19 @@ def resolve_samples(settings: TrainSettings, global_batch_size: int) -> TrainSet
 
 def schedule_steps(settings: TrainSettings, global_batch_size: int) -> ScheduleSteps:
     """Warm-up, decay and weight-decay lengths of `settings`' schedule, in samples."""
+    wsd = None
     if settings.train_samples is not None:
         decay = settings.lr_decay_samples or settings.train_samples
         increment = settings.train_samples
         warmup = settings.lr_warmup_samples
+        wsd = settings.lr_wsd_decay_samples
     else:
         decay = (settings.lr_decay_iters or settings.train_iters) * global_batch_size
         increment = settings.train_iters * global_batch_size
         warmup = settings.lr_warmup_iters * global_batch_size
+        if settings.lr_wsd_decay_iters is not None:
+            wsd = settings.lr_wsd_decay_iters * global_batch_size
     if settings.lr_warmup_fraction is not None:
         warmup = settings.lr_warmup_fraction * decay
-    return ScheduleSteps(warmup=warmup, decay=decay, weight_decay_increment=increment)
+    return ScheduleSteps(warmup=warmup, decay=decay, weight_decay_increment=increment,
+                         wsd_decay=wsd if settings.lr_decay_style == "WSD" else None)

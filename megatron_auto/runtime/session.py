@@ -68,11 +68,15 @@ def _scheduler(optimizer, settings: TrainSettings, global_batch_size: int):
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
     steps = schedule.schedule_steps(settings, global_batch_size)
+    start_wd, end_wd = settings.weight_decay, settings.weight_decay
+    if settings.weight_decay_incr_style != "constant":  # Megatron-LM: both given (validation.py checks)
+        start_wd, end_wd = settings.start_weight_decay, settings.end_weight_decay
     return OptimizerParamScheduler(
         optimizer, init_lr=settings.lr_warmup_init if steps.warmup else settings.lr, max_lr=settings.lr,
         min_lr=settings.min_lr, lr_warmup_steps=steps.warmup, lr_decay_steps=steps.decay,
-        lr_decay_style=settings.lr_decay_style, start_wd=settings.weight_decay, end_wd=settings.weight_decay,
-        wd_incr_steps=steps.weight_decay_increment, wd_incr_style="constant")
+        lr_decay_style=settings.lr_decay_style, start_wd=start_wd, end_wd=end_wd,
+        wd_incr_steps=steps.weight_decay_increment, wd_incr_style=settings.weight_decay_incr_style,
+        wsd_decay_steps=steps.wsd_decay, lr_wsd_decay_style=settings.lr_wsd_decay_style)
 
 
 def use_expert_tp_group_for_grad_norm(optimizer) -> None:

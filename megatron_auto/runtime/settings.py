@@ -100,13 +100,23 @@ class TrainSettings:
     min_lr: float = 0.0
     """Learning rate at the end of the decay."""
     lr_decay_style: str = "constant"
-    """constant, linear, cosine or inverse-square-root (Megatron's names)."""
+    """constant, linear, cosine, inverse-square-root or WSD (Megatron's names)."""
+    lr_wsd_decay_style: str = "exponential"
+    """WSD's shape over its last lr_wsd_decay_iters/samples: exponential, linear, cosine or minus_sqrt."""
+    lr_wsd_decay_iters: Optional[int] = None
+    """With WSD (iteration-based): iterations of the final decay; before them the rate stays at `lr`."""
+    lr_wsd_decay_samples: Optional[int] = None
+    """With WSD and train_samples: samples of the final decay."""
     lr_warmup_iters: int = 0
     """Iterations of linear warm-up."""
     lr_decay_iters: Optional[int] = None
     """Iterations over which the rate decays; None means train_iters."""
     weight_decay: float = 0.01
     """Adam weight decay."""
+    weight_decay_incr_style: str = "constant"
+    """constant (`weight_decay` throughout), linear or cosine from start_ to end_weight_decay over the run."""
+    start_weight_decay: Optional[float] = None
+    end_weight_decay: Optional[float] = None
     clip_grad: float = 1.0
     """Gradient-norm clipping threshold (0 disables clipping)."""
     adam_beta1: float = 0.9

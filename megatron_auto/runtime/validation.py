@@ -66,6 +66,15 @@ def _check_rates(settings: TrainSettings) -> None:
 
 def _check_optimizer(settings: TrainSettings) -> None:
     _finite("--weight-decay", settings.weight_decay, low=0.0)
+    ends = (("--start-weight-decay", settings.start_weight_decay), ("--end-weight-decay", settings.end_weight_decay))
+    for flag, value in ends:  # Megatron-LM's validate_args: both with a moving decay, neither with a constant one
+        if settings.weight_decay_incr_style == "constant" and value is not None:
+            raise UserError(f"{flag} goes with --weight-decay-incr-style linear or cosine; with constant, "
+                            "--weight-decay is used throughout")
+        if settings.weight_decay_incr_style != "constant":
+            if value is None:
+                raise UserError(f"--weight-decay-incr-style {settings.weight_decay_incr_style} needs {flag}")
+            _finite(flag, value, low=0.0)
     _finite("--clip-grad", settings.clip_grad, low=0.0)
     _finite("--adam-beta1", settings.adam_beta1, low=0.0, high=1.0, high_open=True)
     _finite("--adam-beta2", settings.adam_beta2, low=0.0, high=1.0, high_open=True)
@@ -104,10 +113,23 @@ def _check_schedule(settings: TrainSettings) -> None:
     if settings.lr_warmup_fraction is not None:
         _finite("--lr-warmup-fraction", settings.lr_warmup_fraction, low=0.0, high=1.0, high_open=True)
     steps = schedule_steps(settings, 1)
+    _check_wsd(settings, steps)
     if steps.warmup >= steps.decay:  # OptimizerParamScheduler: assert lr_warmup_steps < lr_decay_steps
         raise UserError(f"the learning-rate warm-up ({_length(settings, steps.warmup)}) must be shorter than its "
                         f"decay ({_length(settings, steps.decay)}): lower the warm-up, or lengthen the decay "
                         "(--lr-decay-iters/--lr-decay-samples; default the whole run)")
+
+
+def _check_wsd(settings: TrainSettings, steps) -> None:
+    """WSD's final decay: given (OptimizerParamScheduler asserts it), positive, within the decay."""
+    if settings.lr_decay_style != "WSD":
+        return
+    flag = "--lr-wsd-decay-samples" if settings.train_samples is not None else "--lr-wsd-decay-iters"
+    if steps.wsd_decay is None:
+        raise UserError(f"--lr-decay-style WSD needs {flag}: the length of its final decay")
+    if not 1 <= steps.wsd_decay <= steps.decay:
+        raise UserError(f"{flag} {steps.wsd_decay:g} must be between 1 and the decay's length "
+                        f"({_length(settings, steps.decay)})")
 
 
 def _length(settings: TrainSettings, steps: float) -> str:

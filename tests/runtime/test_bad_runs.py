@@ -173,6 +173,15 @@ CASES = [
     # megatron-core's split parser keeps the numbers it finds: "98,2,x" would read as 98,2,0, "-1,2,3" as 1,2,3.
     ("split_with_a_word", ["--split", "98,2,x"], 1, "--split '98,2,x': give up to three non-negative"),
     ("split_negative", ["--split=-1,2,3"], 1, "--split '-1,2,3': give up to three non-negative"),
+    ("wsd_without_its_length", ["--lr-decay-style", "WSD"], 1, "--lr-decay-style WSD needs --lr-wsd-decay-iters"),
+    ("wsd_longer_than_the_decay", ["--lr-decay-style", "WSD", "--lr-wsd-decay-iters", "3"], 1,
+     "--lr-wsd-decay-iters 3 must be between 1 and the decay's length (2 iterations)"),
+    ("start_weight_decay_when_constant", ["--start-weight-decay", "0.1"], 1,
+     "--start-weight-decay goes with --weight-decay-incr-style linear or cosine"),
+    ("moving_weight_decay_without_its_end", ["--weight-decay-incr-style", "linear", "--start-weight-decay", "0"], 1,
+     "--weight-decay-incr-style linear needs --end-weight-decay"),
+    ("end_weight_decay_negative", ["--weight-decay-incr-style", "cosine", "--start-weight-decay", "0",
+                                   "--end-weight-decay=-0.1"], 1, "--end-weight-decay must be a finite number >= 0"),
 ]
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import re
 
 import pytest
@@ -116,6 +117,29 @@ def test_schedule_lengths_follow_megatron_lm(flags, iters, warmup, decay, increm
     train_iters, steps = _steps(flags)
     assert train_iters == iters
     assert (steps.warmup, steps.decay, steps.weight_decay_increment) == (warmup, decay, increment)
+
+
+@pytest.mark.parametrize("style, shape", [("linear", lambda r: 1 - r), ("cosine", lambda r: (math.cos(math.pi * r) + 1) / 2),
+                                          ("exponential", lambda r: 2 * 0.5 ** r - 1),
+                                          ("minus_sqrt", lambda r: 1 - math.sqrt(r))])
+def test_wsd_holds_the_rate_then_decays_over_its_window_while_the_weight_decay_moves(style, shape):
+    """Warm-up-stable-decay as Megatron-LM defines it: `lr` until the last --lr-wsd-decay-iters of the
+    decay, then min_lr + shape(ratio) x (lr - min_lr); and a linear weight decay from start to end."""
+    from types import SimpleNamespace
+
+    from megatron_auto.runtime.session import _scheduler
+
+    args = pretrain_gpt.parse_args(BASE + ["--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "WSD",
+                                           "--lr-wsd-decay-iters", "4", "--lr-wsd-decay-style", style,
+                                           "--weight-decay-incr-style", "linear", "--start-weight-decay", "0",
+                                           "--end-weight-decay", "0.1"])
+    optimizer = SimpleNamespace(param_groups=[{"params": [], "lr": 0.0, "weight_decay": 0.0}])
+    scheduler, batch = _scheduler(optimizer, pretrain_gpt.settings_from_args(args, 512), 8), 8
+    for iteration in range(1, 11):  # 10 iterations: stable for 6, the WSD window over the last 4
+        scheduler.step(batch)
+        ratio = max(0, iteration - 6) / 4
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-4 + shape(ratio) * 9e-4, rel=1e-12)
+        assert optimizer.param_groups[0]["weight_decay"] == pytest.approx(0.1 * iteration / 10, rel=1e-12)
 
 
 @pytest.mark.parametrize("flags, message", [
