@@ -68,7 +68,8 @@ def parse_split(split: str) -> list[float]:
 
     # megatron-core keeps whatever its number pattern finds ("98,2,x" reads as 98,2,0 and "-1,2,3"
     # as 1,2,3), so each field is checked here first.
-    fields = [field.strip() for field in re.split(r"[,/]", split.strip())]
+    # Megatron-LM's llama3 example passes the split with its quotes ("'99,1,0'"): they are not fields.
+    fields = [field.strip() for field in re.split(r"[,/]", split.strip().strip("'\""))]
     shares = None
     if len(fields) <= 3 and all(re.fullmatch(r"\d+(\.\d*)?|\.\d+", field) for field in fields):
         try:

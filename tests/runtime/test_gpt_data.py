@@ -49,6 +49,7 @@ def test_blend_forms_of_megatron_lm():
 def test_split_is_parsed_as_megatron_and_bad_splits_are_user_errors():
     assert parse_split("949,50,1") == pytest.approx([0.949, 0.05, 0.001])
     assert parse_split("99,1") == pytest.approx([0.99, 0.01, 0.0])
+    assert parse_split("'99,1,0'") == pytest.approx([0.99, 0.01, 0.0])  # as Megatron-LM's llama3 script quotes it
     for bad in ("0,1,1", "a,b", "1,2,3,4"):
         with pytest.raises(UserError, match="--split"):
             parse_split(bad)
