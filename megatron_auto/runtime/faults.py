@@ -20,8 +20,6 @@ import time
 import torch
 
 ENV = "MEGATRON_AUTO_INJECT_KILL"
-
-
 STALL_ENV = "MEGATRON_AUTO_INJECT_STALL"
 
 

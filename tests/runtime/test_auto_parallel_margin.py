@@ -1,15 +1,11 @@
 """pretrain_gpt.py --auto-parallel-memory-margin reaches the search's TrainingSpec (same default as plan)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-SPEC = importlib.util.spec_from_file_location("pretrain_gpt_margin", ROOT / "tools" / "pretrain_gpt.py")
-pretrain_gpt = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(pretrain_gpt)
+from launcher import load_pretrain_gpt
+
+pretrain_gpt = load_pretrain_gpt("pretrain_gpt_margin")
 
 FLAGS = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--max-position-embeddings", "32", "--micro-batch-size", "1", "--global-batch-size", "4",

@@ -2,13 +2,9 @@
 runtime, so a restart that re-plans reads the checkpoints the job wrote (runtime/planning.as_hybrid)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
+from launcher import load_pretrain_gpt
 
-ROOT = Path(__file__).resolve().parents[1]
-SPEC = importlib.util.spec_from_file_location("pretrain_gpt_hybrid_plans", ROOT / "tools" / "pretrain_gpt.py")
-pretrain_gpt = importlib.util.module_from_spec(SPEC)
-SPEC.loader.exec_module(pretrain_gpt)
+pretrain_gpt = load_pretrain_gpt("pretrain_gpt_hybrid_plans")
 
 FLAGS = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--max-position-embeddings", "32", "--micro-batch-size", "1", "--global-batch-size", "4",
