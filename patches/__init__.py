@@ -6,6 +6,8 @@ it targets and when it can be removed, and offers `check()` (raise
 (idempotent) and `is_applied()`. `apply_all()` applies every patch when CUDA is
 absent; on a GPU host it applies only the patches whose `applies_on_cuda()` says the fault
 they fix is there too (a fallback that apex or Transformer Engine would otherwise replace).
+
+Importing this package imports megatron-core, with torch.compile deferred (see `deferred_compile`).
 """
 from __future__ import annotations
 
@@ -14,6 +16,9 @@ import logging
 from types import ModuleType
 
 from ._source import PatchTargetChanged
+from .deferred_compile import import_megatron_core
+
+import_megatron_core()
 
 logger = logging.getLogger(__name__)
 
