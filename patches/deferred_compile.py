@@ -2,8 +2,9 @@
 
 Why: megatron-core 0.16.1 sets `jit_fuser = torch.compile` (megatron/core/jit.py) and decorates its fusions
 (bias-GeLU, GeGLU, SwiGLU, bias-dropout-add, ...) while `megatron.core` imports. Each decoration imports
-torch._dynamo and torch._inductor: 1.8 s of every process's start on this project's CI machine (4.7 s with
-it, 2.9 s without: `time python -c "import patches"` against `python -c "import megatron.core"`), paid by
+torch._dynamo and torch._inductor: 1.8 s of every process's start on this project's CI machine (4.7 s
+without this patch, 2.9 s with it: `time .venv/bin/python -c "import patches; from megatron.core.models.gpt
+import GPTModel"` against the same line without `import patches;`), paid by
 every rank of every run, also by runs that never call a fused function (the fusions are off on CPU and
 with `--no-bias-*-fusion`).
 
