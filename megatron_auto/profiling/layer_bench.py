@@ -16,7 +16,7 @@ of forward+backward pairs less a block of forwards.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Optional
 
 import torch
 
@@ -41,6 +41,9 @@ class LayerBenchSettings:
     """--optimizer-impl, resolved as the runtime does."""
     grad_accumulation_fusion: str = "auto"
     """--grad-accumulation-fusion, resolved as the runtime does."""
+    rotary_base: Optional[int] = None
+    """RoPE's base for a rope model (each layer then rotates its queries and keys, as in GPTModel); None:
+    the model has learned or no position embeddings, which live outside the layers."""
 
 
 def bench_kernels(layer: LayerSpec, settings: LayerBenchSettings):
@@ -55,17 +58,15 @@ def sharded_config(layer: LayerSpec, tp: int, settings: LayerBenchSettings):
     """A tp=1 TransformerConfig at the widths of one of `tp` shards."""
     from megatron.core.transformer import TransformerConfig
 
+    from ..runtime.config import layer_fields
     from ..runtime.kernels import config_flags
 
     dtype = DTYPES[settings.precision]
+    fields = layer_fields(layer)
+    fields.update(num_attention_heads=layer.num_attention_heads // tp, num_query_groups=layer.num_query_groups // tp,
+                  ffn_hidden_size=layer.ffn_hidden_size // tp)
     return TransformerConfig(
-        num_layers=1, hidden_size=layer.hidden_size,
-        num_attention_heads=layer.num_attention_heads // tp, num_query_groups=layer.num_query_groups // tp,
-        kv_channels=layer.kv_channels, ffn_hidden_size=layer.ffn_hidden_size // tp,
-        add_qkv_bias=layer.add_qkv_bias, qk_layernorm=layer.qk_layernorm,
-        layernorm_zero_centered_gamma=layer.apply_layernorm_1p,
-        gated_linear_unit=layer.swiglu,
-        activation_func=torch.nn.functional.silu if layer.swiglu else torch.nn.functional.gelu,
+        num_layers=1, **fields,
         hidden_dropout=settings.hidden_dropout, attention_dropout=settings.attention_dropout,
         params_dtype=dtype, pipeline_dtype=dtype, bf16=settings.precision == "bf16",
         fp16=settings.precision == "fp16", use_cpu_initialization=True,
@@ -89,7 +90,18 @@ def build_layer(layer: LayerSpec, tp: int, settings: LayerBenchSettings, device)
     return module
 
 
-def saved_activation_bytes(module: torch.nn.Module, hidden: torch.Tensor) -> int:
+def rotary_table(layer: LayerSpec, seq: int, settings: LayerBenchSettings, device) -> dict:
+    """The layer's keyword for GPTModel's RoPE table of `seq` positions ({} without RoPE)."""
+    if settings.rotary_base is None:
+        return {}
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    rotary = RotaryEmbedding(kv_channels=layer.kv_channels, rotary_percent=1.0, rotary_base=settings.rotary_base,
+                             use_cpu_initialization=True)
+    return {"rotary_pos_emb": rotary(seq).to(device)}
+
+
+def saved_activation_bytes(module: torch.nn.Module, hidden: torch.Tensor, **rope) -> int:
     """Bytes of the distinct non-parameter storages the forward pass saves for backward."""
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict[int, int] = {}
@@ -101,7 +113,7 @@ def saved_activation_bytes(module: torch.nn.Module, hidden: torch.Tensor) -> int
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        module(hidden, attention_mask=None)
+        module(hidden, attention_mask=None, **rope)
     return sum(seen.values())
 
 
@@ -128,10 +140,11 @@ def measure_layer(layer: LayerSpec, tp: int, micro_batch: int, seq: int, setting
     dtype = DTYPES[settings.precision]
     hidden = torch.randn(seq, micro_batch, layer.hidden_size, device=device, dtype=dtype, requires_grad=True)
     grad = torch.randn_like(hidden)
+    rope = rotary_table(layer, seq, settings, device)
     state: dict[str, torch.Tensor] = {}
 
     def forward() -> None:
-        state["out"] = module(hidden, attention_mask=None)[0]
+        state["out"] = module(hidden, attention_mask=None, **rope)[0]
 
     def backward() -> None:
         state["out"].backward(grad)
@@ -141,7 +154,7 @@ def measure_layer(layer: LayerSpec, tp: int, micro_batch: int, seq: int, setting
     backward_s = max(0.0, pair_s - forward_s)
     core_s = _core_attention_seconds(module, seq, micro_batch, settings.iters, device, dtype, barrier)
     param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
-    activations = saved_activation_bytes(module, hidden)
+    activations = saved_activation_bytes(module, hidden, **rope)
     return LayerTiming(tp=tp, micro_batch=micro_batch, seq_length=seq, forward_s=forward_s,
                        backward_s=backward_s, attention_core_forward_s=core_s,
                        activation_bytes=activations, param_bytes=param_bytes)

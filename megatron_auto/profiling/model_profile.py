@@ -67,6 +67,7 @@ def profile_model(model: ModelSpec, sweep: ModelSweep,
                   progress: Optional[Callable[[float], None]] = None) -> ModelProfile:
     """Measure every distinct layer type of `model` over the sweep."""
     device = _setup_megatron()
+    settings = replace(sweep.settings, rotary_base=model.rotary_base if model.position_embedding_type == "rope" else None)
     layer_types = list(dict.fromkeys(model.layers))
     tps = valid_tp_degrees(model, sweep.tp_degrees)
     grid = [(t, b, s) for t in tps for b in sweep.micro_batches for s in sweep.seq_lengths]
@@ -76,16 +77,16 @@ def profile_model(model: ModelSpec, sweep: ModelSweep,
         timings = []
         for tp, micro_batch, seq in grid:
             dist.barrier()
-            timing = measure_layer(layer, tp, micro_batch, seq, sweep.settings, device, barrier=dist.barrier)
+            timing = measure_layer(layer, tp, micro_batch, seq, settings, device, barrier=dist.barrier)
             timings.append(_median_over_ranks(timing, device))
             done += 1
             if progress:
                 progress(done / total)
         entries.append(LayerProfile(layer=layer, timings=tuple(timings)))
     dist.barrier()
-    optimizer_rate = optimizer_seconds_per_state_byte(layer_types[0], sweep.settings, device, barrier=dist.barrier)
+    optimizer_rate = optimizer_seconds_per_state_byte(layer_types[0], settings, device, barrier=dist.barrier)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-    return ModelProfile(name=model.name, device=name, precision=sweep.settings.precision,
+    return ModelProfile(name=model.name, device=name, precision=settings.precision,
                         concurrent_processes=dist.get_world_size(), layers=tuple(entries),
                         optimizer_s_per_state_byte=optimizer_rate,
                         cpu_cores=0 if device.type == "cuda" else usable_cpu_cores())

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import UserError
-from ..specs.model import ModelSpec
+from ..specs.model import LayerSpec, ModelSpec
 from . import kernels
 from .layout import MegatronLayout
 from .settings import TrainSettings
@@ -72,16 +72,10 @@ def moe_fields(model: ModelSpec, layout: MegatronLayout, settings: TrainSettings
     )
 
 
-def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: TrainSettings, backend: str):
-    """The TransformerConfig of a GPT model under `layout`."""
-    from megatron.core.transformer import TransformerConfig
-
-    check_layout(layout)
-    layer = model.layers[0]
-    dtype = DTYPES[settings.precision]
-    on_gloo = backend == "gloo"
-    return TransformerConfig(
-        num_layers=model.num_layers,
+def layer_fields(layer: LayerSpec) -> dict:
+    """TransformerConfig's fields that shape one decoder layer, unsharded: the runtime's config and the
+    layer profiler's (profiling/layer_bench.py) take them from here, so both build the same layer."""
+    return dict(
         hidden_size=layer.hidden_size,
         num_attention_heads=layer.num_attention_heads,
         num_query_groups=layer.num_query_groups,
@@ -89,13 +83,26 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
         add_qkv_bias=layer.add_qkv_bias,
         qk_layernorm=layer.qk_layernorm,
         layernorm_zero_centered_gamma=layer.apply_layernorm_1p,
-        calculate_per_token_loss=settings.calculate_per_token_loss,
         ffn_hidden_size=layer.ffn_hidden_size,
         gated_linear_unit=layer.swiglu,
         activation_func=torch.nn.functional.silu if layer.swiglu else torch.nn.functional.gelu,
         normalization=layer.normalization,
-        layernorm_epsilon=settings.norm_epsilon,
         add_bias_linear=layer.add_bias_linear,
+    )
+
+
+def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: TrainSettings, backend: str):
+    """The TransformerConfig of a GPT model under `layout`."""
+    from megatron.core.transformer import TransformerConfig
+
+    check_layout(layout)
+    dtype = DTYPES[settings.precision]
+    on_gloo = backend == "gloo"
+    return TransformerConfig(
+        num_layers=model.num_layers,
+        **layer_fields(model.layers[0]),
+        calculate_per_token_loss=settings.calculate_per_token_loss,
+        layernorm_epsilon=settings.norm_epsilon,
         hidden_dropout=settings.hidden_dropout,
         attention_dropout=settings.attention_dropout,
         init_method_std=settings.init_method_std,

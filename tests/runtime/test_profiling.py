@@ -90,3 +90,38 @@ def test_profile_model_builds_the_layer_in_bf16(tmp_path):
     assert profile.precision == "bf16" and timing.forward_s > 0 and timing.backward_s > 0
     # Every weight (LayerNorms too) in 2 bytes, as Megatron-LM's Float16Module casts the model.
     assert timing.param_bytes == 2 * load_model("tiny-gpt").layers[0].num_parameters
+
+
+_BASE = dict(num_layers=1, hidden_size=64, num_attention_heads=4, seq_length=16, vocab_size=128)
+_LLAMA = dict(_BASE, num_query_groups=2, swiglu=True, normalization="RMSNorm", add_bias_linear=False,
+              position_embedding_type="rope", rotary_base=500000, ffn_hidden_size=128)
+_LAYER_CASES = [
+    dict(name="gpt-flash", model=_BASE, attention="flash", precision="bf16"),
+    dict(name="gpt-unfused-fp32", model=_BASE, attention="unfused", precision="fp32"),
+    dict(name="llama-rope-flash", model=_LLAMA, attention="flash", precision="bf16"),
+    dict(name="llama-rope-unfused", model=_LLAMA, attention="unfused", precision="bf16"),
+    dict(name="qwen-qkv-bias-qk-norm", model=dict(_LLAMA, add_qkv_bias=True, qk_layernorm=True,
+                                                   apply_layernorm_1p=True), attention="flash", precision="bf16"),
+]
+
+
+@pytest.fixture(scope="module")
+def layer_traces(tmp_path_factory) -> dict:
+    from launcher import run_cases
+
+    return run_cases(tmp_path_factory.mktemp("layer_bench"), 1, "layer_bench_worker.py", _LAYER_CASES, 300)
+
+
+@pytest.mark.parametrize("name", [case["name"] for case in _LAYER_CASES])
+def test_profile_model_times_the_layer_that_training_runs(layer_traces, name):
+    """profile-model's layer (profiling/layer_bench.py) holds the runtime's parameters and dispatches the
+    runtime's aten ops, in order, forward and backward: its norms, biases, RoPE and core attention alike.
+    (It used to build every layer with LayerNorm and linear biases and without RoPE.)"""
+    runtime, bench = layer_traces[name]["runtime"], layer_traces[name]["bench"]
+    assert bench["params"] == runtime["params"]
+    assert bench["forward"] == runtime["forward"]
+    assert bench["backward"] == runtime["backward"]
+    if "rope" in name:  # the rotation runs in the layer (GPTModel hands each layer the table)
+        assert "cos" in runtime["forward"] and "sin" in runtime["forward"]
+    if name.startswith("llama"):
+        assert not any(p[0].endswith(".bias") for p in runtime["params"])
