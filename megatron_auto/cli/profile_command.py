@@ -71,6 +71,9 @@ def run_profile_model(args: argparse.Namespace) -> int:
     from ..profiling.model_profile import ModelSweep, profile_model
 
     model = load_model(args.model)
+    if all(layer.moe is not None for layer in model.layers):
+        raise UserError(f"every layer of {model.name} is a mixture of experts; profile-model times "
+                        "dense layers only (MoE layers are priced analytically, cost/moe.py)")
     sweep = ModelSweep(tuple(args.tp), tuple(args.micro_batch_size), tuple(args.seq_length or [model.seq_length]),
                        LayerBenchSettings(precision=args.precision, iters=args.iters,
                                           attention_backend=args.attention_backend,

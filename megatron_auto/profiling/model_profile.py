@@ -68,7 +68,11 @@ def profile_model(model: ModelSpec, sweep: ModelSweep,
     """Measure every distinct layer type of `model` over the sweep."""
     device = _setup_megatron()
     settings = replace(sweep.settings, rotary_base=model.rotary_base if model.position_embedding_type == "rope" else None)
-    layer_types = list(dict.fromkeys(model.layers))
+    # MoE layers stay analytic (cost/moe.py prices their routed experts on top of any layer time).
+    layer_types = [layer for layer in dict.fromkeys(model.layers) if layer.moe is None]
+    if len(layer_types) < len(set(model.layers)):
+        logger.info("profile-model: the mixture-of-experts layers are not timed; the cost model prices them "
+                    "analytically")
     tps = valid_tp_degrees(model, sweep.tp_degrees)
     grid = [(t, b, s) for t in tps for b in sweep.micro_batches for s in sweep.seq_lengths]
     total, done = len(layer_types) * len(grid) + 1, 0

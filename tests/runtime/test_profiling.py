@@ -125,3 +125,28 @@ def test_profile_model_times_the_layer_that_training_runs(layer_traces, name):
         assert "cos" in runtime["forward"] and "sin" in runtime["forward"]
     if name.startswith("llama"):
         assert not any(p[0].endswith(".bias") for p in runtime["params"])
+
+
+def _profile_model_alone(args: list[str]) -> subprocess.CompletedProcess:
+    """profile-model in one process without torchrun (it then runs as a world of one)."""
+    return subprocess.run([sys.executable, "-m", "megatron_auto", "profile-model", *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=300,
+                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"})
+
+
+def test_profile_model_times_the_dense_layers_of_a_moe_model(tmp_path):
+    from megatron_auto.specs.model import load_model
+
+    out = tmp_path / "moe.json"
+    done = _profile_model_alone(["--model", "tiny-deepseek-moe", "--out", str(out), "--tp", "1",
+                                 "--micro-batch-size", "1", "--iters", "1"])
+    assert done.returncode == 0, done.stderr[-3000:]
+    dense = [layer for layer in load_model("tiny-deepseek-moe").layers if layer.moe is None]
+    assert [entry.layer for entry in load_profile(str(out)).layers] == dense[:1]
+
+
+def test_profile_model_refuses_a_model_without_dense_layers_in_one_line(tmp_path):
+    done = _profile_model_alone(["--model", "tiny-mixtral", "--out", str(tmp_path / "m.json"), "--tp", "1"])
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.strip().count("\n") == 0 and "mixture of experts" in done.stderr
+    assert not (tmp_path / "m.json").exists()
