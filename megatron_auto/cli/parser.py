@@ -5,7 +5,7 @@ import argparse
 import sys
 from typing import NoReturn, Optional
 
-from ..kernels import ATTENTION_BACKENDS, OPTIMIZER_IMPLS
+from ..kernels import ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMULATION_FUSIONS, OPTIMIZER_IMPLS
 from ..plan import RECOMPUTE_KINDS, SPACES
 from ..specs.training import DEFAULT_MOE_LOAD_IMBALANCE, MOE_TOKEN_DISPATCHERS
 
@@ -186,6 +186,10 @@ def _profile_parsers(commands: argparse._SubParsersAction) -> None:
                             "(auto: flash on GPUs, unfused on CPU)")
     model.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="auto",
                        help="Adam step to measure (auto: fused on GPUs, foreach on CPU)")
+    model.add_argument("--bias-fusions", choices=BIAS_FUSIONS, default="auto",
+                       help="Megatron's bias fusions in the measured layer, as tools/pretrain_gpt.py's flag")
+    model.add_argument("--grad-accumulation-fusion", choices=GRAD_ACCUMULATION_FUSIONS, default="auto",
+                       help="weight gradients added into fp32 main_grad by the GEMM, as tools/pretrain_gpt.py's flag")
 
 
 def build_parser() -> OneLineParser:

@@ -67,7 +67,7 @@ def run_profile_cluster(args: argparse.Namespace) -> int:
 def run_profile_model(args: argparse.Namespace) -> int:
     import torch.distributed as dist
 
-    from ..profiling.layer_bench import LayerBenchSettings
+    from ..profiling.layer_bench import LayerBenchSettings, bench_kernels
     from ..profiling.model_profile import ModelSweep, profile_model
 
     model = load_model(args.model)
@@ -77,7 +77,11 @@ def run_profile_model(args: argparse.Namespace) -> int:
     sweep = ModelSweep(tuple(args.tp), tuple(args.micro_batch_size), tuple(args.seq_length or [model.seq_length]),
                        LayerBenchSettings(precision=args.precision, iters=args.iters,
                                           attention_backend=args.attention_backend,
-                                          optimizer_impl=args.optimizer_impl))
+                                          optimizer_impl=args.optimizer_impl, bias_fusions=args.bias_fusions,
+                                          grad_accumulation_fusion=args.grad_accumulation_fusion))
+    if _is_rank_zero():  # the kernels measured, named as tools/pretrain_gpt.py's log names the run's
+        dense = next(layer for layer in model.layers if layer.moe is None)
+        sys.stderr.write(f"measuring {bench_kernels(dense, sweep.settings).describe()}\n")
     with _progress("profiling layers") as progress:
         profile = profile_model(model, sweep, progress)
     _write(profile, args.out)

@@ -41,6 +41,8 @@ class LayerBenchSettings:
     """--optimizer-impl, resolved as the runtime does."""
     grad_accumulation_fusion: str = "auto"
     """--grad-accumulation-fusion, resolved as the runtime does."""
+    bias_fusions: str = "auto"
+    """--bias-fusions, resolved as the runtime does (on runs Megatron's bias fusions on GPUs only)."""
     rotary_base: Optional[int] = None
     """RoPE's base for a rope model (each layer then rotates its queries and keys, as in GPTModel); None:
     the model has learned or no position embeddings, which live outside the layers."""
@@ -51,6 +53,7 @@ def bench_kernels(layer: LayerSpec, settings: LayerBenchSettings):
     from ..runtime.kernels import choose_kernels
 
     return choose_kernels(layer, settings.attention_backend, settings.optimizer_impl,
+                          bias_fusions=settings.bias_fusions,
                           grad_accumulation_fusion=settings.grad_accumulation_fusion)
 
 

@@ -71,8 +71,7 @@ def profile_model(model: ModelSpec, sweep: ModelSweep,
     # MoE layers stay analytic (cost/moe.py prices their routed experts on top of any layer time).
     layer_types = [layer for layer in dict.fromkeys(model.layers) if layer.moe is None]
     if len(layer_types) < len(set(model.layers)):
-        logger.info("profile-model: the mixture-of-experts layers are not timed; the cost model prices them "
-                    "analytically")
+        logger.warning("the mixture-of-experts layers are not timed; the cost model prices them analytically")
     tps = valid_tp_degrees(model, sweep.tp_degrees)
     grid = [(t, b, s) for t in tps for b in sweep.micro_batches for s in sweep.seq_lengths]
     total, done = len(layer_types) * len(grid) + 1, 0

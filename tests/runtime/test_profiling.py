@@ -134,13 +134,17 @@ def _profile_model_alone(args: list[str]) -> subprocess.CompletedProcess:
                           env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"})
 
 
-def test_profile_model_times_the_dense_layers_of_a_moe_model(tmp_path):
+def test_profile_model_times_the_dense_layers_of_a_moe_model_with_the_runs_kernels(tmp_path):
     from megatron_auto.specs.model import load_model
 
     out = tmp_path / "moe.json"
     done = _profile_model_alone(["--model", "tiny-deepseek-moe", "--out", str(out), "--tp", "1",
-                                 "--micro-batch-size", "1", "--iters", "1"])
+                                 "--micro-batch-size", "1", "--iters", "1", "--grad-accumulation-fusion", "on",
+                                 "--attention-backend", "flash"])
     assert done.returncode == 0, done.stderr[-3000:]
+    measuring = next(line for line in done.stderr.splitlines() if line.startswith("measuring kernels:"))
+    assert "core attention torch SDPA (flash)" in measuring and "accumulation fusion on" in measuring
+    assert "mixture-of-experts layers are not timed" in done.stderr
     dense = [layer for layer in load_model("tiny-deepseek-moe").layers if layer.moe is None]
     assert [entry.layer for entry in load_profile(str(out)).layers] == dense[:1]
 
