@@ -272,6 +272,9 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--decoder-last-pipeline-num-layers", type=int)
     group.add_argument("--sequence-parallel", action="store_true", default=None)
     group.add_argument("--use-distributed-optimizer", action="store_true", default=None)
+    group.add_argument("--overlap-param-gather", action="store_true", default=None,
+                       help="all-gather the distributed optimizer's updated weights during the next forward "
+                            "(default: on with CUDA, off on CPU)")
     group.add_argument("--recompute-granularity", choices=("full", "selective"))
     group.add_argument("--recompute-method", choices=("uniform", "block"))
     group.add_argument("--recompute-num-layers", type=int)
@@ -562,7 +565,7 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         attention_backend=args.attention_backend, optimizer_impl=args.optimizer_impl,
         bias_activation_fusion=not (args.no_bias_swiglu_fusion if args.swiglu else args.no_bias_gelu_fusion),
         bias_dropout_fusion=not args.no_bias_dropout_fusion, bias_fusions=args.bias_fusions,
-        grad_accumulation_fusion=args.grad_accumulation_fusion,
+        grad_accumulation_fusion=args.grad_accumulation_fusion, overlap_param_gather=args.overlap_param_gather,
         rotary_percent=args.rotary_percent, rope_scaling=args.use_rope_scaling,
         rope_scaling_factor=args.rope_scaling_factor,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by, padded_vocab_size=args.padded_vocab_size,

@@ -241,6 +241,9 @@ def save_checkpoint(root: str, model: list, optimizer, scheduler, iteration: int
     """Write `root/iter_XXXXXXX` on all ranks, mark it complete, then point the tracker file at it."""
     from megatron.core import dist_checkpointing
 
+    from .step import sync_parameters
+
+    sync_parameters(model)  # --overlap-param-gather: the last step's weights are still sharded
     path = iteration_dir(root, iteration)
     if torch.distributed.get_rank() == 0:
         shutil.rmtree(path, ignore_errors=True)  # a part written before a crash, or an older copy

@@ -24,7 +24,6 @@ NO_EFFECT_SWITCHES = {
     "--no-rope-fusion": KERNEL + " (the RoPE fusion needs apex/TE: always off)",
     "--cross-entropy-loss-fusion": KERNEL + " (the loss is Megatron's vocab-parallel cross entropy)",
     "--overlap-grad-reduce": LAYOUT + " (on GPUs the gradient reduce overlaps the backward anyway)",
-    "--overlap-param-gather": LAYOUT,
     "--use-megatron-fsdp": LAYOUT + " (ZeRO-3 layers come from --auto-parallel-space hybrid)",
     "--fsdp-double-buffer": LAYOUT, "--fsdp-manual-registration": LAYOUT,
     "--use-nccl-ub": LAYOUT,

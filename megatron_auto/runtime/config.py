@@ -132,8 +132,9 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
     )
 
 
-def ddp_config(layout: MegatronLayout):
-    """Megatron DDP: fp32 gradient buffers, optionally sharded by the distributed optimizer."""
+def ddp_config(layout: MegatronLayout, overlap_param_gather: bool = False):
+    """Megatron DDP: fp32 gradient buffers, optionally sharded by the distributed optimizer, whose weight
+    all-gather then overlaps the next forward with `overlap_param_gather` (Megatron-LM's flag)."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
     return DistributedDataParallelConfig(
@@ -142,9 +143,18 @@ def ddp_config(layout: MegatronLayout):
         # --overlap-grad-reduce), as the cluster presets' grad_overlap = 1 assumes;
         # gloo on CPU gains nothing from it (cpu-gloo: grad_overlap = 0).
         overlap_grad_reduce=torch.cuda.is_available(),
+        overlap_param_gather=layout.distributed_optimizer and overlap_param_gather,
         use_distributed_optimizer=layout.distributed_optimizer,
         check_for_nan_in_grad=False,
     )
+
+
+def overlaps_param_gather(layout: MegatronLayout, settings: TrainSettings) -> bool:
+    """Whether the run all-gathers the distributed optimizer's updated weights during the next forward:
+    --overlap-param-gather, or by default with CUDA."""
+    if not layout.distributed_optimizer:
+        return False
+    return torch.cuda.is_available() if settings.overlap_param_gather is None else settings.overlap_param_gather
 
 
 def optimizer_config(layout: MegatronLayout, settings: TrainSettings):

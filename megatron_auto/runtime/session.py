@@ -24,7 +24,7 @@ from .batch_schedule import BatchSizer, check_divisible
 from .layout import MegatronLayout, layout_from_plan
 from .optimizer_parts import inner_optimizers, steps_experts
 from .settings import TrainSettings
-from .step import StepResult, eval_step, train_step
+from .step import StepResult, eval_step, sync_parameters, train_step
 
 logger = logging.getLogger(__name__)
 
@@ -125,7 +125,11 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
     tconfig = configs.transformer_config(model_spec, layout, settings, backend)
     chunks = models.build_chunks(model_spec, layout, settings, tconfig, padded_vocab, device)
     chunks = models.wrap_float16(chunks, tconfig)
-    model = models.wrap_ddp(chunks, tconfig, configs.ddp_config(layout))
+    overlap = configs.overlaps_param_gather(layout, settings)
+    model = models.wrap_ddp(chunks, tconfig, configs.ddp_config(layout, overlap_param_gather=overlap))
+    if overlap:
+        logger.info("distributed optimizer: the updated weights are all-gathered during the next forward "
+                    "(--overlap-param-gather)")
     optimizer = get_megatron_optimizer(configs.optimizer_config(layout, settings), model,
                                        use_gloo_process_groups=False)
     kernels.use_run_optimizer_impl(optimizer, settings)
@@ -309,6 +313,7 @@ def train(session: Session, run: Optional[Callable[[Session], StepResult]] = Non
             reason = _early_exit(session, exit_signal)
             if reason is not None:
                 _maybe_save(session, last=True)
+                sync_parameters(session.model)
                 if is_logging_rank():
                     logger.info("exiting %s at iteration %d", reason, session.iteration)
                 return results
@@ -316,6 +321,7 @@ def train(session: Session, run: Optional[Callable[[Session], StepResult]] = Non
             faults.maybe_inject(session.iteration)
             if after_iteration is not None:
                 after_iteration(session, result)
+    sync_parameters(session.model)
     if session.iteration == settings.train_iters:
         _validate(session, " on validation set (end of training)")
     return results

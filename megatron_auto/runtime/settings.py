@@ -164,6 +164,10 @@ class TrainSettings:
     """--bias-fusions: on runs Megatron's bias fusions on GPUs; auto and off keep them off (megatron_auto.kernels)."""
     grad_accumulation_fusion: str = "auto"
     """--grad-accumulation-fusion: Megatron's weight-gradient accumulation in the GEMM (megatron_auto.kernels)."""
+    overlap_param_gather: Optional[bool] = None
+    """--overlap-param-gather: with the distributed optimizer, the updated weights are all-gathered during the
+    next forward instead of inside the optimizer step; None: on with CUDA (as the GPU presets' overlap assumes),
+    off on CPU (gloo gains nothing from it)."""
     bias_activation_fusion: bool = True
     """Megatron's fused bias + GeLU/SwiGLU allowed (with --bias-fusions on); --no-bias-gelu/swiglu-fusion: off."""
     bias_dropout_fusion: bool = True

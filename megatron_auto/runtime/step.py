@@ -98,6 +98,18 @@ def train_step(model: list, optimizer, scheduler, iterators, layout: MegatronLay
                                                     hybrid.moe_layers if hybrid else None))
 
 
+def sync_parameters(model: list) -> None:
+    """All-gather the weights that the distributed optimizer's last step left on their owning ranks.
+
+    With --overlap-param-gather the step updates only each rank's shard of the weights, and Megatron DDP's
+    forward pre-hooks all-gather the rest during the next forward. Anything that reads the weights outside a
+    forward (a checkpoint, whatever follows the training loop) must gather them first, as Megatron-LM does
+    before it saves; a resume from un-gathered weights would run its first iteration on stale ones."""
+    for chunk in model:
+        if getattr(chunk, "use_forward_hook", False):
+            chunk.start_param_sync(force_sync=True)
+
+
 def current_loss_scale(optimizer) -> Optional[float]:
     """The fp16 loss scale the next iteration uses; None in fp32 and bf16 (no scaling)."""
     if not optimizer.config.fp16:
