@@ -749,6 +749,7 @@ def _log_run_header(args: argparse.Namespace, adjustments: list[str], settings: 
                     plan) -> None:
     from megatron_auto.report import plan_table
     from megatron_auto.runtime import kernels
+    from megatron_auto.runtime.config import param_gather_overlap_requested
 
     for line in adjustments:
         logger.warning("%s", line)
@@ -756,6 +757,9 @@ def _log_run_header(args: argparse.Namespace, adjustments: list[str], settings: 
         logger.info("accepted without effect here: %s (%s)", flag, reason)
     logger.info("precision: %s", precision_summary(settings))
     logger.info("%s", kernels.kernels_for_run(model, settings).describe())
+    if param_gather_overlap_requested(settings) and any(s.zero == 1 for s in (*plan.distinct_strategies, plan.embedding)):
+        logger.info("distributed optimizer: the updated weights are all-gathered during the next forward "
+                    "(--overlap-param-gather)")
     logger.info("parallel plan (%s):\n%s", "auto-parallel" if args.auto_parallel else "flags", plan_table(plan))
 
 

@@ -149,12 +149,15 @@ def ddp_config(layout: MegatronLayout, overlap_param_gather: bool = False):
     )
 
 
-def overlaps_param_gather(layout: MegatronLayout, settings: TrainSettings) -> bool:
-    """Whether the run all-gathers the distributed optimizer's updated weights during the next forward:
-    --overlap-param-gather, or by default with CUDA."""
-    if not layout.distributed_optimizer:
-        return False
+def param_gather_overlap_requested(settings: TrainSettings) -> bool:
+    """--overlap-param-gather, or by default with CUDA: the distributed optimizer's updated weights are
+    all-gathered during the next forward."""
     return torch.cuda.is_available() if settings.overlap_param_gather is None else settings.overlap_param_gather
+
+
+def overlaps_param_gather(layout: MegatronLayout, settings: TrainSettings) -> bool:
+    """Whether the parts of `layout` gather their weights during the next forward (distributed optimizer only)."""
+    return layout.distributed_optimizer and param_gather_overlap_requested(settings)
 
 
 def optimizer_config(layout: MegatronLayout, settings: TrainSettings):

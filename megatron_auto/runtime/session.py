@@ -127,9 +127,6 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
     chunks = models.wrap_float16(chunks, tconfig)
     overlap = configs.overlaps_param_gather(layout, settings)
     model = models.wrap_ddp(chunks, tconfig, configs.ddp_config(layout, overlap_param_gather=overlap))
-    if overlap:
-        logger.info("distributed optimizer: the updated weights are all-gathered during the next forward "
-                    "(--overlap-param-gather)")
     optimizer = get_megatron_optimizer(configs.optimizer_config(layout, settings), model,
                                        use_gloo_process_groups=False)
     kernels.use_run_optimizer_impl(optimizer, settings)

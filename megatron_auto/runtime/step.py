@@ -106,8 +106,9 @@ def sync_parameters(model: list) -> None:
     forward (a checkpoint, whatever follows the training loop) must gather them first, as Megatron-LM does
     before it saves; a resume from un-gathered weights would run its first iteration on stale ones."""
     for chunk in model:
-        if getattr(chunk, "use_forward_hook", False):
-            chunk.start_param_sync(force_sync=True)
+        for part in getattr(chunk, "wrapped", [chunk]):  # a hybrid chunk's DDP-wrapped parts
+            if getattr(part, "use_forward_hook", False):
+                part.start_param_sync(force_sync=True)
 
 
 def current_loss_scale(optimizer) -> Optional[float]:
