@@ -2,6 +2,8 @@
 # The GPU measurements that docs/benchmarks.md is waiting for, in steps that each fit the
 # 10 minutes a command may run on the lent GPU machine. From the repository root there:
 #
+#   bash tools/gpu_session.sh smoke        # 2 minutes: the distributed optimizer with its weight all-gather in the
+#                                          # next forward (on by default with CUDA): trains, saves, resumes exactly
 #   bash tools/gpu_session.sh speed        # bench_gpu_vs_torch (auto, then --grad-accumulation-fusion on) and
 #                                          # profile_gpu_step --time-grad-accumulation-fusion
 #   bash tools/gpu_session.sh validate-a   # validate_cost_model: micro-batch 1/2/4/8 without recompute, + the pick
@@ -14,8 +16,8 @@
 set -u
 STEP=${1:-}
 case "$STEP" in
-    speed|validate-a|validate-b) ;;
-    *) echo "usage: bash tools/gpu_session.sh speed|validate-a|validate-b (got '$STEP')" >&2; exit 2 ;;
+    smoke|speed|validate-a|validate-b) ;;
+    *) echo "usage: bash tools/gpu_session.sh smoke|speed|validate-a|validate-b (got '$STEP')" >&2; exit 2 ;;
 esac
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -35,7 +37,22 @@ run() {  # run SECONDS LOG COMMAND...: one measurement, its exit status appended
     echo "$* -> rc=$?" | tee -a "$OUT/$log"
 }
 
+SMOKE_JOB="--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 256 --max-position-embeddings 256
+    --micro-batch-size 2 --global-batch-size 8 --train-iters 6 --lr 1e-3 --mock-data --tokenizer-type NullTokenizer
+    --vocab-size 1024 --log-interval 1 --bf16 --use-distributed-optimizer --save-interval 3"
+
 case "$STEP" in
+    smoke)
+        rm -rf "$OUT/smoke_ckpt"
+        # shellcheck disable=SC2086
+        run 150 smoke_full.log python3 tools/pretrain_gpt.py $SMOKE_JOB --save "$OUT/smoke_ckpt"
+        # shellcheck disable=SC2086
+        run 150 smoke_resumed.log python3 tools/pretrain_gpt.py $SMOKE_JOB --load "$OUT/smoke_ckpt" --ckpt-step 3
+        for log in smoke_full.log smoke_resumed.log; do  # iterations 4-6 of the two must match
+            echo "$log: $(grep -c "all-gathered during the next forward" "$OUT/$log") overlap line(s)"
+            grep -oE "iteration +[0-9]+/|lm loss: [^ |]+" "$OUT/$log" | paste - -
+        done
+        ;;
     speed)
         run 170 bench_auto.log python3 tools/bench_gpu_vs_torch.py --benchmarks "$OUT/benchmarks.md"
         run 170 bench_wgrad_on.log python3 tools/bench_gpu_vs_torch.py --grad-accumulation-fusion on
