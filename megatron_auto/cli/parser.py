@@ -186,6 +186,8 @@ def _profile_parsers(commands: argparse._SubParsersAction) -> None:
                             "(auto: flash on GPUs, unfused on CPU)")
     model.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="auto",
                        help="Adam step to measure (auto: fused on GPUs, foreach on CPU)")
+    model.add_argument("--rotary-percent", type=positive_float, default=1.0, metavar="F",
+                       help="share of each head's channels that RoPE rotates, as tools/pretrain_gpt.py's flag")
     model.add_argument("--bias-fusions", choices=BIAS_FUSIONS, default="auto",
                        help="Megatron's bias fusions in the measured layer, as tools/pretrain_gpt.py's flag")
     model.add_argument("--grad-accumulation-fusion", choices=GRAD_ACCUMULATION_FUSIONS, default="auto",

@@ -71,6 +71,8 @@ def run_profile_model(args: argparse.Namespace) -> int:
     from ..profiling.model_profile import ModelSweep, profile_model
 
     model = load_model(args.model)
+    if args.rotary_percent > 1:
+        raise UserError(f"--rotary-percent must be in (0, 1], got {args.rotary_percent:g}")
     if all(layer.moe is not None for layer in model.layers):
         raise UserError(f"every layer of {model.name} is a mixture of experts; profile-model times "
                         "dense layers only (MoE layers are priced analytically, cost/moe.py)")
@@ -78,7 +80,8 @@ def run_profile_model(args: argparse.Namespace) -> int:
                        LayerBenchSettings(precision=args.precision, iters=args.iters,
                                           attention_backend=args.attention_backend,
                                           optimizer_impl=args.optimizer_impl, bias_fusions=args.bias_fusions,
-                                          grad_accumulation_fusion=args.grad_accumulation_fusion))
+                                          grad_accumulation_fusion=args.grad_accumulation_fusion,
+                                          rotary_percent=args.rotary_percent))
     if _is_rank_zero():  # the kernels measured, named as tools/pretrain_gpt.py's log names the run's
         dense = next(layer for layer in model.layers if layer.moe is None)
         sys.stderr.write(f"measuring {bench_kernels(dense, sweep.settings).describe()}\n")

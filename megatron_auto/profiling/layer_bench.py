@@ -46,6 +46,8 @@ class LayerBenchSettings:
     rotary_base: Optional[int] = None
     """RoPE's base for a rope model (each layer then rotates its queries and keys, as in GPTModel); None:
     the model has learned or no position embeddings, which live outside the layers."""
+    rotary_percent: float = 1.0
+    """Share of each head's channels that RoPE rotates (--rotary-percent)."""
 
 
 def bench_kernels(layer: LayerSpec, settings: LayerBenchSettings):
@@ -99,7 +101,8 @@ def rotary_table(layer: LayerSpec, seq: int, settings: LayerBenchSettings, devic
         return {}
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
-    rotary = RotaryEmbedding(kv_channels=layer.kv_channels, rotary_percent=1.0, rotary_base=settings.rotary_base,
+    rotary = RotaryEmbedding(kv_channels=layer.kv_channels, rotary_percent=settings.rotary_percent,
+                             rotary_base=settings.rotary_base,
                              use_cpu_initialization=True)
     return {"rotary_pos_emb": rotary(seq).to(device)}
 

@@ -1,7 +1,8 @@
 """One process: the layer that profile-model times against the layer that training runs.
 
 Usage (RANK/WORLD_SIZE/MASTER_* set, one rank): python layer_bench_worker.py CASES.json RESULTS.json
-Each case: {"name", "model": uniform_model keywords, "attention": flash|unfused, "precision"}. For each,
+Each case: {"name", "model": uniform_model keywords, "attention": flash|unfused, "precision", and
+optionally "rotary_percent"}. For each,
 the runtime's first decoder layer (runtime.config.transformer_config + runtime.model.build_chunks at
 TP1/PP1, with GPTModel's own RoPE table) and profiling.layer_bench.build_layer's layer (with
 layer_bench.rotary_table) run one forward and one backward on the same input; the results hold each
@@ -61,7 +62,8 @@ def bench_layer(model, settings: TrainSettings):
     bench = layer_bench.LayerBenchSettings(
         precision=settings.precision, hidden_dropout=settings.hidden_dropout,
         attention_dropout=settings.attention_dropout, attention_backend=settings.attention_backend,
-        rotary_base=model.rotary_base if model.position_embedding_type == "rope" else None)
+        rotary_base=model.rotary_base if model.position_embedding_type == "rope" else None,
+        rotary_percent=settings.rotary_percent)
     module = layer_bench.build_layer(layer, 1, bench, torch.device("cpu"))
     return module, layer_bench.rotary_table(layer, SEQ, bench, torch.device("cpu"))
 
@@ -81,7 +83,8 @@ def trace(module, rope: dict, hidden_size: int, dtype) -> dict:
 
 def run_case(case: dict) -> dict:
     model = uniform_model(case["name"], **case["model"])
-    settings = TrainSettings(precision=case["precision"], attention_backend=case["attention"])
+    settings = TrainSettings(precision=case["precision"], attention_backend=case["attention"],
+                             rotary_percent=case.get("rotary_percent", 1.0))
     dtype = layer_bench.DTYPES[case["precision"]]
     results = {}
     for side, build in (("runtime", runtime_layer), ("bench", bench_layer)):

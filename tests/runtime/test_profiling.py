@@ -99,7 +99,8 @@ _LAYER_CASES = [
     dict(name="gpt-flash", model=_BASE, attention="flash", precision="bf16"),
     dict(name="gpt-unfused-fp32", model=_BASE, attention="unfused", precision="fp32"),
     dict(name="llama-rope-flash", model=_LLAMA, attention="flash", precision="bf16"),
-    dict(name="llama-rope-unfused", model=_LLAMA, attention="unfused", precision="bf16"),
+    dict(name="llama-rope-unfused-half-rotary", model=_LLAMA, attention="unfused", precision="bf16",
+         rotary_percent=0.5),
     dict(name="qwen-qkv-bias-qk-norm", model=dict(_LLAMA, add_qkv_bias=True, qk_layernorm=True,
                                                    apply_layernorm_1p=True), attention="flash", precision="bf16"),
 ]
