@@ -132,9 +132,9 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
     )
 
 
-def ddp_config(layout: MegatronLayout, overlap_param_gather: bool = False):
+def ddp_config(layout: MegatronLayout, settings: TrainSettings):
     """Megatron DDP: fp32 gradient buffers, optionally sharded by the distributed optimizer, whose weight
-    all-gather then overlaps the next forward with `overlap_param_gather` (Megatron-LM's flag)."""
+    all-gather then runs in the next forward where the run asks for it (overlaps_param_gather)."""
     from megatron.core.distributed import DistributedDataParallelConfig
 
     return DistributedDataParallelConfig(
@@ -143,7 +143,7 @@ def ddp_config(layout: MegatronLayout, overlap_param_gather: bool = False):
         # --overlap-grad-reduce), as the cluster presets' grad_overlap = 1 assumes;
         # gloo on CPU gains nothing from it (cpu-gloo: grad_overlap = 0).
         overlap_grad_reduce=torch.cuda.is_available(),
-        overlap_param_gather=layout.distributed_optimizer and overlap_param_gather,
+        overlap_param_gather=overlaps_param_gather(layout, settings),
         use_distributed_optimizer=layout.distributed_optimizer,
         check_for_nan_in_grad=False,
     )

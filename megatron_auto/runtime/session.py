@@ -125,8 +125,7 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
     tconfig = configs.transformer_config(model_spec, layout, settings, backend)
     chunks = models.build_chunks(model_spec, layout, settings, tconfig, padded_vocab, device)
     chunks = models.wrap_float16(chunks, tconfig)
-    overlap = configs.overlaps_param_gather(layout, settings)
-    model = models.wrap_ddp(chunks, tconfig, configs.ddp_config(layout, overlap_param_gather=overlap))
+    model = models.wrap_ddp(chunks, tconfig, configs.ddp_config(layout, settings))
     optimizer = get_megatron_optimizer(configs.optimizer_config(layout, settings), model,
                                        use_gloo_process_groups=False)
     kernels.use_run_optimizer_impl(optimizer, settings)

@@ -69,8 +69,7 @@ def _wrap(ctx: BuildContext, config, strategy: LayerStrategy, module):
                            reshard_after_forward=strategy.zero == 3, compute_dtype=compute_dtype)
     # Megatron-LM's Float16Module cast: 16-bit weights here, fp32 masters in the optimizer.
     module = module.to(compute_dtype)
-    layout = hconfigs.strategy_layout(ctx.plan, strategy)
-    ddp_config = configs.ddp_config(layout, overlap_param_gather=configs.overlaps_param_gather(layout, ctx.settings))
+    ddp_config = configs.ddp_config(hconfigs.strategy_layout(ctx.plan, strategy), ctx.settings)
     return DistributedDataParallel(config=config, ddp_config=ddp_config, module=module,
                                    pg_collection=pg_collection(ctx, strategy))
 
