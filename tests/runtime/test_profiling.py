@@ -155,3 +155,20 @@ def test_profile_model_refuses_a_model_without_dense_layers_in_one_line(tmp_path
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().count("\n") == 0 and "mixture of experts" in done.stderr
     assert not (tmp_path / "m.json").exists()
+
+
+def test_count_host_ops_prints_each_layer_and_core():
+    """tools/count_host_ops.py: one row per shape and core; SDPA's flash core dispatches a fraction of the
+    unfused core's ops (its scores, softmax and dropout stay inside one kernel)."""
+    done = subprocess.run([sys.executable, "tools/count_host_ops.py"], cwd=REPO, capture_output=True, text=True,
+                          timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore",
+                                            "MASTER_PORT": "29574"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split(" | ") for line in done.stdout.splitlines()[2:]]
+    assert [(row[0].lstrip("| "), row[1]) for row in rows] == [
+        (shape, core) for shape in ("GPT", "LLaMA-style (RMSNorm, SwiGLU, RoPE, GQA)") for core in ("unfused", "flash")]
+    ops = {(row[0].lstrip("| "), row[1]): [int(n) for part in row[2:] for n in part.strip(" |").split(" / ")]
+           for row in rows}
+    for shape in ("GPT", "LLaMA-style (RMSNorm, SwiGLU, RoPE, GQA)"):
+        unfused, flash = ops[(shape, "unfused")], ops[(shape, "flash")]
+        assert flash[2] < unfused[2] / 2 and flash[0] < unfused[0]
