@@ -22,7 +22,7 @@ def megatron_flags(plan: Plan) -> list[str]:
         flags.append("--sequence-parallel")
     if layout.zero >= 1:
         flags.append("--use-distributed-optimizer")
-    return flags + _expert_flags(plan)
+    return flags + _overlap_flags(plan) + _expert_flags(plan)
 
 
 def expert_degrees(plan: Plan) -> tuple[int, int] | None:
@@ -41,6 +41,19 @@ def _expert_flags(plan: Plan) -> list[str]:
         return []
     ep, etp = degrees
     return ["--expert-model-parallel-size", str(ep), "--expert-tensor-parallel-size", str(etp)]
+
+
+def _overlap_flags(plan: Plan) -> list[str]:
+    """Megatron-LM's DDP reduces gradients after the backward unless told to overlap; a plan priced
+    with data-parallel traffic hidden behind compute (Prediction.grad_overlap) needs the flags that
+    hide it. --overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce
+    (Megatron-LM's megatron/training/arguments.py)."""
+    hidden = plan.prediction is not None and plan.prediction.grad_overlap > 0
+    if not hidden or max(s.dp for s in plan.distinct_strategies | {plan.embedding}) == 1:
+        return []
+    if plan.embedding.zero >= 1:
+        return ["--overlap-grad-reduce", "--overlap-param-gather"]
+    return ["--overlap-grad-reduce"]
 
 
 def _pipeline_split_flags(plan: Plan) -> list[str]:

@@ -228,6 +228,24 @@ def test_flags_selective_sp_distributed_optimizer():
                                            "--use-distributed-optimizer"]
 
 
+def priced(plan: Plan, cluster=CLUSTER) -> Plan:
+    return replace(plan, prediction=estimate_plan(plan, MODEL, cluster, TRAINING))
+
+
+def test_flags_overlap_data_parallel_traffic_where_the_prediction_hides_it():
+    # The GPU presets price DP traffic as hidden (grad_overlap 1); stock Megatron-LM hides it only with the flags.
+    assert megatron_flags(priced(uniform())) == BASE + ["--overlap-grad-reduce"]
+    assert megatron_flags(priced(uniform(distributed_optimizer=True))) == BASE + [
+        "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather"]
+    # cpu-gloo prices the reduce after the backward: no overlap flags; nor without data parallelism.
+    assert megatron_flags(priced(uniform(), CLUSTER_PRESETS["cpu-gloo"])) == BASE
+    assert megatron_flags(priced(uniform(tp=4))) == BASE[:1] + ["4"] + BASE[2:]
+    # A plan file from before Prediction.grad_overlap existed loads with 0: no overlap flags, as before.
+    loaded = serde.from_dict(Plan, {**serde.to_dict(priced(uniform())), "prediction": {
+        k: v for k, v in serde.to_dict(priced(uniform()).prediction).items() if k != "grad_overlap"}})
+    assert megatron_flags(loaded) == BASE
+
+
 def test_flags_reject_hybrid_and_non_block_recompute():
     hybrid = replace(uniform(), space="hybrid")
     with pytest.raises(UserError, match="megatron-space"):
