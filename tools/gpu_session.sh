@@ -6,18 +6,21 @@
 #                                          # next forward (on by default with CUDA): trains, saves, resumes exactly
 #   bash tools/gpu_session.sh speed        # bench_gpu_vs_torch (auto, then --grad-accumulation-fusion on) and
 #                                          # profile_gpu_step --time-grad-accumulation-fusion
+#   bash tools/gpu_session.sh host         # 2 minutes: measure_host_floor, the host seconds per layer pass of the
+#                                          # runtime's step per structure, core attention and recompute (all 12 cases)
 #   bash tools/gpu_session.sh validate-a   # validate_cost_model: micro-batch 1/2/4/8 without recompute, + the pick
 #   bash tools/gpu_session.sh validate-b   # validate_cost_model: selective and full recompute, + the pick
 #
 # megatron-core is installed from .whl/ when it does not import (the machine has no index).
 # Logs and the docs/benchmarks.md that each step rewrites land in $OUT (default ./gpu_out);
 # keep the validation's run lines as data/reference/h100/validation_runs_<date>.log, from which
-# `python3 tools/validate_cost_model.py --measured-log FILE` rebuilds the section without a GPU.
+# `python3 tools/validate_cost_model.py --measured-log FILE` rebuilds the section without a GPU; keep
+# host_floor.json as data/reference/h100/host_floor_<date>.json for fitting the cost model's host term.
 set -u
 STEP=${1:-}
 case "$STEP" in
-    smoke|speed|validate-a|validate-b) ;;
-    *) echo "usage: bash tools/gpu_session.sh smoke|speed|validate-a|validate-b (got '$STEP')" >&2; exit 2 ;;
+    smoke|speed|host|validate-a|validate-b) ;;
+    *) echo "usage: bash tools/gpu_session.sh smoke|speed|host|validate-a|validate-b (got '$STEP')" >&2; exit 2 ;;
 esac
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -58,6 +61,10 @@ case "$STEP" in
         run 170 bench_wgrad_on.log python3 tools/bench_gpu_vs_torch.py --grad-accumulation-fusion on
         run 220 profile.log python3 tools/profile_gpu_step.py --time-grad-accumulation-fusion --iters 4
         grep -h -A4 "^| model\|accumulation fusion |" "$OUT"/bench_*.log "$OUT/profile.log"
+        ;;
+    host)
+        run 300 host_floor.log python3 tools/measure_host_floor.py --out "$OUT/host_floor.json"
+        grep "^|" "$OUT/host_floor.log"
         ;;
     validate-a)
         run 560 validate_a.log python3 tools/validate_cost_model.py --plans "rc=none" \
