@@ -4,6 +4,9 @@ from __future__ import annotations
 from .errors import UserError
 from .plan import Plan
 
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+"""Megatron-LM's default --recompute-modules."""
+
 
 def megatron_flags(plan: Plan) -> list[str]:
     """Flags for Megatron-LM's pretrain_gpt.py, in the order a launch script lists them."""
@@ -75,7 +78,9 @@ def _pipeline_split_flags(plan: Plan) -> list[str]:
 def _recompute_flags(plan: Plan) -> list[str]:
     kinds = [s.recompute for s in plan.layer_strategies]
     if "selective" in kinds:
-        return ["--recompute-granularity", "selective"]
+        modules = plan.prediction.recompute_modules if plan.prediction is not None else DEFAULT_RECOMPUTE_MODULES
+        listed = ["--recompute-modules", *modules] if tuple(modules) != DEFAULT_RECOMPUTE_MODULES else []
+        return ["--recompute-granularity", "selective", *listed]
     full_per_chunk = [sum(s.recompute == "full" for s in c.layers) for c in plan.chunks]
     if not any(full_per_chunk):
         return []

@@ -215,6 +215,8 @@ class Prediction:
     """The core attention priced (flash or unfused)."""
     optimizer_impl: str = ""
     """The optimizer step priced (fused or foreach)."""
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    """What `selective` recomputation was priced as re-running (TrainingSpec.recompute_modules)."""
     grad_overlap: float = 0.0
     """Share of the data-parallel traffic's overlap window priced as hidden (ClusterSpec.grad_overlap):
     above 0, the plan assumes Megatron's DDP reduces (and gathers) while the backward (forward) runs."""

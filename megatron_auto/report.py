@@ -160,12 +160,13 @@ def _flag_lines(plan: Plan) -> list[str]:
         flags = megatron_flags(plan)
     except UserError as error:
         return ["megatron-lm flags", f"  (not expressible: {error})"]
-    pairs, index = [], 0
-    while index < len(flags):
-        takes_value = index + 1 < len(flags) and not flags[index + 1].startswith("--")
-        pairs.append(" ".join(flags[index:index + 2]) if takes_value else flags[index])
-        index += 2 if takes_value else 1
-    return ["megatron-lm flags", "  " + " \\\n  ".join(pairs)]
+    lines = []
+    for token in flags:  # a flag and the values after it (--recompute-modules takes several) on one line
+        if token.startswith("--") or not lines:
+            lines.append(token)
+        else:
+            lines[-1] += " " + token
+    return ["megatron-lm flags", "  " + " \\\n  ".join(lines)]
 
 
 def plan_table(plan: Plan) -> str:

@@ -46,6 +46,7 @@ PATCH_MODULES = (
     "gloo_uneven_gather",
     "moe_aux_loss_avg_gloo",
     "moe_per_token_aux_loss_tp",
+    "checkpoint_without_output_te",
 )
 
 __all__ = ["PATCH_MODULES", "PatchTargetChanged", "apply_all", "check_all", "patch_modules"]

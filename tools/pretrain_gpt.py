@@ -77,7 +77,7 @@ from megatron_auto.runtime.settings import EXIT_SIGNALS, DataSettings, MoESettin
 from megatron_auto.runtime.tokenizers import add_tokenizer_flags, tokenizer_from_flags  # noqa: E402
 from megatron_auto.search.constraints import SearchConstraints  # noqa: E402
 from megatron_auto.specs.model import ModelSpec, uniform_model  # noqa: E402
-from megatron_auto.specs.training import TrainingSpec  # noqa: E402
+from megatron_auto.specs.training import RECOMPUTE_MODULES, TrainingSpec, recompute_modules_problem  # noqa: E402
 
 logger = logging.getLogger("pretrain_gpt")
 
@@ -278,6 +278,9 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--recompute-granularity", choices=("full", "selective"))
     group.add_argument("--recompute-method", choices=("uniform", "block"))
     group.add_argument("--recompute-num-layers", type=int)
+    group.add_argument("--recompute-modules", nargs="+", default=["core_attn"], metavar="MODULE",
+                       help="what --recompute-granularity selective re-runs: "
+                            f"{', '.join(RECOMPUTE_MODULES)} (Megatron-LM's names; default core_attn)")
     group.add_argument("--recompute-activations", action="store_true",
                        help="Megatron-LM's older spelling of --recompute-granularity selective")
     group.add_argument("--auto-parallel", action="store_true", help="let the planner choose the parallelism")
@@ -425,6 +428,11 @@ def size_flags_error(args: argparse.Namespace) -> Optional[str]:
             return f"{flag} must be non-negative, got {value}"
     if args.recompute_granularity == "selective" and args.recompute_method is not None:
         return "--recompute-method is not supported with --recompute-granularity selective (as in Megatron-LM)"
+    unknown = [m for m in args.recompute_modules if m not in RECOMPUTE_MODULES]
+    if unknown or len(set(args.recompute_modules)) != len(args.recompute_modules):
+        what = f"{' '.join(unknown)} not run by this runtime yet" if unknown else "a module named twice"
+        return (f"--recompute-modules {' '.join(args.recompute_modules)}: {what} "
+                f"(it runs {', '.join(RECOMPUTE_MODULES)})")
     uneven = args.decoder_first_pipeline_num_layers is not None or args.decoder_last_pipeline_num_layers is not None
     if args.num_layers_per_virtual_pipeline_stage and uneven:
         return ("--num-layers-per-virtual-pipeline-stage cannot go with --decoder-first/last-pipeline-num-layers "
@@ -563,6 +571,7 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
         init_method_std=args.init_method_std, seed=args.seed, norm_epsilon=args.norm_epsilon,
         attention_backend=args.attention_backend, optimizer_impl=args.optimizer_impl,
+        recompute_modules=tuple(args.recompute_modules),
         bias_activation_fusion=not (args.no_bias_swiglu_fusion if args.swiglu else args.no_bias_gelu_fusion),
         bias_dropout_fusion=not args.no_bias_dropout_fusion, bias_fusions=args.bias_fusions,
         grad_accumulation_fusion=args.grad_accumulation_fusion, overlap_param_gather=args.overlap_param_gather,
@@ -613,7 +622,8 @@ def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_si
     common = dict(attention_backend=resolve_attention_backend(settings.attention_backend, on_gpu),
                   optimizer_impl=resolve_optimizer_impl(settings.optimizer_impl, on_gpu),
                   memory_margin=args.auto_parallel_memory_margin,
-                  moe_token_dispatcher=settings.moe.token_dispatcher, moe_grouped_gemm=settings.moe.grouped_gemm)
+                  moe_token_dispatcher=settings.moe.token_dispatcher, moe_grouped_gemm=settings.moe.grouped_gemm,
+                  recompute_modules=settings.recompute_modules)
     return TrainingSpec.for_precision(settings.precision, global_batch, **common)
 
 
@@ -760,6 +770,8 @@ def _log_run_header(args: argparse.Namespace, adjustments: list[str], settings: 
     if param_gather_overlap_requested(settings) and any(s.zero == 1 for s in (*plan.distinct_strategies, plan.embedding)):
         logger.info("distributed optimizer: the updated weights are all-gathered during the next forward "
                     "(--overlap-param-gather)")
+    if any(s.recompute == "selective" for s in plan.layer_strategies):
+        logger.info("selective recompute re-runs: %s (--recompute-modules)", " ".join(settings.recompute_modules))
     logger.info("parallel plan (%s):\n%s", "auto-parallel" if args.auto_parallel else "flags", plan_table(plan))
 
 
@@ -772,6 +784,9 @@ def run(args: argparse.Namespace) -> None:
     tokenizer = tokenizer_from_flags(args)
     settings = settings_from_args(args, tokenizer.vocab_size, tokenizer.eod)
     model = model_from_args(args, args.padded_vocab_size or tokenizer.vocab_size)  # the rows the planner prices
+    problem = recompute_modules_problem(model.layers, settings.recompute_modules)
+    if problem:
+        raise UserError(problem)
     patches.apply_all()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     plan = choose_plan(args, model, world_size, settings)

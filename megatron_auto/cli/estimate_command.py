@@ -11,6 +11,7 @@ from ..plan import Plan, load_plan
 from ..report import plan_table
 from ..search.uniform import UniformConfig, best_uniform_plan, build_uniform_plan
 from ..specs import ClusterSpec, load_model
+from ..specs.training import recompute_modules_problem
 from .job import (attach_profiles, fit_cluster_to_world, load_cluster_arg, load_job, sequence_parallel_flag,
                   training_spec)
 from .output import print_json, summary, write_plan
@@ -80,6 +81,9 @@ def estimate_file(args: argparse.Namespace) -> Plan:
         raise UserError(f"the plan's cluster '{cluster_name}' cannot be loaded ({error}); give --cluster") from None
     cluster = attach_profiles(fit_cluster_to_world(cluster, plan.world_size, args), args)
     training = training_spec(args, cluster.name, args.global_batch_size or plan.global_batch_size)
+    problem = recompute_modules_problem(model.layers, training.recompute_modules)
+    if problem:
+        raise UserError(problem)
     return replace(plan, prediction=estimate_plan(plan, model, cluster, training))
 
 

@@ -9,7 +9,7 @@ from typing import Optional
 from ..errors import UserError
 from ..kernels import resolve_attention_backend, resolve_optimizer_impl
 from ..specs import ClusterSpec, ModelSpec, TrainingSpec, load_cluster, load_model
-from ..specs.training import DEFAULT_MOE_LOAD_IMBALANCE, GIB
+from ..specs.training import DEFAULT_MOE_LOAD_IMBALANCE, GIB, recompute_modules_problem
 
 CPU_CLUSTER_PRESET = "cpu-gloo"
 logger = logging.getLogger(__name__)
@@ -57,7 +57,8 @@ def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size
     budget = max(1, int(args.memory_budget_gib * GIB)) if args.memory_budget_gib else 0  # 0 would mean "all"
     kernels = dict(attention_backend=resolve_attention_backend(getattr(args, "attention_backend", "auto"), on_gpu),
                    optimizer_impl=resolve_optimizer_impl(getattr(args, "optimizer_impl", "auto"), on_gpu),
-                   memory_margin=getattr(args, "memory_margin", None))
+                   memory_margin=getattr(args, "memory_margin", None),
+                   recompute_modules=tuple(getattr(args, "recompute_modules", None) or ("core_attn",)))
     moe = dict(moe_token_dispatcher=getattr(args, "moe_token_dispatcher_type", "alltoall"),
                moe_load_imbalance=getattr(args, "moe_load_imbalance", DEFAULT_MOE_LOAD_IMBALANCE),
                moe_grouped_gemm=getattr(args, "moe_grouped_gemm", False))
@@ -83,4 +84,8 @@ def load_job(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Training
             raise UserError(f"{flag} is required")
     model = load_model(args.model)
     cluster = attach_profiles(load_cluster_arg(args.cluster, args.num_nodes, args.gpus_per_node), args)
-    return model, cluster, training_spec(args, cluster.name, args.global_batch_size)
+    training = training_spec(args, cluster.name, args.global_batch_size)
+    problem = recompute_modules_problem(model.layers, training.recompute_modules)
+    if problem:
+        raise UserError(problem)
+    return model, cluster, training

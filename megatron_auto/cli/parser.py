@@ -7,7 +7,7 @@ from typing import NoReturn, Optional
 
 from ..kernels import ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMULATION_FUSIONS, OPTIMIZER_IMPLS
 from ..plan import RECOMPUTE_KINDS, SPACES
-from ..specs.training import DEFAULT_MOE_LOAD_IMBALANCE, MOE_TOKEN_DISPATCHERS
+from ..specs.training import DEFAULT_MOE_LOAD_IMBALANCE, MOE_TOKEN_DISPATCHERS, RECOMPUTE_MODULES
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 
@@ -97,6 +97,9 @@ def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) ->
                              "that cluster: flash on GPUs, unfused on cpu-gloo)")
     parser.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="auto",
                         help="optimizer step to price (auto: fused on GPUs, foreach on cpu-gloo)")
+    parser.add_argument("--recompute-modules", nargs="+", choices=RECOMPUTE_MODULES, default=["core_attn"],
+                        metavar="MODULE", help="what selective recomputation re-runs, Megatron-LM's names: "
+                                               f"{', '.join(RECOMPUTE_MODULES)} (default: core_attn)")
     parser.add_argument("--profile", action="append", metavar="FILE",
                         help="measured cluster and/or model profile JSON (profile-cluster, profile-model); "
                              "repeat for both. Without it the cost model is analytic")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..specs.cluster import ClusterSpec, ComputeEfficiency
 from ..specs.model import LayerSpec
-from .flops import ATTENTION_CORE_GEMMS, Gemm, layer_gemms
+from .flops import ATTENTION_CORE_GEMMS, MLP_GEMMS, Gemm, layer_gemms
 
 # Element-wise kernels reach about this share of HBM bandwidth (typical of fused
 # Megatron kernels; STREAM-like copies reach 80-90%).
@@ -83,11 +83,49 @@ def layer_compute_times(layer: LayerSpec, seq: int, samples: int, tp: int, sp: b
     return ComputeTimes(forward_s=forward, backward_s=2.0 * forward, attention_core_forward_s=core)
 
 
-def recompute_time(times: ComputeTimes, recompute: str) -> float:
-    """Extra seconds per micro-batch: a second forward (full) or of the attention core
-    (selective), per Korthikanti et al. 2022, Sec. 4-5."""
+def module_forward_seconds(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool, cluster: ClusterSpec,
+                           activation_bytes: int) -> tuple[float, float]:
+    """(MLP, both norms) forward seconds on one shard, analytic: what selective recompute of Megatron-Core's
+    `mlp` and `layernorm` modules re-runs. MLP: fc1 and fc2, the fc1 bias add and the activation (the
+    element-wise terms of cost/layer_kernels.elementwise_bytes); norms: read and write h per token each
+    (split over TP with SP). Kernel by kernel, each at least its ops x kernel_launch_s."""
+    gemms = layer_gemms(layer, seq, samples, tp)
+    mlp_gemms = sum(gemm_compute_time(gemms[i], cluster) for i in MLP_GEMMS if i < len(gemms))
+    f = layer.dense_ffn_hidden_size / tp
+    fc1_width = f * (2 if layer.swiglu else 1)
+    bias = 1.0 if layer.add_bias_linear else 0.0
+    tokens, word = seq * samples, activation_bytes
+    bandwidth = cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
+    mlp = mlp_gemms + tokens * word * (2 * bias * fc1_width + (5 if layer.swiglu else 2) * f) / bandwidth
+    norms = tokens * word * 4 * layer.hidden_size / (tp if sp else 1) / bandwidth
+    if cluster.compute.kernel_level:
+        from .layer_kernels import HOST_OPS_MLP, HOST_OPS_NORMS
+
+        launch = cluster.gpu.kernel_launch_s
+        mlp, norms = max(HOST_OPS_MLP * launch, mlp), max(HOST_OPS_NORMS * launch, norms)
+    return (mlp if f else 0.0), norms
+
+
+def module_forward_shares(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool, cluster: ClusterSpec,
+                          activation_bytes: int, attention_backend: str) -> tuple[float, float]:
+    """module_forward_seconds as shares of the analytic layer forward, to scale a profiled forward by."""
+    forward = layer_compute_times(layer, seq, samples, tp, sp, cluster, activation_bytes, attention_backend).forward_s
+    mlp, norms = module_forward_seconds(layer, seq, samples, tp, sp, cluster, activation_bytes)
+    return min(1.0, mlp / forward), min(1.0, norms / forward)
+
+
+def recompute_time(times: ComputeTimes, recompute: str, modules: frozenset = frozenset({"core_attn"}),
+                   shares: tuple[float, float] = (0.0, 0.0)) -> float:
+    """Extra seconds per micro-batch: a second forward (full), or under selective a second forward of each
+    recomputed module (Korthikanti et al. 2022, Sec. 4-5; `modules`: recomputed_modules, `shares`: the
+    MLP's and the norms' share of the forward, module_forward_shares)."""
     if recompute == "full":
         return times.forward_s
-    if recompute == "selective":
-        return times.attention_core_forward_s
-    return 0.0
+    if recompute != "selective":
+        return 0.0
+    seconds = times.attention_core_forward_s if "core_attn" in modules else 0.0
+    if "mlp" in modules:
+        seconds += shares[0] * times.forward_s
+    if "layernorm" in modules:
+        seconds += shares[1] * times.forward_s
+    return seconds

@@ -262,6 +262,7 @@ def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: 
         memory_breakdown=memory_breakdown(terms[peak_stage], cluster, communicators),
         attention_backend=training.attention_backend,
         optimizer_impl=training.optimizer_impl,
+        recompute_modules=training.recompute_modules,
         grad_overlap=comm_model(cluster).grad_overlap,
     )
 

@@ -51,7 +51,8 @@ def layer_gemms(layer: LayerSpec, tokens_per_sample: int, samples: int, tp: int)
     )
 
 
-ATTENTION_CORE_GEMMS = (1, 2)  # indices in layer_gemms: what selective recompute re-runs
+ATTENTION_CORE_GEMMS = (1, 2)  # indices in layer_gemms: what selective recompute of core_attn re-runs
+MLP_GEMMS = (4, 5)  # indices in layer_gemms: fc1 and fc2, what selective recompute of the mlp re-runs
 
 
 def layer_forward_flops(layer: LayerSpec, tokens_per_sample: int, samples: int = 1) -> float:

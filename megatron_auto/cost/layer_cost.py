@@ -15,7 +15,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
 from ..specs.training import TrainingSpec
 from .communication import dp_comm_time, tp_comm_time, zero3_comm_time
-from .compute import recompute_time
+from .compute import module_forward_shares, recompute_time
 from .models import compute_model
 from .moe import ExpertCost, expert_cost
 from .memory import (attention_backward_extra_bytes, attention_workspace_bytes, layer_activation_bytes,
@@ -91,12 +91,15 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
     word = training.activation_bytes
     times = compute_model(cluster).layer_times(layer, seq, samples, strategy.tp, strategy.sp, cluster, word,
                                                training.attention_backend)
-    recompute = recompute_time(times, strategy.recompute)
+    selective = training.selective_modules(layer.moe is not None)
+    recompute = recompute_time(times, strategy.recompute, selective, _module_shares(layer, strategy, samples, seq,
+                                                                                   cluster, training, selective))
     compute = times.forward_s + times.backward_s + recompute
     params = layer.dense_parameters
     zero3 = zero3_comm_time(params, strategy, cluster, training, strategy.recompute == "full")
     backend = training.attention_backend
-    activations = layer_activation_bytes(layer, seq, samples, strategy, word, cluster.dropout_mask_bytes, backend)
+    activations = layer_activation_bytes(layer, seq, samples, strategy, word, cluster.dropout_mask_bytes, backend,
+                                         selective)
     rematerialised = attention_backward_extra_bytes(layer, seq, samples, strategy, backend)
     if strategy.recompute != "none":
         kept_without = layer_activation_bytes(layer, seq, samples, _no_recompute(strategy), word,
@@ -117,6 +120,15 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
         workspace_bytes=attention_workspace_bytes(layer, seq, samples, strategy, word, backend),
         optimizer_temporary_bytes=optimizer_temporary_bytes(params, strategy, training),
     )
+
+
+def _module_shares(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int, cluster: ClusterSpec,
+                   training: TrainingSpec, selective: frozenset) -> tuple[float, float]:
+    """The MLP's and the norms' share of the forward where selective recompute re-runs them (else unused)."""
+    if strategy.recompute != "selective" or not selective & {"mlp", "layernorm"}:
+        return 0.0, 0.0
+    return module_forward_shares(layer, seq, samples, strategy.tp, strategy.sp, cluster, training.activation_bytes,
+                                 training.attention_backend)
 
 
 def _tp_share(layer: LayerSpec) -> float:

@@ -34,6 +34,10 @@ HOST_OPS_CORE = 16
 """Aten ops that one local-spec GPT layer dispatches in its forward and backward pass (and its
 attention core's forward), counted with a TorchDispatchMode on megatron-core 0.16.1 (the CPU's
 three-op dropout counted as CUDA's one native_dropout; docs/cost_model.md, H100 calibration)."""
+HOST_OPS_MLP = 12
+HOST_OPS_NORMS = 2
+"""Forward ops of the same layer's MLP and of its two LayerNorms, what selective recompute of `mlp` and
+`layernorm` re-runs (`.venv/bin/python tools/count_host_ops.py`, GPT row)."""
 
 
 def _bandwidth(cluster: ClusterSpec) -> float:

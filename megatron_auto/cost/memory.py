@@ -55,13 +55,17 @@ def optimizer_temporary_bytes(num_params: float, strategy: LayerStrategy, traini
 
 def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
                            activation_bytes: int, mask_bytes: int = MASK_BYTES,
-                           attention_backend: str = "unfused") -> float:
+                           attention_backend: str = "unfused",
+                           selective: frozenset = frozenset({"core_attn"})) -> float:
     """Bytes one layer keeps for backward, per micro-batch on one GPU.
 
     For GPT in 16-bit this is Korthikanti et al.'s (Table 2) sbh(34/t + 5as/(ht)) with SP,
-    sbh(10 + 24/t + 5as/(ht)) without, 34sbh/t (SP) under selective recompute, and 2sbh (/t with SP)
-    under full recompute, with the s x s terms as the attention really keeps them
+    sbh(10 + 24/t + 5as/(ht)) without, 34sbh/t (SP) under selective recompute of the attention core,
+    and 2sbh (/t with SP) under full recompute, with the s x s terms as the attention really keeps them
     (`attention_score_bytes`) and the norms' fp32 statistics. `mask_bytes`: ClusterSpec.dropout_mask_bytes.
+    `selective`: the modules selective recompute re-runs (TrainingSpec.selective_modules): `mlp` keeps
+    only the MLP's input (its inner activations are rebuilt), `layernorm` keeps neither norm's output
+    nor statistics (Megatron-Core's CheckpointWithoutOutput frees the output after its consumer ran).
     """
     s, b, h, t = seq, samples, layer.hidden_size, strategy.tp
     kv_width = layer.num_query_groups * layer.kv_channels
@@ -72,18 +76,33 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
     replicated_split = t if strategy.sp else 1
     if strategy.recompute == "full":
         return word * s * b * h / replicated_split
+    recomputed = selective if strategy.recompute == "selective" else frozenset()
     # Kept whole on every TP rank unless SP: two LayerNorm inputs, two LayerNorm
     # outputs (QKV and fc1 inputs), two dropout masks, and the norms' statistics.
-    replicated = s * b * (4 * word * h + 2 * mask_bytes * h) + norm_statistics_bytes(layer, s, b)
+    norm_outputs = 0 if "layernorm" in recomputed else 2 * word * h
+    replicated = s * b * (2 * word * h + norm_outputs + 2 * mask_bytes * h)
+    if "layernorm" not in recomputed:
+        replicated += norm_statistics_bytes(layer, s, b)
     # Split over TP: Q, K, V, the projection input, the MLP's inner activations.
-    mlp_inner = (3 if layer.swiglu else 2) * layer.dense_ffn_hidden_size  # MoE: the shared expert (cost/moe.py)
+    mlp_inner = mlp_saved_width(layer.swiglu) * layer.dense_ffn_hidden_size  # MoE: the shared expert (cost/moe.py)
+    if "mlp" in recomputed:
+        mlp_inner = 0
     sharded = word * s * b * (q_width + 2 * kv_width + q_width + mlp_inner)
     if layer.qk_layernorm:
         # --qk-layernorm keeps the q and k norms' inputs for backward (their outputs are Q and K above).
         sharded += word * s * b * (q_width + kv_width)
-    if strategy.recompute == "none":
+    if "core_attn" not in recomputed:
         sharded += attention_score_bytes(layer, s, b, word, mask_bytes, attention_backend)
     return replicated / replicated_split + sharded / t
+
+
+def mlp_saved_width(swiglu: bool) -> int:
+    """What an MLP keeps for backward per token beyond its input, in units of its ffn width f. GeLU: fc1's
+    output and the activation's (2f). SwiGLU without the bias-activation fusion (the runtime's default,
+    megatron_auto.kernels): fc1's 2f output, the second half plus megatron-core 0.16.1's glu_linear_offset
+    (MLP.forward's glu adds it, a new f-wide tensor even at offset 0), silu's output and the product: 5f
+    (measured in the runtime's layer: tests/runtime/test_recompute_modules.py)."""
+    return 5 if swiglu else 2
 
 
 def norm_statistics_bytes(layer: LayerSpec, seq: int, samples: int) -> float:

@@ -108,19 +108,22 @@ def rotary_table(layer: LayerSpec, seq: int, settings: LayerBenchSettings, devic
 
 
 def saved_activation_bytes(module: torch.nn.Module, hidden: torch.Tensor, **rope) -> int:
-    """Bytes of the distinct non-parameter storages the forward pass saves for backward."""
+    """Bytes of the distinct non-parameter storages the forward pass saves for backward, counted when the
+    forward has returned (selective recompute of `layernorm` frees a saved norm output's storage then)."""
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
-    seen: dict[int, int] = {}
+    seen: dict[int, torch.UntypedStorage] = {}
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
         storage = tensor.untyped_storage()
         if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage.nbytes()
+            seen[storage.data_ptr()] = storage
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        module(hidden, attention_mask=None, **rope)
-    return sum(seen.values())
+        output = module(hidden, attention_mask=None, **rope)
+    saved = sum(storage.nbytes() for storage in seen.values())
+    del output
+    return saved
 
 
 def _core_attention_seconds(module, seq: int, micro_batch: int, iters: int, device, dtype, barrier) -> float:

@@ -87,8 +87,6 @@ REFUSED_ANY_VALUE = {
 }
 REFUSED_UNLESS = {
     "--rope-type": ("rope", "RoPE variants other than plain rope (YaRN, ...) are not built by this runtime yet"),
-    "--recompute-modules": ("core_attn", "selective recompute of modules other than core_attn is not run by "
-                                         "this runtime yet"),
 }
 """flag: (the one value accepted, why others are refused)."""
 REFUSED_SWITCHES = {

@@ -115,6 +115,7 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
         recompute_granularity=layout.recompute_granularity,
         recompute_method=layout.recompute_method,
         recompute_num_layers=layout.recompute_num_layers,
+        recompute_modules=list(settings.recompute_modules),
         params_dtype=dtype,
         pipeline_dtype=dtype,
         bf16=settings.precision == "bf16",

@@ -48,17 +48,18 @@ class MegatronLayout:
 
 
 def _parse_flags(flags: list[str]) -> dict[str, object]:
-    """`--name value` pairs and bare `--switch`es into a dict keyed by the flag's Python name."""
+    """`--name value` pairs, bare `--switch`es and `--name v1 v2` lists into a dict keyed by the flag's Python
+    name."""
     values: dict[str, object] = {}
-    index = 0
-    while index < len(flags):
-        name = flags[index].lstrip("-").replace("-", "_")
-        if index + 1 < len(flags) and not flags[index + 1].startswith("--"):
-            values[name] = flags[index + 1]
-            index += 2
-        else:
+    name = ""
+    for token in flags:
+        if token.startswith("--"):
+            name = token.lstrip("-").replace("-", "_")
             values[name] = True
-            index += 1
+        elif values[name] is True:
+            values[name] = token
+        else:  # a flag of several values (--recompute-modules)
+            values[name] = [*(values[name] if isinstance(values[name], list) else [values[name]]), token]
     return values
 
 

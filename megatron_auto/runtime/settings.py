@@ -160,6 +160,8 @@ class TrainSettings:
     """--attention-backend (Megatron-LM's names; runtime/kernels.py resolves `auto` for the host)."""
     optimizer_impl: str = "auto"
     """--optimizer-impl: fused, foreach, or auto (fused on GPUs, foreach on CPU)."""
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    """--recompute-modules: what selective recomputation re-runs (specs.training.RECOMPUTE_MODULES)."""
     bias_fusions: str = "auto"
     """--bias-fusions: on runs Megatron's bias fusions on GPUs; auto and off keep them off (megatron_auto.kernels)."""
     grad_accumulation_fusion: str = "auto"

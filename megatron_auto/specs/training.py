@@ -16,6 +16,8 @@ MOE_TOKEN_DISPATCHERS = ("alltoall", "allgather")
 # Routed tokens on the busiest EP rank over the mean. 1.0 = balanced routing, what the auxiliary loss drives
 # toward and a capacity factor of 1 enforces; no measured figure was available (docs/cost_model.md, "MoE").
 DEFAULT_MOE_LOAD_IMBALANCE = 1.0
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
+"""Megatron-Core's --recompute-modules that are priced and run here (core_attn is Megatron's default)."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +54,10 @@ class TrainingSpec(CachedHash):
     """Routed tokens on the busiest expert-parallel rank over the mean (>= 1); scales expert time and memory."""
     moe_grouped_gemm: bool = False
     """The experts' GEMMs batched into one grouped GEMM [--moe-grouped-gemm]."""
+    recompute_modules: tuple[str, ...] = ("core_attn",)
+    """What `selective` recomputation re-runs in backward [--recompute-modules]: core_attn (the attention
+    core), mlp (a dense layer's MLP; Megatron-Core leaves a MoE layer's alone) and layernorm (both norms,
+    whose outputs are then not kept)."""
 
     def __post_init__(self) -> None:
         _check_version(self.schema_version, TRAINING_SCHEMA_VERSION, "training spec")
@@ -70,6 +76,19 @@ class TrainingSpec(CachedHash):
             raise ValueError(f"optimizer implementation must be one of {PRICED_OPTIMIZER}, "
                              f"got {self.optimizer_impl!r}")
         self._check_moe()
+        self._check_recompute_modules()
+
+    def _check_recompute_modules(self) -> None:
+        modules = self.recompute_modules
+        if not modules or len(set(modules)) != len(modules) or not set(modules) <= set(RECOMPUTE_MODULES):
+            raise ValueError(f"recompute modules must be distinct names among {', '.join(RECOMPUTE_MODULES)}, "
+                             f"got {' '.join(modules) or 'none'}")
+
+    def selective_modules(self, moe_layer: bool) -> frozenset[str]:
+        """What selective recomputation re-runs in a layer (Megatron-Core's transformer_layer.py sets
+        recompute_mlp only for layers whose MLP is not a MoELayer)."""
+        modules = frozenset(self.recompute_modules)
+        return modules - {"mlp"} if moe_layer else modules
 
     def _check_moe(self) -> None:
         if self.moe_token_dispatcher not in MOE_TOKEN_DISPATCHERS:
@@ -107,3 +126,18 @@ class TrainingSpec(CachedHash):
         if precision == "fp32":
             return cls.fp32(global_batch_size, **options)
         return cls(global_batch_size=global_batch_size, precision=precision, **options)
+
+
+def recompute_modules_problem(layers, modules) -> Optional[str]:
+    """Why selective recompute of `modules` cannot run on a model of these LayerSpecs, or None.
+
+    megatron-core 0.16.1 recomputes a dense MLP through tensor_parallel.checkpoint, whose outputs then
+    include the fc2 bias Parameter (MLP returns it apart, skip_bias_add); the checkpoint's backward
+    re-enters itself through that bias without end (measured: a GPT layer with --recompute-modules mlp
+    never finishes its first backward; a bias-free MLP, --disable-bias-linear, trains)."""
+    if "mlp" in modules and any(layer.add_bias_linear and layer.moe is None for layer in layers):
+        return ("--recompute-modules mlp: megatron-core 0.16.1 cannot recompute an MLP with linear biases (its "
+                "checkpoint never ends the backward); recompute mlp with --disable-bias-linear, or choose "
+                "core_attn/layernorm")
+    return None
+

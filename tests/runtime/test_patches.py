@@ -54,7 +54,8 @@ def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
     assert patches.apply_all() == ["torch_norm_zero_centered_gamma", "distrib_optimizer_torch_adam_step",
                                    "multi_tensor_on_device", "wgrad_accumulation_torch",
                                    "moe_router_gemm_without_te", "expert_bias_inplace",
-                                   "expert_bias_sequence_parallel", "moe_per_token_aux_loss_tp"]
+                                   "expert_bias_sequence_parallel", "moe_per_token_aux_loss_tp",
+                                   "checkpoint_without_output_te"]
     monkeypatch.setattr(optimizer, "USING_PYTORCH_OPTIMIZER", False)  # apex/TE FusedAdam and norms
     monkeypatch.setattr(gpt_layer_specs, "HAVE_APEX", True)
     for module, attribute in (("clip_grads", "l2_norm_impl"), ("clip_grads", "multi_tensor_scale_impl"),
@@ -65,6 +66,9 @@ def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
     monkeypatch.setattr(layers, "fused_weight_gradient_mlp_cuda", object(), raising=False)
     monkeypatch.setattr(layers, "_grad_accum_fusion_available", True)
     monkeypatch.setattr(moe_utils, "HAVE_TE", True)
+    from megatron.core.tensor_parallel import random as tp_random
+
+    monkeypatch.setattr(tp_random, "HAVE_TE", True)  # and TE's fp8 state for CheckpointWithoutOutput
     assert patches.apply_all() == ["expert_bias_inplace", "expert_bias_sequence_parallel",  # on any device
                                    "moe_per_token_aux_loss_tp"]
 
@@ -322,3 +326,15 @@ def test_per_token_aux_losses_weigh_the_tp_groups_tokens(monkeypatch):
     router_module.TopKRouter.apply_z_loss(router, torch.zeros(3, 2))
     z_mean = math.log(2) ** 2 / 2  # z-loss of 3 zero-logit tokens, coefficient 1 / tp_cp size
     assert attached == pytest.approx([0.5 * 3 * 2, z_mean * 3 * 2])
+
+
+def test_checkpoint_without_output_leaves_fp8_to_transformer_engine(monkeypatch):
+    """Without TE the checkpoint of --recompute-modules layernorm takes its plain path (upstream its default
+    fp8=False still set the fp8 flag and reached TE's undefined FP8GlobalStateManager); with TE it is as
+    upstream (tests/runtime/test_recompute_modules.py runs the recompute)."""
+    from megatron.core.tensor_parallel import random as tp_random
+
+    assert tp_random.CheckpointWithoutOutput().fp8 is False
+    monkeypatch.setattr(tp_random, "HAVE_TE", True)
+    assert tp_random.CheckpointWithoutOutput().fp8 is True
+

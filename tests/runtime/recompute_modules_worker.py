@@ -1,0 +1,73 @@
+"""One process: the bytes the runtime's decoder layer saves for backward under each --recompute-modules set.
+
+Usage (RANK/WORLD_SIZE/MASTER_* set, one rank): python recompute_modules_worker.py CASES.json RESULTS.json
+Each case: {"name", "model": uniform_model keywords, "modules": [...]}. For each, layer 0 of the runtime's
+GPTModel (runtime.config.transformer_config + runtime.model.build_chunks at TP1/PP1, fp32, unfused
+attention, dropout 0.1) runs one forward without recompute and one under `--recompute-granularity selective`
+with the case's modules; the results hold profiling.layer_bench.saved_activation_bytes of each, and whether
+the two backward passes gave the same input gradient.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import patches
+
+patches.apply_all()
+
+import torch  # noqa: E402
+
+from megatron_auto.profiling.layer_bench import saved_activation_bytes  # noqa: E402
+from megatron_auto.profiling.model_profile import _setup_megatron  # noqa: E402
+from megatron_auto.runtime.config import transformer_config  # noqa: E402
+from megatron_auto.runtime.layout import MegatronLayout  # noqa: E402
+from megatron_auto.runtime.model import build_chunks  # noqa: E402
+from megatron_auto.runtime.settings import TrainSettings  # noqa: E402
+from megatron_auto.specs.model import uniform_model  # noqa: E402
+
+SEQ, BATCH = 16, 2
+
+
+def runtime_layer(model, modules: list[str], recompute: str | None):
+    """Layer 0 of the runtime's GPTModel under this recompute, seeded alike for every build."""
+    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=BATCH,
+                            num_micro_batches=1, global_batch_size=BATCH, recompute_granularity=recompute)
+    settings = TrainSettings(precision="fp32", attention_backend="unfused", recompute_modules=tuple(modules))
+    config = transformer_config(model, layout, settings, "gloo")
+    torch.manual_seed(0)
+    return build_chunks(model, layout, settings, config, model.vocab_size, torch.device("cpu"))[0].decoder.layers[0]
+
+
+def saved_and_grad(layer, hidden_size: int) -> tuple[int, torch.Tensor]:
+    """Saved bytes of one forward, and the input gradient of its backward (the same dropout seed each time)."""
+    from megatron.core import tensor_parallel
+
+    torch.manual_seed(1)
+    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    hidden = torch.randn(SEQ, BATCH, hidden_size, requires_grad=True)
+    saved = saved_activation_bytes(layer, hidden)
+    torch.manual_seed(2)
+    tensor_parallel.model_parallel_cuda_manual_seed(2)
+    layer(hidden, attention_mask=None)[0].sum().backward()
+    return saved, hidden.grad
+
+
+def run_case(case: dict) -> dict:
+    model = uniform_model(case["name"], **case["model"])
+    h = model.layers[0].hidden_size
+    plain, plain_grad = saved_and_grad(runtime_layer(model, case["modules"], None), h)
+    recomputed, grad = saved_and_grad(runtime_layer(model, case["modules"], "selective"), h)
+    return {"none": plain, "selective": recomputed, "same_gradient": bool(torch.equal(grad, plain_grad)),
+            "gradient_max_diff": float((grad - plain_grad).abs().max()), "gradient_max": float(plain_grad.abs().max())}
+
+
+def main(cases_path: str, results_path: str) -> None:
+    _setup_megatron()
+    cases = json.loads(open(cases_path).read())
+    with open(results_path, "w") as out:
+        json.dump({case["name"]: run_case(case) for case in cases}, out)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

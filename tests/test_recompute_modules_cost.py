@@ -1,0 +1,103 @@
+"""--recompute-modules in the planner: what selective recompute re-runs, priced in time and memory, and the
+Megatron-LM flags that ask for it."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from megatron_auto.cli.main import main
+from megatron_auto.cost.compute import layer_compute_times, module_forward_seconds, recompute_time
+from megatron_auto.cost.estimate import estimate_plan
+from megatron_auto.cost.layer_cost import layer_cost
+from megatron_auto.megatron_flags import megatron_flags
+from megatron_auto.plan import LayerStrategy
+from megatron_auto.report import plan_table
+from megatron_auto.runtime.layout import _parse_flags
+from megatron_auto.search.uniform import UniformConfig, build_uniform_plan
+from megatron_auto.specs.presets import CLUSTER_PRESETS, MODEL_PRESETS
+from megatron_auto.specs.training import TrainingSpec, recompute_modules_problem
+
+LLAMA = MODEL_PRESETS["llama2-7b"]
+A100 = CLUSTER_PRESETS["dgx-a100-80gb"]
+H100 = CLUSTER_PRESETS["dgx-h100-80gb"]
+SELECTIVE = LayerStrategy(tp=2, dp=4, sp=True, recompute="selective")
+
+
+def training(*modules: str) -> TrainingSpec:
+    return TrainingSpec(global_batch_size=64, recompute_modules=modules or ("core_attn",))
+
+
+@pytest.mark.parametrize("modules", [(), ("core_attn", "core_attn"), ("moe_act",), ("mlp", "attention")])
+def test_modules_must_be_distinct_known_names(modules):
+    with pytest.raises(ValueError, match="recompute modules must be distinct names among core_attn, mlp, layernorm"):
+        TrainingSpec(global_batch_size=8, recompute_modules=modules)
+
+
+def test_a_moe_layers_mlp_is_not_recomputed():
+    spec = training("core_attn", "mlp")
+    assert spec.selective_modules(moe_layer=False) == {"core_attn", "mlp"}
+    assert spec.selective_modules(moe_layer=True) == {"core_attn"}
+
+
+@pytest.mark.parametrize("cluster", [A100, H100], ids=["analytic", "kernel-level"])
+def test_selective_time_adds_each_modules_forward(cluster):
+    layer = LLAMA.layers[0]
+    times = layer_compute_times(layer, 4096, 1, 2, True, cluster, 2, "flash")
+    mlp, norms = module_forward_seconds(layer, 4096, 1, 2, True, cluster, 2)
+    costs = {m: layer_cost(layer, SELECTIVE, 1, 4096, cluster, training(*m)).recompute_s
+             for m in (("core_attn",), ("mlp",), ("layernorm",), ("core_attn", "mlp", "layernorm"))}
+    assert costs[("core_attn",)] == pytest.approx(times.attention_core_forward_s)
+    assert costs[("mlp",)] == pytest.approx(mlp) and costs[("layernorm",)] == pytest.approx(norms)
+    assert costs[("core_attn", "mlp", "layernorm")] == pytest.approx(times.attention_core_forward_s + mlp + norms)
+    assert 0 < norms < mlp < times.forward_s
+    assert recompute_time(times, "none") == 0.0 and recompute_time(times, "full") == times.forward_s
+
+
+def test_selective_memory_drops_each_modules_activations():
+    """bf16, TP2 with SP, s = 4096: mlp drops the SwiGLU MLP's 5f per token (cost.memory.mlp_saved_width),
+    layernorm the two norm outputs (2h per token, split by SP) and their fp32 statistics (RMSNorm: 1 each)."""
+    layer, s = LLAMA.layers[0], 4096
+
+    def kept(*modules):
+        return layer_cost(layer, SELECTIVE, 1, s, H100, training(*modules)).activation_bytes
+
+    f, h = layer.ffn_hidden_size, layer.hidden_size
+    assert kept("core_attn") - kept("core_attn", "mlp") == pytest.approx(2 * s * 5 * f / 2)
+    assert kept("core_attn") - kept("core_attn", "layernorm") == pytest.approx((2 * 2 * h * s + 2 * 4 * s) / 2)
+
+
+def test_megatron_flags_name_the_modules_unless_they_are_megatrons_default():
+    config = UniformConfig(tp=2, pp=1, micro_batch_size=1, sequence_parallel=True, recompute="selective")
+    plan = build_uniform_plan(LLAMA, H100, training("mlp", "layernorm"), config)
+    default = replace(plan, prediction=estimate_plan(plan, LLAMA, H100, training()))
+    priced = replace(plan, prediction=estimate_plan(plan, LLAMA, H100, training("mlp", "layernorm")))
+    assert "--recompute-modules" not in megatron_flags(default)
+    flags = megatron_flags(priced)
+    at = flags.index("--recompute-granularity")
+    assert flags[at:at + 5] == ["--recompute-granularity", "selective", "--recompute-modules", "mlp", "layernorm"]
+    assert _parse_flags(flags)["recompute_modules"] == ["mlp", "layernorm"]
+    assert "  --recompute-modules mlp layernorm \\\n" in plan_table(priced)
+    assert priced.prediction.peak_memory_gib < default.prediction.peak_memory_gib
+
+
+def test_mlp_with_linear_biases_is_refused_with_one_line(capsys):
+    assert recompute_modules_problem(LLAMA.layers, ("mlp",)) is None
+    assert "--disable-bias-linear" in recompute_modules_problem(MODEL_PRESETS["gpt3-1.7b"].layers, ("mlp",))
+    assert main(["plan", "--model", "gpt3-1.7b", "--cluster", "dgx-h100-80gb", "--global-batch-size", "64",
+                 "--recompute-modules", "mlp"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot recompute an MLP with linear biases" in err[0]
+
+
+def test_estimate_prices_the_modules_it_is_given(capsys):
+    base = ["estimate", "--model", "llama2-7b", "--cluster", "dgx-h100-80gb", "--global-batch-size", "64", "--tp", "2",
+            "--pp", "1", "--sequence-parallel", "--recompute", "selective", "--json"]
+    results = {}
+    for modules in (["core_attn"], ["mlp"]):
+        assert main(base + ["--recompute-modules", *modules]) == 0
+        results[modules[0]] = json.loads(capsys.readouterr().out)
+    assert results["mlp"]["peak_memory_gib"] < results["core_attn"]["peak_memory_gib"]
+    assert results["mlp"]["iteration_time_s"] > results["core_attn"]["iteration_time_s"]
+    assert results["mlp"]["megatron_flags"][-4:-2] == ["--recompute-modules", "mlp"]
