@@ -238,23 +238,29 @@ def _join_one_rank_job() -> None:
             os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
 
 
-def main(argv=None) -> int:
+def on_one_rank(work):
+    """(work(info), info): `work` run in a one-rank job on this host's device, megatron-core patched as the
+    runtime patches it and the process group torn down after."""
     import patches
     from megatron_auto.runtime import distributed
 
+    patches.apply_all()
+    _join_one_rank_job()
+    info = distributed.init_distributed(600.0)
+    try:
+        return work(info), info
+    finally:
+        distributed.shutdown()
+
+
+def main(argv=None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     logging.getLogger("megatron").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", category=UserWarning)
     shape = TINY_SHAPE if args.tiny else DEFAULT_SHAPE
     precision = args.precision or ("bf16" if torch.cuda.is_available() else "fp32")
-    patches.apply_all()
-    _join_one_rank_job()
-    info = distributed.init_distributed(600.0)
-    try:
-        results = run_benchmark(args, shape, precision, info)
-    finally:
-        distributed.shutdown()
+    results, info = on_one_rank(lambda info: run_benchmark(args, shape, precision, info))
     on_cuda = info.device.type == "cuda"
     text = table(results, on_cuda)
     sys.stdout.write(describe(args, shape, precision, info.device) + "\n\n" + text)

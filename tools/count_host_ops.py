@@ -4,7 +4,8 @@
 
 Builds the layer as profile-model does (profiling.layer_bench.build_layer: the runtime's spec, config and
 RoPE), runs one forward and one backward under a TorchDispatchMode on the CPU and prints, per layer shape
-and core attention, the ops of the layer's forward and backward and of its core attention alone. CPU ops
+and core attention, the ops of the layer's forward and backward, of its core attention alone, and of its
+MLP's and two norms' forwards (what selective recompute of mlp and layernorm re-runs). CPU ops
 are mapped to what CUDA dispatches where the two differ: CPU's four-op dropout (empty_like, bernoulli_,
 div_, mul) counts as CUDA's one native_dropout, and `flash` is counted at attention dropout 0, since on
 the CPU SDPA with dropout takes its math path while CUDA's flash kernel drops out inside the kernel.
@@ -60,8 +61,20 @@ def count(call) -> tuple[int, int]:
     return forward.cuda_equivalent, backward.cuda_equivalent
 
 
-def layer_counts(layer: LayerSpec, settings: LayerBenchSettings) -> tuple[int, int, int, int]:
-    """(layer forward, layer backward, core forward, core backward) ops."""
+def module_counts(module) -> tuple[int, int]:
+    """(MLP forward, both norms' forward) ops: what selective recompute of `mlp` and `layernorm` re-runs."""
+    hidden = torch.randn(SEQ, BATCH, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
+    module.mlp(hidden)  # warm-up, not counted
+    with OpCount() as mlp:
+        module.mlp(hidden)
+    with OpCount() as norms:
+        module.input_layernorm(hidden)
+        module.pre_mlp_layernorm(hidden)
+    return mlp.cuda_equivalent, norms.cuda_equivalent
+
+
+def layer_counts(layer: LayerSpec, settings: LayerBenchSettings) -> tuple[int, ...]:
+    """(layer forward, layer backward, core forward, core backward, MLP forward, norms forward) ops."""
     module = build_layer(layer, 1, settings, "cpu")
     rope = rotary_table(layer, SEQ, settings, "cpu")
     hidden = torch.randn(SEQ, BATCH, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
@@ -72,7 +85,7 @@ def layer_counts(layer: LayerSpec, settings: LayerBenchSettings) -> tuple[int, i
                     requires_grad=True)
     kv = torch.randn(SEQ, BATCH, layer.num_query_groups, layer.kv_channels, dtype=torch.bfloat16,
                      requires_grad=True)
-    return (*full, *count(lambda: core(q, kv, kv, None, attn_mask_type=core.attn_mask_type)))
+    return (*full, *count(lambda: core(q, kv, kv, None, attn_mask_type=core.attn_mask_type)), *module_counts(module))
 
 
 def main() -> None:
@@ -80,14 +93,15 @@ def main() -> None:
                        ("MASTER_PORT", "29573")):
         os.environ.setdefault(key, value)
     _setup_megatron()
-    print("| layer | core attention | layer forward / backward ops | core attention forward / backward ops |")
-    print("|---|---|---|---|")
+    print("| layer | core attention | layer forward / backward ops | core attention forward / backward ops "
+          "| MLP / norms forward ops |")
+    print("|---|---|---|---|---|")
     for name, layer, rotary_base in SHAPES:
         for backend, attention_dropout in (("unfused", 0.1), ("flash", 0.0)):
             settings = LayerBenchSettings(precision="bf16", attention_backend=backend,
                                           attention_dropout=attention_dropout, rotary_base=rotary_base)
-            fwd, bwd, core_fwd, core_bwd = layer_counts(layer, settings)
-            print(f"| {name} | {backend} | {fwd} / {bwd} | {core_fwd} / {core_bwd} |")
+            fwd, bwd, core_fwd, core_bwd, mlp, norms = layer_counts(layer, settings)
+            print(f"| {name} | {backend} | {fwd} / {bwd} | {core_fwd} / {core_bwd} | {mlp} / {norms} |")
 
 
 if __name__ == "__main__":

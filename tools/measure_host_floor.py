@@ -208,22 +208,15 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def main(argv=None) -> int:
-    import patches
-    from bench_gpu_vs_torch import _join_one_rank_job
-    from megatron_auto.runtime import distributed
+    from bench_gpu_vs_torch import on_one_rank
 
     args = parse_args(argv)
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stderr)
     warnings.filterwarnings("ignore", category=UserWarning)
     shape = TINY_SHAPE if args.tiny else GPU_SHAPE
     precision = args.precision or ("bf16" if torch.cuda.is_available() else "fp32")
-    patches.apply_all()
-    _join_one_rank_job()
-    info = distributed.init_distributed(600.0)
-    try:
-        rows = [measure_case(case, shape, precision, info, args.warmup, args.iters) for case in args.cases]
-    finally:
-        distributed.shutdown()
+    rows, info = on_one_rank(lambda info: [measure_case(case, shape, precision, info, args.warmup, args.iters)
+                                           for case in args.cases])
     device = torch.cuda.get_device_name(info.device) if info.device.type == "cuda" else "CPU"
     sys.stdout.write(f"{device}, torch {torch.__version__}, {precision}; {shape}\n\n" + table(rows))
     if args.out:

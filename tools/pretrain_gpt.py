@@ -682,6 +682,11 @@ def check_plan_runs(plan, settings: TrainSettings, model: ModelSpec) -> None:
         from megatron_auto.runtime.hybrid.session import check_supported
 
         check_supported(plan, model)
+    priced = plan.prediction.recompute_modules if plan.prediction is not None else settings.recompute_modules
+    if tuple(priced) != settings.recompute_modules and any(s.recompute == "selective" for s in plan.layer_strategies):
+        raise UserError(f"the plan's selective recompute was priced re-running {' '.join(priced)}; this run's "
+                        f"--recompute-modules is {' '.join(settings.recompute_modules)}: give --recompute-modules "
+                        f"{' '.join(priced)} to run the plan as priced")
 
 
 def plan_basis(args: argparse.Namespace, plan, model: ModelSpec, world_size: int, settings: TrainSettings):

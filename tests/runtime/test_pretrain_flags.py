@@ -446,3 +446,28 @@ def test_expert_parallel_flags_need_a_moe_model():
     args = pretrain_gpt.parse_args(BASE + ["--expert-model-parallel-size", "2"])
     with pytest.raises(UserError, match="need a MoE model"):
         pretrain_gpt.plan_from_flags(pretrain_gpt.model_from_args(args, 512), 4, pretrain_gpt.manual_flags(args))
+
+
+def test_recompute_modules_reach_the_settings_the_priced_spec_and_the_plan_file_check():
+    from dataclasses import replace
+
+    from megatron_auto.cost.estimate import estimate_plan
+    from megatron_auto.errors import UserError
+    from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags
+    from megatron_auto.specs.presets import CLUSTER_PRESETS
+
+    args = pretrain_gpt.parse_args(BASE + LLAMA3 + ["--recompute-granularity", "selective",
+                                                    "--recompute-modules", "mlp", "layernorm"])
+    settings = pretrain_gpt.settings_from_args(args, 512)
+    training = pretrain_gpt.training_for_job(args, settings, world_size=8)
+    assert settings.recompute_modules == training.recompute_modules == ("mlp", "layernorm")
+    model = pretrain_gpt.model_from_args(args, 512)
+    plan = plan_from_flags(model, 8, ManualParallelism(tensor_parallel=8, micro_batch_size=1, global_batch_size=8,
+                                                       recompute_granularity="selective"))
+    priced = replace(plan, prediction=estimate_plan(plan, model, CLUSTER_PRESETS["dgx-h100-80gb"], training))
+    pretrain_gpt.check_plan_runs(priced, settings, model)  # priced as it runs
+    default = replace(settings, recompute_modules=("core_attn",))
+    with pytest.raises(UserError, match="priced re-running mlp layernorm; this run's --recompute-modules is "
+                                        "core_attn: give --recompute-modules mlp layernorm"):
+        pretrain_gpt.check_plan_runs(priced, default, model)
+    pretrain_gpt.check_plan_runs(plan, default, model)  # a plan without a prediction runs the run's modules
