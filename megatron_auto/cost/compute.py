@@ -117,7 +117,7 @@ def module_forward_shares(layer: LayerSpec, seq: int, samples: int, tp: int, sp:
 def recompute_time(times: ComputeTimes, recompute: str, modules: frozenset = frozenset({"core_attn"}),
                    shares: tuple[float, float] = (0.0, 0.0)) -> float:
     """Extra seconds per micro-batch: a second forward (full), or under selective a second forward of each
-    recomputed module (Korthikanti et al. 2022, Sec. 4-5; `modules`: recomputed_modules, `shares`: the
+    recomputed module (Korthikanti et al. 2022, Sec. 4-5; `modules`: TrainingSpec.selective_modules, `shares`: the
     MLP's and the norms' share of the forward, module_forward_shares)."""
     if recompute == "full":
         return times.forward_s
