@@ -3,9 +3,18 @@ from __future__ import annotations
 
 from .errors import UserError
 from .plan import Plan
+from .specs.training import DEFAULT_RECOMPUTE_MODULES
 
-DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
-"""Megatron-LM's default --recompute-modules."""
+
+def flag_groups(flags: list[str]) -> list[list[str]]:
+    """`flags` split into [--flag, its values...] groups (--recompute-modules takes several values)."""
+    groups: list[list[str]] = []
+    for token in flags:
+        if token.startswith("--") or not groups:
+            groups.append([token])
+        else:
+            groups[-1].append(token)
+    return groups
 
 
 def megatron_flags(plan: Plan) -> list[str]:

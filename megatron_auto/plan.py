@@ -272,6 +272,11 @@ class Plan:
         return sum(len(chunk.layers) for chunk in self.chunks)
 
     @property
+    def recomputes_selectively(self) -> bool:
+        """Whether some layer re-runs modules (--recompute-modules) in its backward."""
+        return any(s.recompute == "selective" for s in self.distinct_strategies)
+
+    @property
     def gpus_per_stage(self) -> int:
         return self.world_size // self.pipeline_parallel
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import fields
 
 from .errors import UserError
-from .megatron_flags import expert_degrees, megatron_flags
+from .megatron_flags import expert_degrees, flag_groups, megatron_flags
 from .plan import Chunk, LayerStrategy, Plan, Prediction
 
 __all__ = ["plan_table", "strategy_runs", "stage_lines", "prediction_lines"]
@@ -160,12 +160,7 @@ def _flag_lines(plan: Plan) -> list[str]:
         flags = megatron_flags(plan)
     except UserError as error:
         return ["megatron-lm flags", f"  (not expressible: {error})"]
-    lines = []
-    for token in flags:  # a flag and the values after it (--recompute-modules takes several) on one line
-        if token.startswith("--") or not lines:
-            lines.append(token)
-        else:
-            lines[-1] += " " + token
+    lines = [" ".join(group) for group in flag_groups(flags)]  # --recompute-modules takes several values
     return ["megatron-lm flags", "  " + " \\\n  ".join(lines)]
 
 
@@ -173,6 +168,10 @@ def plan_table(plan: Plan) -> str:
     """The whole plan as text: header, stages, prediction (if any), Megatron flags."""
     sections = [_header_lines(plan), ["stages"] + stage_lines(plan)]
     if plan.prediction is not None:
-        sections.append(prediction_lines(plan.prediction))
+        lines = prediction_lines(plan.prediction)
+        if plan.recomputes_selectively:
+            at = next(i for i, line in enumerate(lines) if line.startswith("  fits"))
+            lines.insert(at, f"  selective re-runs   {' '.join(plan.prediction.recompute_modules)} (--recompute-modules)")
+        sections.append(lines)
     sections.append(_flag_lines(plan))
     return "\n\n".join("\n".join(section) for section in sections) + "\n"

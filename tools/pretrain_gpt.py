@@ -77,7 +77,8 @@ from megatron_auto.runtime.settings import EXIT_SIGNALS, DataSettings, MoESettin
 from megatron_auto.runtime.tokenizers import add_tokenizer_flags, tokenizer_from_flags  # noqa: E402
 from megatron_auto.search.constraints import SearchConstraints  # noqa: E402
 from megatron_auto.specs.model import ModelSpec, uniform_model  # noqa: E402
-from megatron_auto.specs.training import RECOMPUTE_MODULES, TrainingSpec, recompute_modules_problem  # noqa: E402
+from megatron_auto.specs.training import (DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES, TrainingSpec,  # noqa: E402
+                                         recompute_modules_problem)
 
 logger = logging.getLogger("pretrain_gpt")
 
@@ -278,9 +279,10 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--recompute-granularity", choices=("full", "selective"))
     group.add_argument("--recompute-method", choices=("uniform", "block"))
     group.add_argument("--recompute-num-layers", type=int)
-    group.add_argument("--recompute-modules", nargs="+", default=["core_attn"], metavar="MODULE",
+    group.add_argument("--recompute-modules", nargs="+", metavar="MODULE",
                        help="what --recompute-granularity selective re-runs: "
-                            f"{', '.join(RECOMPUTE_MODULES)} (Megatron-LM's names; default core_attn)")
+                            f"{', '.join(RECOMPUTE_MODULES)} (Megatron-LM's names; default: core_attn with manual "
+                            "flags, the planner's choice under --auto-parallel, the plan's with a plan file)")
     group.add_argument("--recompute-activations", action="store_true",
                        help="Megatron-LM's older spelling of --recompute-granularity selective")
     group.add_argument("--auto-parallel", action="store_true", help="let the planner choose the parallelism")
@@ -428,8 +430,8 @@ def size_flags_error(args: argparse.Namespace) -> Optional[str]:
             return f"{flag} must be non-negative, got {value}"
     if args.recompute_granularity == "selective" and args.recompute_method is not None:
         return "--recompute-method is not supported with --recompute-granularity selective (as in Megatron-LM)"
-    unknown = [m for m in args.recompute_modules if m not in RECOMPUTE_MODULES]
-    if unknown or len(set(args.recompute_modules)) != len(args.recompute_modules):
+    unknown = [m for m in args.recompute_modules or () if m not in RECOMPUTE_MODULES]
+    if args.recompute_modules and (unknown or len(set(args.recompute_modules)) != len(args.recompute_modules)):
         what = f"{' '.join(unknown)} not run by this runtime yet" if unknown else "a module named twice"
         return (f"--recompute-modules {' '.join(args.recompute_modules)}: {what} "
                 f"(it runs {', '.join(RECOMPUTE_MODULES)})")
@@ -571,7 +573,7 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
         init_method_std=args.init_method_std, seed=args.seed, norm_epsilon=args.norm_epsilon,
         attention_backend=args.attention_backend, optimizer_impl=args.optimizer_impl,
-        recompute_modules=tuple(args.recompute_modules),
+        recompute_modules=tuple(args.recompute_modules or DEFAULT_RECOMPUTE_MODULES),
         bias_activation_fusion=not (args.no_bias_swiglu_fusion if args.swiglu else args.no_bias_gelu_fusion),
         bias_dropout_fusion=not args.no_bias_dropout_fusion, bias_fusions=args.bias_fusions,
         grad_accumulation_fusion=args.grad_accumulation_fusion, overlap_param_gather=args.overlap_param_gather,
@@ -637,7 +639,7 @@ def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, set
     constraints = search_constraints(args, model)
     search = lambda constraints: planning.search_for_job(  # noqa: E731
         model, world_size, args.auto_parallel_cluster, training_for_job(args, settings, world_size), constraints,
-        args.auto_parallel_space, args.auto_parallel_profile)
+        args.auto_parallel_space, args.auto_parallel_profile, choose_recompute_modules=args.recompute_modules is None)
     plan = search(constraints)
     if _checkpoints_in_hybrid_space(args):
         return planning.as_hybrid(plan)
@@ -669,11 +671,22 @@ def _ramp_splits(args: argparse.Namespace, plan) -> bool:
     return all(batch % unit == 0 for batch in args.batch_ramp.batch_sizes(args.global_batch_size))
 
 
+def with_plan_recompute_modules(args: argparse.Namespace, settings: TrainSettings, plan) -> TrainSettings:
+    """`settings` re-running what the plan's selective recomputation was priced with, when --recompute-modules
+    was not given (the planner chose it, or the plan file records it)."""
+    if args.recompute_modules is not None or plan.prediction is None:
+        return settings
+    return dataclasses.replace(settings, recompute_modules=tuple(plan.prediction.recompute_modules))
+
+
 def check_plan_runs(plan, settings: TrainSettings, model: ModelSpec) -> None:
     """Before any work: what the chosen plan's global batch or its runtime cannot run (UserError)."""
     from megatron_auto.runtime.validation import check_global_batch
 
     check_global_batch(settings, plan.global_batch_size)
+    problem = recompute_modules_problem(model.layers, settings.recompute_modules)
+    if problem:
+        raise UserError(problem)
     for strategy in plan.distinct_strategies | {plan.embedding}:
         if strategy.sp and strategy.tp > 1 and model.seq_length % strategy.tp:
             raise UserError(f"--sequence-parallel splits the sequence over tensor parallel {strategy.tp}: "
@@ -683,7 +696,7 @@ def check_plan_runs(plan, settings: TrainSettings, model: ModelSpec) -> None:
 
         check_supported(plan, model)
     priced = plan.prediction.recompute_modules if plan.prediction is not None else settings.recompute_modules
-    if tuple(priced) != settings.recompute_modules and any(s.recompute == "selective" for s in plan.layer_strategies):
+    if tuple(priced) != settings.recompute_modules and plan.recomputes_selectively:
         raise UserError(f"the plan's selective recompute was priced re-running {' '.join(priced)}; this run's "
                         f"--recompute-modules is {' '.join(settings.recompute_modules)}: give --recompute-modules "
                         f"{' '.join(priced)} to run the plan as priced")
@@ -775,7 +788,7 @@ def _log_run_header(args: argparse.Namespace, adjustments: list[str], settings: 
     if param_gather_overlap_requested(settings) and any(s.zero == 1 for s in (*plan.distinct_strategies, plan.embedding)):
         logger.info("distributed optimizer: the updated weights are all-gathered during the next forward "
                     "(--overlap-param-gather)")
-    if any(s.recompute == "selective" for s in plan.layer_strategies):
+    if plan.recomputes_selectively:
         logger.info("selective recompute re-runs: %s (--recompute-modules)", " ".join(settings.recompute_modules))
     logger.info("parallel plan (%s):\n%s", "auto-parallel" if args.auto_parallel else "flags", plan_table(plan))
 
@@ -789,12 +802,10 @@ def run(args: argparse.Namespace) -> None:
     tokenizer = tokenizer_from_flags(args)
     settings = settings_from_args(args, tokenizer.vocab_size, tokenizer.eod)
     model = model_from_args(args, args.padded_vocab_size or tokenizer.vocab_size)  # the rows the planner prices
-    problem = recompute_modules_problem(model.layers, settings.recompute_modules)
-    if problem:
-        raise UserError(problem)
     patches.apply_all()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     plan = choose_plan(args, model, world_size, settings)
+    settings = with_plan_recompute_modules(args, settings, plan)
     check_plan_runs(plan, settings, model)
     info = distributed.init_distributed(settings.timeout_s)
     try:

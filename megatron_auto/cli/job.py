@@ -9,7 +9,7 @@ from typing import Optional
 from ..errors import UserError
 from ..kernels import resolve_attention_backend, resolve_optimizer_impl
 from ..specs import ClusterSpec, ModelSpec, TrainingSpec, load_cluster, load_model
-from ..specs.training import DEFAULT_MOE_LOAD_IMBALANCE, GIB, recompute_modules_problem
+from ..specs.training import DEFAULT_MOE_LOAD_IMBALANCE, DEFAULT_RECOMPUTE_MODULES, GIB, recompute_modules_problem
 
 CPU_CLUSTER_PRESET = "cpu-gloo"
 logger = logging.getLogger(__name__)
@@ -58,7 +58,7 @@ def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size
     kernels = dict(attention_backend=resolve_attention_backend(getattr(args, "attention_backend", "auto"), on_gpu),
                    optimizer_impl=resolve_optimizer_impl(getattr(args, "optimizer_impl", "auto"), on_gpu),
                    memory_margin=getattr(args, "memory_margin", None),
-                   recompute_modules=tuple(getattr(args, "recompute_modules", None) or ("core_attn",)))
+                   recompute_modules=tuple(getattr(args, "recompute_modules", None) or DEFAULT_RECOMPUTE_MODULES))
     moe = dict(moe_token_dispatcher=getattr(args, "moe_token_dispatcher_type", "alltoall"),
                moe_load_imbalance=getattr(args, "moe_load_imbalance", DEFAULT_MOE_LOAD_IMBALANCE),
                moe_grouped_gemm=getattr(args, "moe_grouped_gemm", False))

@@ -37,6 +37,7 @@ def summary(plan: Plan) -> dict[str, Any]:
         "memory_breakdown": serde.to_dict(prediction.memory_breakdown) if prediction.memory_breakdown else None,
         "attention_backend": prediction.attention_backend,
         "optimizer_impl": prediction.optimizer_impl,
+        "recompute_modules": list(prediction.recompute_modules),
         "fits": prediction.fits,
         "stage_memory_gib": list(prediction.stage_memory_gib),
         "stage_time_s": list(prediction.stage_time_s),

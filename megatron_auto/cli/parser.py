@@ -97,9 +97,10 @@ def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) ->
                              "that cluster: flash on GPUs, unfused on cpu-gloo)")
     parser.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="auto",
                         help="optimizer step to price (auto: fused on GPUs, foreach on cpu-gloo)")
-    parser.add_argument("--recompute-modules", nargs="+", choices=RECOMPUTE_MODULES, default=["core_attn"],
+    parser.add_argument("--recompute-modules", nargs="+", choices=RECOMPUTE_MODULES, default=None,
                         metavar="MODULE", help="what selective recomputation re-runs, Megatron-LM's names: "
-                                               f"{', '.join(RECOMPUTE_MODULES)} (default: core_attn)")
+                                               f"{', '.join(RECOMPUTE_MODULES)} (default: plan searches every "
+                                               "set the model can run; estimate prices core_attn)")
     parser.add_argument("--profile", action="append", metavar="FILE",
                         help="measured cluster and/or model profile JSON (profile-cluster, profile-model); "
                              "repeat for both. Without it the cost model is analytic")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import UserError
-from ..megatron_flags import megatron_flags
+from ..megatron_flags import flag_groups, megatron_flags
 from ..plan import Plan
 
 
@@ -51,15 +51,8 @@ def _parse_flags(flags: list[str]) -> dict[str, object]:
     """`--name value` pairs, bare `--switch`es and `--name v1 v2` lists into a dict keyed by the flag's Python
     name."""
     values: dict[str, object] = {}
-    name = ""
-    for token in flags:
-        if token.startswith("--"):
-            name = token.lstrip("-").replace("-", "_")
-            values[name] = True
-        elif values[name] is True:
-            values[name] = token
-        else:  # a flag of several values (--recompute-modules)
-            values[name] = [*(values[name] if isinstance(values[name], list) else [values[name]]), token]
+    for flag, *given in flag_groups(flags):
+        values[flag.lstrip("-").replace("-", "_")] = True if not given else given[0] if len(given) == 1 else given
     return values
 
 

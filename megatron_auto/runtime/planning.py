@@ -70,9 +70,11 @@ def with_device_capacity(cluster: ClusterSpec, total_bytes: int | None) -> Clust
 
 
 def search_for_job(model: ModelSpec, world_size: int, cluster_name: str | None, training: TrainingSpec,
-                   constraints: SearchConstraints, space: str = "megatron", profiles: Sequence[str] = ()) -> Plan:
+                   constraints: SearchConstraints, space: str = "megatron", profiles: Sequence[str] = (),
+                   choose_recompute_modules: bool = False) -> Plan:
     """The planner's best plan of `space` for this model on `world_size` ranks, priced from the
-    measured `profiles` (specs.profiles.measured_costs) when given, else analytically.
+    measured `profiles` (specs.profiles.measured_costs) when given, else analytically; with
+    `choose_recompute_modules` it also chooses what selective recomputation re-runs.
 
     The hybrid runtime runs ZeRO 0, 1 and 3 per layer (ZeRO-3 through FSDP2), so
     the hybrid search is not held to the distributed optimizer.
@@ -80,7 +82,8 @@ def search_for_job(model: ModelSpec, world_size: int, cluster_name: str | None, 
     from ..search import search_plan
 
     cluster = job_cluster(world_size, cluster_name, profiles)
-    result = search_plan(model, cluster, training, space, constraints)
+    result = search_plan(model, cluster, training, space, constraints,
+                         choose_recompute_modules=choose_recompute_modules)
     logger.debug("search took %.2fs over %d candidates", result.search_time_s, result.candidates_evaluated)
     return result.plan
 

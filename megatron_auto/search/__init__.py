@@ -4,6 +4,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import replace
 from typing import Callable, Optional
 
 from ..cost.peak_memory import device_budget_bytes
@@ -16,6 +17,7 @@ from .experts import check_expert_constraints
 from .hybrid import search_hybrid
 from .least_memory import least_memory_gib
 from .megatron_space import SpaceStats, search_megatron
+from .module_sets import search_module_sets
 
 __all__ = ["search_plan", "SearchConstraints", "SearchResult"]
 log = logging.getLogger(__name__)
@@ -23,11 +25,39 @@ log = logging.getLogger(__name__)
 
 def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, space: str = "megatron",
                 constraints: SearchConstraints = SearchConstraints(),
-                progress: Optional[Callable[[float], None]] = None) -> SearchResult:
+                progress: Optional[Callable[[float], None]] = None,
+                choose_recompute_modules: bool = False) -> SearchResult:
     """The fastest plan that fits; UserError with the least memory any plan needs when none fits.
 
+    `choose_recompute_modules`: also choose what selective recomputation re-runs (search.module_sets);
+    otherwise it re-runs `training.recompute_modules`.
+    """
+    if choose_recompute_modules:
+        def search_one(spec: TrainingSpec, share, incumbent: float) -> Optional[SearchResult]:
+            if space == "hybrid":
+                # The hybrid search tunes the embedding's layout after it has its winner, so an outside
+                # incumbent could prune a candidate that tuning would have made the fastest: each set is
+                # searched as on its own.
+                return _search_space(model, cluster, spec, space, constraints, share)
+            # The megatron space's bounds are exact. Behind an incumbent, only selective recomputation
+            # differs from the sets searched before.
+            flags_only = (replace(constraints, recompute="selective")
+                          if incumbent < math.inf and constraints.recompute is None else constraints)
+            return _search_space(model, cluster, spec, space, constraints, share, incumbent, flags_only)
+        return search_module_sets(search_one, model, training, constraints, progress)
+    return _search_space(model, cluster, training, space, constraints, progress)
+
+
+def _search_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, space: str,
+                  constraints: SearchConstraints, progress: Optional[Callable[[float], None]],
+                  incumbent: float = math.inf,
+                  megatron_constraints: Optional[SearchConstraints] = None) -> Optional[SearchResult]:
+    """The fastest plan of `space` that fits, selective recomputation re-running `training.recompute_modules`.
+
     The hybrid space contains the megatron space, so its search starts from the
-    megatron-space optimum and keeps a per-layer plan only when it is faster.
+    megatron-space optimum and keeps a per-layer plan only when it is faster. With a finite
+    `incumbent` (seconds) the search may leave out what cannot beat it, and returns None when nothing
+    that fits was found. `megatron_constraints` replace `constraints` in the megatron-space phase.
     """
     if space not in ("megatron", "hybrid"):
         raise UserError(f"unknown search space '{space}'; choose megatron or hybrid")
@@ -37,8 +67,8 @@ def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     stats = SpaceStats()
     share = 0.3 if space == "hybrid" else 1.0
     with stats.timed("megatron space"):
-        best, stats = search_megatron(model, cluster, training, constraints,
-                                      (lambda f: progress(share * f)) if progress else None, stats)
+        best, stats = search_megatron(model, cluster, training, megatron_constraints or constraints,
+                                      (lambda f: progress(share * f)) if progress else None, stats, incumbent)
     megatron_evaluated = stats.evaluated
     log.info("megatron space: %.2f s over %d flag configurations", stats.timings["megatron space"],
              megatron_evaluated)
@@ -47,12 +77,14 @@ def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
         with stats.timed("hybrid space"):
             hybrid, stats = search_hybrid(model, cluster, training, constraints,
                                           (lambda f: progress(share + (1 - share) * f)) if progress else None,
-                                          stats, incumbent=megatron_time)
+                                          stats, incumbent=min(incumbent, megatron_time))
         log.info("hybrid space: %.2f s over %d (pipeline degree, micro-batch, strategy) candidates",
                  stats.timings["hybrid space"], stats.evaluated - megatron_evaluated)
         if hybrid is not None and hybrid.prediction.iteration_time_s < megatron_time:
             best = hybrid
     if best is None or not best.prediction.fits:
+        if incumbent < math.inf:
+            return None
         raise UserError(_infeasible_message(least_memory_gib(model, cluster, training, space, constraints),
                                             training, cluster))
     elapsed = time.perf_counter() - started

@@ -98,14 +98,17 @@ def _key(plan: Plan) -> tuple[bool, float]:
 
 def search_megatron(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                     constraints: SearchConstraints, progress: Callable[[float], None] | None = None,
-                    stats: SpaceStats | None = None) -> tuple[Optional[Plan], SpaceStats]:
-    """The fastest megatron-space plan (or the smallest non-fitting one if none fits)."""
+                    stats: SpaceStats | None = None, incumbent: float = math.inf) -> tuple[Optional[Plan], SpaceStats]:
+    """The fastest megatron-space plan (or the smallest non-fitting one if none fits); with a finite
+    `incumbent`, candidates its bounds show no faster than `incumbent` seconds may be left out."""
     stats = stats or SpaceStats()
     pairs = sorted(parallel_degrees(model, cluster, training, constraints, stats),
                    key=lambda pair: _promise(model, cluster, training, *pair))
     best: Optional[Plan] = None
+    known = incumbent
     for index, (tp, pp) in enumerate(pairs):
-        incumbent = best.prediction.iteration_time_s if best is not None and best.prediction.fits else math.inf
+        incumbent = min(known, best.prediction.iteration_time_s if best is not None and best.prediction.fits
+                        else math.inf)
         for plan in _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats, incumbent):
             if best is None or _key(plan) < _key(best):
                 best = plan

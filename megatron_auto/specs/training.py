@@ -17,7 +17,9 @@ MOE_TOKEN_DISPATCHERS = ("alltoall", "allgather")
 # toward and a capacity factor of 1 enforces; no measured figure was available (docs/cost_model.md, "MoE").
 DEFAULT_MOE_LOAD_IMBALANCE = 1.0
 RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
-"""Megatron-Core's --recompute-modules that are priced and run here (core_attn is Megatron's default)."""
+"""Megatron-Core's --recompute-modules that are priced and run here."""
+DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+"""Megatron-LM's default --recompute-modules."""
 
 
 @dataclass(frozen=True)
@@ -54,7 +56,7 @@ class TrainingSpec(CachedHash):
     """Routed tokens on the busiest expert-parallel rank over the mean (>= 1); scales expert time and memory."""
     moe_grouped_gemm: bool = False
     """The experts' GEMMs batched into one grouped GEMM [--moe-grouped-gemm]."""
-    recompute_modules: tuple[str, ...] = ("core_attn",)
+    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     """What `selective` recomputation re-runs in backward [--recompute-modules]: core_attn (the attention
     core), mlp (a dense layer's MLP; Megatron-Core leaves a MoE layer's alone) and layernorm (both norms,
     whose outputs are then not kept)."""

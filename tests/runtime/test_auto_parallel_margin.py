@@ -18,13 +18,15 @@ def test_margin_flag_reaches_the_search(monkeypatch, extra, expected):
     from megatron_auto.runtime import planning
 
     seen = {}
-    monkeypatch.setattr(planning, "search_for_job", lambda model, world, cluster, training, *rest: seen.update(
-        training=training))
+    monkeypatch.setattr(planning, "search_for_job",
+                        lambda model, world, cluster, training, *rest, **options: seen.update(training=training,
+                                                                                              **options))
     args = pretrain_gpt.parse_args(FLAGS + extra)
     model = pretrain_gpt.model_from_args(args, 128)
     pretrain_gpt.choose_plan(args, model, 1, pretrain_gpt.settings_from_args(args, 128))
     # None: the cluster's default margin, the one `megatron-auto plan` uses without --memory-margin.
     assert seen["training"].memory_margin == expected
+    assert seen["choose_recompute_modules"]  # no --recompute-modules: the planner chooses the set
 
 
 def test_margin_flag_rejects_a_fraction_out_of_range():

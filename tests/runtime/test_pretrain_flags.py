@@ -471,3 +471,26 @@ def test_recompute_modules_reach_the_settings_the_priced_spec_and_the_plan_file_
                                         "core_attn: give --recompute-modules mlp layernorm"):
         pretrain_gpt.check_plan_runs(priced, default, model)
     pretrain_gpt.check_plan_runs(plan, default, model)  # a plan without a prediction runs the run's modules
+
+
+def test_without_recompute_modules_the_run_takes_the_plans():
+    from dataclasses import replace
+
+    from megatron_auto.cost.estimate import estimate_plan
+    from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags
+    from megatron_auto.specs.presets import CLUSTER_PRESETS
+
+    args = pretrain_gpt.parse_args(BASE + LLAMA3 + ["--auto-parallel"])
+    assert args.recompute_modules is None
+    settings = pretrain_gpt.settings_from_args(args, 512)
+    assert settings.recompute_modules == ("core_attn",)  # Megatron-LM's default until a plan says otherwise
+    model = pretrain_gpt.model_from_args(args, 512)
+    plan = plan_from_flags(model, 8, ManualParallelism(tensor_parallel=8, micro_batch_size=1, global_batch_size=8,
+                                                       recompute_granularity="selective"))
+    training = replace(pretrain_gpt.training_for_job(args, settings, 8), recompute_modules=("mlp",))
+    priced = replace(plan, prediction=estimate_plan(plan, model, CLUSTER_PRESETS["dgx-h100-80gb"], training))
+    adopted = pretrain_gpt.with_plan_recompute_modules(args, settings, priced)
+    assert adopted.recompute_modules == ("mlp",)
+    pretrain_gpt.check_plan_runs(priced, adopted, model)
+    pinned = pretrain_gpt.parse_args(BASE + LLAMA3 + ["--auto-parallel", "--recompute-modules", "core_attn"])
+    assert pretrain_gpt.with_plan_recompute_modules(pinned, settings, priced) is settings  # the flag wins

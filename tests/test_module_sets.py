@@ -1,0 +1,81 @@
+"""The planner chooses what selective recomputation re-runs (search.module_sets): the fastest fitting plan over
+every --recompute-modules set the model can run, equal to searching each set on its own."""
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+
+from megatron_auto.cli.main import main
+from megatron_auto.errors import UserError
+from megatron_auto.search import SearchConstraints, search_plan
+from megatron_auto.search.module_sets import candidate_module_sets
+from megatron_auto.specs import TrainingSpec, load_cluster, load_model
+from megatron_auto.specs.training import GIB
+
+H100 = load_cluster("dgx-h100-80gb", 1)
+
+
+def test_candidates_are_the_sets_the_model_can_run_each_once():
+    llama, gpt, mixtral = (load_model(name) for name in ("llama2-7b", "gpt3-1.7b", "mixtral-8x7b"))
+    assert len(candidate_module_sets(llama, TrainingSpec(64))) == 7
+    assert candidate_module_sets(llama, TrainingSpec(64, recompute_modules=("mlp",)))[0] == ("mlp",)
+    # GPT's linear biases rule out mlp (specs.training.recompute_modules_problem).
+    assert candidate_module_sets(gpt, TrainingSpec(64)) == [("core_attn",), ("layernorm",), ("core_attn", "layernorm")]
+    # Every Mixtral layer is MoE, whose MLP Megatron-Core never recomputes: mlp adds nothing to any set.
+    assert candidate_module_sets(mixtral, TrainingSpec(64)) == [("core_attn",), ("layernorm",),
+                                                                ("core_attn", "layernorm")]
+
+
+CASES = [("llama2-7b", 64, 0, "megatron"), ("llama2-7b", 64, 0, "hybrid"), ("llama2-7b", 64, 60, "hybrid"),
+         ("gpt3-1.7b", 64, 40, "hybrid")]
+
+
+@pytest.mark.parametrize("name,batch,budget_gib,space", CASES)
+def test_the_choice_is_the_fastest_of_searching_each_set_alone(name, batch, budget_gib, space):
+    model, training = load_model(name), TrainingSpec(batch, memory_budget_bytes=budget_gib * GIB)
+    chosen = search_plan(model, H100, training, space, choose_recompute_modules=True).plan
+    alone = {modules: search_plan(model, H100, replace(training, recompute_modules=modules), space).plan
+             for modules in candidate_module_sets(model, training)}
+    fastest = min(plan.prediction.iteration_time_s for plan in alone.values())
+    assert chosen.prediction.iteration_time_s == pytest.approx(fastest, rel=1e-12)
+    assert chosen.prediction.iteration_time_s == pytest.approx(
+        alone[chosen.prediction.recompute_modules].prediction.iteration_time_s, rel=1e-12)
+
+
+def test_recomputing_the_mlp_is_chosen_where_it_is_fastest():
+    # Llama-2 7B on 8 H100s (hybrid space): the plan that recomputes only the MLP beats the best with
+    # Megatron's default core_attn (flash attention leaves core_attn almost nothing to free).
+    model, training = load_model("llama2-7b"), TrainingSpec(64)
+    chosen = search_plan(model, H100, training, "hybrid", choose_recompute_modules=True)
+    default = search_plan(model, H100, training, "hybrid").plan
+    assert chosen.plan.prediction.recompute_modules != ("core_attn",)
+    assert chosen.plan.recomputes_selectively
+    assert chosen.plan.prediction.iteration_time_s < default.prediction.iteration_time_s
+    assert sum(1 for phase, _ in chosen.timings if phase.startswith("recompute modules ")) == 7
+
+
+def test_a_pinned_granularity_other_than_selective_searches_one_set():
+    model = load_model("llama2-7b")
+    result = search_plan(model, H100, TrainingSpec(64), "megatron", SearchConstraints(recompute="full"),
+                         choose_recompute_modules=True)
+    assert [phase for phase, _ in result.timings if phase.startswith("recompute modules ")] == \
+        ["recompute modules core_attn"]
+
+
+def test_nothing_fits_under_any_set_is_the_usual_one_line():
+    with pytest.raises(UserError, match=r"no plan fits in 0\.9 GiB per GPU; the least memory any plan needs is \d"):
+        search_plan(load_model("llama2-7b"), H100, TrainingSpec(64, memory_budget_bytes=GIB), "megatron",
+                    choose_recompute_modules=True)
+
+
+def test_plan_chooses_the_modules_unless_they_are_given(capsys):
+    base = ["plan", "--model", "llama2-7b", "--cluster", "dgx-h100-80gb", "--global-batch-size", "64",
+            "--space", "hybrid", "--json"]
+    assert main(base) == 0
+    chosen = json.loads(capsys.readouterr().out)
+    assert main(base + ["--recompute-modules", "core_attn"]) == 0
+    pinned = json.loads(capsys.readouterr().out)
+    assert pinned["recompute_modules"] == ["core_attn"] and chosen["recompute_modules"] != ["core_attn"]
+    assert chosen["iteration_time_s"] < pinned["iteration_time_s"]
