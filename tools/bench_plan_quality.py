@@ -8,9 +8,10 @@ For each case (model, cluster, GPUs, batch, memory budget), by our cost model:
       micro-batch and virtual stages chosen as `megatron-auto estimate` does);
   (b) the best configuration of an exhaustive grid over Megatron's flags
       (megatron_auto/search/grid.py; the grid runs on 2 processes);
-  (c) search_plan(..., "megatron");  (d) search_plan(..., "hybrid")  (run alone, timed).
-Targets: (c) and (d) never slower than (b). Any case where they are is printed as
-SEARCH BUG and listed in the section.
+  (c) search_plan(..., "megatron");  (d) search_plan(..., "hybrid")  (run alone, timed);
+  (e) what `megatron-auto plan --space hybrid` runs: (d) with the --recompute-modules set chosen too.
+Targets: (c) and (d) never slower than (b), (e) never slower than (d). Any case where one is
+is printed as SEARCH BUG and listed in the section.
 """
 from __future__ import annotations
 
@@ -155,6 +156,7 @@ def run_case(case: Case, pool: ProcessPoolExecutor) -> dict:
     out["b"] = parallel_grid(model, cluster, training, case.split_window, pool)
     for key, space in (("c", "megatron"), ("d", "hybrid")):
         out[key] = search_plan(model, cluster, training, space)
+    out["e"] = search_plan(model, cluster, training, "hybrid", choose_recompute_modules=True)
     return out
 
 
@@ -172,7 +174,7 @@ def _seconds(value: Optional[float]) -> str:
 
 
 def bugs_of(result: dict) -> list[str]:
-    """(c) or (d) slower than (b): a search bug, stated precisely."""
+    """(c) or (d) slower than (b), or (e) slower than (d): a search bug, stated precisely."""
     grid = _time(result["b"].plan)
     out = []
     for key, space in (("c", "megatron"), ("d", "hybrid")):
@@ -181,30 +183,38 @@ def bugs_of(result: dict) -> list[str]:
             out.append(f"{result['case'].label}: {space} search {_seconds(mine)} s "
                        f"[{describe_plan(result[key].plan)}] is slower than the grid's {grid:.3f} s "
                        f"[{describe_config(result['b'].config)}]")
+    chosen, fixed = _time(result["e"].plan), _time(result["d"].plan)
+    if fixed is not None and (chosen is None or chosen > fixed * (1 + 1e-9)):
+        out.append(f"{result['case'].label}: choosing the recompute modules gave {_seconds(chosen)} s, "
+                   f"slower than core_attn's {fixed:.3f} s")
     return out
 
 
 def table_lines(results: list[dict]) -> list[str]:
     lines = ["| case (model / GPU / GPUs / batch / budget) | (a) published s | (b) grid s | (c) megatron s | (d) hybrid s | "
-             "(b) vs (a) | (c) vs (a) | (c) vs (b) | (d) vs (c) | grid time s (configs) | (c) search s | (d) search s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "(e) modules chosen s | (b) vs (a) | (c) vs (a) | (c) vs (b) | (d) vs (c) | (e) vs (d) | "
+             "grid time s (configs) | (c) search s | (d) search s | (e) search s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in results:
-        a, b, c, d = _time(r["a"]), _time(r["b"].plan), _time(r["c"].plan), _time(r["d"].plan)
+        a, b, c, d, e = (_time(r["a"]), _time(r["b"].plan), _time(r["c"].plan), _time(r["d"].plan),
+                         _time(r["e"].plan))
         lines.append(f"| {r['case'].label} | {_seconds(a)} | {_seconds(b)} | {_seconds(c)} | {_seconds(d)} | "
-                     f"{_ratio(a, b)} | {_ratio(a, c)} | {_ratio(b, c)} | {_ratio(c, d)} | "
-                     f"{r['b'].search_time_s:.1f} ({r['b'].evaluated}) | {r['c'].search_time_s:.2f} | "
-                     f"{r['d'].search_time_s:.2f} |")
+                     f"{_seconds(e)} | {_ratio(a, b)} | {_ratio(a, c)} | {_ratio(b, c)} | {_ratio(c, d)} | "
+                     f"{_ratio(d, e)} | {r['b'].search_time_s:.1f} ({r['b'].evaluated}) | "
+                     f"{r['c'].search_time_s:.2f} | {r['d'].search_time_s:.2f} | {r['e'].search_time_s:.2f} |")
     return lines
 
 
 def config_lines(results: list[dict]) -> list[str]:
-    lines = ["| case | (a) published | (b) grid best | (c) megatron | (d) hybrid |", "|---|---|---|---|---|"]
+    lines = ["| case | (a) published | (b) grid best | (c) megatron | (d) hybrid | (e) hybrid, modules chosen |",
+             "|---|---|---|---|---|---|"]
     for r in results:
         a = r["a"]
         published_text = (f"t{a.embedding.tp} p{a.pipeline_parallel} mbs{a.local_micro_batch(a.embedding)} "
                           f"v{a.virtual_stages} rc=full" + ("" if a.prediction.fits else " (does not fit)")) if a else "-"
         lines.append(f"| {r['case'].label} | {published_text} | {describe_config(r['b'].config)} | "
-                     f"{describe_plan(r['c'].plan)} | {describe_plan(r['d'].plan)} |")
+                     f"{describe_plan(r['c'].plan)} | {describe_plan(r['d'].plan)} | {describe_plan(r['e'].plan)} "
+                     f"re-running {' '.join(r['e'].plan.prediction.recompute_modules)} |")
     return lines
 
 
@@ -219,10 +229,12 @@ def section(results: list[dict], total_s: float) -> str:
              "v, SP on/off, distributed optimizer on/off, recompute none/selective/full and block-recompute "
              f"N = 1..chunk, and every first/last-stage layer count Megatron accepts; marked ±{SPLIT_WINDOW}: only "
              f"those within {SPLIT_WINDOW} layers of the average), run on 2 processes. (c), (d): `search_plan` "
-             "in the megatron and hybrid spaces, one process. Tight budget: "
+             "in the megatron and hybrid spaces, one process, selective recompute re-running core_attn (Megatron's "
+             "default, which (b) also uses). (e): what `megatron-auto plan --space hybrid` runs, (d) with the "
+             "--recompute-modules set chosen as well (`search/module_sets.py`). Tight budget: "
              f"`TrainingSpec.memory_budget_bytes` = {TIGHT_GIB} GiB.", ""]
     lines += table_lines(results) + ["", "Configurations (layout × layers, recompute kind × layers):", ""]
-    lines += config_lines(results) + ["", "Search bugs ((c) or (d) slower than (b)): "
+    lines += config_lines(results) + ["", "Search bugs ((c) or (d) slower than (b), (e) slower than (d)): "
                                       + ("none." if not bugs else "")]
     lines += [f"- {bug}" for bug in bugs]
     lines += ["", "Where (d) beats (c) by more than 5%: " + ("none." if not wins else "")]
@@ -240,6 +252,7 @@ def main() -> None:
             r = results[-1]
             sys.stdout.write(f"{case.label}: a={_seconds(_time(r['a']))} b={_seconds(_time(r['b'].plan))} "
                              f"c={_seconds(_time(r['c'].plan))} d={_seconds(_time(r['d'].plan))} "
+                             f"e={_seconds(_time(r['e'].plan))} ({' '.join(r['e'].plan.prediction.recompute_modules)}) "
                              f"grid {r['b'].search_time_s:.1f} s ({r['b'].evaluated} configs) "
                              f"c {r['c'].search_time_s:.1f} s d {r['d'].search_time_s:.1f} s "
                              f"[{time.perf_counter() - started:.0f} s]\n")
