@@ -7,7 +7,11 @@ from dataclasses import replace
 
 import pytest
 
+from megatron_auto.cli.job import training_spec
 from megatron_auto.cli.main import main
+from megatron_auto.cli.parser import build_parser
+from megatron_auto.cost.estimate import estimate_plan
+from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags
 from megatron_auto.errors import UserError
 from megatron_auto.search import SearchConstraints, search_plan
 from megatron_auto.search.module_sets import candidate_module_sets
@@ -26,6 +30,35 @@ def test_candidates_are_the_sets_the_model_can_run_each_once():
     # Every Mixtral layer is MoE, whose MLP Megatron-Core never recomputes: mlp adds nothing to any set.
     assert candidate_module_sets(mixtral, TrainingSpec(64)) == [("core_attn",), ("layernorm",),
                                                                 ("core_attn", "layernorm")]
+
+
+def test_transformer_engines_fused_norms_leave_layernorm_out():
+    # TE's spec fuses each norm into the next GEMM; megatron-core then recomputes no norm, and the search does
+    # not count on it (specs.training.TrainingSpec.fused_norms).
+    fused = TrainingSpec(64, fused_norms=True)
+    assert candidate_module_sets(load_model("llama2-7b"), fused) == [("core_attn",), ("mlp",), ("core_attn", "mlp")]
+    assert candidate_module_sets(load_model("gpt3-1.7b"), fused) == [("core_attn",)]
+    assert fused.selective_modules(moe_layer=False) == {"core_attn"}
+    layernorm = replace(fused, recompute_modules=("layernorm",))
+    model = load_model("llama2-7b")
+    priced = {kind: estimate_plan(plan_from_flags(model, 8, ManualParallelism(
+        tensor_parallel=2, micro_batch_size=2, global_batch_size=64, recompute_granularity=kind)),
+        model, H100, layernorm) for kind in (None, "selective")}
+    assert priced["selective"].peak_memory_gib == priced[None].peak_memory_gib
+    assert priced["selective"].iteration_time_s == priced[None].iteration_time_s
+    local = estimate_plan(plan_from_flags(model, 8, ManualParallelism(
+        tensor_parallel=2, micro_batch_size=2, global_batch_size=64, recompute_granularity="selective")),
+        model, H100, replace(layernorm, fused_norms=False))
+    assert local.peak_memory_gib < priced[None].peak_memory_gib  # the local spec's norms are freed
+
+
+def test_the_command_line_prices_transformer_engine_on_gpus_unless_told_otherwise():
+    args = build_parser().parse_args(["plan", "--model", "llama2-7b", "--cluster", "dgx-h100-80gb",
+                                      "--global-batch-size", "64"])
+    assert training_spec(args, "dgx-h100-80gb", 64).fused_norms
+    assert not training_spec(args, "cpu-gloo", 64).fused_norms
+    args.transformer_impl = "local"
+    assert not training_spec(args, "dgx-h100-80gb", 64).fused_norms
 
 
 CASES = [("llama2-7b", 64, 0, "megatron"), ("llama2-7b", 64, 0, "hybrid"), ("llama2-7b", 64, 60, "hybrid"),

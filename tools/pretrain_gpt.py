@@ -615,9 +615,11 @@ def search_constraints(args: argparse.Namespace, model: ModelSpec) -> SearchCons
 
 
 def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_size: int) -> TrainingSpec:
-    """What the search prices: the global batch, the precision, the kernels this run resolves to and
-    the memory margin."""
+    """What the search prices: the global batch, the precision, the kernels this run resolves to (Transformer
+    Engine's layer spec, with its fused norms, where it imports on a GPU) and the memory margin."""
     import torch
+
+    from megatron_auto.runtime.kernels import transformer_engine_available
 
     global_batch = args.global_batch_size or args.micro_batch_size * world_size
     on_gpu = torch.cuda.is_available()
@@ -625,7 +627,8 @@ def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_si
                   optimizer_impl=resolve_optimizer_impl(settings.optimizer_impl, on_gpu),
                   memory_margin=args.auto_parallel_memory_margin,
                   moe_token_dispatcher=settings.moe.token_dispatcher, moe_grouped_gemm=settings.moe.grouped_gemm,
-                  recompute_modules=settings.recompute_modules)
+                  recompute_modules=settings.recompute_modules,
+                  fused_norms=on_gpu and transformer_engine_available())
     return TrainingSpec.for_precision(settings.precision, global_batch, **common)
 
 

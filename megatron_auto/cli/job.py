@@ -58,7 +58,9 @@ def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size
     kernels = dict(attention_backend=resolve_attention_backend(getattr(args, "attention_backend", "auto"), on_gpu),
                    optimizer_impl=resolve_optimizer_impl(getattr(args, "optimizer_impl", "auto"), on_gpu),
                    memory_margin=getattr(args, "memory_margin", None),
-                   recompute_modules=tuple(getattr(args, "recompute_modules", None) or DEFAULT_RECOMPUTE_MODULES))
+                   recompute_modules=tuple(getattr(args, "recompute_modules", None) or DEFAULT_RECOMPUTE_MODULES),
+                   fused_norms=(getattr(args, "transformer_impl", None) or
+                                ("transformer_engine" if on_gpu else "local")) == "transformer_engine")
     moe = dict(moe_token_dispatcher=getattr(args, "moe_token_dispatcher_type", "alltoall"),
                moe_load_imbalance=getattr(args, "moe_load_imbalance", DEFAULT_MOE_LOAD_IMBALANCE),
                moe_grouped_gemm=getattr(args, "moe_grouped_gemm", False))

@@ -97,6 +97,10 @@ def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) ->
                              "that cluster: flash on GPUs, unfused on cpu-gloo)")
     parser.add_argument("--optimizer-impl", choices=OPTIMIZER_IMPLS, default="auto",
                         help="optimizer step to price (auto: fused on GPUs, foreach on cpu-gloo)")
+    parser.add_argument("--transformer-impl", choices=("transformer_engine", "local"),
+                        help="layer spec to price, Megatron-LM's names (default: transformer_engine on GPU "
+                             "clusters, Megatron-LM's default; local on cpu-gloo). Transformer Engine fuses "
+                             "the norms into the next GEMM, so recomputing layernorm frees nothing there")
     parser.add_argument("--recompute-modules", nargs="+", choices=RECOMPUTE_MODULES, default=None,
                         metavar="MODULE", help="what selective recomputation re-runs, Megatron-LM's names: "
                                                f"{', '.join(RECOMPUTE_MODULES)} (default: plan searches every "

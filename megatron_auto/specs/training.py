@@ -57,6 +57,10 @@ class TrainingSpec(CachedHash):
     moe_grouped_gemm: bool = False
     """The experts' GEMMs batched into one grouped GEMM [--moe-grouped-gemm]."""
     recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
+    fused_norms: bool = False
+    """The layers run Transformer Engine's spec, whose norms are fused into the next GEMM
+    (TELayerNormColumnParallelLinear): megatron-core then leaves `layernorm` recomputation undone
+    (transformer_layer.py recomputes a norm only when it is a module of its own), so it frees nothing."""
     """What `selective` recomputation re-runs in backward [--recompute-modules]: core_attn (the attention
     core), mlp (a dense layer's MLP; Megatron-Core leaves a MoE layer's alone) and layernorm (both norms,
     whose outputs are then not kept)."""
@@ -88,8 +92,11 @@ class TrainingSpec(CachedHash):
 
     def selective_modules(self, moe_layer: bool) -> frozenset[str]:
         """What selective recomputation re-runs in a layer (Megatron-Core's transformer_layer.py sets
-        recompute_mlp only for layers whose MLP is not a MoELayer)."""
+        recompute_mlp only for layers whose MLP is not a MoELayer, and recomputes no fused norm; a MoE
+        layer's pre-MLP norm, a module of its own even in TE's spec, is conservatively left kept too)."""
         modules = frozenset(self.recompute_modules)
+        if self.fused_norms:
+            modules -= {"layernorm"}
         return modules - {"mlp"} if moe_layer else modules
 
     def _check_moe(self) -> None:
