@@ -1,9 +1,9 @@
 """Which --recompute-modules set `selective` recomputation re-runs: one search per set that can run.
 
 Megatron-Core applies one set to every selectively recomputed layer (TransformerConfig.recompute_modules),
-so the set is a plan-wide choice: each candidate set is searched in full and the fastest fitting plan wins.
+so the set is a plan-wide choice: each candidate set is searched and the fastest fitting plan wins.
 With flash attention `core_attn` frees almost nothing, so on GPUs the choice decides whether
-`selective` is a memory lever at all (docs/cost_model.md, "Recompute modules").
+`selective` is a memory lever at all (docs/cost_model.md, "Which modules").
 """
 from __future__ import annotations
 
