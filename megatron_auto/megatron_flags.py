@@ -85,8 +85,7 @@ def _pipeline_split_flags(plan: Plan) -> list[str]:
 
 
 def _recompute_flags(plan: Plan) -> list[str]:
-    kinds = [s.recompute for s in plan.layer_strategies]
-    if "selective" in kinds:
+    if plan.recomputes_selectively:
         modules = plan.prediction.recompute_modules if plan.prediction is not None else DEFAULT_RECOMPUTE_MODULES
         listed = ["--recompute-modules", *modules] if tuple(modules) != DEFAULT_RECOMPUTE_MODULES else []
         return ["--recompute-granularity", "selective", *listed]

@@ -17,6 +17,7 @@ from .serde import CachedHash, checked
 from .errors import UserError
 from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS
 from .specs.model import ModelSpec, _check_version
+from .specs.training import DEFAULT_RECOMPUTE_MODULES
 
 PLAN_SCHEMA_VERSION = 1
 RECOMPUTE_KINDS = ("none", "selective", "full")
@@ -215,7 +216,7 @@ class Prediction:
     """The core attention priced (flash or unfused)."""
     optimizer_impl: str = ""
     """The optimizer step priced (fused or foreach)."""
-    recompute_modules: tuple[str, ...] = ("core_attn",)
+    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     """What `selective` recomputation was priced as re-running (TrainingSpec.recompute_modules)."""
     grad_overlap: float = 0.0
     """Share of the data-parallel traffic's overlap window priced as hidden (ClusterSpec.grad_overlap):

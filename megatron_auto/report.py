@@ -113,13 +113,16 @@ def _number(value: float) -> str:
     return f"{value:.1f}" if abs(value) >= 1 or value == 0 else f"{value:.3g}"
 
 
-def prediction_lines(prediction: Prediction) -> list[str]:
-    """The cost model's summary: time, throughput, memory, and the critical stage's breakdown."""
+def prediction_lines(prediction: Prediction, recomputes_selectively: bool = False) -> list[str]:
+    """The cost model's summary: time, throughput, memory, what selective recompute re-runs (when some layer
+    does), and the critical stage's breakdown."""
+    selective = [f"  selective re-runs   {' '.join(prediction.recompute_modules)} (--recompute-modules)"]
     lines = [
         "prediction",
         f"  iteration time      {prediction.iteration_time_s:.3f} s",
         f"  TFLOP/s per GPU     {_number(prediction.tflops_per_gpu)}",
         *memory_lines(prediction),
+        *(selective if recomputes_selectively else []),
         f"  fits                {'yes' if prediction.fits else 'NO'}",
         "  time breakdown (critical stage)",
     ]
@@ -168,10 +171,6 @@ def plan_table(plan: Plan) -> str:
     """The whole plan as text: header, stages, prediction (if any), Megatron flags."""
     sections = [_header_lines(plan), ["stages"] + stage_lines(plan)]
     if plan.prediction is not None:
-        lines = prediction_lines(plan.prediction)
-        if plan.recomputes_selectively:
-            at = next(i for i, line in enumerate(lines) if line.startswith("  fits"))
-            lines.insert(at, f"  selective re-runs   {' '.join(plan.prediction.recompute_modules)} (--recompute-modules)")
-        sections.append(lines)
+        sections.append(prediction_lines(plan.prediction, plan.recomputes_selectively))
     sections.append(_flag_lines(plan))
     return "\n\n".join("\n".join(section) for section in sections) + "\n"

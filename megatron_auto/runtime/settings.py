@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
+from ..specs.training import DEFAULT_RECOMPUTE_MODULES
 from .batch_schedule import BatchRamp
 
 EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
@@ -160,7 +161,7 @@ class TrainSettings:
     """--attention-backend (Megatron-LM's names; runtime/kernels.py resolves `auto` for the host)."""
     optimizer_impl: str = "auto"
     """--optimizer-impl: fused, foreach, or auto (fused on GPUs, foreach on CPU)."""
-    recompute_modules: tuple[str, ...] = ("core_attn",)
+    recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     """--recompute-modules: what selective recomputation re-runs (specs.training.RECOMPUTE_MODULES)."""
     bias_fusions: str = "auto"
     """--bias-fusions: on runs Megatron's bias fusions on GPUs; auto and off keep them off (megatron_auto.kernels)."""

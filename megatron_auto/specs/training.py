@@ -57,13 +57,13 @@ class TrainingSpec(CachedHash):
     moe_grouped_gemm: bool = False
     """The experts' GEMMs batched into one grouped GEMM [--moe-grouped-gemm]."""
     recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
+    """What `selective` recomputation re-runs in backward [--recompute-modules]: core_attn (the attention
+    core), mlp (a dense layer's MLP; Megatron-Core leaves a MoE layer's alone) and layernorm (both norms,
+    whose outputs are then not kept)."""
     fused_norms: bool = False
     """The layers run Transformer Engine's spec, whose norms are fused into the next GEMM
     (TELayerNormColumnParallelLinear): megatron-core then leaves `layernorm` recomputation undone
     (transformer_layer.py recomputes a norm only when it is a module of its own), so it frees nothing."""
-    """What `selective` recomputation re-runs in backward [--recompute-modules]: core_attn (the attention
-    core), mlp (a dense layer's MLP; Megatron-Core leaves a MoE layer's alone) and layernorm (both norms,
-    whose outputs are then not kept)."""
 
     def __post_init__(self) -> None:
         _check_version(self.schema_version, TRAINING_SCHEMA_VERSION, "training spec")
@@ -149,4 +149,3 @@ def recompute_modules_problem(layers, modules) -> Optional[str]:
                 "checkpoint never ends the backward); recompute mlp with --disable-bias-linear, or choose "
                 "core_attn/layernorm")
     return None
-
