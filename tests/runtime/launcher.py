@@ -1,17 +1,27 @@
-"""Start N ranks of a script the way torchrun does (RANK, WORLD_SIZE, MASTER_*), with a hard timeout."""
+"""Start N ranks of a script the way torchrun does (RANK, WORLD_SIZE, MASTER_*), with a hard timeout.
+
+Ranks are forked from fork_server.py, which has torch and megatron-core imported already; with
+MEGATRON_AUTO_TEST_SPAWN=1 each rank is a fresh `python SCRIPT ARGS...` process instead.
+"""
 from __future__ import annotations
 
+import atexit
 import importlib.util
+import json
 import os
+import select
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
+SPAWN_ENV = "MEGATRON_AUTO_TEST_SPAWN"
 
 
 def load_pretrain_gpt(module_name: str = "pretrain_gpt"):
@@ -49,14 +59,101 @@ def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
     return env
 
 
+class ForkedRank:
+    """A rank forked by the fork server, with the part of subprocess.Popen's interface launch() uses."""
+
+    def __init__(self, connection: socket.socket):
+        self._connection, self._buffer, self.returncode = connection, b"", None
+        self.pid = int(self._line(None))
+
+    def _line(self, timeout: Optional[float]) -> Optional[str]:
+        while b"\n" not in self._buffer:
+            ready, _, _ = select.select([self._connection], [], [], timeout)
+            if not ready:
+                return None
+            chunk = self._connection.recv(64)
+            if not chunk:
+                raise ConnectionError("the fork server closed the connection")
+            self._buffer += chunk
+        line, self._buffer = self._buffer.split(b"\n", 1)
+        return line.decode()
+
+    def wait(self, timeout: Optional[float] = None) -> int:
+        if self.returncode is None:
+            line = self._line(timeout)
+            if line is None:
+                raise subprocess.TimeoutExpired(f"rank {self.pid}", timeout)
+            self.returncode = int(line)
+            self._connection.close()
+        return self.returncode
+
+    def poll(self) -> Optional[int]:
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
+
+
+class ForkServer:
+    """fork_server.py, started on first use and stopped when the test session ends."""
+
+    def __init__(self):
+        self.socket_path = os.path.join(tempfile.mkdtemp(prefix="megatron-auto-forks-"), "server.sock")
+        env = rank_env(0, 1, 0)
+        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+            del env[name]
+        self.process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fork_server.py")),
+                                         self.socket_path], env=env, cwd=REPO, stdout=subprocess.PIPE,
+                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        ready = self.process.stdout.readline()
+        if ready != b"ready\n":
+            raise RuntimeError(f"fork server did not start (exit {self.process.wait()})")
+        atexit.register(self.stop)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait()
+
+    def fork(self, argv: list[str], env: dict[str, str], log_path: Path) -> ForkedRank:
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.connect(self.socket_path)
+        request = {"argv": argv, "env": env, "cwd": str(REPO), "log": str(log_path)}
+        connection.sendall(json.dumps(request).encode() + b"\n")
+        return ForkedRank(connection)
+
+
+_server: Optional[ForkServer] = None
+
+
+def _fork_server() -> Optional[ForkServer]:
+    """The session's fork server, or None when ranks are to be spawned fresh."""
+    global _server
+    if os.environ.get(SPAWN_ENV) == "1" or not hasattr(os, "fork"):
+        return None
+    if _server is None or _server.process.poll() is not None:
+        _server = ForkServer()
+    return _server
+
+
+def _start_rank(rank: int, world_size: int, port: int, argv: list[str], log_path: Path):
+    """One rank of `python argv...`: forked from the server when the script is a path, spawned otherwise."""
+    server = _fork_server() if argv[0].endswith(".py") else None
+    if server is not None:
+        return server.fork(argv, rank_env(rank, world_size, port), log_path)
+    with log_path.open("w") as log:
+        return subprocess.Popen([sys.executable, *argv], env=rank_env(rank, world_size, port), cwd=REPO,
+                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
 def launch(world_size: int, argv: list[str], timeout_s: float, log_dir: Path) -> LaunchResult:
     """Run `python argv...` on `world_size` ranks; kill every rank if any exceeds `timeout_s`."""
     port, start = free_port(), time.perf_counter()
     log_dir.mkdir(parents=True, exist_ok=True)
-    logs = [open(log_dir / f"rank{r}.log", "w+") for r in range(world_size)]
-    procs = [subprocess.Popen([sys.executable, *argv], env=rank_env(r, world_size, port), cwd=REPO,
-                              stdout=logs[r], stderr=subprocess.STDOUT, start_new_session=True)
-             for r in range(world_size)]
+    log_paths = [log_dir / f"rank{r}.log" for r in range(world_size)]
+    for path in log_paths:
+        path.write_text("")
+    procs = [_start_rank(r, world_size, port, argv, log_paths[r]) for r in range(world_size)]
     deadline = start + timeout_s
     try:
         for proc in procs:
@@ -68,19 +165,14 @@ def launch(world_size: int, argv: list[str], timeout_s: float, log_dir: Path) ->
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
-    output = []
-    for rank, log in enumerate(logs):
-        log.seek(0)
-        output.append(f"===== rank {rank} (exit {procs[rank].returncode}) =====\n{log.read()}")
-        log.close()
+    output = [f"===== rank {rank} (exit {proc.returncode}) =====\n{log_paths[rank].read_text(errors='replace')}"
+              for rank, proc in enumerate(procs)]
     return LaunchResult(tuple(p.returncode for p in procs), "\n".join(output), time.perf_counter() - start)
 
 
 def run_cases(tmp: Path, world_size: int, worker: str, cases: list[dict], timeout_s: float) -> dict:
     """Launch `worker` (a script under tests/runtime) on `world_size` ranks with `cases` as JSON;
     returns the results it writes. Fails the test, with the ranks' output, if the launch fails."""
-    import json
-
     spec, out = tmp / f"cases{world_size}.json", tmp / f"results{world_size}.json"
     spec.write_text(json.dumps(cases))
     result = launch(world_size, [f"tests/runtime/{worker}", str(spec), str(out)], timeout_s, tmp / f"logs{world_size}")

@@ -1,0 +1,146 @@
+"""Fork server for tests/runtime/launcher.py: one process imports torch, megatron-core (with patches/) and
+the runtime once, then forks every rank the tests launch from that warm state.
+
+A rank process otherwise spends about 2.5 s of CPU importing them (`python -X importtime -c "import
+patches"`), and the suite starts some hundreds of ranks on a 2-core machine. Each forked rank starts a
+session of its own, takes the environment, working directory and argv it was sent, sends stdout and
+stderr to its log and runs the script as `__main__`, as `python SCRIPT ARGS...` would. Nothing in the
+preloaded modules reads the environment at import (the runtime reads RANK, MASTER_PORT, fault and OOM
+injections when it runs), and the server imports them with OMP_NUM_THREADS=1, as every rank sets it.
+Unlike fresh processes, forked ranks share the server's string-hash seed and numpy's unseeded state;
+tests/runtime/test_launcher.py checks they otherwise run a script as `python` does.
+
+Protocol, one Unix-socket connection per rank: the client sends one JSON line {argv, env, cwd, log};
+the server answers the rank's pid, then its exit code (negative: killed by that signal) when it ends.
+
+    python tests/runtime/fork_server.py SOCKET_PATH     # started by launcher.py, never by hand
+"""
+from __future__ import annotations
+
+import atexit
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import socket
+import sys
+import threading
+import traceback
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+PRELOADED = ("patches",  # torch and megatron-core, patched
+             "megatron_auto.runtime.checkpoint", "megatron_auto.runtime.data", "megatron_auto.runtime.distributed",
+             "megatron_auto.runtime.fit", "megatron_auto.runtime.model", "megatron_auto.runtime.session",
+             "megatron_auto.runtime.step", "megatron_auto.runtime.hybrid.session")
+
+
+def preload() -> None:
+    sys.path.insert(0, REPO)
+    for name in PRELOADED:
+        importlib.import_module(name)
+    sys.path.remove(REPO)
+
+
+def _exit_code(error: SystemExit) -> int:
+    if error.code is None:
+        return 0
+    if isinstance(error.code, int):
+        return error.code
+    print(error.code, file=sys.stderr)  # what the interpreter does with sys.exit("message")
+    return 1
+
+
+def run_rank(request: dict) -> None:
+    """In the forked child: become `python ARGV...` in its own session; never returns."""
+    os.setsid()
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
+        signal.signal(signum, signal.SIG_DFL)
+    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    os.close(log)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    script = request["argv"][0]
+    sys.argv = list(request["argv"])
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    code = 0
+    try:
+        runpy.run_path(script, run_name="__main__")
+    except SystemExit as error:
+        code = _exit_code(error)
+    except BaseException:  # noqa: BLE001  (the interpreter prints any uncaught error and exits 1)
+        traceback.print_exc()
+        code = 1
+    try:  # the interpreter's own shutdown order: join non-daemon threads, then atexit handlers
+        threading._shutdown()
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
+def _read_request(conn: socket.socket) -> dict:
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = conn.recv(65536)
+        if not chunk:
+            raise ConnectionError("client closed before its request ended")
+        data += chunk
+    return json.loads(data)
+
+
+def _fork_rank(listener: socket.socket, conn: socket.socket) -> int:
+    request = _read_request(conn)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:
+        listener.close()
+        conn.close()
+        run_rank(request)
+    conn.sendall(f"{pid}\n".encode())
+    return pid
+
+
+def _reap(waiting: dict[int, socket.socket]) -> None:
+    while waiting:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        conn = waiting.pop(pid, None)
+        if conn is not None:
+            try:
+                conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+            except OSError:
+                pass  # the client gave up on this rank
+            conn.close()
+
+
+def serve(socket_path: str) -> None:
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(socket_path)
+    listener.listen(64)
+    parent, waiting = os.getppid(), {}
+    print("ready", flush=True)
+    while os.getppid() == parent:  # the test session that started this server still runs
+        ready, _, _ = select.select([listener], [], [], 0.05)
+        if ready:
+            conn, _ = listener.accept()
+            try:
+                waiting[_fork_rank(listener, conn)] = conn
+            except (OSError, ValueError) as error:
+                print(f"fork server: bad request: {error}", file=sys.stderr, flush=True)
+                conn.close()
+        _reap(waiting)
+
+
+if __name__ == "__main__":
+    preload()
+    serve(sys.argv[1])

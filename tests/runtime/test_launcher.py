@@ -1,0 +1,56 @@
+"""The test launcher's forked ranks behave as `python SCRIPT ARGS...` processes do: the same argv,
+environment, working directory, output and exit status, whether forked from fork_server.py or spawned."""
+from __future__ import annotations
+
+import pytest
+
+import launcher
+
+SCRIPT = """
+import os, sys, threading, time
+print("argv", sys.argv[1:], "rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], "cwd", os.getcwd())
+print("main", __name__, "path0", sys.path[0] == os.path.dirname(os.path.abspath(__file__)))
+sys.stderr.write("to stderr\\n")
+mode = sys.argv[1]
+if mode == "thread":  # a non-daemon thread is joined before the process ends, as at interpreter exit
+    threading.Thread(target=lambda: (time.sleep(0.2), print("thread done", flush=True))).start()
+elif mode == "message":
+    sys.exit("stopped with a message")
+elif mode == "raise":
+    raise ValueError("uncaught")
+elif mode == "hang":
+    time.sleep(60)
+elif mode != "ok":
+    sys.exit(int(mode))
+"""
+
+
+@pytest.fixture(params=["fork", "spawn"])
+def mode(request, monkeypatch):
+    monkeypatch.setenv(launcher.SPAWN_ENV, "1" if request.param == "spawn" else "0")
+    return request.param
+
+
+@pytest.mark.parametrize("argument, codes, words", [
+    ("ok", (0, 0), ["argv ['ok'] rank 0 of 2", "argv ['ok'] rank 1 of 2", "main __main__ path0 True",
+                    "to stderr"]),
+    ("3", (3, 3), ["rank 1 of 2"]),
+    ("message", (1, 1), ["stopped with a message"]),
+    ("raise", (1, 1), ["ValueError: uncaught", "Traceback"]),
+    ("thread", (0, 0), ["thread done"]),
+])
+def test_ranks_run_the_script_as_a_process_would(tmp_path, mode, argument, codes, words):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    result = launcher.launch(2, [str(script), argument], 60, tmp_path / "logs")
+    assert result.returncodes == codes, result.output
+    assert f"cwd {launcher.REPO}" in result.output
+    for word in words:
+        assert word in result.output, result.output
+
+
+def test_a_rank_past_the_timeout_is_killed(tmp_path, mode):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    result = launcher.launch(1, [str(script), "hang"], 2, tmp_path / "logs")
+    assert result.returncodes == (-9,) and result.seconds < 30, result.output
