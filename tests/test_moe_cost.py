@@ -183,11 +183,29 @@ def test_expert_gradients_sync_over_the_expert_dp_group():
 
 
 def test_expert_activations_per_processed_and_routed_copy():
-    # EP4, bf16: processed 2048 copies x (h + 3f) words; routed 2048 copies x (h words + 4 bytes).
-    expected = 2 * 2048 * (H + 3 * F) + 2048 * (2 * H + 4)
-    assert expert_activation_bytes(LAYER, S, B, EP4, BF16, "none") == approx(expected)
-    assert expert_activation_bytes(LAYER, S, B, EP4, BF16, "selective") == approx(expected)
-    assert expert_activation_bytes(LAYER, S, B, EP4, BF16, "full") == 0.0
+    # EP4, bf16, SwiGLU: processed 2048 copies x (h + 6f + 1) words (fc1 input, the MLP's 5f, the scaled
+    # activation, the probability); each of the 1024 tokens: k int64 top-k indices, k probabilities, k int64
+    # sorted indices, and E routing-map bools and probabilities.
+    expected = 2 * 2048 * (H + 6 * F + 1) + 1024 * (K * (8 + 2 + 8) + E * (1 + 2))
+    assert expert_activation_bytes(LAYER, S, B, EP4, BF16, False) == approx(expected)
+    assert expert_activation_bytes(LAYER, S, B, EP4, BF16, True) == 0.0
+    gelu = replace(LAYER, swiglu=False)
+    assert expert_activation_bytes(gelu, S, B, EP4, BF16, False) == approx(expected - 2 * 2048 * 3 * F)
+
+
+@pytest.mark.parametrize("modules", [("moe",), ("core_attn", "moe", "shared_experts")])
+def test_selective_moe_replays_the_experts_as_full_recompute_does(modules):
+    training = replace(BF16, recompute_modules=modules)
+    selective = expert_cost(LAYER, replace(EP4, recompute="selective"), B, S, TOY, training)
+    full = expert_cost(LAYER, replace(EP4, recompute="full"), B, S, TOY, training)
+    assert selective == full
+    assert selective.activation_bytes == 0.0 and selective.recompute_s > 0
+
+
+def test_selective_without_moe_leaves_the_experts_alone():
+    training = replace(BF16, recompute_modules=("core_attn", "shared_experts"))
+    assert expert_cost(LAYER, replace(EP4, recompute="selective"), B, S, TOY, training) == \
+        expert_cost(LAYER, EP4, B, S, TOY, training)
 
 
 def test_full_recompute_replays_the_experts_and_the_dispatch():

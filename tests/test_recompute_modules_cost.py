@@ -20,6 +20,8 @@ from megatron_auto.specs.presets import CLUSTER_PRESETS, MODEL_PRESETS
 from megatron_auto.specs.training import TrainingSpec, recompute_modules_problem
 
 LLAMA = MODEL_PRESETS["llama2-7b"]
+DENSE = LLAMA.layers[0]
+MOE_SHARED = MODEL_PRESETS["deepseek-moe-16b"].layers[-1]  # 64 experts, top-6, a 2816-wide shared expert
 A100 = CLUSTER_PRESETS["dgx-a100-80gb"]
 H100 = CLUSTER_PRESETS["dgx-h100-80gb"]
 SELECTIVE = LayerStrategy(tp=2, dp=4, sp=True, recompute="selective")
@@ -31,14 +33,30 @@ def training(*modules: str) -> TrainingSpec:
 
 @pytest.mark.parametrize("modules", [(), ("core_attn", "core_attn"), ("moe_act",), ("mlp", "attention")])
 def test_modules_must_be_distinct_known_names(modules):
-    with pytest.raises(ValueError, match="recompute modules must be distinct names among core_attn, mlp, layernorm"):
+    with pytest.raises(ValueError, match="recompute modules must be distinct names among core_attn, mlp, layernorm, "
+                                         "moe, shared_experts"):
         TrainingSpec(global_batch_size=8, recompute_modules=modules)
 
 
 def test_a_moe_layers_mlp_is_not_recomputed():
     spec = training("core_attn", "mlp")
-    assert spec.selective_modules(moe_layer=False) == {"core_attn", "mlp"}
-    assert spec.selective_modules(moe_layer=True) == {"core_attn"}
+    assert spec.selective_modules(DENSE) == {"core_attn", "mlp"}
+    assert spec.selective_modules(MOE_SHARED) == {"core_attn"}
+
+
+@pytest.mark.parametrize("modules, dense, moe, moe_shared", [
+    (("shared_experts",), set(), set(), {"mlp"}),
+    (("moe",), set(), {"moe"}, {"moe", "mlp"}),
+    (("core_attn", "mlp", "moe"), {"core_attn", "mlp"}, {"core_attn", "moe"}, {"core_attn", "moe", "mlp"}),
+])
+def test_moe_modules_act_on_moe_layers_and_their_shared_expert(modules, dense, moe, moe_shared):
+    """moe and shared_experts re-run nothing in a dense layer; in a MoE layer, the dense part's MLP (the
+    shared expert, where there is one) is re-run by either, and the routed experts by moe."""
+    spec = training(*modules)
+    assert spec.selective_modules(DENSE) == dense
+    assert spec.selective_modules(replace(MOE_SHARED, moe=replace(MOE_SHARED.moe, shared_expert_ffn_hidden_size=0))) \
+        == moe
+    assert spec.selective_modules(MOE_SHARED) == moe_shared
 
 
 @pytest.mark.parametrize("cluster", [A100, H100], ids=["analytic", "kernel-level"])

@@ -13,7 +13,7 @@ from functools import lru_cache
 from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
-from ..specs.training import TrainingSpec
+from ..specs.training import DEFAULT_RECOMPUTE_MODULES, TrainingSpec
 from .communication import dp_comm_time, tp_comm_time, zero3_comm_time
 from .compute import module_forward_shares, recompute_time
 from .models import compute_model
@@ -55,10 +55,23 @@ class LayerCost:
                 + self.ep_comm_s)
 
 
-@lru_cache(maxsize=65536)
 def layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,
                cluster: ClusterSpec, training: TrainingSpec) -> LayerCost:
     """Cost of `layer` with `samples` sequences per micro-batch on each of its DP ranks."""
+    if strategy.recompute != "selective":
+        # What selective recomputation re-runs shapes nothing else: one cache entry serves every set.
+        training = _without_recompute_modules(training)
+    return _layer_cost(layer, strategy, samples, seq, cluster, training)
+
+
+@lru_cache(maxsize=256)
+def _without_recompute_modules(training: TrainingSpec) -> TrainingSpec:
+    return replace(training, recompute_modules=DEFAULT_RECOMPUTE_MODULES)
+
+
+@lru_cache(maxsize=65536)
+def _layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,
+                cluster: ClusterSpec, training: TrainingSpec) -> LayerCost:
     dense = dense_part_cost(layer, strategy, samples, seq, cluster, training)
     if layer.moe is None:
         return dense
@@ -91,7 +104,7 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
     word = training.activation_bytes
     times = compute_model(cluster).layer_times(layer, seq, samples, strategy.tp, strategy.sp, cluster, word,
                                                training.attention_backend)
-    selective = training.selective_modules(layer.moe is not None)
+    selective = training.selective_modules(layer)
     recompute = recompute_time(times, strategy.recompute, selective, _module_shares(layer, strategy, samples, seq,
                                                                                    cluster, training, selective))
     compute = times.forward_s + times.backward_s + recompute

@@ -29,8 +29,10 @@ from .communication import dp_comm_time, zero3_comm_time
 from .compute import gemm_compute_time
 from .flops import Gemm
 from .layer_kernels import ELEMENTWISE_BANDWIDTH_FRACTION, MAIN_GRAD_BYTES
-from .memory import FP32_BYTES, model_state_bytes, optimizer_temporary_bytes, zero3_gathered_bytes
+from .memory import FP32_BYTES, mlp_saved_width, model_state_bytes, optimizer_temporary_bytes, zero3_gathered_bytes
 from .models import comm_model
+
+INDEX_BYTES = 8  # the router's top-k indices and the permutation's sorted indices are int64
 
 
 @dataclass(frozen=True)
@@ -42,7 +44,7 @@ class ExpertCost:
     backward_s: float
     """The same, backward (2x the GEMMs: dgrad and wgrad), and the expert weight-gradient accumulation."""
     recompute_s: float
-    """Full recompute's second forward of the router and experts."""
+    """The second forward of the router and experts under full recompute or selective `moe`."""
     comm_s: float
     """Dispatch and combine (all-to-all, or all-gather and reduce-scatter) and expert-TP collectives."""
     zero3_s: float
@@ -184,40 +186,53 @@ def dispatch_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrat
 
 
 def expert_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
-                            training: TrainingSpec, recompute: str) -> float:
-    """Bytes the experts keep for backward per micro-batch on the busiest GPU (none under full recompute:
-    the layer's input, counted in its dense part, is all it keeps).
+                            training: TrainingSpec, recomputed: bool) -> float:
+    """Bytes the router and the experts keep for backward per micro-batch on the busiest GPU (none when
+    `recomputed`, by full recompute or selective `moe`: the layer's input, counted in its dense part, is all
+    the checkpoint keeps).
 
-    Per processed copy: the dispatched (all-gathered) token, the fc1 input (h), and the MLP's inner
-    activations over the f/etp shard as Korthikanti et al. count the dense MLP's (fc1 output and the
-    activation's output: 2f, or 3f with SwiGLU's gate). Per routed copy on the source side: the combined
-    expert output that the probability scaling keeps (h) and its fp32 probability.
+    Per processed copy: the expert's fc1 input (the dispatched token, h), its fp32-or-activation-typed
+    routing probability, and the expert MLP's inner activations over the f/etp shard: the dense MLP's
+    (mlp_saved_width) plus the probability-scaled activation that is fc2's input (SequentialMLP passes the
+    probabilities to MLP.forward as per_token_scale): 6f with SwiGLU, 3f with GeLU. Per routed copy on the
+    source side: the top-k index (int64), its probability, and the permutation's sorted index (int64); per
+    token and expert: the routing map (bool) and the probabilities scattered over it. Measured exactly on
+    the runtime's layer at EP1, fp32 (tests/runtime/test_recompute_modules.py).
     """
-    if recompute == "full":
+    if recomputed:
         return 0.0
     word, h = training.activation_bytes, layer.hidden_size
     processed = expert_tokens(layer, seq, samples, strategy, training.moe_load_imbalance)
-    inner = (3 if layer.swiglu else 2) * layer.moe.expert_ffn_hidden_size / strategy.expert_tp
-    copies = layer.moe.router_topk * local_tokens(seq, samples, strategy)
-    return word * processed * (h + inner) + copies * (word * h + FP32_BYTES)
+    inner = (mlp_saved_width(layer.swiglu) + 1) * layer.moe.expert_ffn_hidden_size / strategy.expert_tp
+    tokens = local_tokens(seq, samples, strategy)
+    k, experts = layer.moe.router_topk, layer.moe.num_experts
+    source = tokens * (k * (INDEX_BYTES + word + INDEX_BYTES) + experts * (1 + word))
+    return word * processed * (h + inner + 1) + source
+
+
+def experts_recomputed(layer: LayerSpec, strategy: LayerStrategy, training: TrainingSpec) -> bool:
+    """Whether the backward re-runs the router and experts: full recompute, or selective with `moe`."""
+    return strategy.recompute == "full" or (strategy.recompute == "selective"
+                                            and "moe" in training.selective_modules(layer))
 
 
 def expert_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int, cluster: ClusterSpec,
                 training: TrainingSpec) -> ExpertCost:
-    """All expert terms of one MoE layer on one GPU (recompute kinds as for the dense part: full replays
-    the forward, dispatch included; selective recomputes only the attention core)."""
+    """All expert terms of one MoE layer on one GPU. Full recompute, and selective recompute of `moe`,
+    replay the router, dispatch, experts and combine in backward (a third dispatch pass, and under ZeRO-3 a
+    third gather of the expert weights); other selective modules leave the experts alone."""
     forward, backward = expert_compute_times(layer, seq, samples, strategy, cluster, training)
-    full = strategy.recompute == "full"
+    replayed = experts_recomputed(layer, strategy, training)
     dispatch = dispatch_time(layer, seq, samples, strategy, cluster, training)
     view, params = expert_view(strategy), layer.expert_parameters
-    kept = expert_activation_bytes(layer, seq, samples, strategy, training, strategy.recompute)
-    kept_without = expert_activation_bytes(layer, seq, samples, strategy, training, "none")
+    kept = expert_activation_bytes(layer, seq, samples, strategy, training, replayed)
+    kept_without = expert_activation_bytes(layer, seq, samples, strategy, training, False)
     return ExpertCost(
         forward_s=forward,
         backward_s=backward,
-        recompute_s=forward if full else 0.0,
-        comm_s=(3 if full else 2) * dispatch,
-        zero3_s=zero3_comm_time(params, view, cluster, training, full),
+        recompute_s=forward if replayed else 0.0,
+        comm_s=(3 if replayed else 2) * dispatch,
+        zero3_s=zero3_comm_time(params, view, cluster, training, replayed),
         dp_comm_per_iteration_s=dp_comm_time(params, view, cluster, training),
         state_bytes=model_state_bytes(params, view, training),
         activation_bytes=kept,

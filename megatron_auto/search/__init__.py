@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 from typing import Callable, Optional
 
+from ..cost.estimate import estimate_plan
 from ..cost.peak_memory import device_budget_bytes
 from ..errors import UserError
 from ..specs.cluster import ClusterSpec
@@ -33,31 +34,71 @@ def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     otherwise it re-runs `training.recompute_modules`.
     """
     if choose_recompute_modules:
-        def search_one(spec: TrainingSpec, share, incumbent: float) -> Optional[SearchResult]:
-            if space == "hybrid":
-                # The hybrid search tunes the embedding's layout after it has its winner, so an outside
-                # incumbent could prune a candidate that tuning would have made the fastest: each set is
-                # searched as on its own.
-                return _search_space(model, cluster, spec, space, constraints, share)
-            # The megatron space's bounds are exact. Behind an incumbent, only selective recomputation
-            # differs from the sets searched before.
-            flags_only = (replace(constraints, recompute="selective")
-                          if incumbent < math.inf and constraints.recompute is None else constraints)
-            return _search_space(model, cluster, spec, space, constraints, share, incumbent, flags_only)
-        return search_module_sets(search_one, model, training, constraints, progress)
+        return search_module_sets(_module_set_searcher(model, cluster, space, constraints), model, training,
+                                  constraints, progress)
     return _search_space(model, cluster, training, space, constraints, progress)
+
+
+def _module_set_searcher(model: ModelSpec, cluster: ClusterSpec, space: str, constraints: SearchConstraints):
+    """search_one for search_module_sets: each set's plan as a search under that set alone finds it, with
+    the work that does not depend on the set done once."""
+    selective_only = replace(constraints, recompute="selective") if constraints.recompute is None else None
+    shared: dict = {}  # the fastest megatron-space plan without selective recompute: the same under every set
+
+    def search_one(spec: TrainingSpec, share, incumbent: float) -> Optional[SearchResult]:
+        if space == "hybrid":
+            # The hybrid search tunes the embedding's layout after it has its winner, so an outside
+            # incumbent could prune a candidate that tuning would have made the fastest: each set is
+            # searched as on its own, its megatron phase the shared plan against the set's selective ones.
+            return _search_space(model, cluster, spec, space, constraints, share, megatron_constraints=selective_only,
+                                 unselective=shared if selective_only else None)
+        # The megatron space's bounds are exact. Behind an incumbent, only selective recomputation
+        # differs from the sets searched before.
+        flags_only = selective_only if incumbent < math.inf and selective_only else constraints
+        return _search_space(model, cluster, spec, space, constraints, share, incumbent, flags_only)
+    return search_one
+
+
+def _megatron_phase(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, constraints: SearchConstraints,
+                    progress, stats: SpaceStats, incumbent: float, unselective: Optional[dict]):
+    """search_megatron under `constraints`; with `unselective` (a cache shared by the module sets, and
+    `constraints` pinned to selective) the faster of that and the best plan without selective recompute,
+    which is searched once (recompute none, then full) and re-priced under `training`."""
+    if unselective is None:
+        return search_megatron(model, cluster, training, constraints, progress, stats, incumbent)
+    if "plan" not in unselective:
+        best = None
+        for kind in ("none", "full"):
+            found, stats = search_megatron(model, cluster, training, replace(constraints, recompute=kind), None,
+                                           stats, _fitting_time(best))
+            best = found if _fitting_time(found) < _fitting_time(best) else best
+        unselective["plan"] = best
+    floor = unselective["plan"]
+    selective, stats = search_megatron(model, cluster, training, constraints, progress, stats,
+                                       min(incumbent, _fitting_time(floor)))
+    if _fitting_time(selective) < _fitting_time(floor):
+        return selective, stats
+    if floor is None:
+        return None, stats
+    return replace(floor, prediction=estimate_plan(floor, model, cluster, training)), stats
+
+
+def _fitting_time(plan) -> float:
+    return plan.prediction.iteration_time_s if plan is not None and plan.prediction.fits else math.inf
 
 
 def _search_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, space: str,
                   constraints: SearchConstraints, progress: Optional[Callable[[float], None]],
                   incumbent: float = math.inf,
-                  megatron_constraints: Optional[SearchConstraints] = None) -> Optional[SearchResult]:
+                  megatron_constraints: Optional[SearchConstraints] = None,
+                  unselective: Optional[dict] = None) -> Optional[SearchResult]:
     """The fastest plan of `space` that fits, selective recomputation re-running `training.recompute_modules`.
 
     The hybrid space contains the megatron space, so its search starts from the
     megatron-space optimum and keeps a per-layer plan only when it is faster. With a finite
     `incumbent` (seconds) the search may leave out what cannot beat it, and returns None when nothing
-    that fits was found. `megatron_constraints` replace `constraints` in the megatron-space phase.
+    that fits was found. `megatron_constraints` replace `constraints` in the megatron-space phase, which
+    with `unselective` also weighs the plan without selective recompute (_megatron_phase).
     """
     if space not in ("megatron", "hybrid"):
         raise UserError(f"unknown search space '{space}'; choose megatron or hybrid")
@@ -67,8 +108,9 @@ def _search_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     stats = SpaceStats()
     share = 0.3 if space == "hybrid" else 1.0
     with stats.timed("megatron space"):
-        best, stats = search_megatron(model, cluster, training, megatron_constraints or constraints,
-                                      (lambda f: progress(share * f)) if progress else None, stats, incumbent)
+        best, stats = _megatron_phase(model, cluster, training, megatron_constraints or constraints,
+                                      (lambda f: progress(share * f)) if progress else None, stats, incumbent,
+                                      unselective)
     megatron_evaluated = stats.evaluated
     log.info("megatron space: %.2f s over %d flag configurations", stats.timings["megatron space"],
              megatron_evaluated)

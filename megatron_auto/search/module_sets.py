@@ -41,7 +41,7 @@ def candidate_module_sets(model: ModelSpec, training: TrainingSpec) -> list[tupl
 
 
 def _per_layer_effect(model: ModelSpec, training: TrainingSpec) -> tuple[frozenset[str], ...]:
-    return tuple(training.selective_modules(layer.moe is not None) for layer in model.layers)
+    return tuple(training.selective_modules(layer) for layer in model.layers)
 
 
 def search_module_sets(search_one: SearchOne, model: ModelSpec, training: TrainingSpec,

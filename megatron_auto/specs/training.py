@@ -16,8 +16,11 @@ MOE_TOKEN_DISPATCHERS = ("alltoall", "allgather")
 # Routed tokens on the busiest EP rank over the mean. 1.0 = balanced routing, what the auxiliary loss drives
 # toward and a capacity factor of 1 enforces; no measured figure was available (docs/cost_model.md, "MoE").
 DEFAULT_MOE_LOAD_IMBALANCE = 1.0
-RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm")
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe", "shared_experts")
 """Megatron-Core's --recompute-modules that are priced and run here."""
+MOE_RECOMPUTE_MODULES = ("moe", "shared_experts")
+"""The ones that act on MoE layers alone: the whole MoELayer (router, dispatch, experts, combine and the
+shared expert) and the shared expert (megatron/core/transformer/moe/moe_layer.py)."""
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 """Megatron-LM's default --recompute-modules."""
 
@@ -58,8 +61,9 @@ class TrainingSpec(CachedHash):
     """The experts' GEMMs batched into one grouped GEMM [--moe-grouped-gemm]."""
     recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     """What `selective` recomputation re-runs in backward [--recompute-modules]: core_attn (the attention
-    core), mlp (a dense layer's MLP; Megatron-Core leaves a MoE layer's alone) and layernorm (both norms,
-    whose outputs are then not kept)."""
+    core), mlp (a dense layer's MLP; Megatron-Core leaves a MoE layer's alone), layernorm (both norms,
+    whose outputs are then not kept), moe (a MoE layer's whole MoELayer) and shared_experts (its shared
+    expert). `selective_modules` says what that means in each layer."""
     fused_norms: bool = False
     """The layers run Transformer Engine's spec, whose norms are fused into the next GEMM
     (TELayerNormColumnParallelLinear): megatron-core then leaves `layernorm` recomputation undone
@@ -90,14 +94,24 @@ class TrainingSpec(CachedHash):
             raise ValueError(f"recompute modules must be distinct names among {', '.join(RECOMPUTE_MODULES)}, "
                              f"got {' '.join(modules) or 'none'}")
 
-    def selective_modules(self, moe_layer: bool) -> frozenset[str]:
-        """What selective recomputation re-runs in a layer (Megatron-Core's transformer_layer.py sets
-        recompute_mlp only for layers whose MLP is not a MoELayer, and recomputes no fused norm; a MoE
-        layer's pre-MLP norm, a module of its own even in TE's spec, is conservatively left kept too)."""
+    def selective_modules(self, layer) -> frozenset[str]:
+        """What selective recomputation re-runs in `layer` (a LayerSpec), in the cost model's terms: core_attn,
+        layernorm, mlp (the dense part's MLP: a dense layer's, or a MoE layer's shared expert) and moe (the
+        routed experts with their router and dispatch).
+
+        Megatron-Core's transformer_layer.py sets recompute_mlp only for layers whose MLP is not a MoELayer
+        and recomputes no fused norm (a MoE layer's pre-MLP norm, a module of its own even in TE's spec, is
+        conservatively left kept too); MoELayer checkpoints the shared expert under shared_experts, and the
+        whole layer, shared expert included, under moe."""
         modules = frozenset(self.recompute_modules)
         if self.fused_norms:
             modules -= {"layernorm"}
-        return modules - {"mlp"} if moe_layer else modules
+        if layer.moe is None:
+            return modules - set(MOE_RECOMPUTE_MODULES)
+        recomputed = modules & {"core_attn", "layernorm", "moe"}
+        if layer.moe.shared_expert_ffn_hidden_size and modules & set(MOE_RECOMPUTE_MODULES):
+            recomputed |= {"mlp"}
+        return recomputed
 
     def _check_moe(self) -> None:
         if self.moe_token_dispatcher not in MOE_TOKEN_DISPATCHERS:

@@ -40,21 +40,24 @@ def _moe_losses(output: str) -> list[tuple[float, float]]:
 
 def test_hybrid_plan_of_a_moe_model_runs_from_the_command_line(tmp_path):
     """A DeepSeek-style model (dense first layer, MoE after) under a hybrid plan file: the dense layer at
-    TP2 + SP, the MoE layers at DP4 with EP4 and at TP2 + SP with EP2 x ETP1; the log names the
-    per-layer layouts and Megatron-LM's load-balancing loss."""
+    TP2 + SP, the MoE layers at DP4 with EP4 (the second re-running its MoE layer in backward, selective
+    recompute of `moe`) and at TP2 + SP with EP2 x ETP1; the log names the per-layer layouts, what selective
+    recompute re-runs, and Megatron-LM's load-balancing loss."""
     from megatron_auto.plan import Chunk, LayerStrategy, Plan, save_plan
 
     tp2 = LayerStrategy(tp=2, dp=2, sp=True, zero=1)
-    layers = (tp2, LayerStrategy(dp=4, zero=1, ep=4), LayerStrategy(dp=4, zero=1, ep=4),
+    layers = (tp2, LayerStrategy(dp=4, zero=1, ep=4), LayerStrategy(dp=4, zero=1, ep=4, recompute="selective"),
               LayerStrategy(tp=2, dp=2, sp=True, zero=1, ep=2, etp=1))
     args = pretrain_gpt.parse_args(MOE_RUN + ["--mock-data"])
     model = pretrain_gpt.model_from_args(args, 256)
     save_plan(Plan(space="hybrid", world_size=4, pipeline_parallel=1, global_batch_size=8, num_micro_batches=2,
                    chunks=(Chunk(layers),), embedding=tp2, model=model), tmp_path / "plan.json")
-    argv = ["tools/pretrain_gpt.py", *MOE_RUN, "--auto-parallel-plan", str(tmp_path / "plan.json")]
+    argv = ["tools/pretrain_gpt.py", *MOE_RUN, "--auto-parallel-plan", str(tmp_path / "plan.json"),
+            "--recompute-modules", "moe"]
     result = launch(4, argv, timeout_s=180, log_dir=tmp_path / "logs")
     assert result.ok, result.output[-4000:]
     assert "plan (hybrid space)" in result.output and "tp1·dp4·z1·ep4" in result.output, result.output[-4000:]
+    assert "selective recompute re-runs: moe" in result.output, result.output[-4000:]
     losses = _moe_losses(result.output)
     assert len(losses) == 4 and all(0 < lm < 10 and balance > 0 for lm, balance in losses), result.output[-4000:]
 

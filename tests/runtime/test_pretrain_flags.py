@@ -166,7 +166,8 @@ def test_wsd_holds_the_rate_then_decays_over_its_window_while_the_weight_decay_m
     (["--train-iters", "5", "--mtp-num-layers", "1"], "--mtp-num-layers: multi-token prediction"),
     (["--train-iters", "5", "--rope-type", "yarn"], "--rope-type yarn: RoPE variants"),
     (["--train-iters", "5", "--recompute-modules", "core_attn", "moe_act"],
-     "--recompute-modules core_attn moe_act: moe_act not run by this runtime yet (it runs core_attn, mlp, layernorm)"),
+     "--recompute-modules core_attn moe_act: moe_act not run by this runtime yet "
+     "(it runs core_attn, mlp, layernorm, moe, shared_experts)"),
     (["--train-iters", "5", "--recompute-modules", "mlp", "mlp"], "--recompute-modules mlp mlp: a module named twice"),
 ])
 def test_bad_schedule_and_refused_flags_exit_2_with_one_line(capsys, flags, message):

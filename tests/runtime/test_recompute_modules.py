@@ -1,6 +1,7 @@
 """--recompute-modules: the bytes each module's selective recompute frees in the runtime's layer are the
-bytes the cost model takes off (cost.memory.layer_activation_bytes), the gradients are unchanged, and a
-run recomputing them trains as the plain run does."""
+bytes the cost model takes off (cost.layer_cost: the dense part's and the routed experts' activations), a
+MoE layer keeps what the cost model counts, the gradients are unchanged, and a run recomputing them trains
+as the plain run does."""
 from __future__ import annotations
 
 import re
@@ -8,16 +9,24 @@ import re
 import pytest
 
 from launcher import launch, run_cases
-from megatron_auto.cost.memory import layer_activation_bytes
+from megatron_auto.cost.layer_cost import layer_cost
 from megatron_auto.plan import LayerStrategy
 from megatron_auto.specs.model import uniform_model
 from megatron_auto.specs.presets import CLUSTER_PRESETS
+from megatron_auto.specs.training import TrainingSpec
 
 SEQ, BATCH = 16, 2  # recompute_modules_worker.py's
 GPT = dict(num_layers=1, hidden_size=64, num_attention_heads=4, seq_length=SEQ, vocab_size=128)
 # SwiGLU, no linear biases, GQA; LayerNorm, whose saved tensors are ATen's on every device (torch's eager
 # RMSNorm keeps its normalized input too on CPU, which the formula does not count yet).
 SWIGLU = dict(GPT, swiglu=True, add_bias_linear=False, num_query_groups=2, ffn_hidden_size=128)
+# Every layer MoE: 4 experts, top-2, SwiGLU with a shared expert; 8 experts, top-3, GeLU with biases. Both
+# multi-head: with grouped-query attention the runtime's layer keeps more of Q, K and V than the formula's
+# (a + 2g)d per token (a query copy and the unfused core's expanded K and V; not priced yet).
+MOE = dict(GPT, swiglu=True, add_bias_linear=False, ffn_hidden_size=128, num_experts=4, moe_router_topk=2,
+           moe_ffn_hidden_size=48, moe_shared_expert_intermediate_size=32)
+GELU_MOE = dict(GPT, num_experts=8, moe_router_topk=3, moe_ffn_hidden_size=48)
+CPU = CLUSTER_PRESETS["cpu-gloo"]
 CASES = [
     {"name": "gpt-core_attn", "model": GPT, "modules": ["core_attn"]},
     {"name": "gpt-layernorm", "model": GPT, "modules": ["layernorm"]},
@@ -25,7 +34,22 @@ CASES = [
     {"name": "swiglu-mlp", "model": SWIGLU, "modules": ["mlp"]},
     {"name": "swiglu-mlp-layernorm", "model": SWIGLU, "modules": ["mlp", "layernorm"]},
     {"name": "swiglu-all", "model": SWIGLU, "modules": ["core_attn", "mlp", "layernorm"]},
+    {"name": "moe-moe", "model": MOE, "modules": ["moe"]},
+    {"name": "moe-shared_experts", "model": MOE, "modules": ["shared_experts"]},
+    {"name": "moe-core_attn-layernorm-shared_experts", "model": MOE,
+     "modules": ["core_attn", "layernorm", "shared_experts"]},
+    {"name": "moe-all", "model": MOE, "modules": ["core_attn", "layernorm", "moe", "shared_experts"]},
+    {"name": "gelu-moe-moe", "model": GELU_MOE, "modules": ["moe"]},
 ]
+
+
+def kept_bytes(case: dict, recompute: str) -> float:
+    """The layer's activations as the cost model counts them: fp32 on cpu-gloo, unfused attention."""
+    layer = uniform_model(case["name"], **case["model"]).layers[0]
+    training = TrainingSpec(BATCH, precision="fp32", param_bytes=4, attention_backend="unfused",
+                            recompute_modules=tuple(case["modules"]))
+    strategy = LayerStrategy(tp=1, dp=1, recompute=recompute)
+    return layer_cost(layer, strategy, BATCH, SEQ, CPU, training).activation_bytes
 
 
 @pytest.fixture(scope="module")
@@ -40,20 +64,21 @@ def test_each_module_frees_the_bytes_the_cost_model_takes_off(measured, case):
     outside every recomputed module, so it cancels). Exact for mlp and layernorm: the formula counts whole
     tensors. With core_attn the checkpoint also frees the cached s x s causal mask, which the formula
     leaves out on purpose (one per run, shared by the layers), and keeps one 4-byte scalar input."""
-    layer = uniform_model(case["name"], **case["model"]).layers[0]
-    mask = CLUSTER_PRESETS["cpu-gloo"].dropout_mask_bytes
-
-    def formula(recompute: str) -> float:
-        return layer_activation_bytes(layer, SEQ, BATCH, LayerStrategy(tp=1, dp=1, recompute=recompute), 4, mask,
-                                      "unfused", frozenset(case["modules"]))
-
     result = measured[case["name"]]
     freed = result["none"] - result["selective"]
     causal_mask = SEQ * SEQ if "core_attn" in case["modules"] else 0
-    assert freed == formula("none") - formula("selective") + causal_mask - (4 if causal_mask else 0)
+    assert freed == kept_bytes(case, "none") - kept_bytes(case, "selective") + causal_mask - (4 if causal_mask else 0)
     # The same fp32 ops on the same inputs; recomputing a norm moves its gradient's add into a hook, which
     # may reorder one sum: a few ulps of the largest gradient (fp32 epsilon 2^-23).
     assert result["gradient_max_diff"] <= 8 * 2.0**-23 * result["gradient_max"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if "num_experts" in c["model"]], ids=lambda c: c["name"])
+def test_a_moe_layer_keeps_what_the_cost_model_counts(measured, case):
+    """Without recompute, the MoE layer's saved bytes are the cost model's dense part plus its routed experts
+    (cost.moe.expert_activation_bytes: at EP1 every one of the k x T routed copies is processed, whatever the
+    routing), exactly, but for the cached s x s causal mask that the formula leaves out on purpose."""
+    assert measured[case["name"]]["none"] == kept_bytes(case, "none") + SEQ * SEQ
 
 
 def _losses(output: str) -> list[str]:
@@ -76,6 +101,28 @@ def test_a_run_recomputing_every_module_trains_as_the_plain_one(tmp_path):
                                   "layernorm"], 300, tmp_path / "recomputed")
     assert plain.ok and recomputed.ok, (plain.output + recomputed.output)[-5000:]
     assert "selective recompute re-runs: core_attn mlp layernorm" in recomputed.output
+    plain_losses, recomputed_losses = _losses(plain.output), _losses(recomputed.output)
+    assert len(plain_losses) == 4 and len(recomputed_losses) == 4
+    assert all(abs(float(a) - float(b)) <= 1e-5 for a, b in zip(plain_losses, recomputed_losses))
+
+
+def test_a_moe_run_recomputing_its_moe_layers_trains_as_the_plain_one(tmp_path):
+    """EP2 on 2 ranks, every layer MoE with a shared expert and an auxiliary loss: recomputing the MoE layers
+    (moe, which covers the shared expert) re-runs the router, dispatch and experts on the same inputs in
+    fp32. The checkpointed forward runs without grad, so the router adds its auxiliary loss in the re-run
+    alone, as often as the plain run does: the logged losses agree within 1e-5, as above."""
+    job = ["tools/pretrain_gpt.py", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+           "--seq-length", "64", "--max-position-embeddings", "64", "--micro-batch-size", "2",
+           "--global-batch-size", "8", "--train-iters", "4", "--lr", "3e-3", "--mock-data", "--tokenizer-type",
+           "NullTokenizer", "--vocab-size", "128", "--log-interval", "1", "--eval-iters", "0", "--swiglu",
+           "--disable-bias-linear", "--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "48",
+           "--moe-shared-expert-intermediate-size", "32", "--moe-aux-loss-coeff", "1e-2",
+           "--expert-model-parallel-size", "2"]
+    plain = launch(2, job, 300, tmp_path / "plain")
+    recomputed = launch(2, job + ["--recompute-granularity", "selective", "--recompute-modules", "moe"], 300,
+                        tmp_path / "recomputed")
+    assert plain.ok and recomputed.ok, (plain.output + recomputed.output)[-5000:]
+    assert "selective recompute re-runs: moe" in recomputed.output
     plain_losses, recomputed_losses = _losses(plain.output), _losses(recomputed.output)
     assert len(plain_losses) == 4 and len(recomputed_losses) == 4
     assert all(abs(float(a) - float(b)) <= 1e-5 for a, b in zip(plain_losses, recomputed_losses))
