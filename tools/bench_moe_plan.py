@@ -66,7 +66,8 @@ def published_mapping(virtual_stages: int) -> dict:
     config = UniformConfig(tp=1, pp=4, micro_batch_size=1, virtual_stages=virtual_stages, distributed_optimizer=True,
                            expert_parallel=8, expert_tensor_parallel=1)
     prediction = estimate_plan(build_uniform_plan(model, cluster, training, config), model, cluster, training)
-    return dict(time=prediction.iteration_time_s, tflops=prediction.tflops_per_gpu)
+    return dict(time=prediction.iteration_time_s, tflops=prediction.tflops_per_gpu,
+                memory=prediction.device_memory_gib, fits=prediction.fits)
 
 
 def plan_rows() -> list[str]:
@@ -124,12 +125,14 @@ REASONS = [
     "expert, so the expert weights per GPU are smallest and each expert GEMM is largest, and its all-to-all stays "
     "in the NVLink node; EP 4 keeps two experts per GPU (more memory, smaller GEMMs) and without EP the experts "
     "do not fit at all. TP 1 has no per-layer TP collectives (TP 2 with SP prices within a fraction of a percent). "
-    "Four stages of four virtual chunks trade the bubble against memory: two stages need more memory and "
-    "eight add bubble and p2p. Expert TP (etp = tp) gathers k x the tokens over TP every MoE layer, which is "
-    "why etp 1 wins wherever the experts fit. For DeepSeekMoE 16B the 27 MoE layers of 64 narrow experts favour "
-    "EP 8 inside a node: EP 16 crosses nodes and its all-to-all costs about four times as much, and EP 4 doubles "
-    "the experts per GPU. TP 2 with SP halves the attention and shared-expert activations, which lets a "
-    "micro-batch of 8 fit with block recomputation of some layers.",
+    "Each routed token copy keeps its fc1 input and 6 f-wide tensors of the unfused SwiGLU the runtime runs "
+    "(cost/moe.py): 1.5 GB per MoE layer and micro-batch of one sequence, so a pipeline, whose first stage keeps "
+    "up to p micro-batches in flight, fits only without interleaving, and one stage at micro-batch 4 with all but "
+    "one layer fully recomputed prices faster. Expert TP (etp = tp) gathers k x the tokens over TP every MoE "
+    "layer, which is why etp 1 wins wherever the experts fit. For DeepSeekMoE 16B the 27 MoE layers of 64 narrow "
+    "experts favour EP 8 inside a node: EP 16 crosses nodes and its all-to-all costs about four times as much, and "
+    "EP 4 doubles the experts per GPU. TP 2 with SP halves the attention and shared-expert activations, which lets "
+    "a micro-batch of 8 fit with block recomputation of some layers.",
 ]
 
 
@@ -151,9 +154,9 @@ def published_lines() -> list[str]:
         predicted = published_mapping(v)
         error = 100.0 * (predicted["tflops"] - PUBLISHED_TFLOPS) / PUBLISHED_TFLOPS
         lines.append(f"| {reading} | {predicted['time']:.3f} | {predicted['tflops']:.1f} | {PUBLISHED_TFLOPS:.0f} "
-                     f"| {error:+.1f}% |")
-    return ["| mapping read as | predicted iteration s | predicted TFLOP/s per GPU | published | error |",
-            "|---|---|---|---|---|", *lines]
+                     f"| {error:+.1f}% | {predicted['memory']:.1f} ({'fits' if predicted['fits'] else 'does not fit'}) |")
+    return ["| mapping read as | predicted iteration s | predicted TFLOP/s per GPU | published | error | device GiB |",
+            "|---|---|---|---|---|---|", *lines]
 
 
 def section() -> str:
@@ -175,7 +178,9 @@ def section() -> str:
              "Caveats: the README does not state its FLOP formula (ours: Narayanan et al. plus the router and k "
              "experts per token), ran grouped GEMM, permute fusion and overlapped gradient reduction (we price "
              "Megatron-Core's local spec) after the routing settled; no published DeepSeekMoE 16B throughput "
-             "on H100 was available to compare.", "",
+             "on H100 was available to compare. Its run had Megatron-LM's fused SwiGLU, which keeps 3 f-wide "
+             "tensors per routed copy where the unfused one this runtime runs by default (megatron_auto/kernels.py, "
+             "bias fusions) keeps 6: the device GiB column is that mapping's memory under this runtime's kernels.", "",
              "Sensitivity of the Mixtral plan to the load-imbalance factor:", "", *imbalance_rows()]
     return "\n".join(lines) + "\n"
 
