@@ -42,6 +42,7 @@ PATCH_MODULES = (
     "moe_split_sizes_cpu",
     "moe_router_gemm_without_te",
     "expert_bias_inplace",
+    "glu_offset_copy",
     "expert_bias_sequence_parallel",
     "gloo_uneven_gather",
     "moe_aux_loss_avg_gloo",

@@ -53,10 +53,14 @@ def patched_source(owner: Any, name: str, replacements: tuple[Replacement, ...])
 
 def rewrite_function(owner: Any, name: str, replacements: tuple[Replacement, ...],
                      rebind: tuple[Any, ...] = ()) -> Any:
-    """Install the rewritten `owner.name` and return it; `rebind` lists modules that imported it by name."""
+    """Install the rewritten `owner.name` and return it; `rebind` lists modules that imported it by name.
+    Patches that rewrite the same function compose: each rewrite starts again from the upstream source
+    with the replacements already installed plus the new ones."""
     func, wrapper = _raw_function(owner, name)
-    if getattr(func, "__megatron_auto_patched__", False):
+    installed = getattr(func, "__megatron_auto_replacements__", ())
+    if all(rep in installed for rep in replacements):
         return func
+    replacements = installed + tuple(rep for rep in replacements if rep not in installed)
     source = patched_source(owner, name, replacements)
     # Compile inside a closure that defines __class__ so zero-argument super() keeps working.
     body = textwrap.indent(source, "    ")
@@ -67,7 +71,8 @@ def rewrite_function(owner: Any, name: str, replacements: tuple[Replacement, ...
     new.__qualname__ = func.__qualname__
     new.__module__ = func.__module__
     new.__megatron_auto_patched__ = True
-    new.__wrapped_original__ = func
+    new.__megatron_auto_replacements__ = replacements
+    new.__wrapped_original__ = getattr(func, "__wrapped_original__", func)
     setattr(owner, name, wrapper(new) if wrapper else new)
     for module in rebind:
         if module.__dict__.get(name) is not func:
@@ -99,7 +104,12 @@ def source_rewrite_patch(name: str, versions: tuple[str, ...], module: str, owne
             rewrite_function(owner_class(), function, replacements)
 
     def is_applied() -> bool:
-        return all(getattr(owner_class().__dict__[function], "__megatron_auto_patched__", False)
-                   for function, _ in targets)
+        return all(has_replacements(owner_class(), function, replacements) for function, replacements in targets)
 
     return check, apply, is_applied
+
+
+def has_replacements(owner: Any, name: str, replacements: tuple[Replacement, ...]) -> bool:
+    """Whether `owner.name` runs rewritten with all of `replacements` (a patch's is_applied)."""
+    func, _ = _raw_function(owner, name)
+    return all(rep in getattr(func, "__megatron_auto_replacements__", ()) for rep in replacements)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import importlib
 
 from ._checks import require_version
-from ._source import Replacement, patched_source, rewrite_function
+from ._source import Replacement, has_replacements, patched_source, rewrite_function
 
 NAME = "expert_bias_inplace"
 TARGET_VERSIONS = ("0.16.1",)
@@ -43,4 +43,4 @@ def apply() -> None:
 
 
 def is_applied() -> bool:
-    return getattr(_mlp().__dict__["forward"], "__megatron_auto_patched__", False)
+    return has_replacements(_mlp(), "forward", REPLACEMENTS)

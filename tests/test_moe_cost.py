@@ -183,14 +183,14 @@ def test_expert_gradients_sync_over_the_expert_dp_group():
 
 
 def test_expert_activations_per_processed_and_routed_copy():
-    # EP4, bf16, SwiGLU: processed 2048 copies x (h + 6f + 1) words (fc1 input, the MLP's 5f, the scaled
+    # EP4, bf16, SwiGLU: processed 2048 copies x (h + 5f + 1) words (fc1 input, the MLP's 4f, the scaled
     # activation, the probability); each of the 1024 tokens: k int64 top-k indices, k probabilities, k int64
     # sorted indices, and E routing-map bools and probabilities.
-    expected = 2 * 2048 * (H + 6 * F + 1) + 1024 * (K * (8 + 2 + 8) + E * (1 + 2))
+    expected = 2 * 2048 * (H + 5 * F + 1) + 1024 * (K * (8 + 2 + 8) + E * (1 + 2))
     assert expert_activation_bytes(LAYER, S, B, EP4, BF16, False) == approx(expected)
     assert expert_activation_bytes(LAYER, S, B, EP4, BF16, True) == 0.0
     gelu = replace(LAYER, swiglu=False)
-    assert expert_activation_bytes(gelu, S, B, EP4, BF16, False) == approx(expected - 2 * 2048 * 3 * F)
+    assert expert_activation_bytes(gelu, S, B, EP4, BF16, False) == approx(expected - 2 * 2048 * 2 * F)
 
 
 @pytest.mark.parametrize("modules", [("moe",), ("core_attn", "moe", "shared_experts")])
@@ -239,8 +239,8 @@ def test_moe_layer_without_shared_expert_runs_half_the_tp_collectives():
 def test_dense_part_keeps_the_shared_experts_activations_only():
     no_mlp = layer_activation_bytes(LAYER, S, B, TP2_EP2, 2, 1, "flash")
     with_shared = layer_activation_bytes(SHARED, S, B, TP2_EP2, 2, 1, "flash")
-    # SwiGLU without the bias-activation fusion keeps 5f (cost.memory.mlp_saved_width), over tp 2.
-    assert with_shared - no_mlp == approx(2 * S * B * 5 * 1024 / 2)
+    # SwiGLU without the bias-activation fusion keeps 4f (cost.memory.mlp_saved_width), over tp 2.
+    assert with_shared - no_mlp == approx(2 * S * B * 4 * 1024 / 2)
 
 
 def moe_model_plan(ep: int):

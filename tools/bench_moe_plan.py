@@ -125,11 +125,11 @@ REASONS = [
     "expert, so the expert weights per GPU are smallest and each expert GEMM is largest, and its all-to-all stays "
     "in the NVLink node; EP 4 keeps two experts per GPU (more memory, smaller GEMMs) and without EP the experts "
     "do not fit at all. TP 1 has no per-layer TP collectives (TP 2 with SP prices within a fraction of a percent). "
-    "Each routed token copy keeps its fc1 input and 6 f-wide tensors of the unfused SwiGLU the runtime runs "
-    "(cost/moe.py): 1.5 GB per MoE layer and micro-batch of one sequence, so a pipeline, whose first stage keeps "
-    "up to p micro-batches in flight, fits only without interleaving, and one stage at micro-batch 4 with all but "
-    "one layer fully recomputed prices faster. Expert TP (etp = tp) gathers k x the tokens over TP every MoE "
-    "layer, which is why etp 1 wins wherever the experts fit. For DeepSeekMoE 16B the 27 MoE layers of 64 narrow "
+    "Each routed token copy keeps its fc1 input and 5 f-wide tensors of the unfused SwiGLU the runtime runs "
+    "(cost/moe.py; 1.2 GB per MoE layer and micro-batch of one sequence), so memory sets the pipeline: four "
+    "stages of eight virtual chunks at micro-batch 1 fit in 73 GiB, which is the mapping Megatron-Core publishes "
+    "for this model (below), and two or eight stages price slower. Expert TP (etp = tp) gathers k x the tokens "
+    "over TP every MoE layer, which is why etp 1 wins wherever the experts fit. For DeepSeekMoE 16B the 27 MoE layers of 64 narrow "
     "experts favour EP 8 inside a node: EP 16 crosses nodes and its all-to-all costs about four times as much, and "
     "EP 4 doubles the experts per GPU. TP 2 with SP halves the attention and shared-expert activations, which lets "
     "a micro-batch of 8 fit with block recomputation of some layers.",
@@ -180,7 +180,7 @@ def section() -> str:
              "Megatron-Core's local spec) after the routing settled; no published DeepSeekMoE 16B throughput "
              "on H100 was available to compare. Its run had Megatron-LM's fused SwiGLU, which keeps 3 f-wide "
              "tensors per routed copy where the unfused one this runtime runs by default (megatron_auto/kernels.py, "
-             "bias fusions) keeps 6: the device GiB column is that mapping's memory under this runtime's kernels.", "",
+             "bias fusions) keeps 5: the device GiB column is that mapping's memory under this runtime's kernels.", "",
              "Sensitivity of the Mixtral plan to the load-imbalance factor:", "", *imbalance_rows()]
     return "\n".join(lines) + "\n"
 

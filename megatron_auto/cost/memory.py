@@ -99,10 +99,10 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
 def mlp_saved_width(swiglu: bool) -> int:
     """What an MLP keeps for backward per token beyond its input, in units of its ffn width f. GeLU: fc1's
     output and the activation's (2f). SwiGLU without the bias-activation fusion (the runtime's default,
-    megatron_auto.kernels): fc1's 2f output, the second half plus megatron-core 0.16.1's glu_linear_offset
-    (MLP.forward's glu adds it, a new f-wide tensor even at offset 0), silu's output and the product: 5f
-    (measured in the runtime's layer: tests/runtime/test_recompute_modules.py)."""
-    return 5 if swiglu else 2
+    megatron_auto.kernels): fc1's 2f output, silu's output and the product: 4f (megatron-core 0.16.1's glu
+    would also keep a copy of the linear half, which patches/glu_offset_copy.py removes; measured in the
+    runtime's layer: tests/runtime/test_recompute_modules.py)."""
+    return 4 if swiglu else 2
 
 
 def norm_statistics_bytes(layer: LayerSpec, seq: int, samples: int) -> float:

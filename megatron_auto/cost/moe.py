@@ -194,7 +194,7 @@ def expert_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: 
     Per processed copy: the expert's fc1 input (the dispatched token, h), its fp32-or-activation-typed
     routing probability, and the expert MLP's inner activations over the f/etp shard: the dense MLP's
     (mlp_saved_width) plus the probability-scaled activation that is fc2's input (SequentialMLP passes the
-    probabilities to MLP.forward as per_token_scale): 6f with SwiGLU, 3f with GeLU. Per routed copy on the
+    probabilities to MLP.forward as per_token_scale): 5f with SwiGLU, 3f with GeLU. Per routed copy on the
     source side: the top-k index (int64), its probability, and the permutation's sorted index (int64); per
     token and expert: the routing map (bool) and the probabilities scattered over it. Measured exactly on
     the runtime's layer at EP1, fp32 (tests/runtime/test_recompute_modules.py).

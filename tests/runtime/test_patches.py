@@ -53,7 +53,7 @@ def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
     monkeypatch.setattr(moe_utils, "HAVE_TE", False)  # and no TE for the MoE router's GEMM
     assert patches.apply_all() == ["torch_norm_zero_centered_gamma", "distrib_optimizer_torch_adam_step",
                                    "multi_tensor_on_device", "wgrad_accumulation_torch",
-                                   "moe_router_gemm_without_te", "expert_bias_inplace",
+                                   "moe_router_gemm_without_te", "expert_bias_inplace", "glu_offset_copy",
                                    "expert_bias_sequence_parallel", "moe_per_token_aux_loss_tp",
                                    "checkpoint_without_output_te"]
     monkeypatch.setattr(optimizer, "USING_PYTORCH_OPTIMIZER", False)  # apex/TE FusedAdam and norms
@@ -69,8 +69,8 @@ def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
     from megatron.core.tensor_parallel import random as tp_random
 
     monkeypatch.setattr(tp_random, "HAVE_TE", True)  # and TE's fp8 state for CheckpointWithoutOutput
-    assert patches.apply_all() == ["expert_bias_inplace", "expert_bias_sequence_parallel",  # on any device
-                                   "moe_per_token_aux_loss_tp"]
+    assert patches.apply_all() == ["expert_bias_inplace", "glu_offset_copy",  # on any device
+                                   "expert_bias_sequence_parallel", "moe_per_token_aux_loss_tp"]
 
 
 def test_other_megatron_core_version_is_refused(monkeypatch):
@@ -248,6 +248,19 @@ def test_expert_bias_is_added_out_of_place():
     source = inspect.getsource(MLP.forward.__wrapped_original__)
     assert "output += output_bias" in source  # upstream's in-place add, which the rewrite replaces
     assert MLP.forward.__megatron_auto_patched__
+
+
+def test_a_gated_mlp_adds_a_zero_offset_no_more_and_both_mlp_rewrites_run():
+    """glu_offset_copy and expert_bias_inplace rewrite the same MLP.forward: the function runs with both
+    replacements, each made on upstream's text. Its saved bytes are measured in
+    tests/runtime/test_recompute_modules.py (a SwiGLU MLP keeps 4f per token)."""
+    from megatron.core.transformer.mlp import MLP
+    from patches import expert_bias_inplace, glu_offset_copy
+
+    assert "x_linear + self.config.glu_linear_offset\n" in inspect.getsource(MLP.forward.__wrapped_original__)
+    assert expert_bias_inplace.is_applied() and glu_offset_copy.is_applied()
+    installed = MLP.forward.__megatron_auto_replacements__
+    assert set(expert_bias_inplace.REPLACEMENTS + glu_offset_copy.REPLACEMENTS) == set(installed)
 
 
 def test_uneven_gather_and_reduce_scatter_over_one_gloo_rank_and_padding(monkeypatch):
