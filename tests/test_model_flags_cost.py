@@ -57,11 +57,14 @@ def test_activations_grow_with_the_head_width_and_qk_norms():
     strategy = LayerStrategy()
     base = layer_activation_bytes(_layer(), S, 1, strategy, 2)
     wide = layer_activation_bytes(_layer(kv_channels=32), S, 1, strategy, 2)
-    # Q and the projection input double (2 x s*h*2 bytes), K and V double (2 x s*g*d/2*2 bytes), and the
-    # unfused core's s x s scores do not change.
-    assert wide - base == 2 * S * H * 2 + 2 * S * G * 16 * 2
+    # Grouped queries (g = 2 < a = 4) into the unfused core without recompute: it keeps a query copy and K
+    # and V expanded to a heads (3ad per token, cost.memory.qkv_kept_width), and the projection input is ad
+    # wide: all four double with d (16 -> 32, 2 bytes each); the s x s scores do not change.
+    assert wide - base == 4 * S * A * 16 * 2
     normed = layer_activation_bytes(_layer(qk_layernorm=True), S, 1, strategy, 2)
-    assert normed - base == S * (A * 16 + G * 16) * 2
+    # The q/k norms keep their inputs (the grouped query's copy, ad, and the mixed QKV output, (a + 2g)d)
+    # and their fp32 mean and rstd per head (a + g per token).
+    assert normed - base == S * ((A * 16 + (A + 2 * G) * 16) * 2 + 2 * 4 * (A + G))
 
 
 def test_qkv_bias_alone_adds_its_elementwise_traffic():
@@ -85,3 +88,19 @@ def test_model_flags_round_trip_and_old_files_still_load(tmp_path):
     with pytest.raises(UserError, match="qk_layernorm: expected bool"):
         model_from_dict({"num_layers": 2, "hidden_size": H, "num_attention_heads": A, "seq_length": S,
                          "vocab_size": 256, "qk_layernorm": 1})
+
+
+def test_rope_models_mark_their_layers_and_old_profiles_still_match():
+    """ModelSpec sets LayerSpec.rotary from its position_embedding_type (RoPE's copies of Q and K change what a
+    layer keeps); a profile written before the field existed still matches the RoPE layer it measured."""
+    from dataclasses import replace
+
+    from megatron_auto.specs.profiles import LayerProfile, ModelProfile
+
+    rope = uniform_model("m", 2, H, A, S, 256, position_embedding_type="rope")
+    assert all(layer.rotary for layer in rope.layers)
+    assert not any(layer.rotary for layer in uniform_model("m", 2, H, A, S, 256).layers)
+    assert serde.from_dict(ModelSpec, json.loads(serde.dumps(rope))) == rope
+    old = ModelProfile(name="m", device="cpu", precision="fp32", concurrent_processes=1,
+                       layers=(LayerProfile(replace(rope.layers[0], rotary=False), ()),))
+    assert old.for_layer(rope.layers[0]) is old.layers[0]

@@ -111,7 +111,7 @@ def test_mlp_with_linear_biases_is_refused_with_one_line(capsys):
 
 def test_estimate_prices_the_modules_it_is_given(capsys):
     base = ["estimate", "--model", "llama2-7b", "--cluster", "dgx-h100-80gb", "--global-batch-size", "64", "--tp", "2",
-            "--pp", "1", "--sequence-parallel", "--recompute", "selective", "--json"]
+            "--pp", "1", "--micro-batch-size", "1", "--sequence-parallel", "--recompute", "selective", "--json"]
     results = {}
     for modules in (["core_attn"], ["mlp"]):
         assert main(base + ["--recompute-modules", *modules]) == 0

@@ -68,10 +68,6 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
     nor statistics (Megatron-Core's CheckpointWithoutOutput frees the output after its consumer ran).
     """
     s, b, h, t = seq, samples, layer.hidden_size, strategy.tp
-    kv_width = layer.num_query_groups * layer.kv_channels
-    # Q and the projection input are a*d wide (h unless --kv-channels sets d; Megatron-Core's
-    # attention.py: query_projection_size = kv_channels * num_attention_heads).
-    q_width = layer.attention_width
     word = activation_bytes
     replicated_split = t if strategy.sp else 1
     if strategy.recompute == "full":
@@ -83,17 +79,58 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
     replicated = s * b * (2 * word * h + norm_outputs + 2 * mask_bytes * h)
     if "layernorm" not in recomputed:
         replicated += norm_statistics_bytes(layer, s, b)
-    # Split over TP: Q, K, V, the projection input, the MLP's inner activations.
+    # Split over TP: Q, K, V as the attention keeps them, the projection input (a*d wide: Megatron-Core's
+    # attention.py, query_projection_size = kv_channels * num_attention_heads), the MLP's inner activations.
     mlp_inner = mlp_saved_width(layer.swiglu) * layer.dense_ffn_hidden_size  # MoE: the shared expert (cost/moe.py)
     if "mlp" in recomputed:
         mlp_inner = 0
-    sharded = word * s * b * (q_width + 2 * kv_width + q_width + mlp_inner)
-    if layer.qk_layernorm:
-        # --qk-layernorm keeps the q and k norms' inputs for backward (their outputs are Q and K above).
-        sharded += word * s * b * (q_width + kv_width)
+    core_keeps_inputs = attention_backend == "flash" or "core_attn" in recomputed
+    sharded = word * s * b * (qkv_kept_width(layer, core_keeps_inputs) + layer.attention_width + mlp_inner)
+    sharded += qk_norm_statistics_bytes(layer, s, b)
     if "core_attn" not in recomputed:
         sharded += attention_score_bytes(layer, s, b, word, mask_bytes, attention_backend)
-    return replicated / replicated_split + sharded / t
+    return replicated / replicated_split + sharded / t + rotary_table_bytes(layer, s, word)
+
+
+def qkv_kept_width(layer: LayerSpec, core_keeps_inputs: bool) -> float:
+    """Per token, the width of what the attention keeps of Q, K and V before the TP split (measured exactly
+    in the runtime's layer for every case below: tests/runtime/test_recompute_modules.py).
+
+    The QKV GEMM writes one mixed tensor (a + 2g)d wide; Q, K and V are views of it, except that
+    attention.py copies a grouped query to split it into heads (1 < g < a), and RoPE and the q/k norms
+    write new Q and K. A core that keeps its inputs as given (flash/SDPA, or any core under selective
+    recompute, whose checkpoint keeps them) keeps those: each new tensor, and the mixed one through V. The
+    unfused core without recompute, with g < a, keeps instead a query it reshapes (a copy, or the one it
+    was given) and K and V expanded to a heads (repeat_interleave): 3ad, and the mixed tensor no longer.
+    The q/k norms keep their inputs: the grouped query's copy, and the mixed tensor."""
+    a, g, d = layer.num_attention_heads, layer.num_query_groups, layer.kv_channels
+    q, kv = a * d, g * d
+    query_copied = 1 < g < a
+    new_qk = layer.rotary or layer.qk_layernorm
+    mixed_kept = layer.qk_layernorm
+    kept = q if layer.qk_layernorm and query_copied else 0
+    if not core_keeps_inputs and g < a:
+        kept += 3 * q
+    else:
+        kept += q if new_qk or query_copied else 0
+        kept += kv if new_qk else 0
+        mixed_kept = True  # V is a view of it
+    return kept + (q + 2 * kv if mixed_kept else 0)
+
+
+def qk_norm_statistics_bytes(layer: LayerSpec, seq: int, samples: int) -> float:
+    """--qk-layernorm's fp32 statistics, one norm per query and key head (a + g per token; mean and rstd
+    for LayerNorm, rstd for RMSNorm), before the TP split."""
+    if not layer.qk_layernorm:
+        return 0.0
+    stats = 1 if layer.normalization == "RMSNorm" else 2
+    return stats * FP32_BYTES * (layer.num_attention_heads + layer.num_query_groups) * seq * samples
+
+
+def rotary_table_bytes(layer: LayerSpec, seq: int, word: int) -> float:
+    """RoPE's cos and sin tables (s x d, in the activation type), computed and kept once for Q and once for K
+    by each layer (megatron-core's _apply_rotary_pos_emb_bshd), whatever the batch and TP."""
+    return 4 * seq * layer.kv_channels * word if layer.rotary else 0.0
 
 
 def mlp_saved_width(swiglu: bool) -> int:

@@ -154,6 +154,9 @@ class LayerSpec(CachedHash):
     """A norm over each query and key head before the scores (Megatron's --qk-layernorm)."""
     apply_layernorm_1p: bool = False
     """Norm weights stored as gamma - 1, zero-initialised (Megatron's --apply-layernorm-1p); costs nothing."""
+    rotary: bool = False
+    """The attention rotates Q and K (RoPE): set from the model's position_embedding_type by ModelSpec, since
+    the rotated copies change what the layer keeps for backward (cost.memory.qkv_kept_width)."""
     moe: Optional[MoESpec] = None
     """The mixture-of-experts MLP that replaces the dense one (its experts use swiglu and add_bias_linear);
     None: a dense MLP of ffn_hidden_size."""
@@ -266,6 +269,9 @@ class ModelSpec(CachedHash):
             raise ValueError(f"position_embedding_type must be one of {', '.join(POSITION_EMBEDDINGS)}, "
                              f"got {self.position_embedding_type!r}")
         _check_positive(self, "rotary_base")
+        rotary = self.position_embedding_type == "rope"
+        if any(layer.rotary != rotary for layer in self.layers):
+            object.__setattr__(self, "layers", tuple(replace(layer, rotary=rotary) for layer in self.layers))
 
     @property
     def num_layers(self) -> int:

@@ -9,7 +9,7 @@ and hashable (CachedHash) because the search memoises layer costs on the cluster
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -154,9 +154,10 @@ class ModelProfile(CachedHash):
             raise ValueError(f"kind must be {MODEL_PROFILE_KIND!r}")
 
     def for_layer(self, layer: LayerSpec) -> Optional[LayerProfile]:
-        """The measured points of this layer's shape, or None when it was not profiled."""
+        """The measured points of this layer's shape, or None when it was not profiled. LayerSpec.rotary is
+        left out of the match: profiles written before the field existed record RoPE layers without it."""
         for entry in self.layers:
-            if entry.layer == layer:
+            if entry.layer == layer or replace(entry.layer, rotary=layer.rotary) == layer:
                 return entry
         return None
 

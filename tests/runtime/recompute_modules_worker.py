@@ -3,8 +3,8 @@
 Usage (RANK/WORLD_SIZE/MASTER_* set, one rank): python recompute_modules_worker.py CASES.json RESULTS.json
 Each case: {"name", "model": uniform_model keywords, "modules": [...]}. For each, layer 0 of the runtime's
 GPTModel (runtime.config.transformer_config + runtime.model.build_chunks at TP1/PP1, fp32, unfused
-attention, dropout 0.1) runs one forward without recompute and one under `--recompute-granularity selective`
-with the case's modules; the results hold profiling.layer_bench.saved_activation_bytes of each, and whether
+attention, dropout 0.1; with RoPE, the rotary table GPTModel would pass) runs one forward without recompute
+and one under `--recompute-granularity selective` with the case's modules; the results hold profiling.layer_bench.saved_activation_bytes of each, and whether
 the two backward passes gave the same input gradient.
 """
 from __future__ import annotations
@@ -39,25 +39,36 @@ def runtime_layer(model, modules: list[str], recompute: str | None):
     return build_chunks(model, layout, settings, config, model.vocab_size, torch.device("cpu"))[0].decoder.layers[0]
 
 
-def saved_and_grad(layer, hidden_size: int) -> tuple[int, torch.Tensor]:
+def rotary(model) -> dict:
+    """The rotary_pos_emb keyword GPTModel hands its layers for a RoPE model (none otherwise)."""
+    if model.position_embedding_type != "rope":
+        return {}
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+
+    table = RotaryEmbedding(kv_channels=model.layers[0].kv_channels, rotary_percent=1.0,
+                            rotary_base=model.rotary_base, use_cpu_initialization=True)
+    return {"rotary_pos_emb": table(SEQ)}
+
+
+def saved_and_grad(layer, hidden_size: int, rope: dict) -> tuple[int, torch.Tensor]:
     """Saved bytes of one forward, and the input gradient of its backward (the same dropout seed each time)."""
     from megatron.core import tensor_parallel
 
     torch.manual_seed(1)
     tensor_parallel.model_parallel_cuda_manual_seed(1)
     hidden = torch.randn(SEQ, BATCH, hidden_size, requires_grad=True)
-    saved = saved_activation_bytes(layer, hidden)
+    saved = saved_activation_bytes(layer, hidden, **rope)
     torch.manual_seed(2)
     tensor_parallel.model_parallel_cuda_manual_seed(2)
-    layer(hidden, attention_mask=None)[0].sum().backward()
+    layer(hidden, attention_mask=None, **rope)[0].sum().backward()
     return saved, hidden.grad
 
 
 def run_case(case: dict) -> dict:
     model = uniform_model(case["name"], **case["model"])
-    h = model.layers[0].hidden_size
-    plain, plain_grad = saved_and_grad(runtime_layer(model, case["modules"], None), h)
-    recomputed, grad = saved_and_grad(runtime_layer(model, case["modules"], "selective"), h)
+    h, rope = model.layers[0].hidden_size, rotary(model)
+    plain, plain_grad = saved_and_grad(runtime_layer(model, case["modules"], None), h, rope)
+    recomputed, grad = saved_and_grad(runtime_layer(model, case["modules"], "selective"), h, rope)
     return {"none": plain, "selective": recomputed, "same_gradient": bool(torch.equal(grad, plain_grad)),
             "gradient_max_diff": float((grad - plain_grad).abs().max()), "gradient_max": float(plain_grad.abs().max())}
 

@@ -20,9 +20,17 @@ GPT = dict(num_layers=1, hidden_size=64, num_attention_heads=4, seq_length=SEQ, 
 # SwiGLU, no linear biases, GQA; LayerNorm, whose saved tensors are ATen's on every device (torch's eager
 # RMSNorm keeps its normalized input too on CPU, which the formula does not count yet).
 SWIGLU = dict(GPT, swiglu=True, add_bias_linear=False, num_query_groups=2, ffn_hidden_size=128)
-# Every layer MoE: 4 experts, top-2, SwiGLU with a shared expert; 8 experts, top-3, GeLU with biases. Both
-# multi-head: with grouped-query attention the runtime's layer keeps more of Q, K and V than the formula's
-# (a + 2g)d per token (a query copy and the unfused core's expanded K and V; not priced yet).
+# Attention as Llama-3 and Qwen3 run it: RoPE with grouped queries (and multi-query), and the q/k norms.
+LLAMA = dict(SWIGLU, position_embedding_type="rope", rotary_base=500000)
+QWEN = dict(LLAMA, qk_layernorm=True)
+MQA = dict(GPT, num_query_groups=1, position_embedding_type="rope")
+# Every kind of query grouping (multi-head, grouped, multi-query) with and without RoPE and q/k norms.
+ATTENTION_CASES = [
+    {"name": f"attention-g{groups}{'-rope' if rope else ''}{'-qknorm' if qk else ''}",
+     "model": dict(GPT, num_query_groups=groups, qk_layernorm=qk,
+                   position_embedding_type="rope" if rope else "learned_absolute"), "modules": ["core_attn"]}
+    for groups in (4, 2, 1) for rope in (False, True) for qk in (False, True)]
+# Every layer MoE: 4 experts, top-2, SwiGLU with a shared expert; 8 experts, top-3, GeLU with biases.
 MOE = dict(GPT, swiglu=True, add_bias_linear=False, ffn_hidden_size=128, num_experts=4, moe_router_topk=2,
            moe_ffn_hidden_size=48, moe_shared_expert_intermediate_size=32)
 GELU_MOE = dict(GPT, num_experts=8, moe_router_topk=3, moe_ffn_hidden_size=48)
@@ -34,12 +42,16 @@ CASES = [
     {"name": "swiglu-mlp", "model": SWIGLU, "modules": ["mlp"]},
     {"name": "swiglu-mlp-layernorm", "model": SWIGLU, "modules": ["mlp", "layernorm"]},
     {"name": "swiglu-all", "model": SWIGLU, "modules": ["core_attn", "mlp", "layernorm"]},
+    {"name": "llama-core_attn", "model": LLAMA, "modules": ["core_attn"]},
+    {"name": "qwen-core_attn-mlp", "model": QWEN, "modules": ["core_attn", "mlp"]},
+    {"name": "mqa-core_attn-layernorm", "model": MQA, "modules": ["core_attn", "layernorm"]},
     {"name": "moe-moe", "model": MOE, "modules": ["moe"]},
     {"name": "moe-shared_experts", "model": MOE, "modules": ["shared_experts"]},
     {"name": "moe-core_attn-layernorm-shared_experts", "model": MOE,
      "modules": ["core_attn", "layernorm", "shared_experts"]},
     {"name": "moe-all", "model": MOE, "modules": ["core_attn", "layernorm", "moe", "shared_experts"]},
     {"name": "gelu-moe-moe", "model": GELU_MOE, "modules": ["moe"]},
+    *ATTENTION_CASES,
 ]
 
 
@@ -73,11 +85,13 @@ def test_each_module_frees_the_bytes_the_cost_model_takes_off(measured, case):
     assert result["gradient_max_diff"] <= 8 * 2.0**-23 * result["gradient_max"]
 
 
-@pytest.mark.parametrize("case", [c for c in CASES if "num_experts" in c["model"]], ids=lambda c: c["name"])
-def test_a_moe_layer_keeps_what_the_cost_model_counts(measured, case):
-    """Without recompute, the MoE layer's saved bytes are the cost model's dense part plus its routed experts
-    (cost.moe.expert_activation_bytes: at EP1 every one of the k x T routed copies is processed, whatever the
-    routing), exactly, but for the cached s x s causal mask that the formula leaves out on purpose."""
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
+def test_each_layer_keeps_what_the_cost_model_counts(measured, case):
+    """Without recompute, the layer's saved bytes are the cost model's, exactly, but for the cached s x s
+    causal mask that the formula leaves out on purpose: Q, K and V as the attention keeps them with grouped
+    queries, RoPE and q/k norms (cost.memory.qkv_kept_width), and for a MoE layer its dense part plus its
+    routed experts (cost.moe.expert_activation_bytes: at EP1 every one of the k x T routed copies is
+    processed, whatever the routing)."""
     assert measured[case["name"]]["none"] == kept_bytes(case, "none") + SEQ * SEQ
 
 
