@@ -127,7 +127,7 @@ REASONS = [
     "do not fit at all. TP 1 has no per-layer TP collectives (TP 2 with SP prices within a fraction of a percent). "
     "Each routed token copy keeps its fc1 input and 5 f-wide tensors of the unfused SwiGLU the runtime runs "
     "(cost/moe.py; 1.2 GB per MoE layer and micro-batch of one sequence), so memory sets the pipeline: four "
-    "stages of eight virtual chunks at micro-batch 1 fit in 73 GiB, which is the mapping Megatron-Core publishes "
+    "stages of eight virtual chunks at micro-batch 1 fit in 75 GiB, which is the mapping Megatron-Core publishes "
     "for this model (below), and two or eight stages price slower. Expert TP (etp = tp) gathers k x the tokens "
     "over TP every MoE layer, which is why etp 1 wins wherever the experts fit. For DeepSeekMoE 16B the 27 MoE layers of 64 narrow "
     "experts favour EP 8 inside a node: EP 16 crosses nodes and its all-to-all costs about four times as much, and "
