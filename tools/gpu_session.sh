@@ -8,6 +8,8 @@
 #                                          # profile_gpu_step --time-grad-accumulation-fusion
 #   bash tools/gpu_session.sh host         # 2 minutes: measure_host_floor, the host seconds per layer pass of the
 #                                          # runtime's step per structure, core attention and recompute (all 12 cases)
+#   bash tools/gpu_session.sh memory       # 1 minute: check_layer_memory, one layer's saved bytes against the
+#                                          # activation formula for GPT, grouped-query/RoPE and q/k-norm layers
 #   bash tools/gpu_session.sh validate-a   # validate_cost_model: micro-batch 1/2/4/8 without recompute, + the pick
 #   bash tools/gpu_session.sh validate-b   # validate_cost_model: selective and full recompute, + the pick
 #
@@ -19,8 +21,9 @@
 set -u
 STEP=${1:-}
 case "$STEP" in
-    smoke|speed|host|validate-a|validate-b) ;;
-    *) echo "usage: bash tools/gpu_session.sh smoke|speed|host|validate-a|validate-b (got '$STEP')" >&2; exit 2 ;;
+    smoke|speed|host|memory|validate-a|validate-b) ;;
+    *) echo "usage: bash tools/gpu_session.sh smoke|speed|host|memory|validate-a|validate-b (got '$STEP')" >&2
+       exit 2 ;;
 esac
 OUT=${OUT:-$PWD/gpu_out}
 mkdir -p "$OUT"
@@ -65,6 +68,10 @@ case "$STEP" in
     host)
         run 300 host_floor.log python3 tools/measure_host_floor.py --out "$OUT/host_floor.json"
         grep "^|" "$OUT/host_floor.log"
+        ;;
+    memory)
+        run 200 layer_memory.log python3 tools/check_layer_memory.py --out "$OUT/layer_memory.json"
+        grep "^|" "$OUT/layer_memory.log"
         ;;
     validate-a)
         run 560 validate_a.log python3 tools/validate_cost_model.py --plans "rc=none" \

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from launcher import REPO
+from launcher import REPO, free_port, rank_env
 
 from megatron_auto.specs.profiles import COLLECTIVES, load_profile
 
@@ -172,3 +172,13 @@ def test_count_host_ops_prints_each_layer_and_core():
     for shape in ("GPT", "LLaMA-style (RMSNorm, SwiGLU, RoPE, GQA)"):
         unfused, flash = ops[(shape, "unfused")], ops[(shape, "flash")]
         assert flash[2] < unfused[2] / 2 and flash[0] < unfused[0]
+
+
+def test_layer_memory_check_matches_the_formula_on_the_cpu(tmp_path):
+    """tools/check_layer_memory.py, which a GPU session runs (gpu_session.sh memory), exactly on the CPU."""
+    out = tmp_path / "layer_memory.json"
+    done = subprocess.run([sys.executable, "tools/check_layer_memory.py", "--out", str(out)], cwd=REPO,
+                          capture_output=True, text=True, timeout=300, env=rank_env(0, 1, free_port()))
+    assert done.returncode == 0, done.stdout + done.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert len(rows) == 4 and all(row["measured_bytes"] == row["predicted_bytes"] for row in rows), rows

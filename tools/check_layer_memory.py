@@ -1,0 +1,102 @@
+"""The activation formula against one layer's saved tensors on this device, attention kind by kind.
+
+Command (one process; torchrun-style env vars optional; on a GPU about a minute):
+    python3 tools/check_layer_memory.py [--out layer_memory.json]
+
+For each case (GPT: multi-head, learned positions; Llama-style: grouped queries 4:1 and RoPE; Qwen-style:
+RoPE and q/k norms; multi-query with RoPE; all SwiGLU except GPT) the layer is built as profile-model builds
+it (profiling/layer_bench.py: the runtime's spec and kernels, dropout 0.1) and one forward's saved tensors
+are counted (saved-tensor hooks, each storage once); the cost model's cost.memory.layer_activation_bytes
+for the same shape is printed beside it. The unfused core also keeps the cached s x s causal mask, which the
+formula leaves out on purpose, so it is added to the prediction. On a GPU: bf16, flash (SDPA) and unfused,
+hidden 1024, 16 heads, sequence 2048, micro-batch 2. On the CPU: fp32, unfused only (torch's CPU SDPA keeps
+the s x s probabilities under dropout, which no GPU kernel does), hidden 64, sequence 16, and LayerNorm for
+RMSNorm (torch's eager CPU RMSNorm also keeps its normalized input, which the formula does not count;
+whether CUDA's does is what the GPU run shows).
+Exit status 1 when a case is off by more than 1%.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from megatron_auto.cost.memory import layer_activation_bytes  # noqa: E402
+from megatron_auto.plan import LayerStrategy  # noqa: E402
+from megatron_auto.specs.model import uniform_model  # noqa: E402
+from megatron_auto.specs.presets import CLUSTER_PRESETS  # noqa: E402
+
+TOLERANCE = 0.01
+SHAPES = {
+    "gpt": dict(),
+    "llama-gqa-rope": dict(swiglu=True, add_bias_linear=False, normalization="RMSNorm", num_query_groups=4,
+                           position_embedding_type="rope"),
+    "qwen-qknorm-rope": dict(swiglu=True, add_bias_linear=False, normalization="RMSNorm", num_query_groups=4,
+                             position_embedding_type="rope", qk_layernorm=True),
+    "mqa-rope": dict(swiglu=True, add_bias_linear=False, num_query_groups=1, position_embedding_type="rope"),
+}
+
+
+def device_setup() -> dict:
+    """Sizes, precision and attention kinds for this device."""
+    import torch
+
+    if torch.cuda.is_available():
+        return dict(hidden=1024, heads=16, seq=2048, batch=2, precision="bf16", word=2, backends=("flash", "unfused"),
+                    mask_bytes=CLUSTER_PRESETS["dgx-h100-80gb"].dropout_mask_bytes, normalization=None)
+    return dict(hidden=64, heads=16, seq=16, batch=2, precision="fp32", word=4, backends=("unfused",),
+                mask_bytes=CLUSTER_PRESETS["cpu-gloo"].dropout_mask_bytes, normalization="LayerNorm")
+
+
+def measure(name: str, shape: dict, backend: str, setup: dict, device) -> dict:
+    """One case: measured and predicted bytes of one forward's saved tensors."""
+    import torch
+
+    from megatron_auto.profiling.layer_bench import (DTYPES, LayerBenchSettings, build_layer, rotary_table,
+                                                     saved_activation_bytes)
+
+    if setup["normalization"]:
+        shape = dict(shape, normalization=setup["normalization"])
+    model = uniform_model(name, 1, setup["hidden"], setup["heads"], setup["seq"], 1024, **shape)
+    layer, seq, batch = model.layers[0], setup["seq"], setup["batch"]
+    settings = LayerBenchSettings(precision=setup["precision"], attention_backend=backend,
+                                  rotary_base=model.rotary_base if layer.rotary else None)
+    module = build_layer(layer, 1, settings, device)
+    hidden = torch.randn(seq, batch, layer.hidden_size, device=device, dtype=DTYPES[setup["precision"]],
+                         requires_grad=True)
+    measured = saved_activation_bytes(module, hidden, **rotary_table(layer, seq, settings, device))
+    predicted = layer_activation_bytes(layer, seq, batch, LayerStrategy(tp=1, dp=1), setup["word"],
+                                       setup["mask_bytes"], backend, frozenset())
+    predicted += seq * seq if backend == "unfused" else 0  # the cached causal mask (bool)
+    return dict(case=name, backend=backend, measured_bytes=measured, predicted_bytes=predicted,
+                error=(predicted - measured) / measured)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="write the rows as JSON here")
+    args = parser.parse_args(argv)
+    from megatron_auto.profiling.model_profile import _setup_megatron
+
+    device, setup = _setup_megatron(), device_setup()
+    rows = [measure(name, shape, backend, setup, device) for name, shape in SHAPES.items()
+            for backend in setup["backends"]]
+    print(f"| case | core | measured MiB | predicted MiB | error |  ({setup['precision']}, h {setup['hidden']}, "
+          f"s {setup['seq']}, b {setup['batch']}, device {device})")
+    for row in rows:
+        print(f"| {row['case']} | {row['backend']} | {row['measured_bytes'] / 2**20:.3f} | "
+              f"{row['predicted_bytes'] / 2**20:.3f} | {100 * row['error']:+.2f}% |")
+    if args.out:
+        Path(args.out).write_text(json.dumps(dict(setup=replace_tuples(setup), rows=rows), indent=2) + "\n")
+    return 1 if any(abs(row["error"]) > TOLERANCE for row in rows) else 0
+
+
+def replace_tuples(setup: dict) -> dict:
+    return {key: list(value) if isinstance(value, tuple) else value for key, value in setup.items()}
+
+
+if __name__ == "__main__":
+    sys.exit(main())
