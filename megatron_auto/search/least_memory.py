@@ -14,7 +14,7 @@ from ..errors import UserError
 from ..plan import Chunk, LayerStrategy, Plan
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
-from ..specs.training import GIB, TrainingSpec
+from ..specs.training import TrainingSpec
 from .constraints import SearchConstraints
 from .experts import expert_degree_choices, with_experts
 from .megatron_space import SpaceStats, parallel_degrees

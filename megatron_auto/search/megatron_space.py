@@ -161,7 +161,6 @@ def _distributed_choices(model, cluster, training, constraints, tp: int, dp: int
 
 
 def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats, incumbent) -> Iterator[Plan]:
-    dp = cluster.world_size // (tp * pp)
     for bound, base in _base_configs(model, cluster, training, constraints, tp, pp, stats):
         if incumbent < math.inf and bound is None:
             bound = _config_bound(model, cluster, training, constraints, base)

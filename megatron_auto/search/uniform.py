@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Optional, Sequence
+from typing import Optional
 
 from ..cost.estimate import estimate_plan
 from ..cost.layer_cost import layer_cost
