@@ -15,10 +15,7 @@ Applied on every host (applies_on_cuda): the memory is kept on GPUs too.
 """
 from __future__ import annotations
 
-import importlib
-
-from ._checks import require_version
-from ._source import Replacement, has_replacements, patched_source, rewrite_function
+from ._source import Replacement, source_rewrite_patch
 
 NAME = "glu_offset_copy"
 TARGET_VERSIONS = ("0.16.1",)
@@ -31,20 +28,5 @@ def applies_on_cuda() -> bool:
     return True
 
 
-def _mlp():
-    return importlib.import_module("megatron.core.transformer.mlp").MLP
-
-
-def check() -> None:
-    """Raise PatchTargetChanged unless the offset is still added as expected."""
-    require_version(NAME, TARGET_VERSIONS)
-    patched_source(_mlp(), "forward", REPLACEMENTS)
-
-
-def apply() -> None:
-    check()
-    rewrite_function(_mlp(), "forward", REPLACEMENTS)
-
-
-def is_applied() -> bool:
-    return has_replacements(_mlp(), "forward", REPLACEMENTS)
+check, apply, is_applied = source_rewrite_patch(NAME, TARGET_VERSIONS, "megatron.core.transformer.mlp", "MLP",
+                                                (("forward", REPLACEMENTS),))
