@@ -4,12 +4,13 @@ Command (one process; torchrun-style env vars optional; on a GPU about a minute)
     python3 tools/check_layer_memory.py [--out layer_memory.json]
 
 For each case (GPT: multi-head, learned positions; Llama-style: grouped queries 4:1 and RoPE; Qwen-style:
-RoPE and q/k norms; multi-query with RoPE; all SwiGLU except GPT) the layer is built as profile-model builds
-it (profiling/layer_bench.py: the runtime's spec and kernels, dropout 0.1) and one forward's saved tensors
-are counted (saved-tensor hooks, each storage once); the cost model's cost.memory.layer_activation_bytes
-for the same shape is printed beside it. The unfused core also keeps the cached s x s causal mask, which the
-formula leaves out on purpose, so it is added to the prediction. On a GPU: bf16, flash (SDPA) and unfused,
-hidden 1024, 16 heads, sequence 2048, micro-batch 2. On the CPU: fp32, unfused only (torch's CPU SDPA keeps
+RoPE and q/k norms; multi-query with RoPE; a MoE layer with a shared expert, 8 experts, top-2; all SwiGLU
+except GPT) layer 0 of the runtime's own GPTModel is built (runtime.config + runtime.model: its spec and
+kernels, dropout 0.1) and one forward's saved tensors are counted (saved-tensor hooks, each storage once);
+the cost model's activation bytes for the same shape (cost.layer_cost, the routed experts included) are
+printed beside them. The unfused core also keeps the cached s x s causal mask, which the formula leaves out
+on purpose, so it is added to the prediction. On a GPU: bf16, flash (SDPA) and unfused, hidden 1024, 16
+heads, sequence 2048, micro-batch 2. On the CPU: fp32, unfused only (torch's CPU SDPA keeps
 the s x s probabilities under dropout, which no GPU kernel does), hidden 64, sequence 16, and LayerNorm for
 RMSNorm (torch's eager CPU RMSNorm also keeps its normalized input, which the formula does not count;
 whether CUDA's does is what the GPU run shows).
@@ -24,10 +25,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from megatron_auto.cost.memory import layer_activation_bytes  # noqa: E402
+from megatron_auto.cost.layer_cost import layer_cost  # noqa: E402
 from megatron_auto.plan import LayerStrategy  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
 from megatron_auto.specs.presets import CLUSTER_PRESETS  # noqa: E402
+from megatron_auto.specs.training import TrainingSpec  # noqa: E402
 
 TOLERANCE = 0.01
 SHAPES = {
@@ -37,6 +39,9 @@ SHAPES = {
     "qwen-qknorm-rope": dict(swiglu=True, add_bias_linear=False, normalization="RMSNorm", num_query_groups=4,
                              position_embedding_type="rope", qk_layernorm=True),
     "mqa-rope": dict(swiglu=True, add_bias_linear=False, num_query_groups=1, position_embedding_type="rope"),
+    "moe-shared": dict(swiglu=True, add_bias_linear=False, normalization="RMSNorm", num_query_groups=4,
+                       position_embedding_type="rope", num_experts=8, moe_router_topk=2,
+                       moe_shared_expert_intermediate_size=256),
 }
 
 
@@ -45,31 +50,49 @@ def device_setup() -> dict:
     import torch
 
     if torch.cuda.is_available():
-        return dict(hidden=1024, heads=16, seq=2048, batch=2, precision="bf16", word=2, backends=("flash", "unfused"),
-                    mask_bytes=CLUSTER_PRESETS["dgx-h100-80gb"].dropout_mask_bytes, normalization=None)
-    return dict(hidden=64, heads=16, seq=16, batch=2, precision="fp32", word=4, backends=("unfused",),
-                mask_bytes=CLUSTER_PRESETS["cpu-gloo"].dropout_mask_bytes, normalization="LayerNorm")
+        return dict(hidden=1024, heads=16, seq=2048, batch=2, precision="bf16", backends=("flash", "unfused"),
+                    cluster=CLUSTER_PRESETS["dgx-h100-80gb"], normalization=None)
+    return dict(hidden=64, heads=16, seq=16, batch=2, precision="fp32", backends=("unfused",),
+                cluster=CLUSTER_PRESETS["cpu-gloo"], normalization="LayerNorm")
+
+
+def runtime_layer(model, precision: str, backend: str, device):
+    """Layer 0 of the runtime's GPTModel (runtime.config + runtime.model, TP1/PP1, dropout 0.1) in `precision`,
+    and the RoPE table its GPTModel would hand the layer."""
+    import torch
+
+    from megatron_auto.runtime.config import DTYPES, transformer_config
+    from megatron_auto.runtime.layout import MegatronLayout
+    from megatron_auto.runtime.model import build_chunks
+    from megatron_auto.runtime.settings import TrainSettings
+
+    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
+                            num_micro_batches=1, global_batch_size=1)
+    settings = TrainSettings(precision=precision, attention_backend=backend)
+    config = transformer_config(model, layout, settings, "nccl" if device.type == "cuda" else "gloo")
+    torch.manual_seed(0)
+    chunk = build_chunks(model, layout, settings, config, model.vocab_size, device)[0]
+    rope = {"rotary_pos_emb": chunk.rotary_pos_emb(model.seq_length)} if model.layers[0].rotary else {}
+    return chunk.decoder.layers[0].to(DTYPES[precision]), rope
 
 
 def measure(name: str, shape: dict, backend: str, setup: dict, device) -> dict:
     """One case: measured and predicted bytes of one forward's saved tensors."""
     import torch
 
-    from megatron_auto.profiling.layer_bench import (DTYPES, LayerBenchSettings, build_layer, rotary_table,
-                                                     saved_activation_bytes)
+    from megatron_auto.profiling.layer_bench import saved_activation_bytes
+    from megatron_auto.runtime.config import DTYPES
 
     if setup["normalization"]:
         shape = dict(shape, normalization=setup["normalization"])
     model = uniform_model(name, 1, setup["hidden"], setup["heads"], setup["seq"], 1024, **shape)
     layer, seq, batch = model.layers[0], setup["seq"], setup["batch"]
-    settings = LayerBenchSettings(precision=setup["precision"], attention_backend=backend,
-                                  rotary_base=model.rotary_base if layer.rotary else None)
-    module = build_layer(layer, 1, settings, device)
+    module, rope = runtime_layer(model, setup["precision"], backend, device)
     hidden = torch.randn(seq, batch, layer.hidden_size, device=device, dtype=DTYPES[setup["precision"]],
                          requires_grad=True)
-    measured = saved_activation_bytes(module, hidden, **rotary_table(layer, seq, settings, device))
-    predicted = layer_activation_bytes(layer, seq, batch, LayerStrategy(tp=1, dp=1), setup["word"],
-                                       setup["mask_bytes"], backend, frozenset())
+    measured = saved_activation_bytes(module, hidden, **rope)
+    training = TrainingSpec(batch, precision=setup["precision"], attention_backend=backend)
+    predicted = layer_cost(layer, LayerStrategy(tp=1, dp=1), batch, seq, setup["cluster"], training).activation_bytes
     predicted += seq * seq if backend == "unfused" else 0  # the cached causal mask (bool)
     return dict(case=name, backend=backend, measured_bytes=measured, predicted_bytes=predicted,
                 error=(predicted - measured) / measured)
@@ -90,12 +113,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"| {row['case']} | {row['backend']} | {row['measured_bytes'] / 2**20:.3f} | "
               f"{row['predicted_bytes'] / 2**20:.3f} | {100 * row['error']:+.2f}% |")
     if args.out:
-        Path(args.out).write_text(json.dumps(dict(setup=replace_tuples(setup), rows=rows), indent=2) + "\n")
+        described = {key: value for key, value in setup.items() if key != "cluster"}
+        Path(args.out).write_text(json.dumps(dict(setup=described, rows=rows), indent=2) + "\n")
     return 1 if any(abs(row["error"]) > TOLERANCE for row in rows) else 0
-
-
-def replace_tuples(setup: dict) -> dict:
-    return {key: list(value) if isinstance(value, tuple) else value for key, value in setup.items()}
 
 
 if __name__ == "__main__":

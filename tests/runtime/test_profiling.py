@@ -181,4 +181,4 @@ def test_layer_memory_check_matches_the_formula_on_the_cpu(tmp_path):
                           capture_output=True, text=True, timeout=300, env=rank_env(0, 1, free_port()))
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
-    assert len(rows) == 4 and all(row["measured_bytes"] == row["predicted_bytes"] for row in rows), rows
+    assert len(rows) == 5 and all(row["measured_bytes"] == row["predicted_bytes"] for row in rows), rows
