@@ -4,8 +4,9 @@ Usage (RANK/WORLD_SIZE/MASTER_* set, one rank): python recompute_modules_worker.
 Each case: {"name", "model": uniform_model keywords, "modules": [...]}. For each, layer 0 of the runtime's
 GPTModel (runtime.config.transformer_config + runtime.model.build_chunks at TP1/PP1, fp32, unfused
 attention, dropout 0.1; with RoPE, the rotary table GPTModel would pass) runs one forward without recompute
-and one under `--recompute-granularity selective` with the case's modules; the results hold profiling.layer_bench.saved_activation_bytes of each, and whether
-the two backward passes gave the same input gradient.
+and one under `--recompute-granularity selective` with the case's modules; the results hold
+profiling.layer_bench.saved_activation_bytes of each, and whether the two backward passes gave the same
+input gradient.
 """
 from __future__ import annotations
 
