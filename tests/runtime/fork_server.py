@@ -96,14 +96,14 @@ def _read_request(conn: socket.socket) -> dict:
     return json.loads(data)
 
 
-def _fork_rank(listener: socket.socket, conn: socket.socket) -> int:
+def _fork_rank(listener: socket.socket, conn: socket.socket, waiting: dict[int, socket.socket]) -> int:
     request = _read_request(conn)
     sys.stdout.flush()
     sys.stderr.flush()
     pid = os.fork()
-    if pid == 0:
-        listener.close()
-        conn.close()
+    if pid == 0:  # the rank holds none of the server's sockets
+        for sock in (listener, conn, *waiting.values()):
+            sock.close()
         run_rank(request)
     conn.sendall(f"{pid}\n".encode())
     return pid
@@ -134,7 +134,7 @@ def serve(socket_path: str) -> None:
         if ready:
             conn, _ = listener.accept()
             try:
-                waiting[_fork_rank(listener, conn)] = conn
+                waiting[_fork_rank(listener, conn, waiting)] = conn
             except (OSError, ValueError) as error:
                 print(f"fork server: bad request: {error}", file=sys.stderr, flush=True)
                 conn.close()
