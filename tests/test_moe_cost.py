@@ -102,13 +102,14 @@ def test_sequential_experts_pay_a_kernel_each_grouped_one():
 
 
 def test_expert_memory_bound_bytes():
-    # EP4, bf16: copies k T = 2048, processed 2048 (etp 1, balanced); f/etp = 2048.
+    # EP4, bf16: copies k T = 2048, processed 2048 (etp 1, balanced); f/etp = 2048. SwiGLU 5f and the
+    # probability scaling 2f forward; 5f and 4f backward.
     forward, backward = expert_memory_bytes(LAYER, S, B, EP4, 2, 1.0)
-    moved = 2 * (6 * H * 2048 + 4 * H * 2048)
+    moved = 2 * (4 * H * 2048 + 4 * H * 2048)
     router = 3 * 4 * S * B * E
-    assert forward == approx(moved + 2 * 2048 * 5 * F + router)
+    assert forward == approx(moved + 2 * 2048 * 7 * F + router)
     grads = LAYER.expert_parameters / 4 * (2 + 8)
-    assert backward == approx(moved + 2 * 2048 * 5 * F + router + grads)
+    assert backward == approx(moved + 2 * 2048 * 9 * F + router + grads)
 
 
 def test_expert_compute_times_gemms_twice_in_backward():

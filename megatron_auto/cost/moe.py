@@ -109,10 +109,12 @@ def expert_memory_bytes(layer: LayerSpec, seq: int, samples: int, strategy: Laye
     """(forward, backward) bytes of the memory-bound passes beside the GEMMs.
 
     Source side, per routed copy (k x T): permute before dispatch (read + write h, moe_utils.permute's
-    index_select), the probability scaling (read + write h) and the unpermute's scatter-add (read + write h).
-    Expert side, per copy it processes (expert_tokens): the sort by local expert and its inverse (read + write
-    h each, moe_utils.sort_chunks_by_idxs) and the activation as the dense MLP's (cost/layer_kernels.py: 5f
-    SwiGLU or 2f GeLU forward, 5f or 3f backward, over the f/etp shard). Router: softmax and top-k over the
+    index_select) and the unpermute's scatter-add (read + write h). Expert side, per copy it processes
+    (expert_tokens): the sort by local expert and its inverse (read + write h each,
+    moe_utils.sort_chunks_by_idxs), the activation as the dense MLP's (cost/layer_kernels.py: 5f SwiGLU or 2f
+    GeLU forward, 5f or 3f backward, over the f/etp shard) and the routing-probability scaling of its output,
+    which SequentialMLP passes to MLP.forward as per_token_scale (read + write f; backward the input's
+    gradient, read + write f, and the probability's, two reads of f). Router: softmax and top-k over the
     T x E fp32 logits (three passes). Gradients of permutations are permutations: backward moves the same
     h-wide bytes. The expert weight gradients are added into their fp32 main_grad (read new, read+write old).
     """
@@ -122,9 +124,9 @@ def expert_memory_bytes(layer: LayerSpec, seq: int, samples: int, strategy: Laye
     f = layer.moe.expert_ffn_hidden_size / strategy.expert_tp
     h = layer.hidden_size
     router = 3 * FP32_BYTES * tokens * layer.moe.num_experts
-    moved = word * (6 * h * copies + 4 * h * processed)
-    forward = moved + word * processed * (5 if layer.swiglu else 2) * f + router
-    backward = moved + word * processed * (5 if layer.swiglu else 3) * f + router
+    moved = word * (4 * h * copies + 4 * h * processed)
+    forward = moved + word * processed * ((5 if layer.swiglu else 2) + 2) * f + router
+    backward = moved + word * processed * ((5 if layer.swiglu else 3) + 4) * f + router
     grads = layer.expert_parameters / (strategy.ep * strategy.expert_tp) * (word + 2 * MAIN_GRAD_BYTES)
     return forward, backward + grads
 
