@@ -10,7 +10,8 @@ injections when it runs), and the server imports them with OMP_NUM_THREADS=1, as
 Unlike fresh processes, forked ranks share the server's string-hash seed and numpy's unseeded state;
 tests/runtime/test_launcher.py checks they otherwise run a script as `python` does.
 
-Protocol, one Unix-socket connection per rank: the client sends one JSON line {argv, env, cwd, log};
+Protocol, one Unix-socket connection per rank: the client sends one JSON line {argv, env, cwd, log, and
+optionally stderr, a file of its own for fd 2};
 the server answers the rank's pid, then its exit code (negative: killed by that signal) when it ends.
 
     python tests/runtime/fork_server.py SOCKET_PATH     # started by launcher.py, never by hand
@@ -59,10 +60,10 @@ def run_rank(request: dict) -> None:
     os.setsid()
     for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
         signal.signal(signum, signal.SIG_DFL)
-    log = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(log, 1)
-    os.dup2(log, 2)
-    os.close(log)
+    for fd, path in ((1, request["log"]), (2, request.get("stderr") or request["log"])):
+        out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(out, fd)
+        os.close(out)
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])

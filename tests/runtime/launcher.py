@@ -115,10 +115,12 @@ class ForkServer:
             os.killpg(self.process.pid, signal.SIGKILL)
             self.process.wait()
 
-    def fork(self, argv: list[str], env: dict[str, str], log_path: Path) -> ForkedRank:
+    def fork(self, argv: list[str], env: dict[str, str], log_path: Path,
+             stderr_path: Optional[Path] = None) -> ForkedRank:
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         connection.connect(self.socket_path)
-        request = {"argv": argv, "env": env, "cwd": str(REPO), "log": str(log_path)}
+        request = {"argv": argv, "env": env, "cwd": str(REPO), "log": str(log_path),
+                   "stderr": str(stderr_path) if stderr_path else None}
         connection.sendall(json.dumps(request).encode() + b"\n")
         return ForkedRank(connection)
 
@@ -144,6 +146,29 @@ def _start_rank(rank: int, world_size: int, port: int, argv: list[str], log_path
     with log_path.open("w") as log:
         return subprocess.Popen([sys.executable, *argv], env=rank_env(rank, world_size, port), cwd=REPO,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def run_script(argv: list[str], env: dict[str, str], timeout_s: float,
+               fresh: bool = False) -> subprocess.CompletedProcess:
+    """`python argv...` as subprocess.run(..., cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
+    gives it, the process forked from the fork server (spawned with MEGATRON_AUTO_TEST_SPAWN=1). A forked
+    script ends without the interpreter's shutdown (module teardown, finalizers), so tests of everything a
+    run prints, a "one line and nothing more" refusal say, ask for a `fresh` interpreter."""
+    server = None if fresh else _fork_server()
+    if server is None:
+        return subprocess.run([sys.executable, *argv], cwd=REPO, env=env, capture_output=True, text=True,
+                              timeout=timeout_s)
+    with tempfile.TemporaryDirectory(prefix="megatron-auto-run-") as tmp:
+        out, err = Path(tmp) / "stdout", Path(tmp) / "stderr"
+        rank = server.fork(argv, env, out, err)
+        try:
+            code = rank.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(rank.pid, signal.SIGKILL)
+            rank.wait()
+            raise subprocess.TimeoutExpired([sys.executable, *argv], timeout_s) from None
+        return subprocess.CompletedProcess([sys.executable, *argv], code, out.read_text(errors="replace"),
+                                           err.read_text(errors="replace"))
 
 
 def launch(world_size: int, argv: list[str], timeout_s: float, log_dir: Path) -> LaunchResult:

@@ -2,6 +2,8 @@
 environment, working directory, output and exit status, whether forked from fork_server.py or spawned."""
 from __future__ import annotations
 
+import subprocess
+
 import pytest
 
 import launcher
@@ -54,3 +56,19 @@ def test_a_rank_past_the_timeout_is_killed(tmp_path, mode):
     script.write_text(SCRIPT)
     result = launcher.launch(1, [str(script), "hang"], 2, tmp_path / "logs")
     assert result.returncodes == (-9,) and result.seconds < 30, result.output
+
+
+@pytest.mark.parametrize("argument, code", [("ok", 0), ("message", 1), ("raise", 1), ("3", 3)])
+def test_a_run_script_captures_stdout_and_stderr_apart(tmp_path, mode, argument, code):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    done = launcher.run_script([str(script), argument], launcher.rank_env(0, 1, 0), 60)
+    assert done.returncode == code, done
+    assert "argv" in done.stdout and "to stderr" not in done.stdout and "to stderr" in done.stderr
+
+
+def test_a_run_script_past_its_timeout_raises_as_subprocess_run_does(tmp_path, mode):
+    script = tmp_path / "script.py"
+    script.write_text(SCRIPT)
+    with pytest.raises(subprocess.TimeoutExpired):
+        launcher.run_script([str(script), "hang"], launcher.rank_env(0, 1, 0), 2)

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from launcher import REPO, launch, rank_env
+from launcher import REPO, launch, rank_env, run_script
 
 TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
         "--max-position-embeddings", "64"]
@@ -42,9 +42,9 @@ def test_auto_parallel_training_on_four_ranks_lowers_the_loss(dataset, tmp_path)
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:3]) / 3
 
 
-def _pretrain(args: list[str], world_size: int = 1) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "tools/pretrain_gpt.py", *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=120, env=rank_env(0, world_size, 29999))
+def _pretrain(args: list[str], world_size: int = 1, fresh: bool = False) -> subprocess.CompletedProcess:
+    """One rank of pretrain_gpt.py; `fresh`: in an interpreter of its own, to see all it prints, at exit too."""
+    return run_script(["tools/pretrain_gpt.py", *args], rank_env(0, world_size, 29999), 120, fresh)
 
 
 def test_plan_for_another_world_size_is_refused_with_one_line(tmp_path):
@@ -55,7 +55,7 @@ def test_plan_for_another_world_size_is_refused_with_one_line(tmp_path):
     model = uniform_model("m", 4, 64, 4, seq_length=64, vocab_size=257)
     save_plan(plan_from_flags(model, 4, ManualParallelism(tensor_parallel=2, global_batch_size=8)), tmp_path / "p.json")
     done = _pretrain([*TINY, "--train-iters", "1", "--mock-data", "--tokenizer-type", "ByteTokenizer",
-                      "--auto-parallel-plan", str(tmp_path / "p.json")])
+                      "--auto-parallel-plan", str(tmp_path / "p.json")], fresh=True)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"error: plan '{tmp_path / 'p.json'}' is for 4 ranks but this job has 1"]
 
@@ -82,7 +82,8 @@ def test_indivisible_parallel_flags_are_a_user_error():
 
 
 def test_bf16_and_fp16_together_are_refused_with_one_line():
-    done = _pretrain([*TINY, "--train-iters", "1", "--mock-data", "--vocab-size", "256", "--bf16", "--fp16"])
+    done = _pretrain([*TINY, "--train-iters", "1", "--mock-data", "--vocab-size", "256", "--bf16", "--fp16"],
+                     fresh=True)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == ["error: --bf16 and --fp16 are mutually exclusive: give one"]
 

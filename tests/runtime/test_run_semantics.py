@@ -5,20 +5,19 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 
 import pytest
 
-from launcher import REPO, free_port, rank_env
+from launcher import free_port, rank_env, run_script
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
         "--max-position-embeddings", "32", "--mock-data", "--vocab-size", "256", "--micro-batch-size", "2",
         "--log-interval", "1"]
 
 
-def _pretrain(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "tools/pretrain_gpt.py", *TINY, *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=180, env=rank_env(0, 1, free_port()))
+def _pretrain(args: list[str], fresh: bool = False) -> subprocess.CompletedProcess:
+    """One rank of pretrain_gpt.py; `fresh`: in an interpreter of its own, to see all it prints, at exit too."""
+    return run_script(["tools/pretrain_gpt.py", *TINY, *args], rank_env(0, 1, free_port()), 180, fresh)
 
 
 def _learning_rates(stdout: str) -> list[float]:
@@ -27,7 +26,7 @@ def _learning_rates(stdout: str) -> list[float]:
 
 def test_a_nan_loss_stops_the_run_with_one_line_naming_the_iteration():
     # A learning rate of 1e30 without clipping turns the weights to inf after the first update.
-    done = _pretrain(["--train-iters", "6", "--lr", "1e30", "--clip-grad", "0", "--eval-iters", "0"])
+    done = _pretrain(["--train-iters", "6", "--lr", "1e30", "--clip-grad", "0", "--eval-iters", "0"], fresh=True)
     assert done.returncode == 1, done.stderr[-3000:]
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and re.match(r"error: NaN or Inf in the loss or gradients at iteration [23] ", lines[0])
