@@ -56,38 +56,21 @@ def device_setup() -> dict:
                 cluster=CLUSTER_PRESETS["cpu-gloo"], normalization="LayerNorm")
 
 
-def runtime_layer(model, precision: str, backend: str, device):
-    """Layer 0 of the runtime's GPTModel (runtime.config + runtime.model, TP1/PP1, dropout 0.1) in `precision`,
-    and the RoPE table its GPTModel would hand the layer."""
-    import torch
-
-    from megatron_auto.runtime.config import DTYPES, transformer_config
-    from megatron_auto.runtime.layout import MegatronLayout
-    from megatron_auto.runtime.model import build_chunks
-    from megatron_auto.runtime.settings import TrainSettings
-
-    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
-                            num_micro_batches=1, global_batch_size=1)
-    settings = TrainSettings(precision=precision, attention_backend=backend)
-    config = transformer_config(model, layout, settings, "nccl" if device.type == "cuda" else "gloo")
-    torch.manual_seed(0)
-    chunk = build_chunks(model, layout, settings, config, model.vocab_size, device)[0]
-    rope = {"rotary_pos_emb": chunk.rotary_pos_emb(model.seq_length)} if model.layers[0].rotary else {}
-    return chunk.decoder.layers[0].to(DTYPES[precision]), rope
-
-
 def measure(name: str, shape: dict, backend: str, setup: dict, device) -> dict:
     """One case: measured and predicted bytes of one forward's saved tensors."""
     import torch
 
     from megatron_auto.profiling.layer_bench import saved_activation_bytes
     from megatron_auto.runtime.config import DTYPES
+    from megatron_auto.runtime.model import first_decoder_layer
+    from megatron_auto.runtime.settings import TrainSettings
 
     if setup["normalization"]:
         shape = dict(shape, normalization=setup["normalization"])
     model = uniform_model(name, 1, setup["hidden"], setup["heads"], setup["seq"], 1024, **shape)
     layer, seq, batch = model.layers[0], setup["seq"], setup["batch"]
-    module, rope = runtime_layer(model, setup["precision"], backend, device)
+    module, rope = first_decoder_layer(model, TrainSettings(precision=setup["precision"], attention_backend=backend),
+                                       device)
     hidden = torch.randn(seq, batch, layer.hidden_size, device=device, dtype=DTYPES[setup["precision"]],
                          requires_grad=True)
     measured = saved_activation_bytes(module, hidden, **rope)

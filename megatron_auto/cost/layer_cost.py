@@ -58,7 +58,7 @@ class LayerCost:
 def layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,
                cluster: ClusterSpec, training: TrainingSpec) -> LayerCost:
     """Cost of `layer` with `samples` sequences per micro-batch on each of its DP ranks."""
-    if strategy.recompute != "selective":
+    if strategy.recompute != "selective" and training.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
         # What selective recomputation re-runs shapes nothing else: one cache entry serves every set.
         training = _without_recompute_modules(training)
     return _layer_cost(layer, strategy, samples, seq, cluster, training)

@@ -79,6 +79,22 @@ def build_chunks(model: ModelSpec, layout: MegatronLayout, settings: TrainSettin
     return chunks
 
 
+def first_decoder_layer(model: ModelSpec, settings: TrainSettings, device: torch.device,
+                        recompute_granularity: str | None = None) -> tuple[torch.nn.Module, dict]:
+    """Layer 0 of the GPTModel this runtime builds for `model` at TP1/PP1 (its spec, kernels and config),
+    seeded alike for every build and in the settings' precision, and the keywords its GPTModel hands the
+    layer besides the hidden states (the RoPE table): one layer to measure on its own."""
+    from .config import DTYPES, transformer_config
+
+    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
+                            num_micro_batches=1, global_batch_size=1, recompute_granularity=recompute_granularity)
+    config = transformer_config(model, layout, settings, "nccl" if device.type == "cuda" else "gloo")
+    torch.manual_seed(0)
+    chunk = build_chunks(model, layout, settings, config, model.vocab_size, device)[0]
+    rope = {"rotary_pos_emb": chunk.rotary_pos_emb(model.seq_length)} if model.position_embedding_type == "rope" else {}
+    return chunk.decoder.layers[0].to(DTYPES[settings.precision]), rope
+
+
 def position_embedding_args(model: ModelSpec, settings: TrainSettings) -> dict:
     """GPTModel's position-embedding arguments for the model's type (learned_absolute, rope or none), with
     Llama 3.1's RoPE scaling when asked (--use-rope-scaling)."""

@@ -2,8 +2,8 @@
 
 Usage (RANK/WORLD_SIZE/MASTER_* set, one rank): python recompute_modules_worker.py CASES.json RESULTS.json
 Each case: {"name", "model": uniform_model keywords, "modules": [...]}. For each, layer 0 of the runtime's
-GPTModel (runtime.config.transformer_config + runtime.model.build_chunks at TP1/PP1, fp32, unfused
-attention, dropout 0.1; with RoPE, the rotary table GPTModel would pass) runs one forward without recompute
+GPTModel (runtime.model.first_decoder_layer at TP1/PP1, fp32, unfused attention, dropout 0.1; with RoPE,
+the rotary table its GPTModel passes) runs one forward without recompute
 and one under `--recompute-granularity selective` with the case's modules; the results hold
 profiling.layer_bench.saved_activation_bytes of each, and whether the two backward passes gave the same
 input gradient.
@@ -21,9 +21,7 @@ import torch  # noqa: E402
 
 from megatron_auto.profiling.layer_bench import saved_activation_bytes  # noqa: E402
 from megatron_auto.profiling.model_profile import _setup_megatron  # noqa: E402
-from megatron_auto.runtime.config import transformer_config  # noqa: E402
-from megatron_auto.runtime.layout import MegatronLayout  # noqa: E402
-from megatron_auto.runtime.model import build_chunks  # noqa: E402
+from megatron_auto.runtime.model import first_decoder_layer  # noqa: E402
 from megatron_auto.runtime.settings import TrainSettings  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
 
@@ -31,27 +29,12 @@ SEQ, BATCH = 16, 2
 
 
 def runtime_layer(model, modules: list[str], recompute: str | None):
-    """Layer 0 of the runtime's GPTModel under this recompute, seeded alike for every build."""
-    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=BATCH,
-                            num_micro_batches=1, global_batch_size=BATCH, recompute_granularity=recompute)
+    """Layer 0 of the runtime's GPTModel under this recompute, and its RoPE keywords."""
     settings = TrainSettings(precision="fp32", attention_backend="unfused", recompute_modules=tuple(modules))
-    config = transformer_config(model, layout, settings, "gloo")
-    torch.manual_seed(0)
-    return build_chunks(model, layout, settings, config, model.vocab_size, torch.device("cpu"))[0].decoder.layers[0]
+    return first_decoder_layer(model, settings, torch.device("cpu"), recompute)
 
 
-def rotary(model) -> dict:
-    """The rotary_pos_emb keyword GPTModel hands its layers for a RoPE model (none otherwise)."""
-    if model.position_embedding_type != "rope":
-        return {}
-    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
-
-    table = RotaryEmbedding(kv_channels=model.layers[0].kv_channels, rotary_percent=1.0,
-                            rotary_base=model.rotary_base, use_cpu_initialization=True)
-    return {"rotary_pos_emb": table(SEQ)}
-
-
-def saved_and_grad(layer, hidden_size: int, rope: dict) -> tuple[int, torch.Tensor]:
+def saved_and_grad(layer, rope: dict, hidden_size: int) -> tuple[int, torch.Tensor]:
     """Saved bytes of one forward, and the input gradient of its backward (the same dropout seed each time)."""
     from megatron.core import tensor_parallel
 
@@ -67,9 +50,9 @@ def saved_and_grad(layer, hidden_size: int, rope: dict) -> tuple[int, torch.Tens
 
 def run_case(case: dict) -> dict:
     model = uniform_model(case["name"], **case["model"])
-    h, rope = model.layers[0].hidden_size, rotary(model)
-    plain, plain_grad = saved_and_grad(runtime_layer(model, case["modules"], None), h, rope)
-    recomputed, grad = saved_and_grad(runtime_layer(model, case["modules"], "selective"), h, rope)
+    h = model.layers[0].hidden_size
+    plain, plain_grad = saved_and_grad(*runtime_layer(model, case["modules"], None), h)
+    recomputed, grad = saved_and_grad(*runtime_layer(model, case["modules"], "selective"), h)
     return {"none": plain, "selective": recomputed, "same_gradient": bool(torch.equal(grad, plain_grad)),
             "gradient_max_diff": float((grad - plain_grad).abs().max()), "gradient_max": float(plain_grad.abs().max())}
 
