@@ -644,8 +644,6 @@ def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, set
         model, world_size, args.auto_parallel_cluster, training_for_job(args, settings, world_size), constraints,
         args.auto_parallel_space, args.auto_parallel_profile, choose_recompute_modules=args.recompute_modules is None)
     plan = search(constraints)
-    if _checkpoints_in_hybrid_space(args):
-        return planning.as_hybrid(plan)
     if args.batch_ramp is None or _ramp_splits(args, plan):
         return plan
     # Every batch of a growing batch must split over the replicas: the widest data parallelism that does.
@@ -656,11 +654,6 @@ def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, set
         except UserError:
             continue
     return plan  # session.build_session names the batch that does not split
-
-
-def _checkpoints_in_hybrid_space(args: argparse.Namespace) -> bool:
-    """Whether this --auto-parallel job's plans all run on the hybrid runtime (planning.as_hybrid)."""
-    return args.auto_parallel_space == "hybrid" and bool(args.save or args.load)
 
 
 def _ramp_splits(args: argparse.Namespace, plan) -> bool:
@@ -732,10 +725,9 @@ def replanner(args: argparse.Namespace, basis, world_size: int):
     from megatron_auto.runtime import planning
 
     constraints = search_constraints(args, basis.model) if args.auto_parallel else SearchConstraints()
-    convert = planning.as_hybrid if args.auto_parallel and _checkpoints_in_hybrid_space(args) else (lambda plan: plan)
-    return lambda budget: convert(planning.search_for_job(
+    return lambda budget: planning.search_for_job(
         basis.model, world_size, args.auto_parallel_cluster, replace(basis.training, memory_budget_bytes=budget),
-        constraints, args.auto_parallel_space, args.auto_parallel_profile))
+        constraints, args.auto_parallel_space, args.auto_parallel_profile)
 
 
 def precision_summary(settings: TrainSettings) -> str:

@@ -13,6 +13,11 @@ Nothing is lost or half-read:
   with one line saying so, or stops with one line when none loads;
 - every rank's random streams are saved beside the tensors (runtime/rng_state.py), and the
   data position is the iteration, so a resume under the same plan is bit-identical.
+
+Either runtime reads the other's checkpoints, and the stock runtime reads its own across a change
+between one optimizer and an experts' optimizer of their own: the reading template takes the
+stored keys (runtime/saved_layout.py) and, where Megatron's optimizer state would not match what
+was written, reads the optimizer state per parameter (runtime/model_space_optimizer.py).
 """
 from __future__ import annotations
 
@@ -28,16 +33,16 @@ import torch
 
 from ..errors import UserError
 from . import rng_state
+from .model_space_optimizer import OPTIMIZER_METADATA, ModelSpaceOptimizerState
 from .optimizer_parts import has_expert_optimizer, inner_optimizers
+from .saved_layout import (CHECKPOINT_FORMAT, EXPERT_OPTIMIZER, STOCK_FORMAT, OptimizerKeys, SavedLayout,
+                           read_saved_layout)
 
 logger = logging.getLogger(__name__)
 
 TRACKER = "latest_checkpointed_iteration.txt"
 COMPLETE = "complete"
 """Marker file of an iteration directory that every rank finished writing."""
-OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
-EXPERT_OPTIMIZER = "expert_optimizer"
-"""Checkpoint entry: whether the experts had an optimizer of their own (check_layout)."""
 _ITERATION_DIR = re.compile(r"iter_(\d{7})")
 
 
@@ -53,33 +58,61 @@ def iteration_dir(root: str, iteration: int) -> str:
     return os.path.join(root, f"iter_{iteration:07d}")
 
 
-STOCK_FORMAT = "megatron"
-"""The `checkpoint_format` entry of a stock checkpoint (a hybrid one's is hybrid.checkpoint_state.FORMAT)."""
-CHECKPOINT_FORMAT = "checkpoint_format"
-"""Checkpoint entry: which runtime wrote it (StockFormat.format or the hybrid one)."""
-
-
 class StockFormat:
-    """What a checkpoint holds for the stock runtime's model chunks: Megatron-LM's own layout."""
+    """What a checkpoint holds for the stock runtime's model chunks: Megatron-LM's own layout.
+
+    `per_layer_keys` builds the layers' keys one per layer (a hybrid checkpoint's, runtime/saved_layout.py);
+    `optimizer_keys` reads the optimizer state per parameter in model space from those stored keys, for a
+    checkpoint whose optimizer state Megatron's own would not match (a hybrid one, or one written with the
+    experts under an optimizer of their own when this run has none, or the reverse)."""
 
     format = STOCK_FORMAT
+    validates_access = True
 
-    def __init__(self, model: list) -> None:
+    def __init__(self, model: list, per_layer_keys: bool = False, optimizer_keys=None) -> None:
         self.model = model
+        self.per_layer_keys = per_layer_keys
+        self.optimizer_keys = optimizer_keys
+        self.sharded_by_param: dict[int, object] = {}
 
     def model_state(self) -> dict:
         """Chunk state dicts under Megatron-LM's keys (`model`, or `model0`, `model1`, ... with virtual stages)."""
-        return {key: chunk.module.sharded_state_dict() for key, chunk in zip(_chunk_keys(self.model), self.model)}
+        from megatron.core.dist_checkpointing.dict_utils import nested_values
+        from megatron.core.dist_checkpointing.utils import extract_sharded_tensors_and_factories
+
+        metadata = {"non_homogeneous_layers": True} if self.per_layer_keys else None
+        state = {key: chunk.module.sharded_state_dict(metadata=metadata)
+                 for key, chunk in zip(_chunk_keys(self.model), self.model)}
+        tensors, _ = extract_sharded_tensors_and_factories(state)
+        self.sharded_by_param = {id(sharded.data): sharded for sharded in nested_values(tensors)}
+        return state
+
+    def load_passes(self) -> list:
+        """One dist_checkpointing.load reads everything (HybridFormat.load_passes says when it cannot)."""
+        return [None]
+
+    def select(self, selection) -> None:
+        """Nothing to select: the one load pass takes every chunk."""
 
     def load_model(self, loaded: dict) -> None:
         for key, chunk in zip(_chunk_keys(self.model), self.model):
             chunk.module.load_state_dict(loaded[key])
 
+    def _model_space(self) -> Optional[ModelSpaceOptimizerState]:
+        if self.optimizer_keys is None:
+            return None
+        return ModelSpaceOptimizerState(self.sharded_by_param, self.optimizer_keys)
+
     def optimizer_state(self, optimizer, model_state: dict, is_loading: bool) -> dict:
+        if self._model_space() is not None:
+            return self._model_space().state(optimizer, model_state, is_loading)
         merged = {k: v for part in model_state.values() for k, v in part.items()}
         return optimizer.sharded_state_dict(merged, is_loading=is_loading, metadata=OPTIMIZER_METADATA)
 
     def load_optimizer(self, optimizer, loaded: dict) -> None:
+        if self._model_space() is not None:
+            self._model_space().load(optimizer, loaded)
+            return
         restore_zero_adam_step(loaded)
         optimizer.load_state_dict(loaded)
 
@@ -113,15 +146,22 @@ def restore_zero_adam_step(state) -> None:
         restore_zero_adam_step(value)
 
 
-def checkpoint_format(model: list):
-    """The format object of these model chunks: the hybrid runtime's, or the stock one."""
+def checkpoint_format(model: list, optimizer=None, saved: Optional[SavedLayout] = None):
+    """The format object of these model chunks, the hybrid runtime's or the stock one: writing this
+    runtime's own layout, or, with `saved`, reading the checkpoint of that layout whichever runtime
+    wrote it."""
     from .hybrid.model import HybridChunk
 
     if model and isinstance(model[0], HybridChunk):
         from .hybrid.checkpoint_state import HybridFormat
 
-        return HybridFormat(model)
-    return StockFormat(model)
+        return HybridFormat(model, saved)
+    if saved is None:
+        return StockFormat(model)
+    expert_optimizer = _on_any_rank(has_expert_optimizer(optimizer))
+    per_parameter = saved.format != STOCK_FORMAT or saved.expert_optimizer not in (None, expert_optimizer)
+    return StockFormat(model, per_layer_keys=not saved.layers_stacked,
+                       optimizer_keys=OptimizerKeys(saved.stored_keys) if per_parameter else None)
 
 
 def _ensure_adam_state(optimizer) -> None:
@@ -160,39 +200,6 @@ def _full_state(layout, optimizer, scheduler, iteration: int, consumed: int, wit
     state[EXPERT_OPTIMIZER] = _on_any_rank(has_expert_optimizer(optimizer))
     state[CHECKPOINT_FORMAT] = layout.format
     return state
-
-
-def check_layout(root: str, iteration: int, optimizer, layout, with_optimizer: bool) -> None:
-    """UserError when the checkpoint cannot load into this run.
-
-    - A hybrid-space plan keys each layer on its own and keeps its optimizer state per parameter
-      (hybrid/checkpoint_state.py); the stock runtime keeps Megatron-LM's layout.
-    - megatron-core steps the experts with an optimizer of their own only at expert parallel > 1
-      (tensor_parallel/layers.py marks expert params `allreduce` False only then), and its optimizer state
-      does not convert between one optimizer and two.
-    Checkpoints older than these entries are not checked."""
-    from megatron.core.dist_checkpointing import load_common_state_dict
-
-    ours = _on_any_rank(has_expert_optimizer(optimizer))
-    try:
-        common = load_common_state_dict(iteration_dir(root, iteration))
-    except Exception:  # noqa: BLE001 - a damaged common.pt: load_checkpoint's fallback says so
-        return
-    saved_format = common.get(CHECKPOINT_FORMAT, STOCK_FORMAT)
-    if saved_format != layout.format:
-        spaces = {STOCK_FORMAT: "megatron", "hybrid": "hybrid"}
-        raise UserError(f"--load {root}: iteration {iteration} was saved by a {spaces.get(saved_format, saved_format)}"
-                        f"-space plan and this run's plan is {spaces.get(layout.format, layout.format)}-space; their "
-                        f"checkpoints are laid out differently: resume it with --auto-parallel-space "
-                        f"{spaces.get(saved_format, saved_format)} (or a plan file of that space)")
-    saved = common.get(EXPERT_OPTIMIZER)
-    if not with_optimizer or layout.format != STOCK_FORMAT or saved is None or saved == ours:
-        return
-    kinds = {True: "expert parallel > 1 (the experts have an optimizer of their own)",
-             False: "expert parallel 1 (one optimizer for all parameters)"}
-    raise UserError(f"--load {root}: iteration {iteration} was saved at {kinds[saved]} and this run is at "
-                    f"{kinds[ours]}; megatron-core's optimizer state does not convert between the two: add "
-                    f"--no-load-optim to resume the weights and iteration with a fresh optimizer")
 
 
 def path_problem(save: Optional[str], load: Optional[str]) -> Optional[str]:
@@ -314,41 +321,68 @@ def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: 
                            "will start from random", os.path.join(root, TRACKER))
         return None
     options = dict(weights_only=weights_only, with_optimizer=with_optimizer, with_rng=with_rng)
-    check_layout(root, candidates[0], optimizer, checkpoint_format(model), with_optimizer and not weights_only)
     reasons = []
     for iteration in candidates:
-        loaded, failure = _try_load(root, iteration, model, optimizer, scheduler, options)
+        loaded, layout, failure = _try_load(root, iteration, model, optimizer, scheduler, options)
         if failure is None:
             _say_fallback(root, iteration, reasons)
-            return _finish_load(root, iteration, loaded, checkpoint_format(model), optimizer, scheduler, options)
+            return _finish_load(root, iteration, loaded, layout, optimizer, scheduler, options)
         reasons.append(f"iteration {iteration}: {failure}")
     raise UserError(f"--load {root}: no checkpoint there can be read ({'; '.join(reasons)})")
 
 
-def _try_load(root: str, iteration: int, model: list, optimizer, scheduler,
-              options: dict) -> tuple[Optional[dict], Optional[str]]:
-    """Read iteration `iteration` into the model: (what was read, None) when every rank read it,
-    else (None, why not), the same answer on every rank."""
+def _try_load(root: str, iteration: int, model: list, optimizer, scheduler, options: dict):
+    """Read iteration `iteration` into the model: (what was read, the format object that read it, None)
+    when every rank read it, else (None, None, why not), the same answer on every rank."""
     from megatron.core import dist_checkpointing
 
-    failure, loaded = None, None
+    failure, loaded, layout = None, None, None
     try:
         load_optimizer = options["with_optimizer"] and not options["weights_only"]
-        layout = checkpoint_format(model)
-        template = _full_state(layout, optimizer, scheduler, 0, 0, with_optimizer=load_optimizer, is_loading=True)
         path = iteration_dir(root, iteration)
         missing = [name for name in ("metadata.json", "common.pt") if not os.path.isfile(os.path.join(path, name))]
         if missing:
             raise FileNotFoundError(f"{' and '.join(missing)} missing in {path}")
-        loaded = dist_checkpointing.load(template, path)
+        saved = read_saved_layout(path)
+        layout = checkpoint_format(model, optimizer, saved)
+        loaded = {}
+        for selection in layout.load_passes():
+            layout.select(selection)
+            template = _full_state(layout, optimizer, scheduler, 0, 0, with_optimizer=load_optimizer,
+                                   is_loading=True)
+            _merge(loaded, dist_checkpointing.load(template, path, validate_access_integrity=layout.validates_access))
+        layout.select(None)
         layout.load_model(loaded)
+        _say_conversion(path, saved, layout)
     except (KeyboardInterrupt, SystemExit):
         raise
     except BaseException as error:  # noqa: BLE001 - torch DCP's CheckpointException is a BaseException
         failure = describe_failure(error)
     if _on_any_rank(failure is not None):
-        return None, failure or "another rank could not read it"
-    return loaded, None
+        return None, None, failure or "another rank could not read it"
+    return loaded, layout, None
+
+
+def _merge(target: dict, source: dict) -> None:
+    """Add what one load pass read to what the earlier passes read (their modules are disjoint)."""
+    for key, value in source.items():
+        if isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = value
+
+
+def _say_conversion(path: str, saved: SavedLayout, layout) -> None:
+    """One line when the checkpoint was written by the other runtime, or with another optimizer structure."""
+    if torch.distributed.get_rank() != 0:
+        return
+    runtimes = {STOCK_FORMAT: "megatron-space (stock runtime)", "hybrid": "hybrid-space"}
+    if saved.format != layout.format:
+        logger.info("%s: written by a %s run, read into this %s run under its stored keys", path,
+                    runtimes.get(saved.format, saved.format), runtimes.get(layout.format, layout.format))
+    elif getattr(layout, "optimizer_keys", None) is not None:
+        logger.info("%s: written with %s optimizer for the experts; its optimizer state is read per parameter",
+                    path, "an" if saved.expert_optimizer else "no")
 
 
 def describe_failure(error: BaseException) -> str:

@@ -88,21 +88,6 @@ def search_for_job(model: ModelSpec, world_size: int, cluster_name: str | None, 
     return result.plan
 
 
-def as_hybrid(plan: Plan) -> Plan:
-    """`plan` for the hybrid runtime: a megatron-space plan's uniform layouts as a hybrid-space plan (unchanged
-    when the hybrid runtime would not take it).
-
-    Checkpoints of the two runtimes are laid out differently (runtime/checkpoint.py), and a restart that
-    re-plans, at another world size, may draw its winner from either space: under --auto-parallel-space hybrid
-    with --save or --load every plan of the job therefore runs on the hybrid runtime."""
-    if plan.space == "hybrid":
-        return plan
-    try:
-        return dataclasses.replace(plan, space="hybrid")
-    except ValueError:
-        return plan
-
-
 def _model_mismatch(plan_model: ModelSpec, model: ModelSpec) -> str | None:
     """What differs between the plan's model and the flags' model, if anything that matters."""
     checks = (("num_layers", plan_model.num_layers, model.num_layers),
