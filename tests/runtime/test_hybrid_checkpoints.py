@@ -7,6 +7,7 @@ embedding/head at DP2 ZeRO-1 (Megatron's distributed optimizer). Runs go through
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -187,3 +188,43 @@ def test_a_hybrid_plan_resumes_a_megatron_space_checkpoint(tmp_path):
                       "--ckpt-step", "2", *NO_DROPOUT], tmp_path / "hybrid")
     assert "written by a megatron-space (stock runtime) run, read into this hybrid-space run" in result.output
     _assert_losses_match(logged_losses(result.output), logged_losses(stock.output), (3, 4))
+
+
+def _stacked_name(name: str) -> tuple[str, int | None]:
+    """A hybrid checkpoint's per-layer tensor name as Megatron-LM's stacked name and the layer's index."""
+    match = re.search(r"decoder\.layers\.(\d+)\.", name)
+    if match is None:
+        return name, None
+    return name[:match.start()] + "decoder.layers." + name[match.end():], int(match.group(1))
+
+
+def test_convert_checkpoint_writes_a_hybrid_checkpoint_in_megatron_lm_layout(without_dropout, tmp_path):
+    """tools/convert_checkpoint.py under Megatron flags (DP2, distributed optimizer): every tensor of the hybrid
+    iteration, weights, fp32 masters and Adam moments, lands bit for bit in its layer's row of Megatron-LM's
+    stacked key, and the iteration and schedule carry over."""
+    reference, _, _ = without_dropout
+    result = launch(2, ["tools/convert_checkpoint.py", *TINY, "--train-iters", "6", "--use-distributed-optimizer",
+                        "--load", str(reference), "--ckpt-step", "4", "--save", str(tmp_path / "stock")],
+                    300, tmp_path / "logs")
+    assert result.ok, result.output[-4000:]
+    hybrid = checkpoint_tensors(reference / "iter_0000004", tmp_path)
+    stock = checkpoint_tensors(tmp_path / "stock" / "iter_0000004", tmp_path)
+    assert not any(re.search(r"decoder\.layers\.\d", name) for name in stock)
+    mismatched = []
+    for name, tensor in hybrid.items():
+        stacked, layer = _stacked_name(name)
+        converted = stock[stacked] if layer is None else stock[stacked][layer]
+        if not torch.equal(converted, tensor):
+            mismatched.append(name)
+    assert mismatched == [] and len(hybrid) > 150
+    assert {_stacked_name(name)[0] for name in hybrid} == set(stock)
+    common = torch.load(tmp_path / "stock" / "iter_0000004" / "common.pt", weights_only=False)
+    assert (common["checkpoint_format"], common["iteration"]) == ("megatron", 4)
+
+
+def test_convert_checkpoint_without_a_checkpoint_is_one_line(tmp_path):
+    result = launch(1, ["tools/convert_checkpoint.py", *TINY, "--train-iters", "6", "--load", str(tmp_path / "none"),
+                        "--save", str(tmp_path / "out")], 120, tmp_path / "logs")
+    assert not result.ok
+    errors = [line for line in result.output.splitlines() if line.startswith("error:")]
+    assert errors == [f"error: --load {tmp_path / 'none'}: no checkpoint there to convert"], result.output[-2000:]
