@@ -228,3 +228,36 @@ def test_convert_checkpoint_without_a_checkpoint_is_one_line(tmp_path):
     assert not result.ok
     errors = [line for line in result.output.splitlines() if line.startswith("error:")]
     assert errors == [f"error: --load {tmp_path / 'none'}: no checkpoint there to convert"], result.output[-2000:]
+
+
+@pytest.mark.parametrize("precision", ["--bf16", "--fp16"])
+def test_a_16_bit_megatron_lm_checkpoint_converts_to_a_hybrid_plan_bit_for_bit(precision, tmp_path):
+    """Megatron's non-distributed 16-bit optimizer names its fp32 masters `fp32_param`, the hybrid runtime
+    `param`: converted under the saving plan (a TP2 layer, ZeRO-3, ZeRO-0 and ZeRO-1 parts), every 16-bit
+    weight, fp32 master and Adam moment of the stock iteration lands in its layer's own key unchanged, and
+    fp16's loss scaler and the Adam step carry over."""
+    _run(2, [precision, "--train-iters", "2", "--save-interval", "2", "--save", str(tmp_path / "stock")],
+         tmp_path / "stock_logs")
+    plan = _plan_file(tmp_path, "plan.json", 2, (Chunk(SAVING_LAYERS),), DP2_ZERO1)
+    converted = launch(2, ["tools/convert_checkpoint.py", *TINY, precision, "--train-iters", "2",
+                           "--auto-parallel-plan", str(plan), "--load", str(tmp_path / "stock"),
+                           "--save", str(tmp_path / "hybrid")], 300, tmp_path / "logs")
+    assert converted.ok, converted.output[-4000:]
+    stock = checkpoint_tensors(tmp_path / "stock" / "iter_0000002", tmp_path)
+    hybrid = checkpoint_tensors(tmp_path / "hybrid" / "iter_0000002", tmp_path)
+    assert any(name.startswith("optimizer.state.fp32_param.") for name in stock)
+    mismatched = []
+    for name, tensor in hybrid.items():
+        stacked, layer = _stacked_name(name.replace("optimizer.state.param.", "optimizer.state.fp32_param."))
+        original = stock[stacked] if layer is None else stock[stacked][layer]
+        if original.dtype != tensor.dtype or not torch.equal(original, tensor):
+            mismatched.append(name)
+    assert mismatched == [] and len(hybrid) > 150
+    assert {_stacked_name(name.replace(".param.", ".fp32_param."))[0] for name in hybrid} == set(stock)
+    stock_common, hybrid_common = (torch.load(tmp_path / run / "iter_0000002" / "common.pt", weights_only=False)
+                                   for run in ("stock", "hybrid"))
+    # megatron-core writes the step only once it is > 0 (checkpoint.restore_zero_adam_step).
+    stock_step = stock_common["optimizer"]["optimizer"].get("state", {}).get("common_step", 0)
+    assert hybrid_common["optimizer"]["step"] == int(stock_step)
+    assert hybrid_common["optimizer"]["grad_scaler"] == stock_common["optimizer"].get("grad_scaler")
+    assert (hybrid_common["optimizer"]["grad_scaler"] is not None) == (precision == "--fp16")
