@@ -265,7 +265,7 @@ def save_checkpoint(root: str, model: list, optimizer, scheduler, iteration: int
         write_atomically(os.path.join(path, COMPLETE), f"{iteration}\n")
         write_atomically(os.path.join(root, TRACKER), str(iteration))
     torch.distributed.barrier()
-    logger.info("saved checkpoint at iteration %d to %s", iteration, path)
+    _say("saved checkpoint at iteration %d to %s", iteration, path)
     return path
 
 
@@ -374,15 +374,13 @@ def _merge(target: dict, source: dict) -> None:
 
 def _say_conversion(path: str, saved: SavedLayout, layout) -> None:
     """One line when the checkpoint was written by the other runtime, or with another optimizer structure."""
-    if torch.distributed.get_rank() != 0:
-        return
     runtimes = {STOCK_FORMAT: "megatron-space (stock runtime)", "hybrid": "hybrid-space"}
     if saved.format != layout.format:
-        logger.info("%s: written by a %s run, read into this %s run under its stored keys", path,
-                    runtimes.get(saved.format, saved.format), runtimes.get(layout.format, layout.format))
+        _say("%s: written by a %s run, read into this %s run under its stored keys", path,
+             runtimes.get(saved.format, saved.format), runtimes.get(layout.format, layout.format))
     elif getattr(layout, "optimizer_keys", None) is not None:
-        logger.info("%s: written with %s optimizer for the experts; its optimizer state is read per parameter",
-                    path, "an" if saved.expert_optimizer else "no")
+        _say("%s: written with %s optimizer for the experts; its optimizer state is read per parameter",
+             path, "an" if saved.expert_optimizer else "no")
 
 
 def describe_failure(error: BaseException) -> str:
@@ -408,6 +406,12 @@ def _on_any_rank(flag: bool) -> bool:
     return bool(flag.item())
 
 
+def _say(message: str, *values) -> None:
+    """Log on rank 0 only (Megatron-LM's print_rank_0): one line per job, not per rank."""
+    if torch.distributed.get_rank() == 0:
+        logger.info(message, *values)
+
+
 def _say_fallback(root: str, loaded: int, reasons: list[str]) -> None:
     if reasons and torch.distributed.get_rank() == 0:
         logger.warning("--load %s: damaged or incomplete checkpoint, fell back to iteration %d, the newest "
@@ -419,16 +423,16 @@ def _finish_load(root: str, iteration: int, loaded: dict, layout, optimizer, sch
     path = iteration_dir(root, iteration)
     if options["weights_only"]:
         optimizer.reload_model_params()
-        logger.info("loaded weights of iteration %d from %s", iteration, path)
+        _say("loaded weights of iteration %d from %s", iteration, path)
         return Resumed(iteration=0, consumed_samples=0)
     if not options["with_optimizer"]:
         optimizer.reload_model_params()
-        logger.info("resumed weights of iteration %d of %s (--no-load-optim: fresh optimizer state and "
-                    "learning-rate schedule)", loaded["iteration"], path)
+        _say("resumed weights of iteration %d of %s (--no-load-optim: fresh optimizer state and "
+             "learning-rate schedule)", loaded["iteration"], path)
     else:
         layout.load_optimizer(optimizer, loaded["optimizer"])
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
-        logger.info("resumed from iteration %d of %s", loaded["iteration"], path)
+        _say("resumed from iteration %d of %s", loaded["iteration"], path)
     if options["with_rng"] and not rng_state.load(path, layout.random_streams()) and torch.distributed.get_rank() == 0:
         logger.info("--load %s: no random-stream state for this rank, world size and plan; dropout and other "
                     "random draws start from fresh seeds", path)
