@@ -34,6 +34,7 @@ PATCH_MODULES = (
     "vpp_batched_p2p_guard",
     "dist_checkpointing_cuda",
     "distrib_optimizer_gather",
+    "fully_reshardable_bucket_offsets",
     "distrib_optimizer_torch_adam_step",
     "grad_scaler_cuda",
     "multi_tensor_on_device",

@@ -106,8 +106,9 @@ class StockFormat:
     def optimizer_state(self, optimizer, model_state: dict, is_loading: bool) -> dict:
         if self._model_space() is not None:
             return self._model_space().state(optimizer, model_state, is_loading)
-        merged = {k: v for part in model_state.values() for k, v in part.items()}
-        return optimizer.sharded_state_dict(merged, is_loading=is_loading, metadata=OPTIMIZER_METADATA)
+        # Nested as it is: with virtual stages the chunks' dicts share top-level names (`decoder`, ...), and
+        # megatron-core finds each parameter's ShardedTensor through nested_values.
+        return optimizer.sharded_state_dict(model_state, is_loading=is_loading, metadata=OPTIMIZER_METADATA)
 
     def load_optimizer(self, optimizer, loaded: dict) -> None:
         if self._model_space() is not None:

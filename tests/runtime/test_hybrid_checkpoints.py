@@ -261,3 +261,22 @@ def test_a_16_bit_megatron_lm_checkpoint_converts_to_a_hybrid_plan_bit_for_bit(p
     assert hybrid_common["optimizer"]["step"] == int(stock_step)
     assert hybrid_common["optimizer"]["grad_scaler"] == stock_common["optimizer"].get("grad_scaler")
     assert (hybrid_common["optimizer"]["grad_scaler"] is not None) == (precision == "--fp16")
+
+
+def test_a_virtual_pipeline_checkpoint_saves_and_resumes_under_a_hybrid_plan(tmp_path):
+    """The stock runtime at PP2 with two virtual stages per rank (one layer each) and the distributed optimizer:
+    its chunks' state dicts share top-level names, and the first stage's tied word embedding sits in a gradient
+    bucket of its own, after the padding of the bucket before it (patches/fully_reshardable_bucket_offsets.py).
+    In fp32 every saved master equals its saved weight exactly, and the hybrid saving plan resumes iteration 2:
+    iterations 3 and 4 match within LOSS_RTOL."""
+    virtual = ["--micro-batch-size", "1", "--pipeline-model-parallel-size", "2",
+               "--num-layers-per-virtual-pipeline-stage", "1", "--use-distributed-optimizer"]
+    stock = _run(2, [*virtual, "--train-iters", "4", "--save-interval", "2", "--save", str(tmp_path / "ckpt"),
+                     *NO_DROPOUT], tmp_path / "stock")
+    saved = checkpoint_tensors(tmp_path / "ckpt" / "iter_0000002", tmp_path)
+    masters = {name: name[len("optimizer.state.param."):] for name in saved if name.startswith("optimizer.state.param.")}
+    assert len(masters) > 10 and [m for m, w in masters.items() if not torch.equal(saved[m], saved[w])] == []
+    plan = _plan_file(tmp_path, "plan.json", 2, (Chunk(SAVING_LAYERS),), DP2_ZERO1)
+    result = _run(2, ["--auto-parallel-plan", str(plan), "--train-iters", "4", "--load", str(tmp_path / "ckpt"),
+                      "--ckpt-step", "2", *NO_DROPOUT], tmp_path / "hybrid")
+    _assert_losses_match(logged_losses(result.output), logged_losses(stock.output), (3, 4))

@@ -51,7 +51,8 @@ def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
     from megatron.core.transformer.moe import moe_utils
 
     monkeypatch.setattr(moe_utils, "HAVE_TE", False)  # and no TE for the MoE router's GEMM
-    assert patches.apply_all() == ["torch_norm_zero_centered_gamma", "distrib_optimizer_torch_adam_step",
+    assert patches.apply_all() == ["torch_norm_zero_centered_gamma", "fully_reshardable_bucket_offsets",
+                                   "distrib_optimizer_torch_adam_step",
                                    "multi_tensor_on_device", "wgrad_accumulation_torch",
                                    "moe_router_gemm_without_te", "expert_bias_inplace", "glu_offset_copy",
                                    "expert_bias_sequence_parallel", "moe_per_token_aux_loss_tp",
@@ -69,7 +70,8 @@ def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
     from megatron.core.tensor_parallel import random as tp_random
 
     monkeypatch.setattr(tp_random, "HAVE_TE", True)  # and TE's fp8 state for CheckpointWithoutOutput
-    assert patches.apply_all() == ["expert_bias_inplace", "glu_offset_copy",  # on any device
+    assert patches.apply_all() == ["fully_reshardable_bucket_offsets", "expert_bias_inplace",  # on any device
+                                   "glu_offset_copy",
                                    "expert_bias_sequence_parallel", "moe_per_token_aux_loss_tp"]
 
 
