@@ -32,7 +32,8 @@ def _tool_calls() -> dict[str, set[str]]:
 def test_every_flag_the_script_passes_is_accepted():
     calls = _tool_calls()
     assert set(calls) == {"tools/bench_gpu_vs_torch.py", "tools/profile_gpu_step.py", "tools/validate_cost_model.py",
-                          "tools/pretrain_gpt.py", "tools/measure_host_floor.py", "tools/check_layer_memory.py"}
+                          "tools/pretrain_gpt.py", "tools/measure_host_floor.py", "tools/check_layer_memory.py",
+                          "tools/check_checkpoint_masters.py"}
     for tool, flags in calls.items():
         done = subprocess.run([sys.executable, tool, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
         assert done.returncode == 0, done.stderr[-2000:]

@@ -3,7 +3,8 @@
 # 10 minutes a command may run on the lent GPU machine. From the repository root there:
 #
 #   bash tools/gpu_session.sh smoke        # 2 minutes: the distributed optimizer with its weight all-gather in the
-#                                          # next forward (on by default with CUDA): trains, saves, resumes exactly
+#                                          # next forward (on by default with CUDA): trains, saves masters equal to
+#                                          # its weights over several gradient buckets, resumes exactly
 #   bash tools/gpu_session.sh speed        # bench_gpu_vs_torch (auto, then --grad-accumulation-fusion on) and
 #                                          # profile_gpu_step --time-grad-accumulation-fusion
 #   bash tools/gpu_session.sh host         # 2 minutes: measure_host_floor, the host seconds per layer pass of the
@@ -43,7 +44,8 @@ run() {  # run SECONDS LOG COMMAND...: one measurement, its exit status appended
     echo "$* -> rc=$?" | tee -a "$OUT/$log"
 }
 
-SMOKE_JOB="--num-layers 2 --hidden-size 256 --num-attention-heads 4 --seq-length 256 --max-position-embeddings 256
+# 52M parameters: more than one 40M-parameter gradient bucket (patches/fully_reshardable_bucket_offsets.py).
+SMOKE_JOB="--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 256 --max-position-embeddings 256
     --micro-batch-size 2 --global-batch-size 8 --train-iters 6 --lr 1e-3 --mock-data --tokenizer-type NullTokenizer
     --vocab-size 1024 --log-interval 1 --bf16 --use-distributed-optimizer --save-interval 3"
 
@@ -54,6 +56,9 @@ case "$STEP" in
         run 150 smoke_full.log python3 tools/pretrain_gpt.py $SMOKE_JOB --save "$OUT/smoke_ckpt"
         # shellcheck disable=SC2086
         run 150 smoke_resumed.log python3 tools/pretrain_gpt.py $SMOKE_JOB --load "$OUT/smoke_ckpt" --ckpt-step 3
+        for step in 3 6; do  # every saved fp32 master rounds to its saved bf16 weight
+            run 120 "smoke_masters_$step.log" python3 tools/check_checkpoint_masters.py "$OUT/smoke_ckpt/iter_000000$step"
+        done
         for log in smoke_full.log smoke_resumed.log; do  # iterations 4-6 of the two must match
             echo "$log: $(grep -c "all-gathered during the next forward" "$OUT/$log") overlap line(s)"
             grep -oE "iteration +[0-9]+/|lm loss: [^ |]+" "$OUT/$log" | paste - -

@@ -1,6 +1,7 @@
 """Reading what a run wrote: every tensor of a checkpoint iteration, and the losses of its log."""
 from __future__ import annotations
 
+import importlib.util
 import re
 from pathlib import Path
 
@@ -15,17 +16,12 @@ def logged_losses(stdout: str) -> dict[int, set[str]]:
     return found
 
 
-def checkpoint_tensors(iteration_dir: Path, tmp_path: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint iteration, read back without a process group."""
-    from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
-
-    target = tmp_path / f"{iteration_dir.parent.name}_{iteration_dir.name}.pt"
-    dcp_to_torch_save(str(iteration_dir), str(target))
-
-    def flat(tree, prefix=""):
-        for key, value in tree.items():
-            if isinstance(value, dict):
-                yield from flat(value, f"{prefix}{key}.")
-            elif torch.is_tensor(value):
-                yield f"{prefix}{key}", value
-    return dict(flat(torch.load(target, weights_only=False)))
+def checkpoint_tensors(iteration_dir: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a checkpoint iteration, read without a process group (as tools/check_checkpoint_masters.py
+    reads them)."""
+    spec = importlib.util.spec_from_file_location("check_checkpoint_masters",
+                                                  Path(__file__).resolve().parents[2] / "tools" /
+                                                  "check_checkpoint_masters.py")
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    return tool.checkpoint_tensors(iteration_dir)

@@ -112,7 +112,7 @@ def test_a_killed_rank_restarts_the_job_which_resumes_bit_identically(uninterrup
     # repeated samples, the same dropout masks.
     assert _losses(output) == reference_losses and len(reference_losses) == 6
     assert re.search(r" iteration +6/ +6 \| consumed samples: +24 \|", output)
-    ours, theirs = _tensors(root / "iter_0000006", tmp_path), _tensors(reference / "iter_0000006", tmp_path)
+    ours, theirs = _tensors(root / "iter_0000006"), _tensors(reference / "iter_0000006")
     assert ours.keys() == theirs.keys() and len(ours) > 20
     assert [name for name in ours if not torch.equal(ours[name], theirs[name])] == []
 
@@ -122,8 +122,8 @@ def test_no_load_rng_resumes_with_other_dropout_masks(uninterrupted, tmp_path):
     reference, _ = uninterrupted
     _torchrun(["--train-iters", "6", "--load", str(reference), "--ckpt-step", "4", "--no-load-rng",
                "--save", str(tmp_path / "ckpt")], tmp_path)
-    ours = _tensors(tmp_path / "ckpt" / "iter_0000006", tmp_path)
-    theirs = _tensors(reference / "iter_0000006", tmp_path)
+    ours = _tensors(tmp_path / "ckpt" / "iter_0000006")
+    theirs = _tensors(reference / "iter_0000006")
     assert any(not torch.equal(ours[name], theirs[name]) for name in ours)
 
 

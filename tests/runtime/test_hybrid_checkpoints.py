@@ -8,13 +8,15 @@ embedding/head at DP2 ZeRO-1 (Megatron's distributed optimizer). Runs go through
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from checkpoint_files import checkpoint_tensors, logged_losses
-from launcher import launch, load_pretrain_gpt
+from launcher import REPO, launch, load_pretrain_gpt
 from megatron_auto.plan import Chunk, LayerStrategy, Plan, save_plan
 
 pretrain_gpt = load_pretrain_gpt("pretrain_gpt_hybrid_checkpoints")
@@ -75,8 +77,8 @@ def test_same_plan_resume_is_bit_identical(with_dropout, tmp_path):
     assert "resumed from iteration 4 of" in result.output
     losses = logged_losses(result.output)
     assert losses == {i: reference_losses[i] for i in (5, 6)}
-    ours = checkpoint_tensors(tmp_path / "ckpt" / "iter_0000006", tmp_path)
-    theirs = checkpoint_tensors(reference / "iter_0000006", tmp_path)
+    ours = checkpoint_tensors(tmp_path / "ckpt" / "iter_0000006")
+    theirs = checkpoint_tensors(reference / "iter_0000006")
     assert ours.keys() == theirs.keys() and len(ours) > 150
     assert any(name.startswith("optimizer.state.exp_avg_sq.decoder.layers.1.") for name in ours)  # the ZeRO-3 layer
     assert [name for name in ours if not torch.equal(ours[name], theirs[name])] == []
@@ -87,8 +89,8 @@ def test_without_the_saved_streams_the_resume_differs(with_dropout, tmp_path):
     reference, plan, _ = with_dropout
     _run(2, ["--auto-parallel-plan", str(plan), "--train-iters", "6", "--load", str(reference), "--ckpt-step", "4",
              "--no-load-rng", "--save", str(tmp_path / "ckpt")], tmp_path / "logs")
-    ours = checkpoint_tensors(tmp_path / "ckpt" / "iter_0000006", tmp_path)
-    theirs = checkpoint_tensors(reference / "iter_0000006", tmp_path)
+    ours = checkpoint_tensors(tmp_path / "ckpt" / "iter_0000006")
+    theirs = checkpoint_tensors(reference / "iter_0000006")
     assert any(not torch.equal(ours[name], theirs[name]) for name in ours)
 
 
@@ -102,8 +104,8 @@ def test_overlapped_weight_gather_trains_and_resumes_bit_identically(with_dropou
     assert "all-gathered during the next forward" in result.output
     assert logged_losses(result.output) == reference_losses
     for iteration in ("iter_0000002", "iter_0000004"):
-        ours = checkpoint_tensors(tmp_path / "ckpt" / iteration, tmp_path)
-        theirs = checkpoint_tensors(reference / iteration, tmp_path)
+        ours = checkpoint_tensors(tmp_path / "ckpt" / iteration)
+        theirs = checkpoint_tensors(reference / iteration)
         assert [name for name in ours if not torch.equal(ours[name], theirs[name])] == []
     resumed = _run(2, [*overlap, "--load", str(tmp_path / "ckpt"), "--ckpt-step", "4"], tmp_path / "resumed")
     assert logged_losses(resumed.output) == {i: reference_losses[i] for i in (5, 6)}
@@ -207,8 +209,8 @@ def test_convert_checkpoint_writes_a_hybrid_checkpoint_in_megatron_lm_layout(wit
                         "--load", str(reference), "--ckpt-step", "4", "--save", str(tmp_path / "stock")],
                     300, tmp_path / "logs")
     assert result.ok, result.output[-4000:]
-    hybrid = checkpoint_tensors(reference / "iter_0000004", tmp_path)
-    stock = checkpoint_tensors(tmp_path / "stock" / "iter_0000004", tmp_path)
+    hybrid = checkpoint_tensors(reference / "iter_0000004")
+    stock = checkpoint_tensors(tmp_path / "stock" / "iter_0000004")
     assert not any(re.search(r"decoder\.layers\.\d", name) for name in stock)
     mismatched = []
     for name, tensor in hybrid.items():
@@ -243,8 +245,8 @@ def test_a_16_bit_megatron_lm_checkpoint_converts_to_a_hybrid_plan_bit_for_bit(p
                            "--auto-parallel-plan", str(plan), "--load", str(tmp_path / "stock"),
                            "--save", str(tmp_path / "hybrid")], 300, tmp_path / "logs")
     assert converted.ok, converted.output[-4000:]
-    stock = checkpoint_tensors(tmp_path / "stock" / "iter_0000002", tmp_path)
-    hybrid = checkpoint_tensors(tmp_path / "hybrid" / "iter_0000002", tmp_path)
+    stock = checkpoint_tensors(tmp_path / "stock" / "iter_0000002")
+    hybrid = checkpoint_tensors(tmp_path / "hybrid" / "iter_0000002")
     assert any(name.startswith("optimizer.state.fp32_param.") for name in stock)
     mismatched = []
     for name, tensor in hybrid.items():
@@ -267,15 +269,15 @@ def test_a_virtual_pipeline_checkpoint_saves_and_resumes_under_a_hybrid_plan(tmp
     """The stock runtime at PP2 with two virtual stages per rank (one layer each) and the distributed optimizer:
     its chunks' state dicts share top-level names, and the first stage's tied word embedding sits in a gradient
     bucket of its own, after the padding of the bucket before it (patches/fully_reshardable_bucket_offsets.py).
-    In fp32 every saved master equals its saved weight exactly, and the hybrid saving plan resumes iteration 2:
+    In fp32 every saved master equals its saved weight exactly (tools/check_checkpoint_masters.py), and the hybrid saving plan resumes iteration 2:
     iterations 3 and 4 match within LOSS_RTOL."""
     virtual = ["--micro-batch-size", "1", "--pipeline-model-parallel-size", "2",
                "--num-layers-per-virtual-pipeline-stage", "1", "--use-distributed-optimizer"]
     stock = _run(2, [*virtual, "--train-iters", "4", "--save-interval", "2", "--save", str(tmp_path / "ckpt"),
                      *NO_DROPOUT], tmp_path / "stock")
-    saved = checkpoint_tensors(tmp_path / "ckpt" / "iter_0000002", tmp_path)
-    masters = {name: name[len("optimizer.state.param."):] for name in saved if name.startswith("optimizer.state.param.")}
-    assert len(masters) > 10 and [m for m, w in masters.items() if not torch.equal(saved[m], saved[w])] == []
+    check = subprocess.run([sys.executable, "tools/check_checkpoint_masters.py", str(tmp_path / "ckpt" / "iter_0000002")],
+                           capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert check.returncode == 0 and " 16 of 16 masters equal their weights" in check.stdout, check.stdout + check.stderr
     plan = _plan_file(tmp_path, "plan.json", 2, (Chunk(SAVING_LAYERS),), DP2_ZERO1)
     result = _run(2, ["--auto-parallel-plan", str(plan), "--train-iters", "4", "--load", str(tmp_path / "ckpt"),
                       "--ckpt-step", "2", *NO_DROPOUT], tmp_path / "hybrid")
