@@ -47,11 +47,10 @@ def _module_set_searcher(model: ModelSpec, cluster: ClusterSpec, space: str, con
 
     def search_one(spec: TrainingSpec, share, incumbent: float) -> Optional[SearchResult]:
         if space == "hybrid":
-            # The hybrid search tunes the embedding's layout after it has its winner, so an outside
-            # incumbent could prune a candidate that tuning would have made the fastest: each set is
-            # searched as on its own, its megatron phase the shared plan against the set's selective ones.
-            return _search_space(model, cluster, spec, space, constraints, share, megatron_constraints=selective_only,
-                                 unselective=shared if selective_only else None)
+            # Every hybrid candidate carries its own embedding layout, so the incumbent's bounds are exact; the
+            # megatron phase weighs the shared plan without selective recompute against the set's selective ones.
+            return _search_space(model, cluster, spec, space, constraints, share, incumbent,
+                                 megatron_constraints=selective_only, unselective=shared if selective_only else None)
         # The megatron space's bounds are exact. Behind an incumbent, only selective recomputation
         # differs from the sets searched before.
         flags_only = selective_only if incumbent < math.inf and selective_only else constraints

@@ -44,7 +44,8 @@ class HybridOptions:
     max_stage_factor: float = 2.0
     """A stage holds at most this many times the average layers per stage (plus one)."""
     tune_embedding: bool = True
-    """Re-plan the winner with each TP degree for the embedding and head."""
+    """Try every TP degree of the space for the embedding and head, each (pipeline degree, micro-batch) pair
+    once per degree with the same layer tables; else only the widest (`embedding_layout`)."""
 
 
 def pipeline_degrees(model: ModelSpec, cluster: ClusterSpec, constraints: SearchConstraints) -> list[int]:
@@ -157,26 +158,31 @@ class Candidate:
     lower_bound: float
 
 
-def _prepare(model, cluster, training, constraints, pp, samples, stats,
-             embedding_tp: Optional[int] = None) -> Optional[Candidate]:
+def _prepare(model, cluster, training, constraints, pp, samples, stats, options: HybridOptions) -> list[Candidate]:
+    """The candidates of one (pipeline degree, micro-batch): one per TP degree of the embedding and head
+    (with `options.tune_embedding`; else the widest), sharing the layers' cost tables."""
     gpus = cluster.world_size // pp
     strategies, removed = prune_strategies(StageContext(gpus, cluster, model, constraints, samples))
     for rule, count in removed:
         stats.drop(rule, count)
     if not strategies:
-        return None
+        return []
     m = training.global_batch_size // samples
     tables = layer_tables(model, cluster, training, strategies, samples, m,
                           (constraints.expert_parallel, constraints.expert_tensor_parallel))
-    embedding = embedding_layout(strategies, embedding_tp)
-    try:
-        boundary = boundary_layout_for(gpus, samples, model.seq_length) if pp > 1 else embedding
-    except UserError:
-        stats.drop("boundary-splits", len(strategies))
-        return None
-    fixed = tuple(stage_fixed(model, cluster, training, embedding, s, pp, samples, m, tables.strategies, boundary)
-                  for s in range(pp))
-    return Candidate(pp, samples, tables, embedding, fixed, _lower_bound(tables, list(fixed), m))
+    degrees = sorted({s.tp for s in tables.strategies}) if options.tune_embedding else [None]
+    candidates = []
+    for tp in degrees:
+        embedding = embedding_layout(strategies, tp)
+        try:
+            boundary = boundary_layout_for(gpus, samples, model.seq_length) if pp > 1 else embedding
+        except UserError:
+            stats.drop("boundary-splits", len(strategies))
+            return []
+        fixed = tuple(stage_fixed(model, cluster, training, embedding, s, pp, samples, m, tables.strategies,
+                                  boundary) for s in range(pp))
+        candidates.append(Candidate(pp, samples, tables, embedding, fixed, _lower_bound(tables, list(fixed), m)))
+    return candidates
 
 
 def _relaxed_bound(candidate: Candidate, model, budget: float, max_len: int, m: int, enough: float) -> float:
@@ -242,7 +248,8 @@ def search_hybrid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
         sizes = micro_batch_sizes(training, pp, cluster.world_size // pp)
         stats.drop("micro-batches-at-least-pp", len(divisors(training.global_batch_size)) - len(sizes))
         with stats.timed("hybrid space: cost tables"):
-            candidates += [c for q in sizes if (c := _prepare(model, cluster, training, constraints, pp, q, stats))]
+            candidates += [c for q in sizes for c in _prepare(model, cluster, training, constraints, pp, q, stats,
+                                                              options)]
     candidates.sort(key=lambda c: (c.lower_bound, c.pp, c.samples))
     best: Optional[Plan] = None
     for index, candidate in enumerate(candidates):
@@ -255,21 +262,4 @@ def search_hybrid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
             best = plan
         if progress:
             progress((index + 1) / len(candidates))
-    if options.tune_embedding and best is not None:
-        best = _best_embedding(best, model, cluster, training, constraints, options, stats)
     return best, stats
-
-
-def _best_embedding(best: Plan, model, cluster, training, constraints, options, stats) -> Plan:
-    """Re-plan the winning (p, micro-batch) with each TP degree for the embedding and head."""
-    samples = training.global_batch_size // best.num_micro_batches
-    for tp in sorted({s.tp for s in best.layer_strategies}):
-        candidate = _prepare(model, cluster, training, constraints, best.pipeline_parallel, samples, stats, tp)
-        hopeless = core_share(cluster) == 1.0 and candidate is not None \
-            and candidate.lower_bound >= best.prediction.iteration_time_s
-        if candidate is None or hopeless:
-            continue
-        plan = _solve(candidate, model, cluster, training, options, stats, best.prediction.iteration_time_s)
-        if plan is not None and plan.prediction.iteration_time_s < best.prediction.iteration_time_s:
-            best = plan
-    return best
