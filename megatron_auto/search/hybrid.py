@@ -233,7 +233,8 @@ def _solve(candidate: Candidate, model, cluster, training, options, stats,
 
 def search_hybrid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, constraints: SearchConstraints,
                   progress: Callable[[float], None] | None = None, stats: SpaceStats | None = None,
-                  options: HybridOptions = HybridOptions(), incumbent: float = math.inf) -> tuple[Optional[Plan], SpaceStats]:
+                  options: HybridOptions = HybridOptions(),
+                  incumbent: float = math.inf) -> tuple[Optional[Plan], SpaceStats]:
     """The fastest fitting per-layer plan with v = 1 that beats `incumbent` seconds (None if none).
 
     Candidates run in order of their lower bound, so the incumbent tightens early
