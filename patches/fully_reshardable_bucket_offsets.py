@@ -8,9 +8,10 @@ in a bucket after the first is then saved from a window shifted by the padding b
 last ones, running off the end, are zero-filled with a warning). One bucket has no such padding,
 which is why it passes on CPU with one bucket per buffer; on GPUs the runtime overlaps the gradient
 reduction (runtime/config.ddp_config), which splits each buffer into 40M-parameter buckets, and
-Megatron puts a pipeline's shared word embedding in a bucket of its own. Seen here: a tied-embedding
-model at PP2 with two virtual stages saved its embedding's master 0.12 away from the weight it
-stepped (tests/runtime/test_hybrid_checkpoints.py). The rewrite moves each parameter's window back by
+Megatron puts a pipeline's shared word embedding in a bucket of its own. Seen here: without this
+patch, `tools/check_checkpoint_masters.py` on the fp32 checkpoint of a tied-embedding model at PP2 with
+two virtual stages finds 15 of 16 masters equal to their weights, the embedding's not
+(tests/runtime/test_hybrid_checkpoints.py, the virtual-pipeline test). The rewrite moves each parameter's window back by
 the end padding of the buckets before its own; values inside a first bucket are unchanged.
 Upstream fixed the same in NVIDIA/Megatron-LM pull request 5077.
 Targets: megatron-core 0.16.1.

@@ -114,7 +114,7 @@ def test_hybrid_dp_equals_brute_force(budget_gib, cluster):
 def test_hybrid_dp_with_every_embedding_layout_equals_brute_force(budget_gib, recompute):
     """The embedding and head at each TP degree of the space, every (pipeline degree, micro-batch) pair tried
     with each: the search finds the fastest of every plan over layers and embedding layouts alike. (Tuning only
-    the winner's embedding afterwards, as the search did before, ends 11% slower at 0.12 GiB with full
+    the winner's embedding afterwards, as the search did before, misses the optimum at 0.12 GiB with full
     recompute: the pair that wins with its best embedding is not the one that wins with the widest.)"""
     training = TrainingSpec(global_batch_size=8, memory_budget_bytes=int(budget_gib * GIB))
     pinned = SearchConstraints(recompute=recompute)

@@ -16,7 +16,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-MASTER_PREFIXES = ("optimizer.state.param.", "optimizer.state.fp32_param.")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from megatron_auto.runtime.saved_layout import MASTER_ALIASES, STATE_PREFIX  # noqa: E402
+
+MASTER_PREFIXES = tuple(f"{STATE_PREFIX}{alias}." for alias in MASTER_ALIASES)
 
 
 def checkpoint_tensors(iteration_dir: Path) -> dict:

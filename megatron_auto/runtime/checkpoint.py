@@ -104,15 +104,17 @@ class StockFormat:
         return ModelSpaceOptimizerState(self.sharded_by_param, self.optimizer_keys)
 
     def optimizer_state(self, optimizer, model_state: dict, is_loading: bool) -> dict:
-        if self._model_space() is not None:
-            return self._model_space().state(optimizer, model_state, is_loading)
+        model_space = self._model_space()
+        if model_space is not None:
+            return model_space.state(optimizer, model_state, is_loading)
         # Nested as it is: with virtual stages the chunks' dicts share top-level names (`decoder`, ...), and
         # megatron-core finds each parameter's ShardedTensor through nested_values.
         return optimizer.sharded_state_dict(model_state, is_loading=is_loading, metadata=OPTIMIZER_METADATA)
 
     def load_optimizer(self, optimizer, loaded: dict) -> None:
-        if self._model_space() is not None:
-            self._model_space().load(optimizer, loaded)
+        model_space = self._model_space()
+        if model_space is not None:
+            model_space.load(optimizer, loaded)
             return
         restore_zero_adam_step(loaded)
         optimizer.load_state_dict(loaded)
@@ -379,7 +381,7 @@ def _say_conversion(path: str, saved: SavedLayout, layout) -> None:
     if saved.format != layout.format:
         _say("%s: written by a %s run, read into this %s run under its stored keys", path,
              runtimes.get(saved.format, saved.format), runtimes.get(layout.format, layout.format))
-    elif getattr(layout, "optimizer_keys", None) is not None:
+    elif layout.optimizer_keys is not None:
         _say("%s: written with %s optimizer for the experts; its optimizer state is read per parameter",
              path, "an" if saved.expert_optimizer else "no")
 

@@ -17,10 +17,9 @@ from typing import Optional
 import torch
 
 from .optimizer_parts import inner_optimizers
-from .saved_layout import OptimizerKeys, rekey_optimizer_template, saved_adam_step, saved_grad_scaler
+from .saved_layout import STATE_PREFIX, OptimizerKeys, rekey_optimizer_template, saved_adam_step, saved_grad_scaler
 
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
-STATE_PREFIX = "optimizer.state"
 
 
 class ModelSpaceOptimizerState:
@@ -58,7 +57,7 @@ class ModelSpaceOptimizerState:
             sharded = self.sharded_by_param[id(model_param)]
             tensors = {"param": main_param, **_adam_tensors(inner, main_param)}
             entries[index] = {kind: make_sharded_optimizer_tensor(sharded, _whole(tensor, is_loading),
-                                                                  f"{STATE_PREFIX}.{kind}")
+                                                                  f"{STATE_PREFIX}{kind}")
                               for kind, tensor in tensors.items()}
         return entries
 

@@ -102,16 +102,16 @@ def saved_adam_step(state) -> int:
     Megatron's `common_step` (non-distributed optimizer) or its param groups' `step` (distributed)."""
     found = []
 
-    def visit(node, parent_key=None):
+    def visit(node):
         if isinstance(node, dict):
             for key, value in node.items():
                 if key in ("step", "common_step") and not isinstance(value, (dict, list)):
                     found.append(int(float(value)))
                 else:
-                    visit(value, key)
+                    visit(value)
         elif isinstance(node, (list, tuple)):
             for value in node:
-                visit(value, parent_key)
+                visit(value)
     visit(state)
     return max(found, default=0)
 

@@ -167,20 +167,19 @@ def _prepare(model, cluster, training, constraints, pp, samples, stats, options:
         stats.drop(rule, count)
     if not strategies:
         return []
+    try:
+        boundary = boundary_layout_for(gpus, samples, model.seq_length) if pp > 1 else None
+    except UserError:
+        stats.drop("boundary-splits", len(strategies))
+        return []
     m = training.global_batch_size // samples
     tables = layer_tables(model, cluster, training, strategies, samples, m,
                           (constraints.expert_parallel, constraints.expert_tensor_parallel))
-    degrees = sorted({s.tp for s in tables.strategies}) if options.tune_embedding else [None]
     candidates = []
-    for tp in degrees:
+    for tp in sorted({s.tp for s in strategies}) if options.tune_embedding else [None]:
         embedding = embedding_layout(strategies, tp)
-        try:
-            boundary = boundary_layout_for(gpus, samples, model.seq_length) if pp > 1 else embedding
-        except UserError:
-            stats.drop("boundary-splits", len(strategies))
-            return []
         fixed = tuple(stage_fixed(model, cluster, training, embedding, s, pp, samples, m, tables.strategies,
-                                  boundary) for s in range(pp))
+                                  boundary or embedding) for s in range(pp))
         candidates.append(Candidate(pp, samples, tables, embedding, fixed, _lower_bound(tables, list(fixed), m)))
     return candidates
 

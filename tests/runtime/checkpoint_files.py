@@ -16,12 +16,18 @@ def logged_losses(stdout: str) -> dict[int, set[str]]:
     return found
 
 
+def _tool():
+    spec = importlib.util.spec_from_file_location(
+        "check_checkpoint_masters", Path(__file__).resolve().parents[2] / "tools" / "check_checkpoint_masters.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_READER = _tool()
+
+
 def checkpoint_tensors(iteration_dir: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a checkpoint iteration, read without a process group (as tools/check_checkpoint_masters.py
     reads them)."""
-    spec = importlib.util.spec_from_file_location("check_checkpoint_masters",
-                                                  Path(__file__).resolve().parents[2] / "tools" /
-                                                  "check_checkpoint_masters.py")
-    tool = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tool)
-    return tool.checkpoint_tensors(iteration_dir)
+    return _READER.checkpoint_tensors(iteration_dir)

@@ -23,6 +23,7 @@ import contextlib
 import torch
 
 from ..model_space_optimizer import ModelSpaceOptimizerState, copy_tensor, is_dtensor
+from ..saved_layout import OptimizerKeys
 
 FORMAT = "hybrid"
 """The `checkpoint_format` a hybrid checkpoint records (the stock runtime's is saved_layout.STOCK_FORMAT)."""
@@ -94,8 +95,6 @@ class HybridFormat:
     format = FORMAT
 
     def __init__(self, chunks: list, saved=None) -> None:
-        from ..saved_layout import OptimizerKeys
-
         self.chunks = chunks
         foreign = saved is not None and saved.format != FORMAT
         self.stacked = foreign and saved.layers_stacked
