@@ -9,8 +9,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from megatron_auto.runtime.saved_layout import (OptimizerKeys, SavedLayout, rekey_optimizer_template,
-                                                saved_adam_step, saved_grad_scaler)
+from megatron_auto.runtime.saved_layout import (DISTRIBUTED, FP32, MIXED_PRECISION, OptimizerKeys, SavedLayout,
+                                                rekey_optimizer_template, saved_adam_step, saved_grad_scaler)
 
 QKV = "decoder.layers.self_attention.linear_qkv.weight"
 
@@ -51,11 +51,23 @@ def test_rekeying_points_the_template_at_the_stored_keys():
 
 
 def test_a_checkpoint_without_masters_leaves_them_to_the_weights():
-    """Megatron's fp32 optimizer writes no master copies: the template asks for none."""
+    """Megatron's fp32 optimizer writes no master copies: the template asks for none, and hands back the master
+    templates it took out (model_space_optimizer reads the stored weights into them for 16-bit weights)."""
     template = _template()
-    rekey_optimizer_template(template, OptimizerKeys([QKV, f"optimizer.state.exp_avg.{QKV}",
-                                                      f"optimizer.state.exp_avg_sq.{QKV}"]))
+    master = template["part0"][0]["param"]
+    missing = rekey_optimizer_template(template, OptimizerKeys([QKV, f"optimizer.state.exp_avg.{QKV}",
+                                                                f"optimizer.state.exp_avg_sq.{QKV}"]))
     assert sorted(template["part0"][0]) == ["exp_avg", "exp_avg_sq"]
+    assert missing == [("part0", 0, master)]
+
+
+def test_the_optimizer_that_wrote_a_checkpoint_is_told_by_its_masters():
+    moments = [f"optimizer.state.exp_avg.{QKV}", f"chained_1.optimizer.state.exp_avg_sq.{QKV}"]
+    assert _layout([QKV, f"optimizer.state.param.{QKV}", *moments]).optimizer_kind == DISTRIBUTED
+    assert _layout([QKV, f"chained_0.optimizer.state.param.{QKV}", *moments]).optimizer_kind == DISTRIBUTED
+    assert _layout([QKV, f"optimizer.state.fp32_param.{QKV}", *moments]).optimizer_kind == MIXED_PRECISION
+    assert _layout([QKV, *moments]).optimizer_kind == FP32
+    assert _layout([QKV]).optimizer_kind is None  # no optimizer state (Megatron-LM's --no-save-optim)
 
 
 def test_a_missing_moment_is_an_error_not_a_fresh_start():

@@ -34,7 +34,7 @@ import torch
 from ..errors import UserError
 from . import rng_state
 from .model_space_optimizer import OPTIMIZER_METADATA, ModelSpaceOptimizerState
-from .optimizer_parts import has_expert_optimizer, inner_optimizers
+from .optimizer_parts import has_expert_optimizer, inner_optimizers, optimizer_kind
 from .saved_layout import (CHECKPOINT_FORMAT, EXPERT_OPTIMIZER, STOCK_FORMAT, OptimizerKeys, SavedLayout,
                            read_saved_layout)
 
@@ -63,17 +63,24 @@ class StockFormat:
 
     `per_layer_keys` builds the layers' keys one per layer (a hybrid checkpoint's, runtime/saved_layout.py);
     `optimizer_keys` reads the optimizer state per parameter in model space from those stored keys, for a
-    checkpoint whose optimizer state Megatron's own would not match (a hybrid one, or one written with the
-    experts under an optimizer of their own when this run has none, or the reverse)."""
+    checkpoint whose optimizer state Megatron's own would not match: a hybrid one, or one written with the
+    experts under an optimizer of their own when this run has none, or the reverse, or by another of
+    Megatron's optimizers (distributed, 16-bit, fp32: a run that changes --use-distributed-optimizer or its
+    precision, or a re-planned ZeRO level)."""
 
     format = STOCK_FORMAT
     validates_access = True
 
-    def __init__(self, model: list, per_layer_keys: bool = False, optimizer_keys=None) -> None:
+    def __init__(self, model: list, per_layer_keys: bool = False, optimizer_keys=None,
+                 optimizer_mismatch: Optional[str] = None) -> None:
         self.model = model
         self.per_layer_keys = per_layer_keys
         self.optimizer_keys = optimizer_keys
         self.sharded_by_param: dict[int, object] = {}
+        self.model_space: Optional[ModelSpaceOptimizerState] = None
+        """The per-parameter optimizer state of the last optimizer_state, when it reads in model space."""
+        self.optimizer_mismatch = optimizer_mismatch
+        """Why the optimizer state of a stock checkpoint is read per parameter (_optimizer_mismatch)."""
 
     def model_state(self) -> dict:
         """Chunk state dicts under Megatron-LM's keys (`model`, or `model0`, `model1`, ... with virtual stages)."""
@@ -104,9 +111,9 @@ class StockFormat:
         return ModelSpaceOptimizerState(self.sharded_by_param, self.optimizer_keys)
 
     def optimizer_state(self, optimizer, model_state: dict, is_loading: bool) -> dict:
-        model_space = self._model_space()
-        if model_space is not None:
-            return model_space.state(optimizer, model_state, is_loading)
+        self.model_space = self._model_space()
+        if self.model_space is not None:
+            return self.model_space.state(optimizer, model_state, is_loading)
         # Nested as it is: with virtual stages the chunks' dicts share top-level names (`decoder`, ...), and
         # megatron-core finds each parameter's ShardedTensor through nested_values.
         return optimizer.sharded_state_dict(model_state, is_loading=is_loading, metadata=OPTIMIZER_METADATA)
@@ -161,10 +168,23 @@ def checkpoint_format(model: list, optimizer=None, saved: Optional[SavedLayout] 
         return HybridFormat(model, saved)
     if saved is None:
         return StockFormat(model)
-    expert_optimizer = _on_any_rank(has_expert_optimizer(optimizer))
-    per_parameter = saved.format != STOCK_FORMAT or saved.expert_optimizer not in (None, expert_optimizer)
+    reason = _optimizer_mismatch(saved, optimizer)
+    per_parameter = reason is not None or saved.format != STOCK_FORMAT
     return StockFormat(model, per_layer_keys=not saved.layers_stacked,
-                       optimizer_keys=OptimizerKeys(saved.stored_keys) if per_parameter else None)
+                       optimizer_keys=OptimizerKeys(saved.stored_keys) if per_parameter else None,
+                       optimizer_mismatch=reason)
+
+
+def _optimizer_mismatch(saved: SavedLayout, optimizer) -> Optional[str]:
+    """Why Megatron's own optimizer state would not read the stock checkpoint `saved` (then it is read per
+    parameter in model space); None when it would. The same answer on every rank."""
+    expert_optimizer = _on_any_rank(has_expert_optimizer(optimizer))
+    if saved.expert_optimizer not in (None, expert_optimizer):
+        return f"written with {'an' if saved.expert_optimizer else 'no'} optimizer for the experts"
+    kind = optimizer_kind(optimizer)
+    if saved.optimizer_kind not in (None, kind):
+        return f"written by Megatron's {saved.optimizer_kind} optimizer, read into this run's {kind} one"
+    return None
 
 
 def _ensure_adam_state(optimizer) -> None:
@@ -337,8 +357,6 @@ def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: 
 def _try_load(root: str, iteration: int, model: list, optimizer, scheduler, options: dict):
     """Read iteration `iteration` into the model: (what was read, the format object that read it, None)
     when every rank read it, else (None, None, why not), the same answer on every rank."""
-    from megatron.core import dist_checkpointing
-
     failure, loaded, layout = None, None, None
     try:
         load_optimizer = options["with_optimizer"] and not options["weights_only"]
@@ -351,9 +369,7 @@ def _try_load(root: str, iteration: int, model: list, optimizer, scheduler, opti
         loaded = {}
         for selection in layout.load_passes():
             layout.select(selection)
-            template = _full_state(layout, optimizer, scheduler, 0, 0, with_optimizer=load_optimizer,
-                                   is_loading=True)
-            _merge(loaded, dist_checkpointing.load(template, path, validate_access_integrity=layout.validates_access))
+            _read_pass(path, layout, optimizer, scheduler, load_optimizer, loaded)
         layout.select(None)
         layout.load_model(loaded)
         _say_conversion(path, saved, layout)
@@ -364,6 +380,19 @@ def _try_load(root: str, iteration: int, model: list, optimizer, scheduler, opti
     if _on_any_rank(failure is not None):
         return None, None, failure or "another rank could not read it"
     return loaded, layout, None
+
+
+def _read_pass(path: str, layout, optimizer, scheduler, load_optimizer: bool, loaded: dict) -> None:
+    """Read what `layout` selects of iteration `path` into `loaded`; and then, where the checkpoint holds
+    no fp32 masters for this run's 16-bit weights, its fp32 weights into them (a second read)."""
+    from megatron.core import dist_checkpointing
+
+    template = _full_state(layout, optimizer, scheduler, 0, 0, with_optimizer=load_optimizer, is_loading=True)
+    _merge(loaded, dist_checkpointing.load(template, path, validate_access_integrity=layout.validates_access))
+    masters = layout.model_space.masters_from_weights if load_optimizer and layout.model_space else {}
+    if masters:
+        _merge(loaded, dist_checkpointing.load({"optimizer": masters}, path,
+                                               validate_access_integrity=layout.validates_access))
 
 
 def _merge(target: dict, source: dict) -> None:
@@ -381,9 +410,8 @@ def _say_conversion(path: str, saved: SavedLayout, layout) -> None:
     if saved.format != layout.format:
         _say("%s: written by a %s run, read into this %s run under its stored keys", path,
              runtimes.get(saved.format, saved.format), runtimes.get(layout.format, layout.format))
-    elif layout.optimizer_keys is not None:
-        _say("%s: written with %s optimizer for the experts; its optimizer state is read per parameter",
-             path, "an" if saved.expert_optimizer else "no")
+    elif getattr(layout, "optimizer_mismatch", None):
+        _say("%s: %s; its optimizer state is read per parameter", path, layout.optimizer_mismatch)
 
 
 def describe_failure(error: BaseException) -> str:

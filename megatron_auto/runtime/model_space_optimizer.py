@@ -16,7 +16,7 @@ from typing import Optional
 
 import torch
 
-from .optimizer_parts import inner_optimizers
+from .optimizer_parts import inner_optimizers, is_distributed
 from .saved_layout import STATE_PREFIX, OptimizerKeys, rekey_optimizer_template, saved_adam_step, saved_grad_scaler
 
 OPTIMIZER_METADATA = {"distrib_optim_sharding_type": "fully_reshardable"}
@@ -31,6 +31,10 @@ class ModelSpaceOptimizerState:
     def __init__(self, sharded_by_param: dict, keys: Optional[OptimizerKeys] = None) -> None:
         self.sharded_by_param = sharded_by_param
         self.keys = keys
+        self.masters_from_weights: dict = {}
+        """After a loading `state`: the template that reads the stored fp32 weights into the masters of the
+        parameters this run keeps in 16 bits, where the checkpoint holds no masters (Megatron's fp32 optimizer
+        wrote it): `_masters_from_weights`."""
 
     def state(self, optimizer, model_state: dict, is_loading: bool) -> dict:
         """Every part optimizer's tensors in model space, with the shared Adam step and loss scaler."""
@@ -44,7 +48,8 @@ class ModelSpaceOptimizerState:
             else:
                 parts[f"part{index}"] = self._per_parameter_state(inner, is_loading)
         if is_loading and self.keys is not None:
-            rekey_optimizer_template(parts, self.keys)
+            missing = rekey_optimizer_template(parts, self.keys)
+            self.masters_from_weights = _masters_from_weights(optimizer, self.sharded_by_param, missing)
         scaler = getattr(optimizer, "grad_scaler", None)
         return {"param_state": parts, "step": adam_step(optimizer),
                 "grad_scaler": scaler.state_dict() if scaler is not None else None}
@@ -85,8 +90,19 @@ class ModelSpaceOptimizerState:
             optimizer.grad_scaler.load_state_dict(scaler)
 
 
-def is_distributed(inner) -> bool:
-    return hasattr(inner, "load_parameter_state_from_fully_reshardable")
+def _masters_from_weights(optimizer, sharded_by_param: dict, missing_masters: list) -> dict:
+    """{"param_state": {part: {index: {"param": template}}}} reading each stored weight, written in fp32 by a run
+    without masters, into the fp32 master of a parameter whose weights this run keeps in 16 bits (rounding it
+    to the loaded 16-bit weight would lose the digits the fp32 run kept): a 16-bit parameter's own master, or
+    a ZeRO-3 shard's fp32 parameter, which the 16-bit model state only loads rounded. Weights loaded in fp32
+    are their masters already. `missing_masters`: rekey_optimizer_template's (part, index, master template)."""
+    params = {f"part{index}": _model_params(inner) for index, inner in enumerate(inner_optimizers(optimizer))}
+    parts: dict = {}
+    for part, index, master in missing_masters:
+        if sharded_by_param[id(params[part][index])].data.dtype != torch.float32:
+            master.key = master.key[len(f"{STATE_PREFIX}param."):]
+            parts.setdefault(part, {})[index] = {"param": master}
+    return {"param_state": parts} if parts else {}
 
 
 def _distributed_params_in_order(inner):

@@ -13,6 +13,8 @@ hybrid/checkpoint_state.py):
   experts' own at expert parallel > 1) puts `chained_<n>.` before each part's keys.
 A reading run builds its template in the stored scheme: the layer keys it finds in the
 checkpoint's metadata, and optimizer keys resolved against the stored ones (`OptimizerKeys`).
+`SavedLayout.optimizer_kind` tells which of Megatron's optimizers wrote a stock checkpoint, so that a
+run under another one (a changed --use-distributed-optimizer or precision) reads it per parameter.
 """
 from __future__ import annotations
 
@@ -31,6 +33,9 @@ _PER_LAYER_KEY = re.compile(r"(?:^|\.)decoder\.layers\.\d+\.")
 _CHAINED = re.compile(r"^chained_\d+\.")
 MASTER_ALIASES = ("param", "fp32_param")
 """Names of the fp32 master weights among optimizer tensors (distributed / non-distributed optimizer)."""
+DISTRIBUTED, MIXED_PRECISION, FP32 = "distributed", "16-bit", "fp32"
+"""Megatron's optimizers, by the state they write: the distributed one (masters as `param`), the non-distributed
+16-bit one (masters as `fp32_param`) and the fp32 one (no masters)."""
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,16 @@ class SavedLayout:
     def layers_stacked(self) -> bool:
         """Whether the layers share keys (Megatron-LM's dense form) rather than each having its own."""
         return not any(_PER_LAYER_KEY.search(key) for key in self.stored_keys)
+
+    @property
+    def optimizer_kind(self) -> Optional[str]:
+        """Which of Megatron's optimizers wrote the state, told by its master weights' name (a stock
+        checkpoint: the hybrid runtime writes `param` for every part); None: no optimizer state saved."""
+        kinds = {_CHAINED.sub("", key)[len(STATE_PREFIX):].split(".", 1)[0]
+                 for key in self.stored_keys if _CHAINED.sub("", key).startswith(STATE_PREFIX)}
+        if not kinds:
+            return None
+        return DISTRIBUTED if "param" in kinds else MIXED_PRECISION if "fp32_param" in kinds else FP32
 
 
 def read_saved_layout(path: str) -> SavedLayout:
@@ -81,20 +96,23 @@ class OptimizerKeys:
         return any(key.startswith(f"{STATE_PREFIX}param.") for key in self.by_plain)
 
 
-def rekey_optimizer_template(parts: dict, keys: OptimizerKeys) -> None:
+def rekey_optimizer_template(parts: dict, keys: OptimizerKeys) -> list:
     """Point every ShardedTensor (or factory) of `parts` ({part: {index: {kind: sharded}}}) at the stored
     key of its tensor. A master weight the checkpoint lacks (Megatron's fp32 optimizer keeps none) is
-    dropped: the loaded weights are the masters then. Any other missing tensor raises KeyError."""
-    for part in parts.values():
-        for entry in part.values():
+    taken out of `parts` and returned as (part, index, sharded): the weights are the masters then. Any other
+    missing tensor raises KeyError."""
+    dropped = []
+    for part_name, part in parts.items():
+        for index, entry in part.items():
             for kind in list(entry):
                 stored = keys.stored(entry[kind].key)
                 if stored is None and kind == "param" and not keys.has_masters():
-                    del entry[kind]
+                    dropped.append((part_name, index, entry.pop(kind)))
                 elif stored is None:
                     raise KeyError(f"the checkpoint has no optimizer tensor for {entry[kind].key}")
                 else:
                     entry[kind].key = stored
+    return dropped
 
 
 def saved_adam_step(state) -> int:

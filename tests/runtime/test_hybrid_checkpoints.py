@@ -179,17 +179,51 @@ def test_a_megatron_space_plan_resumes_a_hybrid_checkpoint(without_dropout, tmp_
     _assert_losses_match(logged_losses(result.output), reference_losses, (5, 6))
 
 
-def test_a_hybrid_plan_resumes_a_megatron_space_checkpoint(tmp_path):
+@pytest.fixture(scope="module")
+def stock_fp32(tmp_path_factory):
+    """4 iterations of the stock runtime at DP2 with Megatron's fp32 optimizer (no master copies), a checkpoint
+    every 2: (checkpoint root, losses)."""
+    folder = tmp_path_factory.mktemp("stock_fp32")
+    stock = _run(2, ["--train-iters", "4", "--save-interval", "2", "--save", str(folder / "ckpt"), *NO_DROPOUT],
+                 folder / "logs")
+    return folder / "ckpt", logged_losses(stock.output)
+
+
+def test_a_hybrid_plan_resumes_a_megatron_space_checkpoint(stock_fp32, tmp_path):
     """The hybrid runtime reads Megatron-LM's stacked layer keys, one load pass per TP degree (the plan mixes
     TP2 and TP1 layers), and the fp32 optimizer's state, which has no master copies: iterations 3 and 4 match
     the uninterrupted stock run (DP2) within LOSS_RTOL."""
-    stock = _run(2, ["--train-iters", "4", "--save-interval", "2", "--save", str(tmp_path / "ckpt"), *NO_DROPOUT],
-                 tmp_path / "stock")
+    root, stock_losses = stock_fp32
     plan = _plan_file(tmp_path, "plan.json", 2, (Chunk(SAVING_LAYERS),), DP2_ZERO1)
-    result = _run(2, ["--auto-parallel-plan", str(plan), "--train-iters", "4", "--load", str(tmp_path / "ckpt"),
+    result = _run(2, ["--auto-parallel-plan", str(plan), "--train-iters", "4", "--load", str(root),
                       "--ckpt-step", "2", *NO_DROPOUT], tmp_path / "hybrid")
     assert "written by a megatron-space (stock runtime) run, read into this hybrid-space run" in result.output
-    _assert_losses_match(logged_losses(result.output), logged_losses(stock.output), (3, 4))
+    _assert_losses_match(logged_losses(result.output), stock_losses, (3, 4))
+
+
+def test_an_fp32_megatron_lm_checkpoint_converts_to_a_bf16_hybrid_plan_with_fp32_masters(stock_fp32, tmp_path):
+    """Megatron's fp32 optimizer saves no masters; converted to the saving plan in bf16, every part kind's fp32
+    master is the stored fp32 weight bit for bit (read a second time in each TP load pass), not the bf16 weight
+    that rounds it, and every weight is that value in bf16."""
+    root, _ = stock_fp32
+    plan = _plan_file(tmp_path, "plan.json", 2, (Chunk(SAVING_LAYERS),), DP2_ZERO1)
+    converted = launch(2, ["tools/convert_checkpoint.py", *TINY, "--bf16", "--train-iters", "4",
+                           "--auto-parallel-plan", str(plan), "--load", str(root), "--ckpt-step", "2",
+                           "--save", str(tmp_path / "hybrid")], 300, tmp_path / "logs")
+    assert converted.ok, converted.output[-4000:]
+    stock = checkpoint_tensors(root / "iter_0000002")
+    hybrid = checkpoint_tensors(tmp_path / "hybrid" / "iter_0000002")
+    mismatched, rounded = [], []
+    for name, master in hybrid.items():
+        if not name.startswith("optimizer.state.param."):
+            continue
+        weight_name = name[len("optimizer.state.param."):]
+        stacked, layer = _stacked_name(weight_name)
+        original = stock[stacked] if layer is None else stock[stacked][layer]
+        if not (torch.equal(master, original) and torch.equal(hybrid[weight_name], original.bfloat16())):
+            mismatched.append(name)
+        rounded += [name] if torch.equal(master, hybrid[weight_name].float()) else []
+    assert mismatched == [] and rounded == [] and len([n for n in hybrid if ".param." in n]) > 40
 
 
 def _stacked_name(name: str) -> tuple[str, int | None]:

@@ -19,6 +19,7 @@ hybrid ones: the reader builds its template under the stored keys
 from __future__ import annotations
 
 import contextlib
+from typing import Optional
 
 import torch
 
@@ -103,6 +104,8 @@ class HybridFormat:
         """id(model parameter) -> its ShardedTensor (or factory) in the last model_state."""
         self.selected = None
         """The sharding signature whose modules model_state builds (`load_passes`); None: every module."""
+        self.model_space: Optional[ModelSpaceOptimizerState] = None
+        """The per-parameter optimizer state of the last optimizer_state."""
 
     def load_passes(self) -> list:
         """What one dist_checkpointing.load reads at a time: everything (`[None]`), or, under stacked layer
@@ -159,7 +162,8 @@ class HybridFormat:
         return ModelSpaceOptimizerState(self.sharded_by_param, self.optimizer_keys)
 
     def optimizer_state(self, optimizer, model_state: dict, is_loading: bool) -> dict:
-        return self._optimizer().state(optimizer, model_state, is_loading)
+        self.model_space = self._optimizer()
+        return self.model_space.state(optimizer, model_state, is_loading)
 
     def load_optimizer(self, optimizer, loaded: dict) -> None:
         self._optimizer().load(optimizer, loaded)
