@@ -1,0 +1,71 @@
+"""Every rank: the bytes the runtime's MoE layer saves for backward at expert parallel = world size.
+
+Usage (RANK/WORLD_SIZE/MASTER_* set, EP = WORLD_SIZE ranks): python moe_saved_worker.py CASES.json RESULTS.json
+Each case: {"name", "model": uniform_model keywords (every layer MoE), "dispatcher": alltoall or allgather}.
+Layer 0 of the runtime's GPTModel (runtime.model.first_decoder_layer, fp32, unfused attention, dropout 0.1,
+this rank's E/EP experts) runs one forward on this rank's own tokens; the results hold, per rank,
+profiling.layer_bench.saved_activation_bytes and the token copies this rank's experts processed.
+"""
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import replace
+
+import patches
+
+patches.apply_all()
+
+import torch  # noqa: E402
+
+from megatron_auto.profiling.layer_bench import saved_activation_bytes  # noqa: E402
+from megatron_auto.profiling.cluster_profile import init_from_env  # noqa: E402
+from megatron_auto.runtime.model import first_decoder_layer  # noqa: E402
+from megatron_auto.runtime.settings import MoESettings, TrainSettings  # noqa: E402
+from megatron_auto.specs.model import uniform_model  # noqa: E402
+
+SEQ, BATCH = 16, 2
+
+
+def processed_copies(layer) -> list[int]:
+    """Hook on the experts: how many token copies this rank's experts get in the forward."""
+    counts = []
+
+    def count(_module, args):
+        counts.append(int(torch.as_tensor(args[1]).sum()))  # experts(permuted tokens, tokens_per_expert, ...)
+    layer.mlp.experts.register_forward_pre_hook(count)
+    return counts
+
+
+def run_case(case: dict, world_size: int) -> dict:
+    from megatron.core import tensor_parallel
+
+    model = uniform_model(case["name"], **case["model"])
+    settings = TrainSettings(precision="fp32", attention_backend="unfused",
+                             moe=replace(MoESettings(), token_dispatcher=case["dispatcher"]))
+    layer, rope = first_decoder_layer(model, settings, torch.device("cpu"), None, expert_parallel=world_size)
+    counts = processed_copies(layer)
+    torch.manual_seed(10 + torch.distributed.get_rank())  # each rank routes its own tokens
+    tensor_parallel.model_parallel_cuda_manual_seed(1)
+    hidden = torch.randn(SEQ, BATCH, model.layers[0].hidden_size, requires_grad=True)
+    saved = saved_activation_bytes(layer, hidden, **rope)
+    return {"saved": saved, "processed": counts[0]}
+
+
+def main(cases_path: str, results_path: str) -> None:
+    from megatron.core import parallel_state
+
+    init_from_env()
+    world_size = torch.distributed.get_world_size()
+    parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=world_size)
+    cases = json.loads(open(cases_path).read())
+    results = {case["name"]: run_case(case, world_size) for case in cases}
+    everyone = [None] * world_size
+    torch.distributed.all_gather_object(everyone, results)
+    if torch.distributed.get_rank() == 0:
+        with open(results_path, "w") as out:
+            json.dump(everyone, out)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])
