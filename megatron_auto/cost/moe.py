@@ -198,10 +198,12 @@ def expert_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: 
     (mlp_saved_width) plus the probability-scaled activation that is fc2's input (SequentialMLP passes the
     probabilities to MLP.forward as per_token_scale): 5f with SwiGLU, 3f with GeLU. Per routed copy on the
     source side: the top-k index (int64) and its probability; per token and expert: the routing map (bool)
-    and the probabilities scattered over it. The permutation's sorted index (int64) is per routed copy where
-    the alltoall dispatcher permutes at the source, and per processed copy where the allgather one permutes
-    the gathered tokens for its local experts. Measured exactly on the runtime's layer in fp32 at EP1 and, on
-    the busiest rank, at EP2 with either dispatcher (tests/runtime/test_recompute_modules.py).
+    and the probabilities scattered over it. The allgather dispatcher permutes the tokens it gathered over
+    the ep x etp block for its E/ep local experts instead: it keeps the permutation's sorted index (int64)
+    per processed copy, where alltoall keeps it per routed copy, and the gathered map and probabilities for
+    its local experts, (ep etp T) x (E/ep), that is etp times the source's. Measured exactly on the runtime's
+    layer in fp32 at EP1 and, on the busiest rank, at EP2 and at expert-TP 2 with either dispatcher
+    (tests/runtime/test_recompute_modules.py).
     """
     if recomputed:
         return 0.0
@@ -210,8 +212,10 @@ def expert_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: 
     inner = (mlp_saved_width(layer.swiglu) + 1) * layer.moe.expert_ffn_hidden_size / strategy.expert_tp
     tokens = local_tokens(seq, samples, strategy)
     k, experts = layer.moe.router_topk, layer.moe.num_experts
-    sorted_index = INDEX_BYTES * (processed if training.moe_token_dispatcher == "allgather" else k * tokens)
-    source = tokens * (k * (INDEX_BYTES + word) + experts * (1 + word)) + sorted_index
+    allgather = training.moe_token_dispatcher == "allgather"
+    sorted_index = INDEX_BYTES * (processed if allgather else k * tokens)
+    map_columns = experts * (strategy.expert_tp if allgather else 1)
+    source = tokens * (k * (INDEX_BYTES + word) + map_columns * (1 + word)) + sorted_index
     return word * processed * (h + inner + 1) + source
 
 

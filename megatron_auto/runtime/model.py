@@ -80,18 +80,19 @@ def build_chunks(model: ModelSpec, layout: MegatronLayout, settings: TrainSettin
 
 
 def first_decoder_layer(model: ModelSpec, settings: TrainSettings, device: torch.device,
-                        recompute_granularity: str | None = None,
-                        expert_parallel: int = 1) -> tuple[torch.nn.Module, dict]:
+                        recompute_granularity: str | None = None, expert_parallel: int = 1,
+                        expert_tensor_parallel: int = 1) -> tuple[torch.nn.Module, dict]:
     """Layer 0 of the GPTModel this runtime builds for `model` at TP1/PP1 (its spec, kernels and config),
     seeded alike for every build and in the settings' precision, and the keywords its GPTModel hands the
     layer besides the hidden states (the RoPE table): one layer to measure on its own. At `expert_parallel`
-    > 1 (a MoE model; Megatron's model-parallel state initialised with that degree) it holds this rank's
-    experts."""
+    or `expert_tensor_parallel` > 1 (a MoE model; Megatron's model-parallel state initialised with those
+    degrees) it holds this rank's experts, or its shard of them."""
     from .config import DTYPES, transformer_config
 
-    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=expert_parallel,
-                            micro_batch_size=1, num_micro_batches=1, global_batch_size=expert_parallel,
-                            recompute_granularity=recompute_granularity, expert_parallel=expert_parallel)
+    experts = expert_parallel * expert_tensor_parallel
+    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=experts, micro_batch_size=1,
+                            num_micro_batches=1, global_batch_size=experts, recompute_granularity=recompute_granularity,
+                            expert_parallel=expert_parallel, expert_tensor_parallel=expert_tensor_parallel)
     config = transformer_config(model, layout, settings, "nccl" if device.type == "cuda" else "gloo")
     torch.manual_seed(0)
     chunk = build_chunks(model, layout, settings, config, model.vocab_size, device)[0]

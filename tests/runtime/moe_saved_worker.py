@@ -1,10 +1,12 @@
-"""Every rank: the bytes the runtime's MoE layer saves for backward at expert parallel = world size.
+"""Every rank: the bytes the runtime's MoE layer saves for backward, with the world's ranks as its experts'
+expert-parallel x expert-tensor-parallel block (TP1).
 
-Usage (RANK/WORLD_SIZE/MASTER_* set, EP = WORLD_SIZE ranks): python moe_saved_worker.py CASES.json RESULTS.json
-Each case: {"name", "model": uniform_model keywords (every layer MoE), "dispatcher": alltoall or allgather}.
+Usage (RANK/WORLD_SIZE/MASTER_* set): python moe_saved_worker.py CASES.json RESULTS.json
+Each case: {"name", "model": uniform_model keywords (every layer MoE), "dispatcher": alltoall or allgather,
+"etp": the expert-TP degree (EP = WORLD_SIZE / etp); every case of one launch has the same etp}.
 Layer 0 of the runtime's GPTModel (runtime.model.first_decoder_layer, fp32, unfused attention, dropout 0.1,
-this rank's E/EP experts) runs one forward on this rank's own tokens; the results hold, per rank,
-profiling.layer_bench.saved_activation_bytes and the token copies this rank's experts processed.
+this rank's E/EP experts, 1/etp of each) runs one forward on this rank's own tokens; the results hold, per
+rank, profiling.layer_bench.saved_activation_bytes and the token copies this rank's experts processed.
 """
 from __future__ import annotations
 
@@ -37,13 +39,14 @@ def processed_copies(layer) -> list[int]:
     return counts
 
 
-def run_case(case: dict, world_size: int) -> dict:
+def run_case(case: dict, ep: int) -> dict:
     from megatron.core import tensor_parallel
 
     model = uniform_model(case["name"], **case["model"])
     settings = TrainSettings(precision="fp32", attention_backend="unfused",
                              moe=replace(MoESettings(), token_dispatcher=case["dispatcher"]))
-    layer, rope = first_decoder_layer(model, settings, torch.device("cpu"), None, expert_parallel=world_size)
+    layer, rope = first_decoder_layer(model, settings, torch.device("cpu"), None, expert_parallel=ep,
+                                      expert_tensor_parallel=case["etp"])
     counts = processed_copies(layer)
     torch.manual_seed(10 + torch.distributed.get_rank())  # each rank routes its own tokens
     tensor_parallel.model_parallel_cuda_manual_seed(1)
@@ -57,9 +60,11 @@ def main(cases_path: str, results_path: str) -> None:
 
     init_from_env()
     world_size = torch.distributed.get_world_size()
-    parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=world_size)
     cases = json.loads(open(cases_path).read())
-    results = {case["name"]: run_case(case, world_size) for case in cases}
+    etp = cases[0]["etp"]
+    parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=world_size // etp,
+                                             expert_tensor_parallel_size=etp)
+    results = {case["name"]: run_case(case, world_size // etp) for case in cases}
     everyone = [None] * world_size
     torch.distributed.all_gather_object(everyone, results)
     if torch.distributed.get_rank() == 0:

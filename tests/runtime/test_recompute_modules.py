@@ -95,30 +95,40 @@ def test_each_layer_keeps_what_the_cost_model_counts(measured, case):
     assert measured[case["name"]]["none"] == kept_bytes(case, "none") + SEQ * SEQ
 
 
-EXPERT_PARALLEL_CASES = [{"name": f"{name}-{dispatcher}", "model": model, "dispatcher": dispatcher}
+EXPERT_PARALLEL_CASES = [{"name": f"{name}-{dispatcher}", "model": model, "dispatcher": dispatcher, "etp": 1}
                          for name, model in (("moe", MOE), ("gelu-moe", GELU_MOE))
                          for dispatcher in ("alltoall", "allgather")]
+# Expert TP needs experts without biases (Megatron's assert): the SwiGLU model only.
+EXPERT_TP_CASES = [{"name": f"moe-etp2-{dispatcher}", "model": MOE, "dispatcher": dispatcher, "etp": 2}
+                   for dispatcher in ("alltoall", "allgather")]
 
 
 @pytest.fixture(scope="module")
-def measured_at_ep2(tmp_path_factory) -> list:
-    return run_cases(tmp_path_factory.mktemp("moe_ep2"), 2, "moe_saved_worker.py", EXPERT_PARALLEL_CASES, 300)
+def measured_experts(tmp_path_factory) -> dict:
+    """{case name: every rank's result}: EP2 on 2 ranks, then EP1 x expert-TP 2 on 2 ranks."""
+    results = {}
+    for cases in (EXPERT_PARALLEL_CASES, EXPERT_TP_CASES):
+        ranks = run_cases(tmp_path_factory.mktemp("moe_experts"), 2, "moe_saved_worker.py", cases, 300)
+        results.update({case["name"]: [rank[case["name"]] for rank in ranks] for case in cases})
+    return results
 
 
-@pytest.mark.parametrize("case", EXPERT_PARALLEL_CASES, ids=lambda c: c["name"])
-def test_a_moe_layer_at_expert_parallel_2_keeps_what_the_cost_model_counts(measured_at_ep2, case):
-    """EP2 on 2 ranks, each routing its own tokens: the busiest rank, whose experts process `imbalance` times
-    the mean k x T copies, keeps the cost model's bytes for that imbalance exactly (but for the cached s x s
-    causal mask, as above). The two dispatchers differ in where the permutation's sorted index lives: per
-    routed copy at the source (alltoall) or per processed copy (allgather), which only the imbalance shows."""
-    ranks = [result[case["name"]] for result in measured_at_ep2]
+@pytest.mark.parametrize("case", EXPERT_PARALLEL_CASES + EXPERT_TP_CASES, ids=lambda c: c["name"])
+def test_a_moe_layer_split_over_ranks_keeps_what_the_cost_model_counts(measured_experts, case):
+    """EP2, or expert-TP 2, on 2 ranks, each routing its own tokens: the busiest rank, whose experts process
+    `imbalance` times the mean k x T x etp copies, keeps the cost model's bytes for that imbalance exactly
+    (but for the cached s x s causal mask, as above). The dispatchers differ in what they keep: alltoall the
+    permutation's sorted index per routed copy at the source, allgather per processed copy, which only the
+    imbalance shows, and the routing map of the tokens it gathered, which only expert TP shows."""
+    ranks, etp = measured_experts[case["name"]], case["etp"]
     busiest = max(ranks, key=lambda rank: rank["processed"])
     layer = uniform_model(case["name"], **case["model"]).layers[0]
     routed = layer.moe.router_topk * SEQ * BATCH
-    assert sum(rank["processed"] for rank in ranks) == 2 * routed
+    assert sum(rank["processed"] for rank in ranks) == 2 * routed * etp
     training = TrainingSpec(BATCH, precision="fp32", param_bytes=4, attention_backend="unfused",
-                            moe_token_dispatcher=case["dispatcher"], moe_load_imbalance=busiest["processed"] / routed)
-    strategy = LayerStrategy(tp=1, dp=2, ep=2)
+                            moe_token_dispatcher=case["dispatcher"],
+                            moe_load_imbalance=busiest["processed"] / (routed * etp))
+    strategy = LayerStrategy(tp=1, dp=2, ep=2 // etp, etp=etp)
     assert busiest["saved"] == layer_cost(layer, strategy, BATCH, SEQ, CPU, training).activation_bytes + SEQ * SEQ
 
 
