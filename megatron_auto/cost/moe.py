@@ -202,8 +202,8 @@ def expert_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: 
     the ep x etp block for its E/ep local experts instead: it keeps the permutation's sorted index (int64)
     per processed copy, where alltoall keeps it per routed copy, and the gathered map and probabilities for
     its local experts, (ep etp T) x (E/ep), that is etp times the source's. Measured exactly on the runtime's
-    layer in fp32 at EP1 and, on the busiest rank, at EP2 and at expert-TP 2 with either dispatcher
-    (tests/runtime/test_recompute_modules.py).
+    layer in fp32 at EP1 and, on the busiest rank, at EP2, at expert-TP 2 and at TP2 with SP, with either
+    dispatcher (tests/runtime/test_recompute_modules.py).
     """
     if recomputed:
         return 0.0

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import torch
 
@@ -80,19 +81,18 @@ def build_chunks(model: ModelSpec, layout: MegatronLayout, settings: TrainSettin
 
 
 def first_decoder_layer(model: ModelSpec, settings: TrainSettings, device: torch.device,
-                        recompute_granularity: str | None = None, expert_parallel: int = 1,
-                        expert_tensor_parallel: int = 1) -> tuple[torch.nn.Module, dict]:
-    """Layer 0 of the GPTModel this runtime builds for `model` at TP1/PP1 (its spec, kernels and config),
-    seeded alike for every build and in the settings' precision, and the keywords its GPTModel hands the
-    layer besides the hidden states (the RoPE table): one layer to measure on its own. At `expert_parallel`
-    or `expert_tensor_parallel` > 1 (a MoE model; Megatron's model-parallel state initialised with those
-    degrees) it holds this rank's experts, or its shard of them."""
+                        recompute_granularity: str | None = None,
+                        layout: MegatronLayout | None = None) -> tuple[torch.nn.Module, dict]:
+    """Layer 0 of the GPTModel this runtime builds for `model` (its spec, kernels and config), seeded alike for
+    every build and in the settings' precision, and the keywords its GPTModel hands the layer besides the
+    hidden states (the RoPE table): one layer to measure on its own. At TP1/PP1 unless `layout` (one stage)
+    says otherwise, with Megatron's model-parallel state initialised to match: then it holds this rank's
+    shard, and its experts' (a MoE model's)."""
     from .config import DTYPES, transformer_config
 
-    experts = expert_parallel * expert_tensor_parallel
-    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=experts, micro_batch_size=1,
-                            num_micro_batches=1, global_batch_size=experts, recompute_granularity=recompute_granularity,
-                            expert_parallel=expert_parallel, expert_tensor_parallel=expert_tensor_parallel)
+    layout = layout or MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
+                                      num_micro_batches=1, global_batch_size=1)
+    layout = replace(layout, recompute_granularity=recompute_granularity)
     config = transformer_config(model, layout, settings, "nccl" if device.type == "cuda" else "gloo")
     torch.manual_seed(0)
     chunk = build_chunks(model, layout, settings, config, model.vocab_size, device)[0]

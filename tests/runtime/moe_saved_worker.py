@@ -1,12 +1,12 @@
-"""Every rank: the bytes the runtime's MoE layer saves for backward, with the world's ranks as its experts'
-expert-parallel x expert-tensor-parallel block (TP1).
+"""Every rank: the bytes the runtime's MoE layer saves for backward, split over the ranks of one stage.
 
 Usage (RANK/WORLD_SIZE/MASTER_* set): python moe_saved_worker.py CASES.json RESULTS.json
 Each case: {"name", "model": uniform_model keywords (every layer MoE), "dispatcher": alltoall or allgather,
-"etp": the expert-TP degree (EP = WORLD_SIZE / etp); every case of one launch has the same etp}.
-Layer 0 of the runtime's GPTModel (runtime.model.first_decoder_layer, fp32, unfused attention, dropout 0.1,
-this rank's E/EP experts, 1/etp of each) runs one forward on this rank's own tokens; the results hold, per
-rank, profiling.layer_bench.saved_activation_bytes and the token copies this rank's experts processed.
+"tp": tensor parallel (with sequence parallel above 1, which MoE layers need), "ep", "etp": the experts'
+expert-parallel and expert-TP degrees (ep x etp = WORLD_SIZE)}; every case of one launch has the same degrees.
+Layer 0 of the runtime's GPTModel (runtime.model.first_decoder_layer, fp32, unfused attention, dropout 0.1)
+runs one forward on this rank's own tokens (s/tp of them under sequence parallel); the results hold, per rank,
+profiling.layer_bench.saved_activation_bytes and the token copies this rank's experts processed.
 """
 from __future__ import annotations
 
@@ -20,8 +20,9 @@ patches.apply_all()
 
 import torch  # noqa: E402
 
-from megatron_auto.profiling.layer_bench import saved_activation_bytes  # noqa: E402
 from megatron_auto.profiling.cluster_profile import init_from_env  # noqa: E402
+from megatron_auto.profiling.layer_bench import saved_activation_bytes  # noqa: E402
+from megatron_auto.runtime.layout import MegatronLayout  # noqa: E402
 from megatron_auto.runtime.model import first_decoder_layer  # noqa: E402
 from megatron_auto.runtime.settings import MoESettings, TrainSettings  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
@@ -39,18 +40,24 @@ def processed_copies(layer) -> list[int]:
     return counts
 
 
-def run_case(case: dict, ep: int) -> dict:
+def stage_layout(case: dict, world_size: int) -> MegatronLayout:
+    dp = world_size // case["tp"]
+    return MegatronLayout(tensor_parallel=case["tp"], pipeline_parallel=1, data_parallel=dp, micro_batch_size=1,
+                          num_micro_batches=1, global_batch_size=dp, sequence_parallel=case["tp"] > 1,
+                          expert_parallel=case["ep"], expert_tensor_parallel=case["etp"])
+
+
+def run_case(case: dict, world_size: int) -> dict:
     from megatron.core import tensor_parallel
 
     model = uniform_model(case["name"], **case["model"])
     settings = TrainSettings(precision="fp32", attention_backend="unfused",
                              moe=replace(MoESettings(), token_dispatcher=case["dispatcher"]))
-    layer, rope = first_decoder_layer(model, settings, torch.device("cpu"), None, expert_parallel=ep,
-                                      expert_tensor_parallel=case["etp"])
+    layer, rope = first_decoder_layer(model, settings, torch.device("cpu"), None, stage_layout(case, world_size))
     counts = processed_copies(layer)
     torch.manual_seed(10 + torch.distributed.get_rank())  # each rank routes its own tokens
     tensor_parallel.model_parallel_cuda_manual_seed(1)
-    hidden = torch.randn(SEQ, BATCH, model.layers[0].hidden_size, requires_grad=True)
+    hidden = torch.randn(SEQ // case["tp"], BATCH, model.layers[0].hidden_size, requires_grad=True)
     saved = saved_activation_bytes(layer, hidden, **rope)
     return {"saved": saved, "processed": counts[0]}
 
@@ -61,10 +68,9 @@ def main(cases_path: str, results_path: str) -> None:
     init_from_env()
     world_size = torch.distributed.get_world_size()
     cases = json.loads(open(cases_path).read())
-    etp = cases[0]["etp"]
-    parallel_state.initialize_model_parallel(1, 1, expert_model_parallel_size=world_size // etp,
-                                             expert_tensor_parallel_size=etp)
-    results = {case["name"]: run_case(case, world_size // etp) for case in cases}
+    parallel_state.initialize_model_parallel(cases[0]["tp"], 1, expert_model_parallel_size=cases[0]["ep"],
+                                             expert_tensor_parallel_size=cases[0]["etp"])
+    results = {case["name"]: run_case(case, world_size) for case in cases}
     everyone = [None] * world_size
     torch.distributed.all_gather_object(everyone, results)
     if torch.distributed.get_rank() == 0:

@@ -95,40 +95,44 @@ def test_each_layer_keeps_what_the_cost_model_counts(measured, case):
     assert measured[case["name"]]["none"] == kept_bytes(case, "none") + SEQ * SEQ
 
 
-EXPERT_PARALLEL_CASES = [{"name": f"{name}-{dispatcher}", "model": model, "dispatcher": dispatcher, "etp": 1}
-                         for name, model in (("moe", MOE), ("gelu-moe", GELU_MOE))
-                         for dispatcher in ("alltoall", "allgather")]
-# Expert TP needs experts without biases (Megatron's assert): the SwiGLU model only.
-EXPERT_TP_CASES = [{"name": f"moe-etp2-{dispatcher}", "model": MOE, "dispatcher": dispatcher, "etp": 2}
-                   for dispatcher in ("alltoall", "allgather")]
+def _split_cases(tp: int, ep: int, etp: int, models) -> list[dict]:
+    return [{"name": f"{name}-tp{tp}-ep{ep}-etp{etp}-{dispatcher}", "model": model, "dispatcher": dispatcher,
+             "tp": tp, "ep": ep, "etp": etp} for name, model in models for dispatcher in ("alltoall", "allgather")]
+
+
+# Three ways to split a MoE layer over 2 ranks; expert TP needs experts without biases (Megatron's assert).
+SPLIT_LAUNCHES = [_split_cases(1, 2, 1, (("moe", MOE), ("gelu-moe", GELU_MOE))),
+                  _split_cases(1, 1, 2, (("moe", MOE),)),
+                  _split_cases(2, 1, 2, (("moe", MOE),))]
 
 
 @pytest.fixture(scope="module")
-def measured_experts(tmp_path_factory) -> dict:
-    """{case name: every rank's result}: EP2 on 2 ranks, then EP1 x expert-TP 2 on 2 ranks."""
+def measured_splits(tmp_path_factory) -> dict:
+    """{case name: every rank's result}, one 2-rank launch per split."""
     results = {}
-    for cases in (EXPERT_PARALLEL_CASES, EXPERT_TP_CASES):
-        ranks = run_cases(tmp_path_factory.mktemp("moe_experts"), 2, "moe_saved_worker.py", cases, 300)
+    for cases in SPLIT_LAUNCHES:
+        ranks = run_cases(tmp_path_factory.mktemp("moe_split"), 2, "moe_saved_worker.py", cases, 300)
         results.update({case["name"]: [rank[case["name"]] for rank in ranks] for case in cases})
     return results
 
 
-@pytest.mark.parametrize("case", EXPERT_PARALLEL_CASES + EXPERT_TP_CASES, ids=lambda c: c["name"])
-def test_a_moe_layer_split_over_ranks_keeps_what_the_cost_model_counts(measured_experts, case):
-    """EP2, or expert-TP 2, on 2 ranks, each routing its own tokens: the busiest rank, whose experts process
-    `imbalance` times the mean k x T x etp copies, keeps the cost model's bytes for that imbalance exactly
-    (but for the cached s x s causal mask, as above). The dispatchers differ in what they keep: alltoall the
-    permutation's sorted index per routed copy at the source, allgather per processed copy, which only the
-    imbalance shows, and the routing map of the tokens it gathered, which only expert TP shows."""
-    ranks, etp = measured_experts[case["name"]], case["etp"]
+@pytest.mark.parametrize("case", [case for cases in SPLIT_LAUNCHES for case in cases], ids=lambda c: c["name"])
+def test_a_moe_layer_split_over_ranks_keeps_what_the_cost_model_counts(measured_splits, case):
+    """EP2, expert-TP 2, or TP2 with SP (whose experts default to expert-TP 2), on 2 ranks, each routing its own
+    tokens: the busiest rank, whose experts process `imbalance` times the mean k x T x etp copies (T: its
+    s/tp tokens), keeps the cost model's bytes for that imbalance exactly (but for the cached s x s causal mask,
+    as above). The dispatchers differ in what they keep: alltoall the permutation's sorted index per routed
+    copy at the source, allgather per processed copy, which only the imbalance shows, and the routing map of
+    the tokens it gathered, which only expert TP shows."""
+    ranks, tp, etp = measured_splits[case["name"]], case["tp"], case["etp"]
     busiest = max(ranks, key=lambda rank: rank["processed"])
     layer = uniform_model(case["name"], **case["model"]).layers[0]
-    routed = layer.moe.router_topk * SEQ * BATCH
+    routed = layer.moe.router_topk * SEQ // tp * BATCH
     assert sum(rank["processed"] for rank in ranks) == 2 * routed * etp
     training = TrainingSpec(BATCH, precision="fp32", param_bytes=4, attention_backend="unfused",
                             moe_token_dispatcher=case["dispatcher"],
                             moe_load_imbalance=busiest["processed"] / (routed * etp))
-    strategy = LayerStrategy(tp=1, dp=2, ep=2 // etp, etp=etp)
+    strategy = LayerStrategy(tp=tp, sp=tp > 1, dp=2 // tp, ep=case["ep"], etp=etp)
     assert busiest["saved"] == layer_cost(layer, strategy, BATCH, SEQ, CPU, training).activation_bytes + SEQ * SEQ
 
 
