@@ -344,6 +344,10 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--wandb-entity", default="", help="the wandb team or user")
     group.add_argument("--ckpt-step", type=int)
     group.add_argument("--finetune", action="store_true")
+    group.add_argument("--pretrained-checkpoint",
+                       help="where --load holds no checkpoint (or is not given), fine-tune from this one's weights "
+                            "(--finetune's semantics): a fine-tuning job's first run starts from the base model, "
+                            "its restarts resume from --load")
 
 
 def no_effect_reasons(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -583,7 +587,7 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         max_position_embeddings=args.max_position_embeddings, log_interval=args.log_interval,
         eval_interval=args.eval_interval, eval_iters=args.eval_iters, save=args.save, load=args.load,
         save_interval=args.save_interval, exit_interval=args.exit_interval, ckpt_step=args.ckpt_step,
-        finetune=args.finetune, timeout_s=args.distributed_timeout_minutes * 60,
+        finetune=args.finetune, pretrained_checkpoint=args.pretrained_checkpoint, timeout_s=args.distributed_timeout_minutes * 60,
         data=data_from_args(args, vocab_size), moe=moe_settings(args))
 
 
@@ -811,7 +815,7 @@ def run(args: argparse.Namespace) -> None:
         basis = plan_basis(args, plan, model, world_size, settings)
         if basis is None:
             job = session.build_session(plan, model, settings, info.backend, info.device)
-            if settings.load:
+            if settings.load or settings.pretrained_checkpoint:
                 session.resume(job)
             session.train(job)
         else:

@@ -39,7 +39,7 @@ Replanner = Callable[[int], Plan]
 
 def train_fitting(plan: Plan, basis: PlanBasis, settings: TrainSettings, info, replan: Replanner,
                   restart: bool) -> Plan:
-    """Train `plan` (from a checkpoint when settings.load), re-planning on an early OOM; returns
+    """Train `plan` (from a checkpoint when settings.load or pretrained_checkpoint), re-planning on an early OOM; returns
     the plan that trained. `info`: distributed.DeviceInfo."""
     rank = torch.distributed.get_rank()
     group = oom.agreement_group(settings.timeout_s)
@@ -60,7 +60,7 @@ def _train_attempt(plan: Plan, basis: PlanBasis, settings: TrainSettings, info, 
     """Build the session for `plan` and train it, the first iterations guarded and checked."""
     rank = torch.distributed.get_rank()
     job = sessions.build_session(plan, basis.model, settings, info.backend, info.device)
-    if settings.load:
+    if settings.load or settings.pretrained_checkpoint:
         sessions.resume(job)
     stop = sessions.stop_iteration(job.settings)
     try:

@@ -160,18 +160,37 @@ def _build_hybrid_session(plan: Plan, model_spec: ModelSpec, settings: TrainSett
 
 
 def resume(session: Session, path: Optional[str] = None, step: Optional[int] = None) -> None:
-    """Load `path` (default: settings.load) at `step` (default: settings.ckpt_step or the latest); a
-    directory without a checkpoint leaves the run at iteration 0 (Megatron-LM warns and starts from scratch)."""
-    root = path or session.settings.load
+    """Load `path` (default: settings.load, or settings.pretrained_checkpoint's weights where that holds no
+    checkpoint) at `step` (default: settings.ckpt_step or the latest); a directory without a checkpoint leaves
+    the run at iteration 0 (Megatron-LM warns and starts from scratch)."""
+    root, weights_only = path or session.settings.load, session.settings.finetune
     step = step if step is not None else session.settings.ckpt_step
+    if path is None and session.settings.pretrained_checkpoint:
+        root, weights_only = _finetune_source(session.settings, weights_only)
     resumed = checkpoint.load_checkpoint(root, session.model, session.optimizer, session.scheduler,
-                                         weights_only=session.settings.finetune, step=step,
+                                         weights_only=weights_only, step=step,
                                          with_optimizer=session.settings.load_optimizer,
                                          with_rng=session.settings.load_rng)
     if resumed is not None:
         session.iteration = resumed.iteration
         session.consumed_samples = resumed.consumed_samples
         session.eval_batches = eval_batches_before(resumed.iteration, session.settings)
+
+
+def _finetune_source(settings: TrainSettings, finetune: bool) -> tuple[str, bool]:
+    """(directory, weights only) to start from with --pretrained-checkpoint: --load where it holds a checkpoint
+    (a restart resumes as usual), else the pretrained weights (Megatron-LM sets --finetune then)."""
+    if settings.load and checkpoint.load_candidates(settings.load):
+        return settings.load, finetune
+    pretrained = settings.pretrained_checkpoint
+    if not checkpoint.load_candidates(pretrained):
+        where = (f"neither --load {settings.load} nor --pretrained-checkpoint {pretrained} holds one" if settings.load
+                 else f"--pretrained-checkpoint {pretrained} holds none")
+        raise UserError(f"no checkpoint to start from: {where}")
+    if torch.distributed.get_rank() == 0:
+        logger.info("no checkpoint in --load %s: fine-tuning from the weights of --pretrained-checkpoint %s",
+                    settings.load, pretrained)
+    return pretrained, True
 
 
 def eval_batches_before(iteration: int, settings: TrainSettings) -> int:

@@ -208,6 +208,10 @@ class TrainSettings:
     """With `load`: the iteration to load (default: the latest)."""
     finetune: bool = False
     """With `load`: take only the weights (no optimizer state, iteration restarts at 0)."""
+    pretrained_checkpoint: Optional[str] = None
+    """--pretrained-checkpoint: where `load` holds no checkpoint (or is unset), fine-tune from this one's
+    weights (Megatron-LM's checkpointing.load_checkpoint: the first run of a fine-tuning job starts from the
+    base model, its restarts resume from their own checkpoints in `load`)."""
     tensorboard_dir: Optional[str] = None
     """Write TensorBoard scalars here (--tensorboard-dir) when the tensorboard package imports."""
     wandb_project: str = ""

@@ -1,6 +1,6 @@
 """Megatron-LM's run semantics in tools/pretrain_gpt.py: NaN checks, --eval-iters 0 and the final
-validation, --save/--load on a new directory, --no-load-optim, sample-based schedules and
---exit-duration-in-mins. One process each, a 2-layer 64-wide model."""
+validation, --save/--load on a new directory, --no-load-optim, --pretrained-checkpoint, sample-based
+schedules and --exit-duration-in-mins. One process each, a 2-layer 64-wide model."""
 from __future__ import annotations
 
 import re
@@ -63,6 +63,36 @@ def test_new_checkpoint_directory_starts_from_scratch_and_no_load_optim_restarts
     restored = _pretrain(["--train-samples", "12", "--lr", "1e-3", "--eval-iters", "0", "--load", ckpt])
     # A full resume restores the saved schedule (8 samples done of a decay over 8): past its end, min-lr.
     assert _learning_rates(restored.stdout)[0] == 0.0
+
+
+def _losses(stdout: str) -> dict[int, str]:
+    return {int(i): loss for i, loss in re.findall(r" iteration +(\d+)/ .*?\| lm loss: (\S+) \|", stdout)}
+
+
+def test_a_fine_tuning_job_starts_from_the_pretrained_weights_and_its_restarts_resume_its_own(tmp_path):
+    """--pretrained-checkpoint as Megatron-LM's load_checkpoint reads it: while --load holds no checkpoint the
+    run fine-tunes from the pretrained weights (--finetune: iteration 1, fresh optimizer and schedule), so its
+    losses are those of `--load BASE --finetune`; once it has saved, a restart resumes from --load instead."""
+    base, job, common = str(tmp_path / "base"), str(tmp_path / "job"), ["--lr", "1e-3", "--eval-iters", "0"]
+    assert _pretrain(["--train-iters", "3", *common, "--save", base]).returncode == 0
+    finetuned = _pretrain(["--train-iters", "2", *common, "--load", base, "--finetune"])
+    first = _pretrain(["--train-iters", "2", *common, "--pretrained-checkpoint", base, "--load", job, "--save", job])
+    assert first.returncode == 0, first.stderr[-3000:]
+    assert f"no checkpoint in --load {job}: fine-tuning from the weights of --pretrained-checkpoint {base}" \
+        in first.stdout
+    assert _losses(first.stdout) == _losses(finetuned.stdout) and sorted(_losses(first.stdout)) == [1, 2]
+    restart = _pretrain(["--train-iters", "4", *common, "--pretrained-checkpoint", base, "--load", job, "--save", job])
+    assert restart.returncode == 0, restart.stderr[-3000:]
+    assert "fine-tuning from" not in restart.stdout and "resumed from iteration 2 of" in restart.stdout
+    assert sorted(_losses(restart.stdout)) == [3, 4]
+
+
+def test_a_pretrained_checkpoint_that_holds_none_is_one_line(tmp_path):
+    done = _pretrain(["--train-iters", "2", "--eval-iters", "0", "--pretrained-checkpoint", str(tmp_path / "none")],
+                     fresh=True)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        f"error: no checkpoint to start from: --pretrained-checkpoint {tmp_path / 'none'} holds none"]
 
 
 def test_exit_duration_stops_after_the_first_iteration_past_it(tmp_path):
