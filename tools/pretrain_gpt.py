@@ -300,7 +300,7 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
 
 
 def _data_args(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("data, logging, checkpoints")
+    group = parser.add_argument_group("data and logging")
     group.add_argument("--data-path", nargs="+",
                        help="Megatron-LM's forms: PREFIX, PREFIX1 PREFIX2 ... (weighted by size), or "
                             "W1 PREFIX1 W2 PREFIX2 ... (a weighted blend)")
@@ -322,9 +322,6 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--log-interval", type=int, default=100)
     group.add_argument("--eval-interval", type=int, default=0)
     group.add_argument("--eval-iters", type=int, default=10)
-    group.add_argument("--save")
-    group.add_argument("--load")
-    group.add_argument("--save-interval", type=int, default=0)
     group.add_argument("--exit-interval", type=int, default=0)
     group.add_argument("--exit-duration-in-mins", type=float, default=0.0,
                        help="save (with --save) and stop once training has run this long")
@@ -333,21 +330,36 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
                             "and stop after the current iteration, on every rank")
     group.add_argument("--exit-signal", choices=EXIT_SIGNALS, default="SIGTERM",
                        help="the signal --exit-signal-handler catches (default SIGTERM)")
-    group.add_argument("--no-load-optim", action="store_true",
-                       help="with --load: restore the weights and the iteration, not the optimizer or schedule")
-    group.add_argument("--no-load-rng", action="store_true",
-                       help="with --load: keep fresh seeds instead of the checkpoint's random streams")
     group.add_argument("--tensorboard-dir", help="write TensorBoard scalars here (needs the tensorboard package)")
     group.add_argument("--wandb-project", default="", help="write the scalars to this wandb project (needs wandb)")
     group.add_argument("--wandb-exp-name", default="", help="the wandb run's name (needed with --wandb-project)")
     group.add_argument("--wandb-save-dir", default="", help="wandb's local directory (default SAVE/wandb)")
     group.add_argument("--wandb-entity", default="", help="the wandb team or user")
+
+
+def _checkpoint_args(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("checkpoints")
+    group.add_argument("--save")
+    group.add_argument("--load")
+    group.add_argument("--save-interval", type=int, default=0)
+    group.add_argument("--no-load-optim", action="store_true",
+                       help="with --load: restore the weights and the iteration, not the optimizer or schedule")
+    group.add_argument("--no-load-rng", action="store_true",
+                       help="with --load: keep fresh seeds instead of the checkpoint's random streams")
     group.add_argument("--ckpt-step", type=int)
     group.add_argument("--finetune", action="store_true")
+    group.add_argument("--exit-on-missing-checkpoint", action="store_true",
+                       help="stop with one line when --load holds no checkpoint, instead of starting from scratch")
     group.add_argument("--pretrained-checkpoint",
                        help="where --load holds no checkpoint (or is not given), fine-tune from this one's weights "
                             "(--finetune's semantics): a fine-tuning job's first run starts from the base model, "
                             "its restarts resume from --load")
+    group.add_argument("--override-opt_param-scheduler", action="store_true",
+                       help="on resume, take the learning-rate and weight-decay schedule from the command line, "
+                            "not the checkpoint")
+    group.add_argument("--use-checkpoint-opt_param-scheduler", action="store_true",
+                       help="on resume, keep the checkpoint's schedule (the default here; Megatron-LM stops instead "
+                            "when the two differ)")
 
 
 def no_effect_reasons(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -375,8 +387,10 @@ class _OneLineParser(argparse.ArgumentParser):
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = _OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for add in (_model_args, _moe_args, _training_args, _kernel_args, _parallel_args, _data_args,
+    # No abbreviations, as Megatron-LM's parser: `--optimizer adam` is not `--optimizer-impl adam`.
+    parser = _OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+                            allow_abbrev=False)
+    for add in (_model_args, _moe_args, _training_args, _kernel_args, _parallel_args, _data_args, _checkpoint_args,
                 compat_flags.add_arguments):
         add(parser)
     args, unknown = parser.parse_known_args(argv)
@@ -388,6 +402,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.wandb_project and not args.wandb_exp_name:
         parser.error("--wandb-project needs --wandb-exp-name (Megatron-LM: 'Please specify the wandb "
                      "experiment name!')")
+    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
+        parser.error("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler cannot both be given "
+                     "(Megatron-LM: 'both override and use-checkpoint are set')")
     if args.recompute_activations and args.recompute_granularity is None:
         args.recompute_granularity = "selective"
     flags_error = schedule_flags_error(args) or batch_ramp_error(args) or size_flags_error(args)
@@ -559,7 +576,7 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         train_iters=args.train_iters or 0, train_samples=args.train_samples, batch_ramp=args.batch_ramp,
         lr_decay_samples=args.lr_decay_samples,
         lr_warmup_samples=args.lr_warmup_samples, lr_warmup_fraction=args.lr_warmup_fraction,
-        lr_warmup_init=args.lr_warmup_init,
+        lr_warmup_init=args.lr_warmup_init, override_schedule=args.override_opt_param_scheduler,
         decoupled_lr=args.decoupled_lr, decoupled_min_lr=args.decoupled_min_lr,
         calculate_per_token_loss=args.calculate_per_token_loss, check_for_nan=args.check_for_nan_in_loss_and_grad,
         exit_duration_s=args.exit_duration_in_mins * 60, load_optimizer=not args.no_load_optim,
@@ -587,7 +604,8 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         max_position_embeddings=args.max_position_embeddings, log_interval=args.log_interval,
         eval_interval=args.eval_interval, eval_iters=args.eval_iters, save=args.save, load=args.load,
         save_interval=args.save_interval, exit_interval=args.exit_interval, ckpt_step=args.ckpt_step,
-        finetune=args.finetune, pretrained_checkpoint=args.pretrained_checkpoint, timeout_s=args.distributed_timeout_minutes * 60,
+        finetune=args.finetune, pretrained_checkpoint=args.pretrained_checkpoint,
+        exit_on_missing_checkpoint=args.exit_on_missing_checkpoint, timeout_s=args.distributed_timeout_minutes * 60,
         data=data_from_args(args, vocab_size), moe=moe_settings(args))
 
 

@@ -320,7 +320,7 @@ def load_candidates(root: str) -> list[int]:
 
 def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: bool = False,
                     step: Optional[int] = None, with_optimizer: bool = True,
-                    with_rng: bool = True) -> Optional[Resumed]:
+                    with_rng: bool = True, required: bool = False) -> Optional[Resumed]:
     """Load iteration `step` (default: the newest that loads) of `root` into this layout's model,
     optimizer and scheduler.
 
@@ -328,7 +328,8 @@ def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: 
     starts from random weights (a launch line with `--save DIR --load DIR` on a new DIR). Without
     `with_optimizer` (--no-load-optim) the weights and the iteration load, the optimizer state and
     the learning-rate schedule do not; without `with_rng` (--no-load-rng) the random streams keep
-    their fresh seeds (Megatron-LM's checkpointing.load_checkpoint)."""
+    their fresh seeds (Megatron-LM's checkpointing.load_checkpoint). `required` (--exit-on-missing-checkpoint):
+    a `root` without a checkpoint is a UserError instead."""
     if step is not None:
         if not os.path.isdir(iteration_dir(root, step)):
             raise UserError(f"--load {root}: no checkpoint of iteration {step} "
@@ -339,6 +340,8 @@ def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: 
     if not candidates:
         if os.path.isfile(os.path.join(root, TRACKER)):  # a tracker that names no iteration, and nothing complete
             raise UserError(f"--load {root}: {TRACKER} names no iteration and no complete checkpoint is there")
+        if required:
+            raise UserError(f"--load {root}: no checkpoint there (--exit-on-missing-checkpoint)")
         if torch.distributed.get_rank() == 0:
             logger.warning("WARNING: could not find the metadata file %s; will not load any checkpoints and "
                            "will start from random", os.path.join(root, TRACKER))
@@ -414,6 +417,42 @@ def _say_conversion(path: str, saved: SavedLayout, layout) -> None:
         _say("%s: %s; its optimizer state is read per parameter", path, layout.optimizer_mismatch)
 
 
+SCHEDULE_FIELDS = ("max_lr", "min_lr", "lr_warmup_steps", "lr_decay_steps", "lr_decay_style", "start_wd", "end_wd",
+                   "wd_incr_steps", "wd_incr_style")
+"""What megatron-core's OptimizerParamScheduler.load_state_dict checks against its own (steps count samples)."""
+
+
+def _say_schedule_changes(scheduler, saved: dict) -> None:
+    """One line when the command line's schedule differs from the checkpoint's, saying whose the run keeps
+    (megatron-core's scheduler logs nothing that the user sees, and Megatron-LM, without either flag, stops)."""
+    ours = scheduler.state_dict()
+    changed = [f"{name} {saved[name]} -> {ours[name]}" for name in SCHEDULE_FIELDS
+               if name in saved and saved[name] != ours[name]]
+    if not changed:
+        return
+    kept = ("the command line's (--override-opt_param-scheduler)" if scheduler.override_opt_param_scheduler
+            else "the checkpoint's (--override-opt_param-scheduler takes the command line's)")
+    _say("the command line's learning-rate schedule differs from the checkpoint's (%s; steps in samples): the run "
+         "keeps %s", ", ".join(changed), kept)
+
+
+def _plain_rate_groups(optimizer, scheduler) -> list[int]:
+    """Positions of the param groups that run at the schedule's own rates (not --decoupled-lr's), read before
+    a load: megatron-core gives each group its `max_lr`/`min_lr`, which the scheduler prefers to its own."""
+    return [position for position, group in enumerate(optimizer.param_groups)
+            if (group.get("max_lr"), group.get("min_lr")) == (scheduler.max_lr, scheduler.min_lr)]
+
+
+def _rates_to_groups(optimizer, scheduler, plain: list[int]) -> None:
+    """Give those groups the rates the loaded scheduler settled on (the checkpoint's, or with
+    --override-opt_param-scheduler the command line's), whichever state the optimizer load left in them (the
+    checkpoint's groups, or this run's where the state was read per parameter), and reset the rates."""
+    groups = optimizer.param_groups
+    for position in plain:
+        groups[position]["max_lr"], groups[position]["min_lr"] = scheduler.max_lr, scheduler.min_lr
+    scheduler.step(increment=0)
+
+
 def describe_failure(error: BaseException) -> str:
     """`Type: first line` of what reading a checkpoint raised; for torch DCP's CheckpointException,
     which wraps each rank's error, the first rank's."""
@@ -461,8 +500,11 @@ def _finish_load(root: str, iteration: int, loaded: dict, layout, optimizer, sch
         _say("resumed weights of iteration %d of %s (--no-load-optim: fresh optimizer state and "
              "learning-rate schedule)", loaded["iteration"], path)
     else:
+        plain = _plain_rate_groups(optimizer, scheduler)
         layout.load_optimizer(optimizer, loaded["optimizer"])
+        _say_schedule_changes(scheduler, loaded["opt_param_scheduler"])
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
+        _rates_to_groups(optimizer, scheduler, plain)
         _say("resumed from iteration %d of %s", loaded["iteration"], path)
     if options["with_rng"] and not rng_state.load(path, layout.random_streams()) and torch.distributed.get_rank() == 0:
         logger.info("--load %s: no random-stream state for this rank, world size and plan; dropout and other "

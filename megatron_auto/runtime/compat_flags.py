@@ -42,6 +42,15 @@ NO_EFFECT_SWITCHES = {
     "--nvtx-ranges": SINK,
     "--deterministic-mode": "CPU runs are deterministic already; on GPUs torch's deterministic algorithms are "
                             "not forced (kernel choice)",
+    "--use-cpu-initialization": "weights are initialised on the CPU and split, for any layout",
+    "--no-persist-layer-norm": KERNEL + " (apex's persistent LayerNorm kernel is not used)",
+    "--te-rng-tracker": KERNEL + " (Megatron's own RNG tracker keeps the dropout streams)",
+    "--use-dist-ckpt": IO, "--ckpt-fully-parallel-save": IO, "--ckpt-fully-parallel-load": IO,
+    "--ckpt-assume-constant-structure": IO, "--use-persistent-ckpt-worker": IO,
+    "--log-progress": SINK, "--log-world-size-to-tensorboard": SINK, "--log-loss-scale-to-tensorboard": SINK,
+    "--log-batch-size-to-tensorboard": SINK, "--log-energy": SINK, "--log-straggler": SINK,
+    "--disable-straggler-on-startup": SINK,
+    "--ddp-average-in-collective": LAYOUT + " (the gradients are averaged over the data-parallel ranks either way)",
 }
 NO_EFFECT_VALUES = {
     "--distributed-backend": "NCCL on GPUs, gloo on CPU, chosen by the host",
@@ -57,6 +66,11 @@ NO_EFFECT_VALUES = {
     "--megatron-fsdp-grad-comm-dtype": LAYOUT + " (gradients are reduced in fp32)",
     "--megatron-fsdp-main-grads-dtype": LAYOUT + " (main gradients are fp32)",
     "--dist-ckpt-strictness": IO,
+    "--dist-ckpt-format": IO, "--num-dataset-builder-threads": IO,
+    "--timing-log-option": SINK,
+    "--ddp-bucket-size": LAYOUT + " (the bucket size sets how the gradient reduction overlaps, not its result)",
+    "--check-weight-hash-across-dp-replicas-interval": "a consistency check this runtime does not run",
+    "--sgd-momentum": "read only by --optimizer sgd, which is refused",
 }
 MOE_NO_EFFECT_SWITCHES = {
     "--moe-permute-fusion": KERNEL + " (the fused permutation needs Transformer Engine; the tokens are the same)",
@@ -87,6 +101,7 @@ REFUSED_ANY_VALUE = {
 }
 REFUSED_UNLESS = {
     "--rope-type": ("rope", "RoPE variants other than plain rope (YaRN, ...) are not built by this runtime yet"),
+    "--optimizer": ("adam", "only Adam with decoupled weight decay (Megatron's `adam`) runs here"),
 }
 """flag: (the one value accepted, why others are refused)."""
 REFUSED_SWITCHES = {

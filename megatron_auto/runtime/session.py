@@ -76,7 +76,9 @@ def _scheduler(optimizer, settings: TrainSettings, global_batch_size: int):
         min_lr=settings.min_lr, lr_warmup_steps=steps.warmup, lr_decay_steps=steps.decay,
         lr_decay_style=settings.lr_decay_style, start_wd=start_wd, end_wd=end_wd,
         wd_incr_steps=steps.weight_decay_increment, wd_incr_style=settings.weight_decay_incr_style,
-        wsd_decay_steps=steps.wsd_decay, lr_wsd_decay_style=settings.lr_wsd_decay_style)
+        wsd_decay_steps=steps.wsd_decay, lr_wsd_decay_style=settings.lr_wsd_decay_style,
+        use_checkpoint_opt_param_scheduler=not settings.override_schedule,
+        override_opt_param_scheduler=settings.override_schedule)
 
 
 def use_expert_tp_group_for_grad_norm(optimizer) -> None:
@@ -170,7 +172,8 @@ def resume(session: Session, path: Optional[str] = None, step: Optional[int] = N
     resumed = checkpoint.load_checkpoint(root, session.model, session.optimizer, session.scheduler,
                                          weights_only=weights_only, step=step,
                                          with_optimizer=session.settings.load_optimizer,
-                                         with_rng=session.settings.load_rng)
+                                         with_rng=session.settings.load_rng,
+                                         required=session.settings.exit_on_missing_checkpoint)
     if resumed is not None:
         session.iteration = resumed.iteration
         session.consumed_samples = resumed.consumed_samples

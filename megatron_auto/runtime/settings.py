@@ -94,6 +94,9 @@ class TrainSettings:
     """Sample-based schedule: samples of linear warm-up."""
     lr_warmup_init: float = 0.0
     """Learning rate at the start of the linear warm-up (Megatron-LM's --lr-warmup-init)."""
+    override_schedule: bool = False
+    """--override-opt_param-scheduler: a resume takes the schedule (learning rates, warm-up and decay lengths,
+    weight decay) from these settings; False keeps the checkpoint's (--use-checkpoint-opt_param-scheduler)."""
     lr_warmup_fraction: Optional[float] = None
     """Warm-up as a share of the decay steps (Megatron-LM's --lr-warmup-fraction); overrides the counts."""
     lr: float = 1e-3
@@ -208,6 +211,9 @@ class TrainSettings:
     """With `load`: the iteration to load (default: the latest)."""
     finetune: bool = False
     """With `load`: take only the weights (no optimizer state, iteration restarts at 0)."""
+    exit_on_missing_checkpoint: bool = False
+    """--exit-on-missing-checkpoint: a `load` without a checkpoint stops the run (one line) instead of
+    starting it from scratch."""
     pretrained_checkpoint: Optional[str] = None
     """--pretrained-checkpoint: where `load` holds no checkpoint (or is unset), fine-tune from this one's
     weights (Megatron-LM's checkpointing.load_checkpoint: the first run of a fine-tuning job starts from the

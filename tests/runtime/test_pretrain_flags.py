@@ -169,6 +169,11 @@ def test_wsd_holds_the_rate_then_decays_over_its_window_while_the_weight_decay_m
      "--recompute-modules core_attn moe_act: moe_act not run by this runtime yet "
      "(it runs core_attn, mlp, layernorm, moe, shared_experts)"),
     (["--train-iters", "5", "--recompute-modules", "mlp", "mlp"], "--recompute-modules mlp mlp: a module named twice"),
+    (["--train-iters", "5", "--optimizer", "sgd"], "--optimizer sgd: only Adam with decoupled weight decay"),
+    # No abbreviations, as Megatron-LM's parser: a prefix of --optimizer-impl is not taken for it.
+    (["--train-iters", "5", "--optimizer-i", "fused"], "unrecognized arguments: --optimizer-i fused"),
+    (["--train-iters", "5", "--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler"],
+     "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler cannot both be given"),
 ])
 def test_bad_schedule_and_refused_flags_exit_2_with_one_line(capsys, flags, message):
     base = [f for f in BASE if f not in ("--train-iters", "10")]
@@ -181,7 +186,9 @@ def test_bad_schedule_and_refused_flags_exit_2_with_one_line(capsys, flags, mess
 
 def test_parallel_sizes_of_one_and_megatron_defaults_are_accepted():
     args = pretrain_gpt.parse_args(BASE + ["--context-parallel-size", "1", "--expert-model-parallel-size", "1",
-                                           "--rope-type", "rope", "--recompute-modules", "core_attn"])
+                                           "--rope-type", "rope", "--recompute-modules", "core_attn",
+                                           "--optimizer", "adam"])
+    assert args.optimizer_impl == "auto"  # `--optimizer adam` is Megatron's optimizer, not an implementation
     assert pretrain_gpt.no_effect_flags(args) == []
 
 

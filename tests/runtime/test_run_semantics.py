@@ -1,6 +1,6 @@
 """Megatron-LM's run semantics in tools/pretrain_gpt.py: NaN checks, --eval-iters 0 and the final
-validation, --save/--load on a new directory, --no-load-optim, --pretrained-checkpoint, sample-based
-schedules and --exit-duration-in-mins. One process each, a 2-layer 64-wide model."""
+validation, --save/--load on a new directory, --no-load-optim, --pretrained-checkpoint, the schedule on
+resume, --exit-on-missing-checkpoint, sample-based schedules and --exit-duration-in-mins. One process each, a 2-layer 64-wide model."""
 from __future__ import annotations
 
 import re
@@ -93,6 +93,30 @@ def test_a_pretrained_checkpoint_that_holds_none_is_one_line(tmp_path):
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.strip().splitlines() == [
         f"error: no checkpoint to start from: --pretrained-checkpoint {tmp_path / 'none'} holds none"]
+
+
+def test_a_resume_keeps_the_checkpoint_s_schedule_or_the_command_line_s_with_override(tmp_path):
+    """A resume with another --lr: the checkpoint's rate stays (a line names the difference; Megatron-LM would
+    stop), and --override-opt_param-scheduler takes the command line's, as Megatron-LM's scheduler does."""
+    ckpt, common = str(tmp_path / "ckpt"), ["--eval-iters", "0", "--lr-decay-style", "constant"]
+    assert _pretrain(["--train-iters", "2", "--lr", "1e-3", *common, "--save", ckpt]).returncode == 0
+    kept = _pretrain(["--train-iters", "4", "--lr", "2e-3", *common, "--load", ckpt])
+    assert kept.returncode == 0, kept.stderr[-3000:]
+    assert "learning-rate schedule differs from the checkpoint's (max_lr 0.001 -> 0.002, lr_decay_steps 4 -> 8, " \
+           "wd_incr_steps 4 -> 8; steps in samples): the run keeps the checkpoint's" in kept.stdout
+    assert _learning_rates(kept.stdout) == pytest.approx([1e-3, 1e-3], rel=1e-6)
+    override = _pretrain(["--train-iters", "4", "--lr", "2e-3", *common, "--load", ckpt,
+                          "--override-opt_param-scheduler"])
+    assert "the run keeps the command line's (--override-opt_param-scheduler)" in override.stdout
+    assert _learning_rates(override.stdout) == pytest.approx([2e-3, 2e-3], rel=1e-6)
+
+
+def test_exit_on_missing_checkpoint_stops_with_one_line(tmp_path):
+    done = _pretrain(["--train-iters", "2", "--eval-iters", "0", "--load", str(tmp_path / "none"),
+                      "--exit-on-missing-checkpoint"], fresh=True)
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert done.stderr.strip().splitlines() == [
+        f"error: --load {tmp_path / 'none'}: no checkpoint there (--exit-on-missing-checkpoint)"]
 
 
 def test_exit_duration_stops_after_the_first_iteration_past_it(tmp_path):
