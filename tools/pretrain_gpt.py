@@ -305,6 +305,10 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
                        help="Megatron-LM's forms: PREFIX, PREFIX1 PREFIX2 ... (weighted by size), or "
                             "W1 PREFIX1 W2 PREFIX2 ... (a weighted blend)")
     group.add_argument("--mock-data", action="store_true")
+    for flag, split in zip(("--train-data-path", "--valid-data-path", "--test-data-path"),
+                           ("training", "validation", "test")):
+        group.add_argument(flag, nargs="+", help=f"the {split} split's own datasets, whole (--data-path's forms; "
+                                                 "in place of --data-path and --split)")
     add_tokenizer_flags(group, default_type=None)
     group.add_argument("--split", help="train,validation,test weights of each dataset's documents "
                                        "(default 969,30,1, as Megatron-LM)")
@@ -410,7 +414,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     flags_error = schedule_flags_error(args) or batch_ramp_error(args) or size_flags_error(args)
     if flags_error:
         parser.error(flags_error)
-    if not args.mock_data and not args.data_path:
+    per_split = args.train_data_path or args.valid_data_path or args.test_data_path
+    if not args.mock_data and not args.data_path and not per_split:
         parser.error("give --data-path PREFIX or --mock-data")
     return args
 
@@ -460,8 +465,22 @@ def size_flags_error(args: argparse.Namespace) -> Optional[str]:
     if args.num_layers_per_virtual_pipeline_stage and uneven:
         return ("--num-layers-per-virtual-pipeline-stage cannot go with --decoder-first/last-pipeline-num-layers "
                 "(as in Megatron-LM)")
+    return data_source_error(args)
+
+
+def data_source_error(args: argparse.Namespace) -> Optional[str]:
+    """One data source, as Megatron-LM takes it: --mock-data, --data-path, or the per-split paths."""
     if args.mock_data and args.data_path:
         return "give --data-path or --mock-data, not both (Megatron-LM takes a single data source)"
+    given = (("--train-data-path", args.train_data_path), ("--valid-data-path", args.valid_data_path),
+             ("--test-data-path", args.test_data_path))
+    per_split = [flag for flag, words in given if words]
+    if per_split and (args.data_path or args.mock_data):
+        return f"give {per_split[0]} or {'--data-path' if args.data_path else '--mock-data'}, not both"
+    if per_split and args.split:
+        return f"--split divides --data-path's datasets; {per_split[0]}'s are taken whole"
+    if per_split and not args.train_data_path:
+        return f"{per_split[0]} needs --train-data-path (the training split's datasets)"
     return None
 
 
@@ -551,18 +570,20 @@ def log_tokenizer_and_data(args: argparse.Namespace, tokenizer) -> None:
 
 
 def data_from_args(args: argparse.Namespace, vocab_size: int) -> DataSettings:
-    """The data flags: the `--data-path` blend (empty for --mock-data), split (Megatron-LM's default
-    969,30,1 when not given), .bin reading, cache, masks."""
+    """The data flags: the `--data-path` blend (empty for --mock-data) and its split (Megatron-LM's default
+    969,30,1 when not given), or the per-split datasets; .bin reading, cache, masks."""
     from megatron_auto.runtime.gpt_data import MAX_SCAN_BYTES, check_data, check_data_tokens, check_run_data
 
     if args.reset_attention_mask:
         raise UserError("--reset-attention-mask: per-document attention masks are not supported "
                         "(the attention here is causal over the whole sequence)")
-    data = DataSettings(blend=() if args.mock_data else tuple(args.data_path), vocab_size=vocab_size,
-                        split=args.split or "969,30,1", mmap_bin_files=args.mmap_bin_files,
+    per_split = tuple(tuple(words or ()) for words in (args.train_data_path, args.valid_data_path,
+                                                       args.test_data_path))
+    data = DataSettings(blend=tuple(args.data_path or ()), blend_per_split=per_split if any(per_split) else (),
+                        vocab_size=vocab_size, split=args.split or "969,30,1", mmap_bin_files=args.mmap_bin_files,
                         cache_path=args.data_cache_path, eod_mask_loss=args.eod_mask_loss,
                         reset_position_ids=args.reset_position_ids)
-    if data.blend:
+    if data.from_files:
         check_data(data)  # before any work: a truncated .bin, a bad blend or split is one line
         check_run_data(data, args.eval_iters)
         if not check_data_tokens(data):

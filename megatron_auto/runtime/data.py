@@ -39,15 +39,18 @@ def open_source(settings: TrainSettings, seq_length: int, global_batch_size: int
     """Mock tokens when no `--data-path` was given, else megatron-core's blended GPT datasets
     (runtime/gpt_data.py) sized for this run's iterations and evaluations."""
     data = settings.data
-    if not data.blend:
+    if not data.from_files:
         return MockTokens(data.vocab_size, seq_length, settings.seed)
-    from .gpt_data import GPTDatasets, split_sizes
+    from .gpt_data import SPLIT_NAMES, GPTDatasets, split_sizes
 
     sizes = split_sizes(settings.train_iters, settings.eval_interval, settings.eval_iters, global_batch_size)
     evaluates = settings.eval_iters > 0  # at every eval_interval, and after the last iteration
     source = GPTDatasets(data, seq_length, settings.seed, sizes, evaluates)
     if torch.distributed.is_initialized() and torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
-        logger.info("data: %s, split %s; samples %s", " ".join(data.blend), data.split, source.description)
+        per_split = zip(SPLIT_NAMES, data.blend_per_split)
+        where = (f"{' '.join(data.blend)}, split {data.split}" if data.blend
+                 else "; ".join(f"{name} {' '.join(words) or '(none)'}" for name, words in per_split))
+        logger.info("data: %s; samples %s", where, source.description)
     return source
 
 

@@ -3,7 +3,9 @@
 `--data-path` takes Megatron-LM's forms: one prefix, prefixes (weighted by their sizes), or
 `W1 PREFIX1 W2 PREFIX2 ...`; `--split 949,50,1` divides every dataset's documents into train,
 validation and test, and each split is blended by the weights (megatron-core's builder: the
-same code Megatron-LM's pretrain_gpt.py runs, with its compiled index helpers). The split sizes
+same code Megatron-LM's pretrain_gpt.py runs, with its compiled index helpers). `--train-data-path`,
+`--valid-data-path` and `--test-data-path` (same forms) give each split datasets of its own instead,
+each taken whole. The split sizes
 are Megatron-LM's (training.get_train_valid_test_num_samples): train_iters x global batch,
 (train_iters // eval_interval + 1) x eval_iters x global batch, and eval_iters x global batch.
 The sample, document and shuffle indices are cached under `--data-cache-path` (default: beside
@@ -166,23 +168,44 @@ def split_sizes(train_iters: int, eval_interval: int, eval_iters: int, global_ba
     return [train_iters * global_batch, evaluations * eval_iters * global_batch, eval_iters * global_batch]
 
 
-def check_data(data: DataSettings) -> tuple[list[str], Optional[list[float]]]:
-    """UserError for a malformed blend or split, or a dataset whose files do not match; else the blend."""
-    prefixes, weights = parse_blend(data.blend)
-    parse_split(data.split)
-    for prefix in prefixes:
+PER_SPLIT_FLAGS = ("--train-data-path", "--valid-data-path", "--test-data-path")
+
+
+def split_blends(data: DataSettings) -> Optional[list]:
+    """The (prefixes, weights) of each split given its own datasets (None for a split without), or None when
+    one `--data-path` blend is split by `--split`."""
+    if not data.from_files or data.blend:
+        return None
+    return [parse_blend(words) if words else None for words in data.blend_per_split]
+
+
+def all_prefixes(data: DataSettings) -> list[str]:
+    """Every dataset prefix the run reads, once each."""
+    blends = split_blends(data)
+    if blends is None:
+        return parse_blend(data.blend)[0]
+    return list(dict.fromkeys(prefix for blend in blends if blend for prefix in blend[0]))
+
+
+def check_data(data: DataSettings) -> Optional[tuple[list[str], Optional[list[float]]]]:
+    """UserError for a malformed blend or split, or a dataset whose files do not match; else the blend
+    (None with per-split datasets)."""
+    blend = None if split_blends(data) is not None else parse_blend(data.blend)
+    if blend is not None:
+        parse_split(data.split)
+    for prefix in all_prefixes(data):
         check_bin_matches_idx(prefix)
-    return prefixes, weights
+    return blend
 
 
 def check_run_data(data: DataSettings, eval_iters: int) -> None:
     """Before any work, what megatron-core's dataset builder would fail on after it: no validation
     documents for a run that validates, and an index cache folder it cannot create."""
-    if eval_iters > 0 and parse_split(data.split)[1] == 0:
-        raise UserError(_no_validation_message(data.split, f"--eval-iters {eval_iters}"))
-    prefixes, _ = parse_blend(data.blend)
+    if eval_iters > 0 and not _has_validation(data):
+        raise UserError(_no_validation_message(data, f"--eval-iters {eval_iters}"))
+    # Without --data-cache-path, GPTDataset caches beside each dataset.
     folders = [("--data-cache-path", data.cache_path)] if data.cache_path else [
-        (f"--data-path {prefix}", os.path.join(prefix, "cache")) for prefix in prefixes]  # GPTDataset's default
+        (f"--data-path {prefix}", os.path.join(prefix, "cache")) for prefix in all_prefixes(data)]
     for flag, folder in folders:
         if os.path.isdir(folder):
             continue  # megatron-core reads the indices there, or writes the missing ones
@@ -194,15 +217,21 @@ def check_run_data(data: DataSettings, eval_iters: int) -> None:
                             "writable directory); give --data-cache-path a writable directory")
 
 
-def _no_validation_message(split: str, asker: str) -> str:
-    return (f"--split {split} leaves no validation data, but {asker} asks for validation "
+def _has_validation(data: DataSettings) -> bool:
+    blends = split_blends(data)
+    return parse_split(data.split)[1] > 0 if blends is None else blends[1] is not None
+
+
+def _no_validation_message(data: DataSettings, asker: str) -> str:
+    if split_blends(data) is not None:
+        return f"no --valid-data-path is given, but {asker} asks for validation (give one, or --eval-iters 0)"
+    return (f"--split {data.split} leaves no validation data, but {asker} asks for validation "
             "(give the validation split a weight, or --eval-iters 0)")
 
 
 def check_data_tokens(data: DataSettings) -> bool:
     """check_token_ids over the blend (after check_data); False when some .bin was too large to scan."""
-    prefixes, _ = parse_blend(data.blend)
-    return all([check_token_ids(prefix, data.vocab_size) for prefix in prefixes])
+    return all([check_token_ids(prefix, data.vocab_size) for prefix in all_prefixes(data)])
 
 
 def check_split_documents(prefixes: list[str], data: DataSettings, sizes: list[int]) -> None:
@@ -227,10 +256,12 @@ def build_splits(data: DataSettings, seq_length: int, seed: int, sizes: list[int
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
 
-    prefixes, weights = check_data(data)
-    check_split_documents(prefixes, data, sizes)
+    blend = check_data(data)
+    if blend is not None:
+        check_split_documents(blend[0], data, sizes)
     config = GPTDatasetConfig(
-        random_seed=seed, sequence_length=seq_length, blend=(prefixes, weights), split=data.split,
+        random_seed=seed, sequence_length=seq_length, blend=blend, blend_per_split=split_blends(data),
+        split=data.split if blend is not None else None,
         path_to_cache=data.cache_path, mmap_bin_files=data.mmap_bin_files,
         tokenizer=DatasetTokenizer(data.eod, data.vocab_size), reset_position_ids=data.reset_position_ids,
         reset_attention_mask=False, eod_mask_loss=data.eod_mask_loss, create_attention_mask=False)
@@ -250,9 +281,9 @@ class GPTDatasets:
 
     def __init__(self, data: DataSettings, seq_length: int, seed: int, sizes: list[int], evaluates: bool) -> None:
         self.splits = dict(zip(SPLIT_NAMES, build_splits(data, seq_length, seed, sizes)))
-        self.vocab_size, self.prefixes = data.vocab_size, parse_blend(data.blend)[0]
+        self.vocab_size, self.prefixes = data.vocab_size, all_prefixes(data)
         if evaluates and not self.splits["eval"]:
-            raise UserError(_no_validation_message(data.split, f"{sizes[1]} validation samples"))
+            raise UserError(_no_validation_message(data, f"{sizes[1]} validation samples"))
         built = ", ".join(f"{name} {len(ds) if ds else 0}" for name, ds in self.splits.items())
         self.description = f"needed {sizes[0]}/{sizes[1]}/{sizes[2]} (train/eval/test), built {built}"
 

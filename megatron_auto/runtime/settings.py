@@ -19,7 +19,11 @@ class DataSettings:
     """Where the training tokens come from (Megatron-LM's data flags)."""
 
     blend: tuple[str, ...] = ()
-    """--data-path words: PREFIX..., or WEIGHT PREFIX pairs (runtime/gpt_data.py); empty means mock data."""
+    """--data-path words: PREFIX..., or WEIGHT PREFIX pairs (runtime/gpt_data.py); empty (and no
+    `blend_per_split`) means mock data."""
+    blend_per_split: tuple[tuple[str, ...], ...] = ()
+    """--train-data-path, --valid-data-path, --test-data-path words (each in --data-path's forms, empty for
+    a split without data), in place of `blend` and `split`: every dataset goes whole to its split."""
     vocab_size: int = 256
     """Token ids the tokenizer produces (including its end-of-document id)."""
     eod: int = 0
@@ -34,6 +38,11 @@ class DataSettings:
     """--eod-mask-loss: end-of-document tokens carry no loss (megatron-core's GPTDataset masks them)."""
     reset_position_ids: bool = False
     """--reset-position-ids: positions restart after each end-of-document token (GPTDataset)."""
+
+    @property
+    def from_files(self) -> bool:
+        """Whether the tokens come from indexed datasets (else mock data)."""
+        return bool(self.blend) or any(self.blend_per_split)
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """preprocess_data -> pretrain_gpt on 2 CPU ranks with real tokenizers (GPT-2 BPE, SentencePiece),
-Megatron-LM's data flags: a weighted blend, --split, --no-mmap-bin-files, --data-cache-path."""
+Megatron-LM's data flags: a weighted blend, --split, --no-mmap-bin-files, --data-cache-path, and datasets of
+each split's own (--train-data-path, --valid-data-path)."""
 from __future__ import annotations
 
 import re
@@ -65,3 +66,31 @@ def test_sentencepiece_blend_trains_without_mmap_and_with_a_cache_dir(tmp_path):
     assert "tokenizer: SentencePieceTokenizer, vocabulary 300" in output
     assert "--no-create-attention-mask-in-dataloader: without effect here" in output
     assert any(cache.rglob("*.npy"))  # megatron-core cached its indices where it was told
+
+
+def test_each_split_trains_and_validates_on_its_own_datasets(tmp_path):
+    """--train-data-path and --valid-data-path as Megatron-LM's blend_per_split: the training split blends its
+    two datasets whole, validation reads its own, and no test split is built."""
+    vocab, merges = tokenizer_files.gpt2_files(tmp_path / "gpt2")
+    files = ["--vocab-file", str(vocab), "--merge-file", str(merges)]
+    first, second, held_out = (_preprocess(tmp_path / name, ["--tokenizer-type", "GPT2BPETokenizer", *files])
+                               for name in ("a", "b", "held_out"))
+    output = _train(tmp_path, [*files, "--train-data-path", "0.5", first, "0.5", second,
+                               "--valid-data-path", held_out])
+    line = re.search(r"^data: .*$", output, re.M).group(0)
+    # A split of one dataset is built whole (megatron-core builds a blend's parts to the requested size).
+    assert re.fullmatch(f"data: train 0.5 {first} 0.5 {second}; eval {held_out}; test \\(none\\); samples needed "
+                        r"64/24/8 \(train/eval/test\), built train 64, eval \d+, test 0", line), line
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--train-data-path", "p", "--data-path", "q"], "give --train-data-path or --data-path, not both"),
+    (["--valid-data-path", "p"], "--valid-data-path needs --train-data-path"),
+    (["--train-data-path", "p", "--split", "90,10,0"], "--split divides --data-path's datasets"),
+])
+def test_per_split_data_flags_that_do_not_go_together_are_one_line(flags, message):
+    from launcher import load_pretrain_gpt
+
+    with pytest.raises(SystemExit) as stopped:
+        load_pretrain_gpt().parse_args(TINY + flags)
+    assert stopped.value.code == 2
