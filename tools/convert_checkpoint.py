@@ -53,7 +53,8 @@ def convert(args) -> str:
         if resumed is None:
             raise UserError(f"--load {settings.load}: no checkpoint there to convert")
         return checkpoint.save_checkpoint(settings.save, job.model, job.optimizer, job.scheduler,
-                                          resumed.iteration, resumed.consumed_samples)
+                                          resumed.iteration, resumed.consumed_samples,
+                                          with_optimizer=settings.save_optimizer, with_rng=settings.save_rng)
     finally:
         distributed.shutdown()
 

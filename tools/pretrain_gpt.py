@@ -346,6 +346,10 @@ def _checkpoint_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--save")
     group.add_argument("--load")
     group.add_argument("--save-interval", type=int, default=0)
+    group.add_argument("--no-save-optim", action="store_true",
+                       help="checkpoints without the optimizer state and schedule (weights only: resume them with "
+                            "--no-load-optim or --finetune)")
+    group.add_argument("--no-save-rng", action="store_true", help="checkpoints without the random streams")
     group.add_argument("--no-load-optim", action="store_true",
                        help="with --load: restore the weights and the iteration, not the optimizer or schedule")
     group.add_argument("--no-load-rng", action="store_true",
@@ -601,6 +605,7 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         decoupled_lr=args.decoupled_lr, decoupled_min_lr=args.decoupled_min_lr,
         calculate_per_token_loss=args.calculate_per_token_loss, check_for_nan=args.check_for_nan_in_loss_and_grad,
         exit_duration_s=args.exit_duration_in_mins * 60, load_optimizer=not args.no_load_optim,
+        save_optimizer=not args.no_save_optim, save_rng=not args.no_save_rng,
         exit_signal=args.exit_signal if args.exit_signal_handler else None,
         load_rng=not args.no_load_rng, tensorboard_dir=args.tensorboard_dir, wandb_project=args.wandb_project,
         wandb_exp_name=args.wandb_exp_name, wandb_save_dir=args.wandb_save_dir, wandb_entity=args.wandb_entity,

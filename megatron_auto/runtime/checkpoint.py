@@ -267,8 +267,11 @@ def write_atomically(path: str, text: str) -> None:
         os.close(directory)
 
 
-def save_checkpoint(root: str, model: list, optimizer, scheduler, iteration: int, consumed: int) -> str:
-    """Write `root/iter_XXXXXXX` on all ranks, mark it complete, then point the tracker file at it."""
+def save_checkpoint(root: str, model: list, optimizer, scheduler, iteration: int, consumed: int,
+                    with_optimizer: bool = True, with_rng: bool = True) -> str:
+    """Write `root/iter_XXXXXXX` on all ranks, mark it complete, then point the tracker file at it. Without
+    `with_optimizer` (--no-save-optim) the optimizer state and schedule are left out, without `with_rng`
+    (--no-save-rng) the random streams."""
     from megatron.core import dist_checkpointing
 
     from .step import sync_parameters
@@ -280,9 +283,11 @@ def save_checkpoint(root: str, model: list, optimizer, scheduler, iteration: int
         os.makedirs(path, exist_ok=True)
     torch.distributed.barrier()
     layout = checkpoint_format(model)
-    state = _full_state(layout, optimizer, scheduler, iteration, consumed, with_optimizer=True, is_loading=False)
+    state = _full_state(layout, optimizer, scheduler, iteration, consumed, with_optimizer=with_optimizer,
+                        is_loading=False)
     dist_checkpointing.save(state, path)
-    rng_state.save(path, layout.random_streams())
+    if with_rng:
+        rng_state.save(path, layout.random_streams())
     torch.distributed.barrier()
     if torch.distributed.get_rank() == 0:
         write_atomically(os.path.join(path, COMPLETE), f"{iteration}\n")
@@ -357,6 +362,11 @@ def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: 
     raise UserError(f"--load {root}: no checkpoint there can be read ({'; '.join(reasons)})")
 
 
+class NoOptimizerState(UserError):
+    """A resume that asks for the optimizer state of an iteration saved without it: an older iteration is no
+    substitute (it would silently undo the progress since), so the run stops with one line, as Megatron-LM's."""
+
+
 def _try_load(root: str, iteration: int, model: list, optimizer, scheduler, options: dict):
     """Read iteration `iteration` into the model: (what was read, the format object that read it, None)
     when every rank read it, else (None, None, why not), the same answer on every rank."""
@@ -368,6 +378,9 @@ def _try_load(root: str, iteration: int, model: list, optimizer, scheduler, opti
         if missing:
             raise FileNotFoundError(f"{' and '.join(missing)} missing in {path}")
         saved = read_saved_layout(path)
+        if load_optimizer and saved.optimizer_kind is None:
+            raise NoOptimizerState(f"--load {root}: iteration {iteration} was saved without optimizer state "
+                                   "(--no-save-optim): resume it with --no-load-optim or --finetune")
         layout = checkpoint_format(model, optimizer, saved)
         loaded = {}
         for selection in layout.load_passes():
@@ -376,7 +389,7 @@ def _try_load(root: str, iteration: int, model: list, optimizer, scheduler, opti
         layout.select(None)
         layout.load_model(loaded)
         _say_conversion(path, saved, layout)
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit, NoOptimizerState):
         raise
     except BaseException as error:  # noqa: BLE001 - torch DCP's CheckpointException is a BaseException
         failure = describe_failure(error)

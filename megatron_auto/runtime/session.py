@@ -282,7 +282,8 @@ def _maybe_save(session: Session, last: bool) -> None:
     grows = settings.batch_ramp is not None and session.sizer.batch(session.consumed_samples) != session.current_batch
     if periodic or last or grows:
         checkpoint.save_checkpoint(settings.save, session.model, session.optimizer, session.scheduler,
-                                   session.iteration, session.consumed_samples)
+                                   session.iteration, session.consumed_samples, with_optimizer=settings.save_optimizer,
+                                   with_rng=settings.save_rng)
 
 
 def stop_iteration(settings: TrainSettings) -> int:

@@ -212,6 +212,10 @@ class TrainSettings:
     exit_signal: Optional[str] = None
     """With --exit-signal-handler, the signal (one of EXIT_SIGNALS) on which the run saves (with
     `save`) and stops after the current iteration; None: the signal keeps its default action."""
+    save_optimizer: bool = True
+    """Write the optimizer state and schedule with each checkpoint (False: --no-save-optim)."""
+    save_rng: bool = True
+    """Write every rank's random streams with each checkpoint (False: --no-save-rng)."""
     load_optimizer: bool = True
     """With `load`: restore the optimizer and learning-rate schedule (False: --no-load-optim)."""
     load_rng: bool = True

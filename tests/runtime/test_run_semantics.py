@@ -1,6 +1,7 @@
 """Megatron-LM's run semantics in tools/pretrain_gpt.py: NaN checks, --eval-iters 0 and the final
 validation, --save/--load on a new directory, --no-load-optim, --pretrained-checkpoint, the schedule on
-resume, --exit-on-missing-checkpoint, sample-based schedules and --exit-duration-in-mins. One process each, a 2-layer 64-wide model."""
+resume, --exit-on-missing-checkpoint, weights-only checkpoints (--no-save-optim, --no-save-rng),
+sample-based schedules and --exit-duration-in-mins. One process each, a 2-layer 64-wide model."""
 from __future__ import annotations
 
 import re
@@ -117,6 +118,27 @@ def test_exit_on_missing_checkpoint_stops_with_one_line(tmp_path):
     assert done.returncode == 2, done.stderr[-3000:]
     assert done.stderr.strip().splitlines() == [
         f"error: --load {tmp_path / 'none'}: no checkpoint there (--exit-on-missing-checkpoint)"]
+
+
+def test_weights_only_checkpoints_resume_with_no_load_optim_and_stop_without_it_in_one_line(tmp_path):
+    """--no-save-optim --no-save-rng write the weights alone; a resume that asks for the optimizer state stops
+    with one line (an older iteration is no substitute), and --no-load-optim resumes them."""
+    from checkpoint_files import checkpoint_tensors
+    from megatron_auto.runtime import rng_state
+
+    ckpt, common = tmp_path / "ckpt", ["--lr", "1e-3", "--eval-iters", "0"]
+    saved = _pretrain(["--train-iters", "2", *common, "--save", str(ckpt), "--no-save-optim", "--no-save-rng"])
+    assert saved.returncode == 0, saved.stderr[-3000:]
+    names = checkpoint_tensors(ckpt / "iter_0000002")
+    assert names and not any(name.startswith("optimizer.") for name in names)
+    assert not (ckpt / "iter_0000002" / rng_state.FOLDER).exists()
+    refused = _pretrain(["--train-iters", "4", *common, "--load", str(ckpt)], fresh=True)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines() == [
+        f"error: --load {ckpt}: iteration 2 was saved without optimizer state (--no-save-optim): resume it with "
+        "--no-load-optim or --finetune"]
+    resumed = _pretrain(["--train-iters", "4", *common, "--load", str(ckpt), "--no-load-optim"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert re.findall(r" iteration +(\d+)/", resumed.stdout) == ["3", "4"]
 
 
 def test_exit_duration_stops_after_the_first_iteration_past_it(tmp_path):
