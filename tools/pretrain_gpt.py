@@ -110,6 +110,8 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rotary-percent", type=float, default=1.0)
     group.add_argument("--use-rope-scaling", action="store_true", help="Llama 3.1's RoPE frequency scaling")
     group.add_argument("--rope-scaling-factor", type=float, default=8.0, help="its factor (default 8)")
+    group.add_argument("--rotary-seq-len-interpolation-factor", type=int,
+                       help="RoPE position interpolation: positions divided by this factor (a longer context)")
     group.add_argument("--normalization", choices=("LayerNorm", "RMSNorm"), default="LayerNorm")
     group.add_argument("--norm-epsilon", type=float, default=1e-5)
     group.add_argument("--disable-bias-linear", action="store_true")
@@ -626,6 +628,7 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         grad_accumulation_fusion=args.grad_accumulation_fusion, overlap_param_gather=args.overlap_param_gather,
         rotary_percent=args.rotary_percent, rope_scaling=args.use_rope_scaling,
         rope_scaling_factor=args.rope_scaling_factor,
+        rotary_interpolation_factor=args.rotary_seq_len_interpolation_factor,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by, padded_vocab_size=args.padded_vocab_size,
         max_position_embeddings=args.max_position_embeddings, log_interval=args.log_interval,
         eval_interval=args.eval_interval, eval_iters=args.eval_iters, save=args.save, load=args.load,

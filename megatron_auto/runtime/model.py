@@ -102,11 +102,14 @@ def first_decoder_layer(model: ModelSpec, settings: TrainSettings, device: torch
 
 def position_embedding_args(model: ModelSpec, settings: TrainSettings) -> dict:
     """GPTModel's position-embedding arguments for the model's type (learned_absolute, rope or none), with
-    Llama 3.1's RoPE scaling when asked (--use-rope-scaling)."""
+    Llama 3.1's RoPE scaling (--use-rope-scaling) and linear position interpolation
+    (--rotary-seq-len-interpolation-factor) when asked."""
     args = dict(position_embedding_type=model.position_embedding_type, rotary_base=model.rotary_base,
                 rotary_percent=settings.rotary_percent)
     if settings.rope_scaling:
         args.update(rope_scaling=True, rope_scaling_factor=settings.rope_scaling_factor)
+    if settings.rotary_interpolation_factor:
+        args.update(seq_len_interpolation_factor=settings.rotary_interpolation_factor)
     return args
 
 

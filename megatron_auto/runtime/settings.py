@@ -168,6 +168,9 @@ class TrainSettings:
     """--use-rope-scaling: Llama 3.1's RoPE frequency scaling (megatron-core's RotaryEmbedding rope_scaling)."""
     rope_scaling_factor: float = 8.0
     """--rope-scaling-factor: its factor (Megatron-LM's default 8)."""
+    rotary_interpolation_factor: Optional[int] = None
+    """--rotary-seq-len-interpolation-factor: RoPE's positions divided by this factor (linear position
+    interpolation, for a context longer than the one trained), None: none."""
     seed: int = 1234
     attention_backend: str = "auto"
     """--attention-backend (Megatron-LM's names; runtime/kernels.py resolves `auto` for the host)."""

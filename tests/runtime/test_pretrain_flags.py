@@ -375,6 +375,11 @@ def test_rope_scaling_reaches_the_rotary_embedding():
     assert position_embedding_args(model, pretrain_gpt.settings_from_args(args, 512))["rope_scaling_factor"] == 32.0
     plain = pretrain_gpt.parse_args(rope)
     assert "rope_scaling" not in position_embedding_args(model, pretrain_gpt.settings_from_args(plain, 512))
+    assert "seq_len_interpolation_factor" not in position_embedding_args(
+        model, pretrain_gpt.settings_from_args(plain, 512))
+    stretched = pretrain_gpt.parse_args(rope + ["--rotary-seq-len-interpolation-factor", "4"])
+    arguments = position_embedding_args(model, pretrain_gpt.settings_from_args(stretched, 512))
+    assert arguments["seq_len_interpolation_factor"] == 4
 
 
 def test_newer_hugging_face_special_token_flag_is_the_default_here():

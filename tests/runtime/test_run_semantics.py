@@ -141,6 +141,17 @@ def test_weights_only_checkpoints_resume_with_no_load_optim_and_stop_without_it_
     assert re.findall(r" iteration +(\d+)/", resumed.stdout) == ["3", "4"]
 
 
+def test_rope_position_interpolation_reaches_the_model():
+    """--rotary-seq-len-interpolation-factor divides RoPE's positions: factor 1 trains exactly as without the
+    flag, factor 4 changes the first loss (the same weights and tokens, other rotations)."""
+    rope = ["--train-iters", "1", "--eval-iters", "0", "--position-embedding-type", "rope"]
+    plain, one, four = (_losses(_pretrain([*rope, *extra]).stdout)
+                        for extra in ([], ["--rotary-seq-len-interpolation-factor", "1"],
+                                      ["--rotary-seq-len-interpolation-factor", "4"]))
+    assert plain == one and set(plain) == {1}
+    assert four[1] != plain[1]
+
+
 def test_exit_duration_stops_after_the_first_iteration_past_it(tmp_path):
     done = _pretrain(["--train-iters", "50", "--eval-iters", "0", "--exit-duration-in-mins", "1e-6",
                       "--save", str(tmp_path / "ckpt")])
