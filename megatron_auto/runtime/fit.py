@@ -39,8 +39,8 @@ Replanner = Callable[[int], Plan]
 
 def train_fitting(plan: Plan, basis: PlanBasis, settings: TrainSettings, info, replan: Replanner,
                   restart: bool) -> Plan:
-    """Train `plan` (from a checkpoint when settings.load or pretrained_checkpoint), re-planning on an early OOM; returns
-    the plan that trained. `info`: distributed.DeviceInfo."""
+    """Train `plan` (from a checkpoint when settings.load or pretrained_checkpoint), re-planning on an early
+    OOM; returns the plan that trained. `info`: distributed.DeviceInfo."""
     rank = torch.distributed.get_rank()
     group = oom.agreement_group(settings.timeout_s)
     memory_check.log_device_memory_at_start(info.device, rank)

@@ -5,9 +5,9 @@
 validation and test, and each split is blended by the weights (megatron-core's builder: the
 same code Megatron-LM's pretrain_gpt.py runs, with its compiled index helpers). `--train-data-path`,
 `--valid-data-path` and `--test-data-path` (same forms) give each split datasets of its own instead,
-each taken whole. The split sizes
-are Megatron-LM's (training.get_train_valid_test_num_samples): train_iters x global batch,
-(train_iters // eval_interval + 1) x eval_iters x global batch, and eval_iters x global batch.
+each taken whole. The split sizes are Megatron-LM's (training.get_train_valid_test_num_samples):
+train_iters x global batch, (train_iters // eval_interval + 1) x eval_iters x global batch, and
+eval_iters x global batch.
 The sample, document and shuffle indices are cached under `--data-cache-path` (default: beside
 each dataset, PREFIX/cache/, as Megatron-LM does); rank 0 writes them, the others read them.
 
@@ -166,9 +166,6 @@ def split_sizes(train_iters: int, eval_interval: int, eval_iters: int, global_ba
     """Samples to draw per split (Megatron-LM's get_train_valid_test_num_samples; no eval interval: one eval)."""
     evaluations = train_iters // eval_interval + 1 if eval_interval else 1
     return [train_iters * global_batch, evaluations * eval_iters * global_batch, eval_iters * global_batch]
-
-
-PER_SPLIT_FLAGS = ("--train-data-path", "--valid-data-path", "--test-data-path")
 
 
 def split_blends(data: DataSettings) -> Optional[list]:
