@@ -307,8 +307,7 @@ def _data_args(parser: argparse.ArgumentParser) -> None:
                        help="Megatron-LM's forms: PREFIX, PREFIX1 PREFIX2 ... (weighted by size), or "
                             "W1 PREFIX1 W2 PREFIX2 ... (a weighted blend)")
     group.add_argument("--mock-data", action="store_true")
-    for flag, split in zip(("--train-data-path", "--valid-data-path", "--test-data-path"),
-                           ("training", "validation", "test")):
+    for flag, split in zip(PER_SPLIT_DATA_FLAGS, ("training", "validation", "test")):
         group.add_argument(flag, nargs="+", help=f"the {split} split's own datasets, whole (--data-path's forms; "
                                                  "in place of --data-path and --split)")
     add_tokenizer_flags(group, default_type=None)
@@ -420,8 +419,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     flags_error = schedule_flags_error(args) or batch_ramp_error(args) or size_flags_error(args)
     if flags_error:
         parser.error(flags_error)
-    per_split = args.train_data_path or args.valid_data_path or args.test_data_path
-    if not args.mock_data and not args.data_path and not per_split:
+    if not args.mock_data and not args.data_path and not any(per_split_paths(args)):
         parser.error("give --data-path PREFIX or --mock-data")
     return args
 
@@ -474,13 +472,19 @@ def size_flags_error(args: argparse.Namespace) -> Optional[str]:
     return data_source_error(args)
 
 
+PER_SPLIT_DATA_FLAGS = ("--train-data-path", "--valid-data-path", "--test-data-path")
+
+
+def per_split_paths(args: argparse.Namespace) -> tuple[tuple[str, ...], ...]:
+    """The words of each per-split data flag, in train, validation, test order (empty where not given)."""
+    return tuple(tuple(getattr(args, flag[2:].replace("-", "_")) or ()) for flag in PER_SPLIT_DATA_FLAGS)
+
+
 def data_source_error(args: argparse.Namespace) -> Optional[str]:
     """One data source, as Megatron-LM takes it: --mock-data, --data-path, or the per-split paths."""
     if args.mock_data and args.data_path:
         return "give --data-path or --mock-data, not both (Megatron-LM takes a single data source)"
-    given = (("--train-data-path", args.train_data_path), ("--valid-data-path", args.valid_data_path),
-             ("--test-data-path", args.test_data_path))
-    per_split = [flag for flag, words in given if words]
+    per_split = [flag for flag, words in zip(PER_SPLIT_DATA_FLAGS, per_split_paths(args)) if words]
     if per_split and (args.data_path or args.mock_data):
         return f"give {per_split[0]} or {'--data-path' if args.data_path else '--mock-data'}, not both"
     if per_split and args.split:
@@ -583,8 +587,7 @@ def data_from_args(args: argparse.Namespace, vocab_size: int) -> DataSettings:
     if args.reset_attention_mask:
         raise UserError("--reset-attention-mask: per-document attention masks are not supported "
                         "(the attention here is causal over the whole sequence)")
-    per_split = tuple(tuple(words or ()) for words in (args.train_data_path, args.valid_data_path,
-                                                       args.test_data_path))
+    per_split = per_split_paths(args)
     data = DataSettings(blend=tuple(args.data_path or ()), blend_per_split=per_split if any(per_split) else (),
                         vocab_size=vocab_size, split=args.split or "969,30,1", mmap_bin_files=args.mmap_bin_files,
                         cache_path=args.data_cache_path, eod_mask_loss=args.eod_mask_loss,
@@ -862,7 +865,7 @@ def run(args: argparse.Namespace) -> None:
         basis = plan_basis(args, plan, model, world_size, settings)
         if basis is None:
             job = session.build_session(plan, model, settings, info.backend, info.device)
-            if settings.load or settings.pretrained_checkpoint:
+            if settings.starts_from_checkpoint:
                 session.resume(job)
             session.train(job)
         else:

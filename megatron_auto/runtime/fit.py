@@ -60,7 +60,7 @@ def _train_attempt(plan: Plan, basis: PlanBasis, settings: TrainSettings, info, 
     """Build the session for `plan` and train it, the first iterations guarded and checked."""
     rank = torch.distributed.get_rank()
     job = sessions.build_session(plan, basis.model, settings, info.backend, info.device)
-    if settings.load or settings.pretrained_checkpoint:
+    if settings.starts_from_checkpoint:
         sessions.resume(job)
     stop = sessions.stop_iteration(job.settings)
     try:

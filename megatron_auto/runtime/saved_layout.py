@@ -58,8 +58,7 @@ class SavedLayout:
     def optimizer_kind(self) -> Optional[str]:
         """Which of Megatron's optimizers wrote the state, told by its master weights' name (a stock
         checkpoint: the hybrid runtime writes `param` for every part); None: no optimizer state saved."""
-        kinds = {_CHAINED.sub("", key)[len(STATE_PREFIX):].split(".", 1)[0]
-                 for key in self.stored_keys if _CHAINED.sub("", key).startswith(STATE_PREFIX)}
+        kinds = OptimizerKeys(self.stored_keys).stored_kinds
         if not kinds:
             return None
         return DISTRIBUTED if "param" in kinds else MIXED_PRECISION if "fp32_param" in kinds else FP32
@@ -81,10 +80,13 @@ class OptimizerKeys:
 
     def __init__(self, stored_keys) -> None:
         self.by_plain = {}
+        self.stored_kinds = set()
+        """The optimizer tensor kinds as stored (`param`, `fp32_param`, `exp_avg`, ...)."""
         for key in stored_keys:
             plain = _CHAINED.sub("", key)
             if plain.startswith(STATE_PREFIX):
                 kind, model_key = plain[len(STATE_PREFIX):].split(".", 1)
+                self.stored_kinds.add(kind)
                 kind = "param" if kind in MASTER_ALIASES else kind
                 self.by_plain[f"{STATE_PREFIX}{kind}.{model_key}"] = key
 

@@ -250,3 +250,8 @@ class TrainSettings:
     """Training data."""
     moe: MoESettings = MoESettings()
     """How MoE layers route and dispatch (unused by dense models)."""
+
+    @property
+    def starts_from_checkpoint(self) -> bool:
+        """Whether the run reads a checkpoint before training (`load`, or `pretrained_checkpoint`)."""
+        return bool(self.load or self.pretrained_checkpoint)
