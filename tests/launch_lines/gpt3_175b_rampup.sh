@@ -3,6 +3,7 @@
 # 4 CPU ranks: a batch-size ramp-up, a sample-based schedule and a weighted blend of three datasets.
 # The original runs `python -u pretrain_gpt.py $@ ${options}` under srun (one task per GPU); here the
 # same command line runs under torchrun on 4 processes.
+# Beyond sizes: --initial-loss-scale 65536 (as in gpt3_175b_distributed.sh).
 # Usage: gpt3_175b_rampup.sh CHECKPOINT_DIR TENSORBOARD_DIR VOCAB MERGES DATASET_1 DATASET_2 DATASET_3
 
 CHECKPOINT_DIR=$1
@@ -26,9 +27,9 @@ options=" \
         --max-position-embeddings 64 \
 	--micro-batch-size 1 \
 	--global-batch-size 8 \
-	--rampup-batch-size 4 4 64 \
-	--train-samples 320 \
-       	--lr-decay-samples 280 \
+	--rampup-batch-size 4 4 32 \
+	--train-samples 160 \
+       	--lr-decay-samples 140 \
         --lr-warmup-samples 8 \
         --lr 1.0e-3 \
 	--min-lr 1.0e-4 \
@@ -49,7 +50,8 @@ options=" \
 	--adam-beta2 0.95 \
 	--init-method-std 0.006 \
 	--tensorboard-dir ${TENSORBOARD_DIR} \
-	--fp16 "
+	--fp16 \
+	--initial-loss-scale 65536 "
 
 
 torchrun --nproc_per_node 4 tools/pretrain_gpt.py ${options}

@@ -43,7 +43,7 @@ MODEL_ARGS=" \
 "
 
 TRAINING_ARGS=" \
-    --global-batch-size 8 \
+    --global-batch-size 4 \
     --train-iters 20 \
     --lr 1e-3 \
     --min-lr 1e-4 \
