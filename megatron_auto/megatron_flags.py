@@ -69,9 +69,13 @@ def _overlap_flags(plan: Plan) -> list[str]:
 
 
 def _pipeline_split_flags(plan: Plan) -> list[str]:
-    """Megatron splits the layers left after the first/last overrides evenly over the middle stages."""
+    """Megatron splits the layers left after the first/last overrides evenly over the middle stages; with
+    virtual stages, a first (last) chunk one layer short is Megatron's embedding (loss) counted as a layer."""
     if plan.virtual_stages > 1:
-        return ["--num-layers-per-virtual-pipeline-stage", str(len(plan.chunks[0].layers))]
+        per_chunk = plan.virtual_chunk_layers
+        return (["--num-layers-per-virtual-pipeline-stage", str(per_chunk)]
+                + ["--account-for-embedding-in-pipeline-split"] * (len(plan.chunks[0].layers) < per_chunk)
+                + ["--account-for-loss-in-pipeline-split"] * (len(plan.chunks[-1].layers) < per_chunk))
     counts = plan.stage_layer_counts()
     if len(set(counts)) == 1:
         return []

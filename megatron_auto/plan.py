@@ -281,6 +281,12 @@ class Plan:
     def gpus_per_stage(self) -> int:
         return self.world_size // self.pipeline_parallel
 
+    @property
+    def virtual_chunk_layers(self) -> int:
+        """Layers of a middle model chunk (with virtual stages: every chunk but the first and last, whose
+        layer count Megatron may lower by one for the embedding or the loss)."""
+        return len(self.chunks[1].layers) if len(self.chunks) > 2 else max(len(c.layers) for c in self.chunks)
+
     def stage_chunks(self, stage: int) -> tuple[Chunk, ...]:
         return self.chunks[stage::self.pipeline_parallel]
 
@@ -410,8 +416,12 @@ def _check_megatron_space(plan: Plan) -> None:
     kinds = {s.recompute for s in plan.distinct_strategies}
     if "selective" in kinds and len(kinds) > 1:
         raise ValueError("stock Megatron recomputes selectively on all layers or on none")
-    if plan.virtual_stages > 1 and len({len(c.layers) for c in plan.chunks}) > 1:
+    if plan.virtual_stages > 1 and len({len(c.layers) for c in plan.chunks[1:-1]}) > 1:
         raise ValueError("with virtual stages, stock Megatron needs equal chunks")
+    if plan.virtual_stages > 1 and not {len(plan.chunks[0].layers), len(plan.chunks[-1].layers)} <= {
+            plan.virtual_chunk_layers - 1, plan.virtual_chunk_layers}:
+        raise ValueError("with virtual stages, stock Megatron's first and last chunk hold the others' layer count, "
+                         "or one layer fewer (for the embedding or the loss)")
     counts = plan.stage_layer_counts()
     if plan.virtual_stages == 1 and len(set(counts[1:-1])) > 1:
         raise ValueError("stock Megatron lets only the first and last stage differ in layer count")

@@ -273,6 +273,11 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num-layers-per-virtual-pipeline-stage", type=int)
     group.add_argument("--decoder-first-pipeline-num-layers", type=int)
     group.add_argument("--decoder-last-pipeline-num-layers", type=int)
+    group.add_argument("--account-for-embedding-in-pipeline-split", action="store_true",
+                       help="the pipeline split counts the embedding as a layer: the first chunk builds one fewer")
+    group.add_argument("--account-for-loss-in-pipeline-split", action="store_true",
+                       help="the pipeline split counts the output layer and loss as a layer: the last chunk "
+                            "builds one fewer")
     group.add_argument("--sequence-parallel", action="store_true", default=None)
     group.add_argument("--use-distributed-optimizer", action="store_true", default=None)
     group.add_argument("--overlap-param-gather", action="store_true", default=None,
@@ -363,6 +368,17 @@ def _checkpoint_args(parser: argparse.ArgumentParser) -> None:
                        help="where --load holds no checkpoint (or is not given), fine-tune from this one's weights "
                             "(--finetune's semantics): a fine-tuning job's first run starts from the base model, "
                             "its restarts resume from --load")
+    group.add_argument("--save-retain-interval", type=int, metavar="R",
+                       help="each save removes the previous checkpoint unless its iteration is a multiple of R")
+    group.add_argument("--non-persistent-save-interval", type=int, metavar="N",
+                       help="between the --save-interval ones, a checkpoint every N iterations that only the next "
+                            "replaces (with --non-persistent-ckpt-type global)")
+    group.add_argument("--non-persistent-ckpt-type", choices=("global", "local", "in_memory"),
+                       help="global: full checkpoints in --non-persistent-global-ckpt-dir (local and in_memory need "
+                            "NVIDIA's resiliency extension: refused)")
+    group.add_argument("--non-persistent-global-ckpt-dir",
+                       help="where non-persistent checkpoints go and are resumed from (default: SAVE/non_persistent "
+                            "and LOAD/non_persistent)")
     group.add_argument("--override-opt_param-scheduler", action="store_true",
                        help="on resume, take the learning-rate and weight-decay schedule from the command line, "
                             "not the checkpoint")
@@ -411,17 +427,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.wandb_project and not args.wandb_exp_name:
         parser.error("--wandb-project needs --wandb-exp-name (Megatron-LM: 'Please specify the wandb "
                      "experiment name!')")
-    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
-        parser.error("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler cannot both be given "
-                     "(Megatron-LM: 'both override and use-checkpoint are set')")
     if args.recompute_activations and args.recompute_granularity is None:
         args.recompute_granularity = "selective"
-    flags_error = schedule_flags_error(args) or batch_ramp_error(args) or size_flags_error(args)
+    flags_error = (schedule_flags_error(args) or batch_ramp_error(args) or size_flags_error(args)
+                   or checkpoint_flags_error(args))
     if flags_error:
         parser.error(flags_error)
     if not args.mock_data and not args.data_path and not any(per_split_paths(args)):
         parser.error("give --data-path PREFIX or --mock-data")
     return args
+
+
+def checkpoint_flags_error(args: argparse.Namespace) -> Optional[str]:
+    """Megatron-LM's checks of the resume and checkpoint-rotation flags (its arguments.py asserts)."""
+    if args.override_opt_param_scheduler and args.use_checkpoint_opt_param_scheduler:
+        return ("--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler cannot both be given "
+                "(Megatron-LM: 'both override and use-checkpoint are set')")
+    retain = args.save_retain_interval
+    if retain is not None and (retain < 1 or not args.save_interval or retain % args.save_interval):
+        return (f"--save-retain-interval {retain} must be a positive multiple of --save-interval "
+                f"({args.save_interval or 'not given'}), as in Megatron-LM")
+    if args.non_persistent_ckpt_type in ("local", "in_memory"):
+        return (f"--non-persistent-ckpt-type {args.non_persistent_ckpt_type}: node-local checkpoints need NVIDIA's "
+                "resiliency extension (nvidia_resiliency_ext), not run here; use --non-persistent-ckpt-type global")
+    interval = args.non_persistent_save_interval
+    if interval is not None and (interval < 1 or args.non_persistent_ckpt_type != "global"):
+        return (f"--non-persistent-save-interval {interval} needs a positive interval and "
+                "--non-persistent-ckpt-type global")
+    return None
 
 
 def schedule_flags_error(args: argparse.Namespace) -> Optional[str]:
@@ -469,6 +502,9 @@ def size_flags_error(args: argparse.Namespace) -> Optional[str]:
     if args.num_layers_per_virtual_pipeline_stage and uneven:
         return ("--num-layers-per-virtual-pipeline-stage cannot go with --decoder-first/last-pipeline-num-layers "
                 "(as in Megatron-LM)")
+    if uneven and (args.account_for_embedding_in_pipeline_split or args.account_for_loss_in_pipeline_split):
+        return ("--account-for-embedding/loss-in-pipeline-split cannot go with "
+                "--decoder-first/last-pipeline-num-layers (as in Megatron-LM)")
     return data_source_error(args)
 
 
@@ -636,6 +672,10 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         max_position_embeddings=args.max_position_embeddings, log_interval=args.log_interval,
         eval_interval=args.eval_interval, eval_iters=args.eval_iters, save=args.save, load=args.load,
         save_interval=args.save_interval, exit_interval=args.exit_interval, ckpt_step=args.ckpt_step,
+        save_retain_interval=args.save_retain_interval,
+        non_persistent_save_interval=args.non_persistent_save_interval or 0,
+        non_persistent_ckpt_type=args.non_persistent_ckpt_type,
+        non_persistent_global_ckpt_dir=args.non_persistent_global_ckpt_dir,
         finetune=args.finetune, pretrained_checkpoint=args.pretrained_checkpoint,
         exit_on_missing_checkpoint=args.exit_on_missing_checkpoint, timeout_s=args.distributed_timeout_minutes * 60,
         data=data_from_args(args, vocab_size), moe=moe_settings(args))
@@ -647,6 +687,8 @@ def manual_flags(args: argparse.Namespace) -> ManualParallelism:
         micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
         layers_per_virtual_stage=args.num_layers_per_virtual_pipeline_stage,
         first_stage_layers=args.decoder_first_pipeline_num_layers, last_stage_layers=args.decoder_last_pipeline_num_layers,
+        account_for_embedding=args.account_for_embedding_in_pipeline_split,
+        account_for_loss=args.account_for_loss_in_pipeline_split,
         recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers, sequence_parallel=bool(args.sequence_parallel),
         distributed_optimizer=bool(args.use_distributed_optimizer),
@@ -803,6 +845,14 @@ def megatron_lm_adjustments(args: argparse.Namespace) -> list[str]:
     if args.sequence_parallel and args.auto_parallel:
         warnings_given.append("--sequence-parallel: under --auto-parallel sequence parallelism is the planner's "
                               "choice (with tensor parallelism)")
+    split_flags = [flag for flag, given in (
+        ("--decoder-first-pipeline-num-layers", args.decoder_first_pipeline_num_layers is not None),
+        ("--decoder-last-pipeline-num-layers", args.decoder_last_pipeline_num_layers is not None),
+        ("--account-for-embedding-in-pipeline-split", args.account_for_embedding_in_pipeline_split),
+        ("--account-for-loss-in-pipeline-split", args.account_for_loss_in_pipeline_split)) if given]
+    if split_flags and args.auto_parallel:
+        warnings_given.append(f"{', '.join(split_flags)}: under --auto-parallel the planner splits the layers over "
+                              "the pipeline stages (it prices the embedding and the loss on their stages)")
     if args.moe_token_dispatcher_type == "flex":
         warnings_given.append("--moe-token-dispatcher-type flex: DeepEP/HybridEP kernels are not available here; "
                               "the alltoall dispatcher moves the same tokens")
@@ -858,7 +908,7 @@ def run(args: argparse.Namespace) -> None:
     check_plan_runs(plan, settings, model)
     info = distributed.init_distributed(settings.timeout_s)
     try:
-        checkpoint.check_paths(settings.save, settings.load)
+        checkpoint.check_paths(settings.save, settings.load, settings.non_persistent_save_dir)
         if session.is_logging_rank():
             _log_run_header(args, adjustments, settings, model, plan)
             log_tokenizer_and_data(args, tokenizer)

@@ -8,7 +8,8 @@ Nothing is lost or half-read:
 - an iteration is complete only when every rank has written its part: rank 0 then
   writes the directory's `complete` marker, and only after it the tracker
   (`latest_checkpointed_iteration.txt`), each atomically (temporary file, fsync, rename);
-- `--load` takes the newest complete iteration (or the tracker's), and when it cannot be
+- `--load` takes the newest complete iteration (or the tracker's), of its folder or of the folder of
+  global non-persistent checkpoints (runtime/checkpoint_rotation.py), and when it cannot be
   read (a truncated or missing shard, a bad metadata file) falls back to the next newest
   with one line saying so, or stops with one line when none loads;
 - every rank's random streams are saved beside the tensors (runtime/rng_state.py), and the
@@ -225,17 +226,13 @@ def _full_state(layout, optimizer, scheduler, iteration: int, consumed: int, wit
     return state
 
 
-def path_problem(save: Optional[str], load: Optional[str]) -> Optional[str]:
-    """Why this rank cannot use --save (created if missing, must take a file) or --load; None when it can."""
-    if save:
-        if os.path.exists(save) and not os.path.isdir(save):
-            return f"--save {save}: exists and is not a directory"
-        try:
-            os.makedirs(save, exist_ok=True)
-            with tempfile.TemporaryFile(dir=save):
-                pass
-        except OSError as error:
-            return f"--save {save}: cannot write there ({error.strerror or type(error).__name__})"
+def path_problem(save: Optional[str], load: Optional[str], non_persistent: Optional[str] = None) -> Optional[str]:
+    """Why this rank cannot use --save or the non-persistent checkpoints' folder (created if missing, must take
+    a file), or --load; None when it can."""
+    for flag, folder in (("--save", save), ("--non-persistent-global-ckpt-dir", non_persistent)):
+        problem = _unwritable(flag, folder) if folder else None
+        if problem:
+            return problem
     if load and os.path.exists(load) and not os.path.isdir(load):
         return f"--load {load}: exists and is not a directory"
     if load and os.path.isdir(load) and not os.access(load, os.R_OK | os.X_OK):
@@ -243,9 +240,21 @@ def path_problem(save: Optional[str], load: Optional[str]) -> Optional[str]:
     return None
 
 
-def check_paths(save: Optional[str], load: Optional[str]) -> None:
+def _unwritable(flag: str, folder: str) -> Optional[str]:
+    if os.path.exists(folder) and not os.path.isdir(folder):
+        return f"{flag} {folder}: exists and is not a directory"
+    try:
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as error:
+        return f"{flag} {folder}: cannot write there ({error.strerror or type(error).__name__})"
+    return None
+
+
+def check_paths(save: Optional[str], load: Optional[str], non_persistent: Optional[str] = None) -> None:
     """Before any work, on every rank: UserError on all ranks when any rank cannot use its paths."""
-    problem = path_problem(save, load)
+    problem = path_problem(save, load, non_persistent)
     if _on_any_rank(problem is not None):
         raise UserError(problem or "--save/--load: another rank cannot use its path (its error says why)")
 
@@ -306,15 +315,18 @@ def tracked_iteration(root: str) -> Optional[int]:
         return None
 
 
-def complete_iterations(root: str) -> list[int]:
-    """The iterations of `root` that every rank finished writing, newest first."""
+def iterations_in(root: str) -> list[int]:
+    """The iterations `root` has a directory of, complete or not, newest first."""
     try:
         names = os.listdir(root)
     except OSError:
         return []
-    found = [int(m.group(1)) for m in map(_ITERATION_DIR.fullmatch, names) if m]
-    return sorted((i for i in found if os.path.isfile(os.path.join(iteration_dir(root, i), COMPLETE))),
-                  reverse=True)
+    return sorted((int(m.group(1)) for m in map(_ITERATION_DIR.fullmatch, names) if m), reverse=True)
+
+
+def complete_iterations(root: str) -> list[int]:
+    """The iterations of `root` that every rank finished writing, newest first."""
+    return [i for i in iterations_in(root) if os.path.isfile(os.path.join(iteration_dir(root, i), COMPLETE))]
 
 
 def load_candidates(root: str) -> list[int]:
@@ -323,9 +335,26 @@ def load_candidates(root: str) -> list[int]:
     return sorted(set(complete_iterations(root)) | ({tracked} if tracked is not None else set()), reverse=True)
 
 
+def checkpoints_to_try(root: str, step: Optional[int] = None,
+                       non_persistent: Optional[str] = None) -> list[tuple[str, int]]:
+    """(folder, iteration) pairs `--load root` tries, in order: iteration `step` (from `root`, else from
+    the non-persistent folder), or the newest first across both folders, the non-persistent one first
+    where both hold an iteration (Megatron-LM loads it when it is at least as new)."""
+    roots = [root] + ([non_persistent] if non_persistent else [])
+    if step is not None:
+        found = [(where, step) for where in roots if os.path.isdir(iteration_dir(where, step))]
+        if not found:
+            raise UserError(f"--load {root}: no checkpoint of iteration {step} "
+                            f"({iteration_dir(root, step)} is missing)")
+        return found[:1]
+    pairs = [(where, i) for where in roots for i in load_candidates(where)]
+    return sorted(pairs, key=lambda pair: (pair[1], pair[0] == non_persistent), reverse=True)
+
+
 def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: bool = False,
                     step: Optional[int] = None, with_optimizer: bool = True,
-                    with_rng: bool = True, required: bool = False) -> Optional[Resumed]:
+                    with_rng: bool = True, required: bool = False,
+                    non_persistent: Optional[str] = None) -> Optional[Resumed]:
     """Load iteration `step` (default: the newest that loads) of `root` into this layout's model,
     optimizer and scheduler.
 
@@ -334,14 +363,9 @@ def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: 
     `with_optimizer` (--no-load-optim) the weights and the iteration load, the optimizer state and
     the learning-rate schedule do not; without `with_rng` (--no-load-rng) the random streams keep
     their fresh seeds (Megatron-LM's checkpointing.load_checkpoint). `required` (--exit-on-missing-checkpoint):
-    a `root` without a checkpoint is a UserError instead."""
-    if step is not None:
-        if not os.path.isdir(iteration_dir(root, step)):
-            raise UserError(f"--load {root}: no checkpoint of iteration {step} "
-                            f"({iteration_dir(root, step)} is missing)")
-        candidates = [step]
-    else:
-        candidates = load_candidates(root)
+    a `root` without a checkpoint is a UserError instead. `non_persistent`: the folder of global
+    non-persistent checkpoints, whose iterations count as root's (checkpoints_to_try)."""
+    candidates = checkpoints_to_try(root, step, non_persistent)
     if not candidates:
         if os.path.isfile(os.path.join(root, TRACKER)):  # a tracker that names no iteration, and nothing complete
             raise UserError(f"--load {root}: {TRACKER} names no iteration and no complete checkpoint is there")
@@ -353,12 +377,12 @@ def load_checkpoint(root: str, model: list, optimizer, scheduler, weights_only: 
         return None
     options = dict(weights_only=weights_only, with_optimizer=with_optimizer, with_rng=with_rng)
     reasons = []
-    for iteration in candidates:
-        loaded, layout, failure = _try_load(root, iteration, model, optimizer, scheduler, options)
+    for where, iteration in candidates:
+        loaded, layout, failure = _try_load(where, iteration, model, optimizer, scheduler, options)
         if failure is None:
             _say_fallback(root, iteration, reasons)
-            return _finish_load(root, iteration, loaded, layout, optimizer, scheduler, options)
-        reasons.append(f"iteration {iteration}: {failure}")
+            return _finish_load(where, iteration, loaded, layout, optimizer, scheduler, options)
+        reasons.append(f"iteration {iteration}{'' if where == root else f' of {where}'}: {failure}")
     raise UserError(f"--load {root}: no checkpoint there can be read ({'; '.join(reasons)})")
 
 

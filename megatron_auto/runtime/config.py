@@ -111,6 +111,8 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
         virtual_pipeline_model_parallel_size=layout.virtual_stages if layout.virtual_stages > 1 else None,
         num_layers_in_first_pipeline_stage=layout.first_stage_layers,
         num_layers_in_last_pipeline_stage=layout.last_stage_layers,
+        account_for_embedding_in_pipeline_split=layout.account_for_embedding,
+        account_for_loss_in_pipeline_split=layout.account_for_loss,
         sequence_parallel=layout.sequence_parallel,
         recompute_granularity=layout.recompute_granularity,
         recompute_method=layout.recompute_method,

@@ -30,6 +30,10 @@ class MegatronLayout:
     """Model chunks per pipeline stage (Megatron's virtual pipeline size)."""
     first_stage_layers: Optional[int] = None
     last_stage_layers: Optional[int] = None
+    account_for_embedding: bool = False
+    """Megatron's account_for_embedding_in_pipeline_split: the first chunk holds one layer fewer."""
+    account_for_loss: bool = False
+    """Megatron's account_for_loss_in_pipeline_split: the last chunk holds one layer fewer."""
     recompute_granularity: Optional[str] = None
     """None, selective or full."""
     recompute_method: Optional[str] = None
@@ -89,6 +93,8 @@ def layout_from_plan(plan: Plan) -> MegatronLayout:
         virtual_stages=plan.virtual_stages if per_virtual_stage else 1,
         first_stage_layers=number("decoder_first_pipeline_num_layers"),
         last_stage_layers=number("decoder_last_pipeline_num_layers"),
+        account_for_embedding=bool(flags.get("account_for_embedding_in_pipeline_split", False)),
+        account_for_loss=bool(flags.get("account_for_loss_in_pipeline_split", False)),
         recompute_granularity=flags.get("recompute_granularity"),  # type: ignore[arg-type]
         recompute_method=flags.get("recompute_method"),  # type: ignore[arg-type]
         recompute_num_layers=number("recompute_num_layers"),

@@ -25,6 +25,10 @@ class ManualParallelism:
     layers_per_virtual_stage: Optional[int] = None
     first_stage_layers: Optional[int] = None
     last_stage_layers: Optional[int] = None
+    account_for_embedding: bool = False
+    """--account-for-embedding-in-pipeline-split: the embedding counts as a layer in the split."""
+    account_for_loss: bool = False
+    """--account-for-loss-in-pipeline-split: the output layer and loss count as a layer in the split."""
     recompute_granularity: Optional[str] = None
     recompute_method: Optional[str] = None
     recompute_num_layers: Optional[int] = None
@@ -52,6 +56,36 @@ def stage_layer_counts(num_layers: int, pp: int, first: Optional[int], last: Opt
     if sum(counts) != num_layers:  # type: ignore[arg-type]
         raise UserError(f"pipeline stages hold {sum(counts)} layers, the model has {num_layers}")  # type: ignore[arg-type]
     return counts  # type: ignore[return-value]
+
+
+def chunk_layer_counts(num_layers: int, pp: int, flags: ManualParallelism) -> list[int]:
+    """Decoder layers per model chunk, in Megatron's chunk order (chunk c on stage c % pp), as Megatron-Core's
+    get_num_layers_to_build splits them: with --account-for-embedding/loss-in-pipeline-split the embedding
+    and the loss each count as one layer of the first and the last chunk."""
+    extra = int(flags.account_for_embedding) + int(flags.account_for_loss)
+    if extra and (flags.first_stage_layers is not None or flags.last_stage_layers is not None):
+        raise UserError("--account-for-embedding/loss-in-pipeline-split cannot go with "
+                        "--decoder-first/last-pipeline-num-layers (as in Megatron-LM)")
+    counted = num_layers + extra
+    if flags.layers_per_virtual_stage:
+        per_chunk = flags.layers_per_virtual_stage
+        if counted % (per_chunk * pp):
+            what = f"{num_layers} layers" + (f" and {extra} counted for the embedding/loss" if extra else "")
+            raise UserError(f"{what} do not split into chunks of {per_chunk} over {pp} stages")
+        counts = [per_chunk] * (counted // per_chunk)
+    elif extra:
+        if counted % pp:
+            raise UserError(f"{num_layers} layers and {extra} counted for the embedding/loss do not split evenly "
+                            f"over {pp} pipeline stages")
+        counts = [counted // pp] * pp
+    else:
+        return stage_layer_counts(num_layers, pp, flags.first_stage_layers, flags.last_stage_layers)
+    counts[0] -= int(flags.account_for_embedding)
+    counts[-1] -= int(flags.account_for_loss)
+    if min(counts) < 1:
+        raise UserError("--account-for-embedding/loss-in-pipeline-split leaves a model chunk without decoder layers "
+                        "(this runtime builds every chunk with at least one)")
+    return counts
 
 
 def _recompute_kinds(flags: ManualParallelism, chunk_sizes: list[int]) -> list[list[str]]:
@@ -96,15 +130,8 @@ def plan_from_flags(model: ModelSpec, world_size: int, flags: ManualParallelism)
     global_batch = flags.global_batch_size or flags.micro_batch_size * dp
     if global_batch % (flags.micro_batch_size * dp):
         raise UserError(f"global batch {global_batch} is not divisible by micro batch x DP = {flags.micro_batch_size * dp}")
-    if flags.layers_per_virtual_stage:
-        per_chunk = flags.layers_per_virtual_stage
-        if model.num_layers % (per_chunk * pp):
-            raise UserError(f"{model.num_layers} layers do not split into chunks of {per_chunk} over {pp} stages")
-        chunk_sizes = [per_chunk] * (model.num_layers // per_chunk)
-        virtual = len(chunk_sizes) // pp
-    else:
-        chunk_sizes = stage_layer_counts(model.num_layers, pp, flags.first_stage_layers, flags.last_stage_layers)
-        virtual = 1
+    chunk_sizes = chunk_layer_counts(model.num_layers, pp, flags)
+    virtual = len(chunk_sizes) // pp
     zero = 1 if flags.distributed_optimizer else 0
     check_expert_flags(model, tp, dp, flags)
     try:

@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..plan import Plan
 from ..specs.model import ModelSpec
 from . import checkpoint, config as configs, data, distributed, faults, kernels, metrics, schedule, stopping
-from . import moe_metrics, tensorboard_log
+from . import checkpoint_rotation, moe_metrics, tensorboard_log
 from . import model as models
 from .batch_schedule import BatchSizer, check_divisible
 from .layout import MegatronLayout, layout_from_plan
@@ -173,7 +173,8 @@ def resume(session: Session, path: Optional[str] = None, step: Optional[int] = N
                                          weights_only=weights_only, step=step,
                                          with_optimizer=session.settings.load_optimizer,
                                          with_rng=session.settings.load_rng,
-                                         required=session.settings.exit_on_missing_checkpoint)
+                                         required=session.settings.exit_on_missing_checkpoint,
+                                         non_persistent=None if path else session.settings.non_persistent_dir(root))
     if resumed is not None:
         session.iteration = resumed.iteration
         session.consumed_samples = resumed.consumed_samples
@@ -183,7 +184,8 @@ def resume(session: Session, path: Optional[str] = None, step: Optional[int] = N
 def _finetune_source(settings: TrainSettings, finetune: bool) -> tuple[str, bool]:
     """(directory, weights only) to start from with --pretrained-checkpoint: --load where it holds a checkpoint
     (a restart resumes as usual), else the pretrained weights (Megatron-LM sets --finetune then)."""
-    if settings.load and checkpoint.load_candidates(settings.load):
+    if settings.load and checkpoint.checkpoints_to_try(settings.load,
+                                                       non_persistent=settings.non_persistent_dir(settings.load)):
         return settings.load, finetune
     pretrained = settings.pretrained_checkpoint
     if not checkpoint.load_candidates(pretrained):
@@ -274,16 +276,26 @@ def _log_iteration(session: Session, result: StepResult, elapsed_s: float, flops
 
 def _maybe_save(session: Session, last: bool) -> None:
     """Save at --save-interval, at the end, and before a growing batch grows (Megatron-LM saves when the
-    micro-batch count changes)."""
+    micro-batch count changes); else at --non-persistent-save-interval, to the non-persistent folder."""
     settings = session.settings
     if not settings.save:
         return
     periodic = settings.save_interval and session.iteration % settings.save_interval == 0
     grows = settings.batch_ramp is not None and session.sizer.batch(session.consumed_samples) != session.current_batch
     if periodic or last or grows:
-        checkpoint.save_checkpoint(settings.save, session.model, session.optimizer, session.scheduler,
-                                   session.iteration, session.consumed_samples, with_optimizer=settings.save_optimizer,
-                                   with_rng=settings.save_rng)
+        previous = checkpoint.tracked_iteration(settings.save)
+        _save_to(session, settings.save)
+        checkpoint_rotation.retire_previous(settings.save, previous, session.iteration, settings.save_retain_interval)
+    elif settings.non_persistent_save_dir and session.iteration % settings.non_persistent_save_interval == 0:
+        checkpoint_rotation.clear_for_non_persistent_save(settings.non_persistent_save_dir)
+        _save_to(session, settings.non_persistent_save_dir)
+
+
+def _save_to(session: Session, root: str) -> None:
+    settings = session.settings
+    checkpoint.save_checkpoint(root, session.model, session.optimizer, session.scheduler, session.iteration,
+                               session.consumed_samples, with_optimizer=settings.save_optimizer,
+                               with_rng=settings.save_rng)
 
 
 def stop_iteration(settings: TrainSettings) -> int:

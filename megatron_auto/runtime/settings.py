@@ -4,11 +4,15 @@ Field names follow Megatron-LM's flags (`--lr` -> `lr`, `--train-iters` -> `trai
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Optional
 
 from ..specs.training import DEFAULT_RECOMPUTE_MODULES
 from .batch_schedule import BatchRamp
+
+NON_PERSISTENT_SUBDIR = "non_persistent"
+"""Megatron-LM's default folder of global non-persistent checkpoints inside --save and --load."""
 
 EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 """What --exit-signal may name."""
@@ -208,6 +212,15 @@ class TrainSettings:
     """Checkpoint directory to resume from."""
     save_interval: int = 0
     """Save every this many iterations (0: only at the end when `save` is set)."""
+    save_retain_interval: Optional[int] = None
+    """--save-retain-interval: each save to `save` removes the previous one unless its iteration is a multiple
+    of this (None: keep every checkpoint); runtime.checkpoint_rotation."""
+    non_persistent_save_interval: int = 0
+    """--non-persistent-save-interval: a non-persistent checkpoint every this many iterations (0: none)."""
+    non_persistent_ckpt_type: Optional[str] = None
+    """--non-persistent-ckpt-type: "global" (the one kind run here) or None."""
+    non_persistent_global_ckpt_dir: Optional[str] = None
+    """--non-persistent-global-ckpt-dir (None: the non_persistent folder of `save` and of `load`)."""
     exit_interval: int = 0
     """Stop after this iteration (0: run to train_iters); for tests of resumption."""
     exit_duration_s: float = 0.0
@@ -250,6 +263,19 @@ class TrainSettings:
     """Training data."""
     moe: MoESettings = MoESettings()
     """How MoE layers route and dispatch (unused by dense models)."""
+
+    def non_persistent_dir(self, base: Optional[str]) -> Optional[str]:
+        """Where global non-persistent checkpoints live for the checkpoint folder `base` (--save or --load):
+        --non-persistent-global-ckpt-dir when given, else base/non_persistent (Megatron-LM's); None without
+        --non-persistent-ckpt-type global."""
+        if self.non_persistent_ckpt_type != "global":
+            return None
+        return self.non_persistent_global_ckpt_dir or (os.path.join(base, NON_PERSISTENT_SUBDIR) if base else None)
+
+    @property
+    def non_persistent_save_dir(self) -> Optional[str]:
+        """Where this run writes non-persistent checkpoints (None: it writes none)."""
+        return self.non_persistent_dir(self.save) if self.save and self.non_persistent_save_interval else None
 
     @property
     def starts_from_checkpoint(self) -> bool:

@@ -1,7 +1,7 @@
 """One rank of an equivalence launch: run several parallel layouts of the same tiny GPT in turn.
 
 Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python equivalence_worker.py CASES.json RESULTS.json
-Each case: {"name", "flags": ManualParallelism fields, "steps", optional "model" ("gpt", "llama", "qwen3",
+Each case: {"name", "flags": ManualParallelism fields, "steps", optional "model" ("gpt", "gpt6", "llama", "qwen3",
 "swiglu_moe" or "mixed_moe"), "moe" (MoESettings fields, e.g. token_dispatcher),
 optional "load_weights" (checkpoint dir, weights only), "resume" (checkpoint dir, full state),
 "save" + "save_interval", "force_batch_p2p", "hybrid" (a hybrid plan instead of the flags' layout:
@@ -35,7 +35,9 @@ from worker_models import (deepseek_style_moe_model, llama_model, mixed_moe_mode
 
 MODEL = uniform_model("equivalence-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
                       seq_length=32, vocab_size=256)
-MODELS = {"gpt": MODEL, "llama": llama_model("equivalence-llama"), "qwen3": qwen3_model("equivalence-qwen3"),
+MODELS = {"gpt": MODEL, "gpt6": uniform_model("equivalence-gpt6", num_layers=6, hidden_size=64, num_attention_heads=4,
+                                             seq_length=32, vocab_size=256),
+          "llama": llama_model("equivalence-llama"), "qwen3": qwen3_model("equivalence-qwen3"),
           "swiglu_moe": swiglu_moe_model("equivalence-swiglu-moe"),
           "mixed_moe": mixed_moe_model("equivalence-mixed-moe"),
           "deepseek_moe": deepseek_style_moe_model("equivalence-deepseek-moe")}

@@ -23,6 +23,7 @@ import torch
 
 from checkpoint_files import checkpoint_tensors as _tensors, logged_losses as _losses
 from launcher import REPO, free_port, launch, rank_env
+from megatron_auto.errors import UserError
 from megatron_auto.runtime import checkpoint
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -101,16 +102,35 @@ def test_load_candidates_are_complete_iterations_newest_first(tmp_path):
     assert checkpoint.load_candidates(str(tmp_path)) == [6, 4, 2]
 
 
+def test_checkpoints_to_try_take_the_non_persistent_folder_where_it_is_at_least_as_new(tmp_path):
+    persistent, non_persistent = tmp_path / "ckpt", tmp_path / "ckpt" / "non_persistent"
+    for root, iterations in ((persistent, (4, 8)), (non_persistent, (7, 8, 9))):
+        for iteration in iterations:
+            folder = Path(checkpoint.iteration_dir(str(root), iteration))
+            folder.mkdir(parents=True)
+            (folder / checkpoint.COMPLETE).write_text(str(iteration))
+    p, n = str(persistent), str(non_persistent)
+    assert checkpoint.checkpoints_to_try(p) == [(p, 8), (p, 4)]
+    assert checkpoint.checkpoints_to_try(p, non_persistent=n) == [(n, 9), (n, 8), (p, 8), (n, 7), (p, 4)]
+    assert checkpoint.checkpoints_to_try(p, 8, n) == [(p, 8)]  # --ckpt-step: the persistent one first
+    assert checkpoint.checkpoints_to_try(p, 9, n) == [(n, 9)]
+    with pytest.raises(UserError, match="no checkpoint of iteration 5"):
+        checkpoint.checkpoints_to_try(p, 5, n)
+
+
 def test_a_killed_rank_restarts_the_job_which_resumes_bit_identically(uninterrupted, tmp_path):
     reference, reference_losses = uninterrupted
     root = tmp_path / "ckpt"
-    # Rank 1 is SIGKILLed after iteration 5 (past the save at 4); torchrun restarts both ranks once.
-    output = _torchrun(["--train-iters", "6", "--save-interval", "2", "--save", str(root), "--load", str(root)],
+    # Rank 1 is SIGKILLed after iteration 5 (past the save at 4, and the non-persistent one at 5); torchrun
+    # restarts both ranks once, and they resume from the newer, non-persistent checkpoint.
+    output = _torchrun(["--train-iters", "6", "--save-interval", "2", "--save", str(root), "--load", str(root),
+                        "--non-persistent-save-interval", "1", "--non-persistent-ckpt-type", "global"],
                        tmp_path, env={"MEGATRON_AUTO_INJECT_KILL": "5:1"}, restarts=1)
-    assert "resumed from iteration 4 of" in output
-    # Iteration 5 ran twice (before the kill and after the restart) with the same loss: no lost or
-    # repeated samples, the same dropout masks.
+    assert f"resumed from iteration 5 of {root / 'non_persistent' / 'iter_0000005'}" in output
+    # Every iteration logged one loss, the uninterrupted run's: iteration 5 did not run again, and
+    # iteration 6 drew the samples and dropout masks it would have drawn.
     assert _losses(output) == reference_losses and len(reference_losses) == 6
+    assert len(re.findall(r" iteration +5/", output)) == 1
     assert re.search(r" iteration +6/ +6 \| consumed samples: +24 \|", output)
     ours, theirs = _tensors(root / "iter_0000006"), _tensors(reference / "iter_0000006")
     assert ours.keys() == theirs.keys() and len(ours) > 20

@@ -55,6 +55,10 @@ def _four_rank_cases(tmp) -> list[dict]:
          "load_weights": str(tmp / "init_llama")},
         {"name": "llama_pp2_dp2", "model": "llama", "flags": {**BATCH, "pipeline_parallel": 2},
          "load_weights": str(tmp / "init_llama")},
+        # 6 layers, the embedding and the loss counted as layers: chunks of 1, 2, 2 and 1 layers (PP2 x VP2).
+        {"name": "pp2_vp2_account_for_embedding_and_loss", "model": "gpt6",
+         "flags": {**BATCH, "pipeline_parallel": 2, "layers_per_virtual_stage": 2, "account_for_embedding": True,
+                   "account_for_loss": True}, "load_weights": str(tmp / "init_gpt6")},
         {"name": "vpp_batched_p2p_refused", "flags": {**BATCH, "pipeline_parallel": 2, "layers_per_virtual_stage": 1},
          "force_batch_p2p": True, "expect_error": True, "steps": 1, **init},
     ]
@@ -98,7 +102,8 @@ def references(workdir) -> dict:
     cases = [{"name": "reference", "flags": flags, "save_initial": str(workdir / "init"),
               "save": str(workdir / "reference"), "save_interval": 3},
              # The LLaMA architecture (GQA, SwiGLU, RMSNorm, no biases, RoPE, untied head).
-             {"name": "llama_reference", "model": "llama", "flags": flags, "save_initial": str(workdir / "init_llama")}]
+             {"name": "llama_reference", "model": "llama", "flags": flags, "save_initial": str(workdir / "init_llama")},
+             {"name": "gpt6_reference", "model": "gpt6", "flags": flags, "save_initial": str(workdir / "init_gpt6")}]
     cases += [{"name": f"track_{precision}", "flags": flags, "steps": TRACK_STEPS, "data_vocab_size": LEARNABLE_VOCAB,
                "settings": {"precision": precision, "lr": 1e-2}} for precision in ("fp32", "bf16")]
     return _run(workdir, 1, with_bf16(cases), timeout_s=300)
@@ -133,7 +138,7 @@ def assert_matches_reference(result: dict, reference: dict) -> None:
             f"iteration {iteration}: grad norm {grad_norm} != {ref_norm}"
 
 
-@pytest.mark.parametrize("which", ["reference", "llama_reference"])
+@pytest.mark.parametrize("which", ["reference", "llama_reference", "gpt6_reference"])
 def test_reference_learns(references, which):
     reference = references[which]
     assert reference["iterations"] == list(range(1, STEPS + 1))
@@ -149,8 +154,13 @@ def test_llama_architecture_differs_from_gpt(references):
 @pytest.mark.parametrize("name", [c["name"] for c in _four_rank_cases(__import__("pathlib").Path("."))
                                   if not c.get("expect_error")])
 def test_four_ranks_match_single_process(four_rank, references, name):
+    assert_matches_reference(four_rank[name], references[reference_of(name)])
+
+
+def reference_of(name: str) -> str:
+    """The single-process run of the four-rank case `name`'s model."""
     model = next(c.get("model", "gpt") for c in _four_rank_cases(__import__("pathlib").Path(".")) if c["name"] == name)
-    assert_matches_reference(four_rank[name], references["llama_reference" if model == "llama" else "reference"])
+    return "reference" if model == "gpt" else f"{model}_reference"
 
 
 def test_resumed_run_continues_the_uninterrupted_one(four_rank):
@@ -188,9 +198,7 @@ def assert_matches_in_bf16(result: dict, reference: dict) -> None:
 @pytest.mark.parametrize("name", [c["name"] for c in _four_rank_cases(__import__("pathlib").Path("."))
                                   if not c.get("expect_error")])
 def test_four_ranks_match_single_process_in_bf16(four_rank, references, name):
-    model = next(c.get("model", "gpt") for c in _four_rank_cases(__import__("pathlib").Path(".")) if c["name"] == name)
-    reference = references["llama_reference_bf16" if model == "llama" else "reference_bf16"]
-    assert_matches_in_bf16(four_rank[name + "_bf16"], reference)
+    assert_matches_in_bf16(four_rank[name + "_bf16"], references[reference_of(name) + "_bf16"])
 
 
 @pytest.mark.parametrize("name", ["tp2_pp2_dp2", "resume_4rank_distopt_ckpt_as_tp2_pp2_dp2"])

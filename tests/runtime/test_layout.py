@@ -1,11 +1,16 @@
 """Plan <-> Megatron layout, without starting any process."""
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from megatron_auto.errors import UserError
+from megatron_auto.megatron_flags import megatron_flags
+from megatron_auto.plan import Chunk
 from megatron_auto.runtime.layout import layout_from_plan
-from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags, stage_layer_counts
+from megatron_auto.runtime.manual_plan import (ManualParallelism, chunk_layer_counts, plan_from_flags,
+                                               stage_layer_counts)
 from megatron_auto.specs.model import uniform_model
 
 MODEL = uniform_model("t", 4, 64, 4, seq_length=32, vocab_size=256)
@@ -37,6 +42,65 @@ def test_megatron_stage_split():
     assert stage_layer_counts(8, 4, 1, 1) == [1, 3, 3, 1]
     with pytest.raises(UserError, match="do not split evenly"):
         stage_layer_counts(8, 4, 1, None)
+
+
+@pytest.mark.parametrize("layers, pp, per_chunk, embedding, loss, expected", [
+    (7, 2, None, True, False, [3, 4]),   # (7 + 1) / 2 = 4 a stage, the first builds one fewer
+    (6, 2, None, True, True, [3, 3]),
+    (7, 4, None, False, True, [2, 2, 2, 1]),
+    (7, 2, 2, True, False, [1, 2, 2, 2]),  # virtual stages: the first chunk of the first stage
+    (6, 2, 2, True, True, [1, 2, 2, 1]),
+    (5, 1, None, True, True, [5]),
+])
+def test_embedding_and_loss_counted_in_the_pipeline_split_as_megatron_core_builds_them(
+        layers, pp, per_chunk, embedding, loss, expected):
+    flags = ManualParallelism(pipeline_parallel=pp, layers_per_virtual_stage=per_chunk,
+                              account_for_embedding=embedding, account_for_loss=loss)
+    assert chunk_layer_counts(layers, pp, flags) == expected
+
+
+def test_a_virtual_split_that_counts_embedding_and_loss_round_trips_through_megatron_flags():
+    model = uniform_model("t6", 6, 64, 4, seq_length=32, vocab_size=256)
+    flags = ManualParallelism(pipeline_parallel=2, layers_per_virtual_stage=2, global_batch_size=4,
+                              account_for_embedding=True, account_for_loss=True)
+    plan = plan_from_flags(model, 2, flags)
+    assert [len(c.layers) for c in plan.chunks] == [1, 2, 2, 1] and plan.virtual_stages == 2
+    line = megatron_flags(plan)
+    assert line[line.index("--num-layers-per-virtual-pipeline-stage") + 1] == "2"
+    assert "--account-for-embedding-in-pipeline-split" in line and "--account-for-loss-in-pipeline-split" in line
+    layout = layout_from_plan(plan)
+    assert (layout.virtual_stages, layout.account_for_embedding, layout.account_for_loss) == (2, True, True)
+    loss_only = plan_from_flags(uniform_model("t7", 7, 64, 4, seq_length=32, vocab_size=256), 2,
+                                ManualParallelism(pipeline_parallel=2, layers_per_virtual_stage=2, global_batch_size=4,
+                                                  account_for_loss=True))
+    assert [len(c.layers) for c in loss_only.chunks] == [2, 2, 2, 1]
+    assert "--account-for-embedding-in-pipeline-split" not in megatron_flags(loss_only)
+    assert layout_from_plan(loss_only).account_for_loss and not layout_from_plan(loss_only).account_for_embedding
+
+
+@pytest.mark.parametrize("flags, message", [
+    (dict(pipeline_parallel=2, account_for_embedding=True, first_stage_layers=1), "cannot go with"),
+    (dict(pipeline_parallel=2, account_for_embedding=True), "do not split evenly"),
+    (dict(pipeline_parallel=2, layers_per_virtual_stage=3, account_for_loss=True), "chunks of 3"),
+    (dict(pipeline_parallel=2, layers_per_virtual_stage=1, account_for_embedding=True, account_for_loss=True),
+     "without decoder layers"),
+])
+def test_pipeline_splits_megatron_core_would_not_build_are_user_errors(flags, message):
+    with pytest.raises(UserError, match=message):
+        plan_from_flags(MODEL, 2, ManualParallelism(global_batch_size=4, **flags))
+
+
+def test_virtual_chunks_megatron_core_would_not_build_are_not_megatron_plans():
+    plan = plan_from_flags(uniform_model("t6", 6, 64, 4, seq_length=32, vocab_size=256), 2,
+                           ManualParallelism(pipeline_parallel=2, layers_per_virtual_stage=2, global_batch_size=4,
+                                             account_for_embedding=True, account_for_loss=True))
+    first, second, third, last = plan.chunks  # 1, 2, 2 and 1 layers
+    with pytest.raises(ValueError, match="needs equal chunks"):
+        replace(plan, chunks=(first, second, last, third))  # a middle chunk one short
+    one_layer = [Chunk((layer,)) for layer in plan.layer_strategies]
+    three = Chunk(plan.layer_strategies[:3])
+    with pytest.raises(ValueError, match="first and last chunk"):
+        replace(plan, chunks=(three, *one_layer[3:]))  # 3, 1, 1, 1: the first chunk two longer
 
 
 def test_world_size_that_does_not_divide_is_a_user_error():

@@ -172,6 +172,16 @@ def test_wsd_holds_the_rate_then_decays_over_its_window_while_the_weight_decay_m
     (["--train-iters", "5", "--optimizer", "sgd"], "--optimizer sgd: only Adam with decoupled weight decay"),
     # No abbreviations, as Megatron-LM's parser: a prefix of --optimizer-impl is not taken for it.
     (["--train-iters", "5", "--optimizer-i", "fused"], "unrecognized arguments: --optimizer-i fused"),
+    (["--train-iters", "5", "--account-for-loss-in-pipeline-split", "--decoder-first-pipeline-num-layers", "3"],
+     "--account-for-embedding/loss-in-pipeline-split cannot go with --decoder-first/last-pipeline-num-layers"),
+    (["--train-iters", "5", "--save-interval", "4", "--save-retain-interval", "6"],
+     "--save-retain-interval 6 must be a positive multiple of --save-interval (4)"),
+    (["--train-iters", "5", "--save-retain-interval", "6"],
+     "--save-retain-interval 6 must be a positive multiple of --save-interval (not given)"),
+    (["--train-iters", "5", "--non-persistent-ckpt-type", "local"],
+     "--non-persistent-ckpt-type local: node-local checkpoints need NVIDIA's resiliency extension"),
+    (["--train-iters", "5", "--non-persistent-save-interval", "10"],
+     "--non-persistent-save-interval 10 needs a positive interval and --non-persistent-ckpt-type global"),
     (["--train-iters", "5", "--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler"],
      "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler cannot both be given"),
 ])
@@ -218,6 +228,19 @@ def test_sequence_parallel_without_tensor_parallel_is_turned_off_with_a_warning(
     auto = pretrain_gpt.parse_args(BASE + ["--sequence-parallel", "--auto-parallel"])
     assert "planner's choice" in pretrain_gpt.megatron_lm_adjustments(auto)[0]
     assert pretrain_gpt.search_constraints(auto, pretrain_gpt.model_from_args(auto, 512)).sequence_parallel is None
+
+
+def test_embedding_and_loss_in_the_pipeline_split_reach_the_plan_and_are_the_planners_under_auto_parallel():
+    split = ["--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage", "2",
+             "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+    args = pretrain_gpt.parse_args(BASE + ["--num-layers", "30", "--global-batch-size", "8"] + split)
+    plan = pretrain_gpt.plan_from_flags(pretrain_gpt.model_from_args(args, 512), 8, pretrain_gpt.manual_flags(args))
+    assert [len(c.layers) for c in plan.chunks] == [1] + [2] * 14 + [1]
+    assert pretrain_gpt.megatron_lm_adjustments(args) == []
+    auto = pretrain_gpt.parse_args(BASE + split + ["--auto-parallel"])
+    assert pretrain_gpt.megatron_lm_adjustments(auto) == [
+        "--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split: under --auto-parallel the "
+        "planner splits the layers over the pipeline stages (it prices the embedding and the loss on their stages)"]
 
 
 def test_run_flags_reach_the_settings_and_megatrons_configs():

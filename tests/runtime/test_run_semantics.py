@@ -1,7 +1,8 @@
 """Megatron-LM's run semantics in tools/pretrain_gpt.py: NaN checks, --eval-iters 0 and the final
 validation, --save/--load on a new directory, --no-load-optim, --pretrained-checkpoint, the schedule on
-resume, --exit-on-missing-checkpoint, weights-only checkpoints (--no-save-optim, --no-save-rng),
-sample-based schedules and --exit-duration-in-mins. One process each, a 2-layer 64-wide model."""
+resume, --exit-on-missing-checkpoint, weights-only checkpoints (--no-save-optim, --no-save-rng), checkpoint
+rotation (--save-retain-interval, non-persistent checkpoints), sample-based schedules and
+--exit-duration-in-mins. One process each, a 2-layer 64-wide model."""
 from __future__ import annotations
 
 import re
@@ -139,6 +140,26 @@ def test_weights_only_checkpoints_resume_with_no_load_optim_and_stop_without_it_
     resumed = _pretrain(["--train-iters", "4", *common, "--load", str(ckpt), "--no-load-optim"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert re.findall(r" iteration +(\d+)/", resumed.stdout) == ["3", "4"]
+
+
+def test_retained_and_non_persistent_checkpoints_rotate_as_megatron_lm_s_and_resume(tmp_path):
+    """10 iterations, --save-interval 2 --save-retain-interval 4, a non-persistent checkpoint at every other
+    iteration: each save removes the previous persistent one unless a multiple of 4 (2 and 6 go), each
+    non-persistent save leaves the newest before it and itself. --ckpt-step 9 reads iteration 9 from the
+    non-persistent folder, and iteration 10 then repeats the uninterrupted run's loss."""
+    ckpt, common = tmp_path / "ckpt", ["--lr", "1e-3", "--eval-iters", "0"]
+    rotation = ["--save-interval", "2", "--save-retain-interval", "4", "--non-persistent-save-interval", "1",
+                "--non-persistent-ckpt-type", "global"]
+    full = _pretrain(["--train-iters", "10", *common, *rotation, "--save", str(ckpt)])
+    assert full.returncode == 0, full.stderr[-3000:]
+    iterations = lambda folder: sorted(int(p.name[5:]) for p in folder.glob("iter_*"))  # noqa: E731
+    assert iterations(ckpt) == [4, 8, 10] and iterations(ckpt / "non_persistent") == [7, 9]
+    assert (ckpt / "non_persistent" / "latest_checkpointed_iteration.txt").read_text() == "9"
+    resumed = _pretrain(["--train-iters", "10", *common, "--load", str(ckpt), "--ckpt-step", "9",
+                         "--non-persistent-ckpt-type", "global"])
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from iteration 9 of {ckpt / 'non_persistent' / 'iter_0000009'}" in resumed.stdout
+    assert _losses(resumed.stdout) == {10: _losses(full.stdout)[10]}
 
 
 def test_rope_position_interpolation_reaches_the_model():
