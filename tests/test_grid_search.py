@@ -128,3 +128,54 @@ def test_grid_enumerates_every_expert_degree_megatron_accepts():
         [(1, 1), (2, 1), (4, 1), (1, None), (2, None), (1, 4)], key=str)
     dense = uniform_model("dense", 2, 512, 8, seq_length=512, vocab_size=4096)
     assert expert_degree_choices(dense, 2, 4) == [(1, None)]
+
+
+def test_counting_embedding_and_loss_in_the_split_gives_interleaved_plans_both_searches_find(monkeypatch, tmp_path):
+    """14 layers over 2 stages split 7 + 7: interleaved chunks of 7 or 1 only. With the embedding and the loss
+    counted as layers (--account-for-embedding/loss-in-pipeline-split), 16 split into 2 x 4 chunks of 2, the
+    first and last one layer short; on this job that schedule beats every plan without it, and the grid
+    and the megatron search find the same one."""
+    import megatron_auto.search.grid as grid_module
+    import megatron_auto.search.megatron_space as space_module
+    from megatron_auto.megatron_flags import megatron_flags
+    from megatron_auto.plan import load_plan, save_plan
+    from megatron_auto.runtime.layout import layout_from_plan
+
+    model = uniform_model("account-for", 14, 4096, 32, seq_length=2048, vocab_size=51200)
+    cluster = replace(CLUSTER_PRESETS["dgx-h100-80gb"], num_nodes=2)
+    training = TrainingSpec(global_batch_size=16)
+    grid = grid_search(model, cluster, training, split_window=1)
+    searched = search_plan(model, cluster, training, "megatron").plan
+    assert grid.config.account_for == (True, True) and grid.config.virtual_stages == 4
+    assert searched.prediction.iteration_time_s == pytest.approx(grid.time_s, rel=1e-12)
+    assert [len(c.layers) for c in searched.chunks] == [1] + [2] * 6 + [1]
+    line = megatron_flags(searched)
+    assert line[line.index("--num-layers-per-virtual-pipeline-stage") + 1] == "2"
+    assert {"--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"} <= set(line)
+    # What --auto-parallel-plan runs: the plan file gives the same chunks, and Megatron-Core's settings.
+    save_plan(searched, tmp_path / "plan.json")
+    layout = layout_from_plan(load_plan(tmp_path / "plan.json"))
+    assert (layout.virtual_stages, layout.account_for_embedding, layout.account_for_loss) == (4, True, True)
+    for module in (grid_module, space_module):
+        monkeypatch.setattr(module, "ACCOUNTED", ())
+    without = search_plan(model, cluster, training, "megatron").plan
+    assert without.prediction.iteration_time_s > searched.prediction.iteration_time_s
+    assert grid_search(model, cluster, training, split_window=1).time_s == without.prediction.iteration_time_s
+
+
+@pytest.mark.parametrize("layers, pp, account_for, v, sizes", [
+    (14, 2, (True, True), 4, (1, 2, 2, 2, 2, 2, 2, 1)),
+    (7, 2, (False, True), 2, (2, 2, 2, 1)),
+    (7, 2, (False, True), 1, (4, 3)),
+    (14, 2, (True, True), 8, None),      # chunks of 1: the first would hold no layer
+    (14, 2, (False, False), 7, (1,) * 14),
+    (14, 4, (False, False), 2, None),    # 14 layers do not split evenly over 4 stages
+])
+def test_chunk_sizes_follow_megatron_core_s_split(layers, pp, account_for, v, sizes):
+    from megatron_auto.search.uniform import chunk_sizes, virtual_stage_choices
+
+    model = uniform_model("chunks", layers, 512, 8, seq_length=512, vocab_size=4096)
+    config = UniformConfig(tp=1, pp=pp, micro_batch_size=1, virtual_stages=v, account_for=account_for)
+    assert chunk_sizes(model, config) == sizes
+    choices = virtual_stage_choices(model, config)
+    assert (v in choices) == (sizes is not None and (v > 1 or not any(account_for)))

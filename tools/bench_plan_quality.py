@@ -127,6 +127,7 @@ def describe_config(config: Optional[UniformConfig]) -> str:
     text += " sp" if config.sequence_parallel else ""
     text += " do" if config.distributed_optimizer else ""
     text += f" rc={config.recompute}" + (f"/{config.recompute_num_layers}" if config.recompute_num_layers else "")
+    text += "".join(f" +{part}" for part, on in zip(("embedding", "loss"), config.account_for) if on)
     return text + (f" split={'-'.join(map(str, config.stage_layers))}" if config.stage_layers else "")
 
 
@@ -138,7 +139,10 @@ def describe_plan(plan: Plan) -> str:
     text = ", ".join(f"{k}×{n}" if len(layouts) > 1 else k for k, n in layouts.items())
     text += " rc " + "/".join(f"{k}×{n}" for k, n in recompute.items())
     text += f"; p{plan.pipeline_parallel} mbs{plan.local_micro_batch(plan.embedding)} v{plan.virtual_stages}"
-    return text + (f" split={'-'.join(map(str, counts))}" if len(set(counts)) > 1 else "")
+    text += f" split={'-'.join(map(str, counts))}" if len(set(counts)) > 1 else ""
+    chunks = [len(c.layers) for c in plan.chunks]
+    return text + (f" chunks={'-'.join(map(str, chunks))}" if plan.virtual_stages > 1 and len(set(chunks)) > 1
+                   else "")
 
 
 def explain(megatron: Plan, hybrid: Plan) -> str:
@@ -228,8 +232,10 @@ def section(results: list[dict], total_s: float) -> str:
              "and full recompute, fp16, micro-batch and virtual stages chosen as `megatron-auto estimate` does. "
              "(b): exhaustive grid over Megatron's flags (`megatron_auto/search/grid.py`: every t, p, micro-batch, "
              "v, SP on/off, distributed optimizer on/off, recompute none/selective/full and block-recompute "
-             f"N = 1..chunk, and every first/last-stage layer count Megatron accepts; marked ±{SPLIT_WINDOW}: only "
-             f"those within {SPLIT_WINDOW} layers of the average), run on 2 processes. (c), (d): `search_plan` "
+             f"N = 1..chunk, every first/last-stage layer count Megatron accepts (marked ±{SPLIT_WINDOW}: only "
+             f"those within {SPLIT_WINDOW} layers of the average), and interleaved splits that count the embedding "
+             "and/or the loss as a layer (+embedding, +loss; --account-for-embedding/loss-in-pipeline-split, "
+             "chunks=...)), run on 2 processes. (c), (d): `search_plan` "
              "in the megatron and hybrid spaces, one process, selective recompute re-running core_attn (Megatron's "
              "default, which (b) also uses). (e): what `megatron-auto plan --space hybrid` runs, (d) with the "
              "--recompute-modules set chosen as well (`search/module_sets.py`). Tight budget: "

@@ -14,7 +14,9 @@ scores every combination of
 - `--recompute-granularity` none, selective, full (uniform: every layer), and
   full with `--recompute-method block --recompute-num-layers N` for every N;
 - `--decoder-first/last-pipeline-num-layers`: every first/last stage size whose
-  middle stages split evenly (optionally within `split_window` of the average).
+  middle stages split evenly (optionally within `split_window` of the average);
+- `--account-for-embedding/loss-in-pipeline-split`: the embedding, the loss or both counted as
+  layers of an even split, with every v > 1 whose chunks keep a layer.
 
 It shares no pruning with `megatron_space.search_megatron`; every candidate is
 built with `build_uniform_plan` and scored with `estimate_plan`. Two sound bounds
@@ -40,7 +42,8 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
 from .experts import expert_degree_choices
-from .uniform import UniformConfig, build_uniform_plan, divisors, even_split, megatron_uneven_splits
+from .uniform import (ACCOUNTED, UniformConfig, build_uniform_plan, chunk_sizes, divisors, even_split,
+                      megatron_uneven_splits, virtual_stage_choices)
 
 
 @dataclass
@@ -98,21 +101,21 @@ def _base_configs(model, cluster, training, tp, pp, split_window) -> Iterator[Un
     """Every flag combination of one (t, p) with recomputation off."""
     dp = cluster.world_size // (tp * pp)
     experts = expert_degree_choices(model, tp, tp * dp)
-    for split in grid_splits(model, pp, split_window):
-        layers = split or even_split(model.num_layers, pp)
-        virtual = divisors(layers[0]) if split is None and pp > 1 else [1]
+    splits = [(split, (False, False)) for split in grid_splits(model, pp, split_window)]
+    splits += [(None, account_for) for account_for in ACCOUNTED if pp > 1]
+    for split, account_for in splits:
+        probe = UniformConfig(tp=tp, pp=pp, micro_batch_size=1, stage_layers=split, account_for=account_for)
+        virtual = virtual_stage_choices(model, probe)
         for mbs, v, (ep, etp) in itertools.product(divisors(training.global_batch_size // dp), virtual, experts):
             for sp in ((False, True) if tp > 1 else (False,)):
                 for distributed in (False, True):
-                    yield UniformConfig(tp=tp, pp=pp, micro_batch_size=mbs, virtual_stages=v,
-                                        sequence_parallel=sp, distributed_optimizer=distributed,
-                                        stage_layers=split, expert_parallel=ep, expert_tensor_parallel=etp)
+                    yield replace(probe, micro_batch_size=mbs, virtual_stages=v, sequence_parallel=sp,
+                                  distributed_optimizer=distributed, expert_parallel=ep, expert_tensor_parallel=etp)
 
 
 def recompute_variants(config: UniformConfig, model: ModelSpec) -> list[UniformConfig]:
     """Selective, then full on the first N layers of each chunk for N = 1, 2, ..., then full on every layer."""
-    layers = config.stage_layers or even_split(model.num_layers, config.pp)
-    longest_chunk = max(layers) // config.virtual_stages
+    longest_chunk = max(chunk_sizes(model, config))
     return ([replace(config, recompute="selective")]
             + [replace(config, recompute="full", recompute_num_layers=n) for n in range(1, longest_chunk)]
             + [replace(config, recompute="full")])

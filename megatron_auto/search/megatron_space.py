@@ -23,8 +23,8 @@ from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
 from .constraints import SearchConstraints
 from .experts import expert_degree_choices, moe_layers
-from .uniform import (UniformConfig, best_uniform_plan, divisors, even_split, megatron_uneven_splits,
-                      pipeline_lower_bound, states_overflow)
+from .uniform import (ACCOUNTED, UniformConfig, best_uniform_plan, chunk_sizes, divisors, even_split,
+                      megatron_uneven_splits, pipeline_lower_bound, states_overflow, virtual_stage_choices)
 
 
 @dataclass
@@ -89,6 +89,16 @@ def stage_splits(model: ModelSpec, pp: int) -> list[Optional[tuple[int, ...]]]:
     for split in megatron_uneven_splits(model.num_layers, pp):
         if split != even_split(model.num_layers, pp) and abs(split[0] - average) <= 2 and abs(split[-1] - average) <= 2:
             splits.append(split)
+    return splits
+
+
+def pipeline_splits(model: ModelSpec, pp: int) -> list[tuple[Optional[tuple[int, ...]], tuple[bool, bool]]]:
+    """(stage_layers, account_for) of every split searched: stage_splits, and the even splits that count the
+    embedding and/or the loss as layers where they give interleaved chunks (virtual_stage_choices)."""
+    splits = [(split, (False, False)) for split in stage_splits(model, pp)]
+    for account_for in ACCOUNTED if pp > 1 else ():
+        if virtual_stage_choices(model, UniformConfig(tp=1, pp=pp, micro_batch_size=1, account_for=account_for)):
+            splits.append((None, account_for))
     return splits
 
 
@@ -187,14 +197,14 @@ def _base_configs(model, cluster, training, constraints, tp, pp, stats) -> list[
                                     constraints.expert_tensor_parallel)
     if not experts:
         stats.drop("expert-degrees")
-    choices = itertools.product(stage_splits(model, pp), _sp_choices(model, cluster, training, constraints, tp, dp),
+    choices = itertools.product(pipeline_splits(model, pp), _sp_choices(model, cluster, training, constraints, tp, dp),
                                 _distributed_choices(model, cluster, training, constraints, tp, dp), experts)
     configs = []
-    for split, sp, distributed, (ep, etp) in choices:
+    for (split, account_for), sp, distributed, (ep, etp) in choices:
         base = UniformConfig(tp=tp, pp=pp, micro_batch_size=constraints.micro_batch_size or 1,
                              virtual_stages=constraints.virtual_stages or 1, sequence_parallel=sp,
-                             distributed_optimizer=distributed, stage_layers=split, expert_parallel=ep,
-                             expert_tensor_parallel=etp)
+                             distributed_optimizer=distributed, stage_layers=split, account_for=account_for,
+                             expert_parallel=ep, expert_tensor_parallel=etp)
         if states_overflow(model, cluster, training, base):
             stats.drop("states-exceed-memory", len(recompute_choices(constraints)))
         else:
@@ -250,7 +260,7 @@ def _best_for_recompute(model, cluster, training, constraints, config: UniformCo
         if pipeline_lower_bound(model, cluster, training, config, size, virtual) >= \
                 min(incumbent, best.prediction.iteration_time_s):
             continue   # no layer count recomputed at this pair beats what is known (the bound omits recompute)
-        longest = min(config.stage_layers or (model.num_layers // config.pp,)) // virtual
+        longest = max(chunk_sizes(model, replace(config, virtual_stages=virtual)) or (0,))
         plan = _fewest_recomputed_layers(lambda n: evaluate(n, size, virtual), longest)
         if plan is not None and _key(plan) < _key(best):
             best = plan
@@ -261,10 +271,7 @@ def _virtual_choices(model: ModelSpec, config: UniformConfig, constraints: Searc
     """The chunk counts best_uniform_plan would choose among (every divisor of an even stage)."""
     if constraints.virtual_stages:
         return [constraints.virtual_stages]
-    stage_layers = config.stage_layers or even_split(model.num_layers, config.pp) or ()
-    if config.pp > 1 and len(set(stage_layers)) == 1:
-        return divisors(stage_layers[0])
-    return [1]
+    return virtual_stage_choices(model, config) or [1]
 
 
 def _fewest_recomputed_layers(evaluate, chunk_layers: int) -> Optional[Plan]:

@@ -40,6 +40,10 @@ class UniformConfig:
     """With full recompute: recompute the first N layers of every chunk (block method); None means all."""
     stage_layers: Optional[tuple[int, ...]] = None
     """Layers per stage; None splits evenly."""
+    account_for: tuple[bool, bool] = (False, False)
+    """--account-for-embedding/loss-in-pipeline-split: the embedding and the loss each count as one layer of
+    an even split (stage_layers None), so the first and the last chunk hold one layer fewer; interleaved
+    chunks then stay equal where the decoder layers alone do not divide (e.g. 94 layers over 8 stages)."""
     expert_parallel: int = 1
     """--expert-model-parallel-size: EP degree of every MoE layer."""
     expert_tensor_parallel: Optional[int] = None
@@ -70,6 +74,62 @@ def megatron_uneven_splits(num_layers: int, pp: int) -> list[tuple[int, ...]]:
     return splits
 
 
+ACCOUNTED = ((True, False), (False, True), (True, True))
+"""The embedding, the loss, or both counted as layers of the pipeline split (UniformConfig.account_for)."""
+
+
+def counted_stage_layers(num_layers: int, config: UniformConfig) -> Optional[int]:
+    """Layers per stage of an even split that counts the embedding and the loss (config.account_for), as
+    Megatron-Core's get_num_layers_to_build does; None when it does not divide."""
+    counted = num_layers + sum(config.account_for)
+    return counted // config.pp if counted % config.pp == 0 else None
+
+
+def config_stage_layers(model: ModelSpec, config: UniformConfig) -> Optional[tuple[int, ...]]:
+    """Decoder layers per stage under `config`; None when they do not split as given."""
+    if not any(config.account_for):
+        return config.stage_layers or even_split(model.num_layers, config.pp)
+    per_stage = counted_stage_layers(model.num_layers, config)
+    if config.stage_layers is not None or per_stage is None:
+        return None
+    counts = [per_stage] * config.pp
+    counts[0] -= config.account_for[0]
+    counts[-1] -= config.account_for[1]
+    return tuple(counts)
+
+
+def chunk_sizes(model: ModelSpec, config: UniformConfig) -> Optional[tuple[int, ...]]:
+    """Decoder layers per model chunk in Megatron's chunk order (chunk c on stage c % pp); None where
+    Megatron cannot build `config`'s split: unequal stages with virtual stages, or a chunk without layers."""
+    stages, v = config_stage_layers(model, config), config.virtual_stages
+    if stages is None or len(stages) != config.pp or sum(stages) != model.num_layers or min(stages) < 1:
+        return None
+    if v == 1:
+        return stages
+    per_stage = counted_stage_layers(model.num_layers, config) if any(config.account_for) else stages[0]
+    if config.pp < 2 or per_stage % v or (not any(config.account_for) and len(set(stages)) > 1):
+        return None
+    sizes = [per_stage // v] * (config.pp * v)
+    sizes[0] -= config.account_for[0]
+    sizes[-1] -= config.account_for[1]
+    return tuple(sizes) if min(sizes) >= 1 else None
+
+
+def virtual_stage_choices(model: ModelSpec, config: UniformConfig) -> list[int]:
+    """The chunk counts per stage Megatron builds for `config`'s split: every v of an even split (1 when the
+    stages differ); with the embedding or loss counted, only v > 1 (v = 1 is a first/last-stage split), and
+    none where the counted layers do not split."""
+    stages = config_stage_layers(model, config)
+    if any(config.account_for):
+        if config.pp < 2 or stages is None:
+            return []
+        per_stage = counted_stage_layers(model.num_layers, config)
+        return [v for v in divisors(per_stage) if v > 1 and chunk_sizes(model, replace(config, virtual_stages=v))]
+    if config.pp < 2 or stages is None or len(set(stages)) > 1:
+        return [1]
+    return divisors(stages[0])
+
+
 def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                        config: UniformConfig) -> Plan:
     """The Plan that Megatron runs for these flags; UserError when they cannot work."""
@@ -82,15 +142,13 @@ def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     if training.global_batch_size % per_step:
         raise UserError(f"global batch {training.global_batch_size} is not divisible by micro-batch "
                         f"{config.micro_batch_size} x dp {dp}")
-    stage_layers = config.stage_layers or even_split(model.num_layers, pp)
-    if stage_layers is None or len(stage_layers) != pp or sum(stage_layers) != model.num_layers:
-        raise UserError(f"{model.num_layers} layers do not split over {pp} pipeline stages as given")
-    if v > 1 and (len(set(stage_layers)) > 1 or stage_layers[0] % v):
-        raise UserError(f"{model.num_layers} layers do not split into {pp} x {v} equal virtual stages")
+    sizes = chunk_sizes(model, config)
+    if sizes is None:
+        raise UserError(f"{model.num_layers} layers do not split over {pp} pipeline stages x {v} chunks as given")
     strategy = LayerStrategy(tp=tp, dp=dp, zero=1 if config.distributed_optimizer else 0,
                              sp=config.sequence_parallel and tp > 1)
     experts = _expert_strategy(model, strategy, config)
-    chunks = _chunks(tuple(stage_layers), v, strategy, config.recompute, config.recompute_num_layers,
+    chunks = _chunks(sizes, strategy, config.recompute, config.recompute_num_layers,
                      experts, _moe_pattern(model) if experts is not None else None)
     try:
         return Plan(space="megatron", world_size=world, pipeline_parallel=pp,
@@ -119,14 +177,12 @@ def _moe_pattern(model: ModelSpec) -> tuple[bool, ...]:
 
 
 @lru_cache(maxsize=4096)
-def _chunks(stage_layers: tuple[int, ...], v: int, strategy: LayerStrategy, recompute: str,
+def _chunks(order: tuple[int, ...], strategy: LayerStrategy, recompute: str,
             recompute_num_layers: Optional[int], experts: Optional[LayerStrategy] = None,
             moe_pattern: Optional[tuple[bool, ...]] = None) -> tuple[Chunk, ...]:
-    """Memoised: the search scores the same chunks under many micro-batch sizes, and
-    the chunks' cached runs then serve every one of those plans. With `experts`, the layers that
-    `moe_pattern` marks (model order) take that strategy."""
-    sizes = [n // v for n in stage_layers] if v > 1 else list(stage_layers)
-    order = [sizes[c % len(sizes)] for c in range(len(sizes) * v)]
+    """Chunks of `order` layers each (chunk_sizes). Memoised: the search scores the same chunks under many
+    micro-batch sizes, and the chunks' cached runs then serve every one of those plans. With `experts`, the
+    layers that `moe_pattern` marks (model order) take that strategy."""
     limit = recompute_num_layers if recompute == "full" else None
     # One object per (kind, recomputed): Chunk.runs groups equal neighbours by identity first.
     variants = {(kind, on): replace(base, recompute=recompute if on else "none")
@@ -202,7 +258,7 @@ def states_overflow(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                              sp=config.sequence_parallel and config.tp > 1)
     state = min(layer_cost(spec, config.layer_strategy(spec, strategy), 1, model.seq_length, cluster,
                            training).state_bytes for spec in model.distinct_layers)
-    most_layers = max(config.stage_layers or even_split(model.num_layers, config.pp) or (0,))
+    most_layers = max(config_stage_layers(model, config) or (0,))
     tied = not model.untie_embeddings_and_output_weights
     budget = allocated_limit_bytes(cluster, training, communicator_count((), config.pp, tied))
     return most_layers * state + cluster.framework_overhead_bytes > budget
@@ -218,12 +274,7 @@ def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Training
     """
     dp = cluster.world_size // (config.tp * config.pp)
     micro_batches = divisors(training.global_batch_size // dp) if choose_micro_batch else [config.micro_batch_size]
-    stage_layers = config.stage_layers or even_split(model.num_layers, config.pp) or ()
-    virtual = [1]
-    if choose_virtual_stages and config.pp > 1 and len(set(stage_layers)) == 1:
-        virtual = [v for v in divisors(stage_layers[0])]
-    elif not choose_virtual_stages:
-        virtual = [config.virtual_stages]
+    virtual = virtual_stage_choices(model, config) if choose_virtual_stages else [config.virtual_stages]
     best: Optional[Plan] = None
     overflowed = False
     for mbs in micro_batches:
