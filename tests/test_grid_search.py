@@ -176,6 +176,6 @@ def test_chunk_sizes_follow_megatron_core_s_split(layers, pp, account_for, v, si
 
     model = uniform_model("chunks", layers, 512, 8, seq_length=512, vocab_size=4096)
     config = UniformConfig(tp=1, pp=pp, micro_batch_size=1, virtual_stages=v, account_for=account_for)
-    assert chunk_sizes(model, config) == sizes
+    assert chunk_sizes(layers, config) == sizes
     choices = virtual_stage_choices(model, config)
     assert (v in choices) == (sizes is not None and (v > 1 or not any(account_for)))

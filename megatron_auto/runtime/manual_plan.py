@@ -10,6 +10,7 @@ from typing import Optional
 
 from ..errors import UserError
 from ..plan import Chunk, LayerStrategy, Plan
+from ..search.uniform import UniformConfig, chunk_sizes
 from ..specs.model import ModelSpec
 
 
@@ -60,32 +61,32 @@ def stage_layer_counts(num_layers: int, pp: int, first: Optional[int], last: Opt
 
 def chunk_layer_counts(num_layers: int, pp: int, flags: ManualParallelism) -> list[int]:
     """Decoder layers per model chunk, in Megatron's chunk order (chunk c on stage c % pp), as Megatron-Core's
-    get_num_layers_to_build splits them: with --account-for-embedding/loss-in-pipeline-split the embedding
-    and the loss each count as one layer of the first and the last chunk."""
-    extra = int(flags.account_for_embedding) + int(flags.account_for_loss)
-    if extra and (flags.first_stage_layers is not None or flags.last_stage_layers is not None):
+    get_num_layers_to_build splits them (search.uniform.chunk_sizes): with
+    --account-for-embedding/loss-in-pipeline-split the embedding and the loss each count as one layer of the
+    first and the last chunk."""
+    account_for = (flags.account_for_embedding, flags.account_for_loss)
+    if any(account_for) and (flags.first_stage_layers is not None or flags.last_stage_layers is not None):
         raise UserError("--account-for-embedding/loss-in-pipeline-split cannot go with "
                         "--decoder-first/last-pipeline-num-layers (as in Megatron-LM)")
-    counted = num_layers + extra
-    if flags.layers_per_virtual_stage:
-        per_chunk = flags.layers_per_virtual_stage
-        if counted % (per_chunk * pp):
-            what = f"{num_layers} layers" + (f" and {extra} counted for the embedding/loss" if extra else "")
-            raise UserError(f"{what} do not split into chunks of {per_chunk} over {pp} stages")
-        counts = [per_chunk] * (counted // per_chunk)
-    elif extra:
-        if counted % pp:
-            raise UserError(f"{num_layers} layers and {extra} counted for the embedding/loss do not split evenly "
-                            f"over {pp} pipeline stages")
-        counts = [counted // pp] * pp
-    else:
+    if not any(account_for) and not flags.layers_per_virtual_stage:
         return stage_layer_counts(num_layers, pp, flags.first_stage_layers, flags.last_stage_layers)
-    counts[0] -= int(flags.account_for_embedding)
-    counts[-1] -= int(flags.account_for_loss)
-    if min(counts) < 1:
-        raise UserError("--account-for-embedding/loss-in-pipeline-split leaves a model chunk without decoder layers "
-                        "(this runtime builds every chunk with at least one)")
-    return counts
+    counted = num_layers + sum(account_for)
+    per_chunk = flags.layers_per_virtual_stage or counted // pp
+    what = f"{num_layers} layers" + (f" and {sum(account_for)} counted for the embedding/loss" if any(account_for)
+                                     else "")
+    if counted % (per_chunk * pp):
+        split = f"into chunks of {per_chunk}" if flags.layers_per_virtual_stage else "evenly"
+        raise UserError(f"{what} do not split {split} over {pp} pipeline stages")
+    config = UniformConfig(tp=1, pp=pp, micro_batch_size=1, virtual_stages=counted // (per_chunk * pp),
+                           account_for=account_for)
+    sizes = chunk_sizes(num_layers, config)
+    if sizes is None and pp < 2:
+        raise UserError("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size 2 or more "
+                        "(Megatron-LM's interleaved schedule)")
+    if sizes is None:
+        raise UserError(f"{what}: a model chunk of {per_chunk} is left without decoder layers (this runtime "
+                        "builds every chunk with at least one)")
+    return list(sizes)
 
 
 def _recompute_kinds(flags: ManualParallelism, chunk_sizes: list[int]) -> list[list[str]]:

@@ -115,7 +115,7 @@ def _base_configs(model, cluster, training, tp, pp, split_window) -> Iterator[Un
 
 def recompute_variants(config: UniformConfig, model: ModelSpec) -> list[UniformConfig]:
     """Selective, then full on the first N layers of each chunk for N = 1, 2, ..., then full on every layer."""
-    longest_chunk = max(chunk_sizes(model, config))
+    longest_chunk = max(chunk_sizes(model.num_layers, config))
     return ([replace(config, recompute="selective")]
             + [replace(config, recompute="full", recompute_num_layers=n) for n in range(1, longest_chunk)]
             + [replace(config, recompute="full")])

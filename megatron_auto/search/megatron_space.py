@@ -260,7 +260,7 @@ def _best_for_recompute(model, cluster, training, constraints, config: UniformCo
         if pipeline_lower_bound(model, cluster, training, config, size, virtual) >= \
                 min(incumbent, best.prediction.iteration_time_s):
             continue   # no layer count recomputed at this pair beats what is known (the bound omits recompute)
-        longest = max(chunk_sizes(model, replace(config, virtual_stages=virtual)) or (0,))
+        longest = max(chunk_sizes(model.num_layers, replace(config, virtual_stages=virtual)) or (0,))
         plan = _fewest_recomputed_layers(lambda n: evaluate(n, size, virtual), longest)
         if plan is not None and _key(plan) < _key(best):
             best = plan

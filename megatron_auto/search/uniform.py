@@ -85,11 +85,11 @@ def counted_stage_layers(num_layers: int, config: UniformConfig) -> Optional[int
     return counted // config.pp if counted % config.pp == 0 else None
 
 
-def config_stage_layers(model: ModelSpec, config: UniformConfig) -> Optional[tuple[int, ...]]:
+def config_stage_layers(num_layers: int, config: UniformConfig) -> Optional[tuple[int, ...]]:
     """Decoder layers per stage under `config`; None when they do not split as given."""
     if not any(config.account_for):
-        return config.stage_layers or even_split(model.num_layers, config.pp)
-    per_stage = counted_stage_layers(model.num_layers, config)
+        return config.stage_layers or even_split(num_layers, config.pp)
+    per_stage = counted_stage_layers(num_layers, config)
     if config.stage_layers is not None or per_stage is None:
         return None
     counts = [per_stage] * config.pp
@@ -98,15 +98,15 @@ def config_stage_layers(model: ModelSpec, config: UniformConfig) -> Optional[tup
     return tuple(counts)
 
 
-def chunk_sizes(model: ModelSpec, config: UniformConfig) -> Optional[tuple[int, ...]]:
+def chunk_sizes(num_layers: int, config: UniformConfig) -> Optional[tuple[int, ...]]:
     """Decoder layers per model chunk in Megatron's chunk order (chunk c on stage c % pp); None where
     Megatron cannot build `config`'s split: unequal stages with virtual stages, or a chunk without layers."""
-    stages, v = config_stage_layers(model, config), config.virtual_stages
-    if stages is None or len(stages) != config.pp or sum(stages) != model.num_layers or min(stages) < 1:
+    stages, v = config_stage_layers(num_layers, config), config.virtual_stages
+    if stages is None or len(stages) != config.pp or sum(stages) != num_layers or min(stages) < 1:
         return None
     if v == 1:
         return stages
-    per_stage = counted_stage_layers(model.num_layers, config) if any(config.account_for) else stages[0]
+    per_stage = counted_stage_layers(num_layers, config) if any(config.account_for) else stages[0]
     if config.pp < 2 or per_stage % v or (not any(config.account_for) and len(set(stages)) > 1):
         return None
     sizes = [per_stage // v] * (config.pp * v)
@@ -119,12 +119,13 @@ def virtual_stage_choices(model: ModelSpec, config: UniformConfig) -> list[int]:
     """The chunk counts per stage Megatron builds for `config`'s split: every v of an even split (1 when the
     stages differ); with the embedding or loss counted, only v > 1 (v = 1 is a first/last-stage split), and
     none where the counted layers do not split."""
-    stages = config_stage_layers(model, config)
+    stages = config_stage_layers(model.num_layers, config)
     if any(config.account_for):
         if config.pp < 2 or stages is None:
             return []
         per_stage = counted_stage_layers(model.num_layers, config)
-        return [v for v in divisors(per_stage) if v > 1 and chunk_sizes(model, replace(config, virtual_stages=v))]
+        layers = model.num_layers
+        return [v for v in divisors(per_stage) if v > 1 and chunk_sizes(layers, replace(config, virtual_stages=v))]
     if config.pp < 2 or stages is None or len(set(stages)) > 1:
         return [1]
     return divisors(stages[0])
@@ -142,7 +143,7 @@ def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     if training.global_batch_size % per_step:
         raise UserError(f"global batch {training.global_batch_size} is not divisible by micro-batch "
                         f"{config.micro_batch_size} x dp {dp}")
-    sizes = chunk_sizes(model, config)
+    sizes = chunk_sizes(model.num_layers, config)
     if sizes is None:
         raise UserError(f"{model.num_layers} layers do not split over {pp} pipeline stages x {v} chunks as given")
     strategy = LayerStrategy(tp=tp, dp=dp, zero=1 if config.distributed_optimizer else 0,
@@ -258,7 +259,7 @@ def states_overflow(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
                              sp=config.sequence_parallel and config.tp > 1)
     state = min(layer_cost(spec, config.layer_strategy(spec, strategy), 1, model.seq_length, cluster,
                            training).state_bytes for spec in model.distinct_layers)
-    most_layers = max(config_stage_layers(model, config) or (0,))
+    most_layers = max(config_stage_layers(model.num_layers, config) or (0,))
     tied = not model.untie_embeddings_and_output_weights
     budget = allocated_limit_bytes(cluster, training, communicator_count((), config.pp, tied))
     return most_layers * state + cluster.framework_overhead_bytes > budget

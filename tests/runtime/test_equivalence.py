@@ -104,9 +104,9 @@ def references(workdir) -> dict:
              # The LLaMA architecture (GQA, SwiGLU, RMSNorm, no biases, RoPE, untied head).
              {"name": "llama_reference", "model": "llama", "flags": flags, "save_initial": str(workdir / "init_llama")},
              {"name": "gpt6_reference", "model": "gpt6", "flags": flags, "save_initial": str(workdir / "init_gpt6")}]
-    cases += [{"name": f"track_{precision}", "flags": flags, "steps": TRACK_STEPS, "data_vocab_size": LEARNABLE_VOCAB,
-               "settings": {"precision": precision, "lr": 1e-2}} for precision in ("fp32", "bf16")]
-    return _run(workdir, 1, with_bf16(cases), timeout_s=300)
+    track = [{"name": f"track_{precision}", "flags": flags, "steps": TRACK_STEPS, "data_vocab_size": LEARNABLE_VOCAB,
+              "settings": {"precision": precision, "lr": 1e-2}} for precision in ("fp32", "bf16")]
+    return _run(workdir, 1, with_bf16(cases) + track, timeout_s=300)
 
 
 @pytest.fixture(scope="module")

@@ -143,23 +143,23 @@ def test_weights_only_checkpoints_resume_with_no_load_optim_and_stop_without_it_
 
 
 def test_retained_and_non_persistent_checkpoints_rotate_as_megatron_lm_s_and_resume(tmp_path):
-    """10 iterations, --save-interval 2 --save-retain-interval 4, a non-persistent checkpoint at every other
-    iteration: each save removes the previous persistent one unless a multiple of 4 (2 and 6 go), each
-    non-persistent save leaves the newest before it and itself. --ckpt-step 9 reads iteration 9 from the
-    non-persistent folder, and iteration 10 then repeats the uninterrupted run's loss."""
+    """6 iterations, --save-interval 2 --save-retain-interval 4, a non-persistent checkpoint at every other
+    iteration: the save at 4 removes iteration 2 (not a multiple of 4), the one at 6 keeps 4; each
+    non-persistent save leaves the newest before it and itself. --ckpt-step 5 reads iteration 5 from the
+    non-persistent folder, and iteration 6 then repeats the uninterrupted run's loss."""
     ckpt, common = tmp_path / "ckpt", ["--lr", "1e-3", "--eval-iters", "0"]
     rotation = ["--save-interval", "2", "--save-retain-interval", "4", "--non-persistent-save-interval", "1",
                 "--non-persistent-ckpt-type", "global"]
-    full = _pretrain(["--train-iters", "10", *common, *rotation, "--save", str(ckpt)])
+    full = _pretrain(["--train-iters", "6", *common, *rotation, "--save", str(ckpt)])
     assert full.returncode == 0, full.stderr[-3000:]
     iterations = lambda folder: sorted(int(p.name[5:]) for p in folder.glob("iter_*"))  # noqa: E731
-    assert iterations(ckpt) == [4, 8, 10] and iterations(ckpt / "non_persistent") == [7, 9]
-    assert (ckpt / "non_persistent" / "latest_checkpointed_iteration.txt").read_text() == "9"
-    resumed = _pretrain(["--train-iters", "10", *common, "--load", str(ckpt), "--ckpt-step", "9",
+    assert iterations(ckpt) == [4, 6] and iterations(ckpt / "non_persistent") == [3, 5]
+    assert (ckpt / "non_persistent" / "latest_checkpointed_iteration.txt").read_text() == "5"
+    resumed = _pretrain(["--train-iters", "6", *common, "--load", str(ckpt), "--ckpt-step", "5",
                          "--non-persistent-ckpt-type", "global"])
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resumed from iteration 9 of {ckpt / 'non_persistent' / 'iter_0000009'}" in resumed.stdout
-    assert _losses(resumed.stdout) == {10: _losses(full.stdout)[10]}
+    assert f"resumed from iteration 5 of {ckpt / 'non_persistent' / 'iter_0000005'}" in resumed.stdout
+    assert _losses(resumed.stdout) == {6: _losses(full.stdout)[6]}
 
 
 def test_rope_position_interpolation_reaches_the_model():
