@@ -71,7 +71,7 @@ def chunk_layer_counts(num_layers: int, pp: int, flags: ManualParallelism) -> li
     if not any(account_for) and not flags.layers_per_virtual_stage:
         return stage_layer_counts(num_layers, pp, flags.first_stage_layers, flags.last_stage_layers)
     counted = num_layers + sum(account_for)
-    per_chunk = flags.layers_per_virtual_stage or counted // pp
+    per_chunk = flags.layers_per_virtual_stage or max(1, counted // pp)
     what = f"{num_layers} layers" + (f" and {sum(account_for)} counted for the embedding/loss" if any(account_for)
                                      else "")
     if counted % (per_chunk * pp):

@@ -90,6 +90,12 @@ def test_pipeline_splits_megatron_core_would_not_build_are_user_errors(flags, me
         plan_from_flags(MODEL, 2, ManualParallelism(global_batch_size=4, **flags))
 
 
+def test_fewer_counted_layers_than_stages_is_a_user_error():
+    with pytest.raises(UserError, match="1 layers and 2 counted for the embedding/loss do not split evenly over 4"):
+        chunk_layer_counts(1, 4, ManualParallelism(pipeline_parallel=4, account_for_embedding=True,
+                                                   account_for_loss=True))
+
+
 def test_virtual_chunks_megatron_core_would_not_build_are_not_megatron_plans():
     plan = plan_from_flags(uniform_model("t6", 6, 64, 4, seq_length=32, vocab_size=256), 2,
                            ManualParallelism(pipeline_parallel=2, layers_per_virtual_stage=2, global_batch_size=4,
