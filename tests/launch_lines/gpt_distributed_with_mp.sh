@@ -36,7 +36,7 @@ GPT_ARGS="
     --micro-batch-size 2 \
     --global-batch-size 8 \
     --lr 0.001 \
-    --train-iters 40 \
+    --train-iters 32 \
     --lr-decay-iters 32 \
     --lr-decay-style cosine \
     --min-lr 1.0e-4 \

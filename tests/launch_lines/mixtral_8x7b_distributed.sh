@@ -71,8 +71,8 @@ TRAINING_ARGS=(
     --micro-batch-size 1
     --global-batch-size 8
     --lr 3e-3
-    --train-iters 20
-    --lr-decay-iters 20
+    --train-iters 14
+    --lr-decay-iters 14
     --lr-decay-style cosine
     --min-lr 3.0e-4
     --weight-decay 0.1

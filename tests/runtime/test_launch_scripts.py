@@ -22,6 +22,11 @@ from launcher import REPO, launch, rank_env
 
 LINES = REPO / "tests" / "launch_lines"
 SCRIPTS = sorted(path.stem for path in LINES.glob("*.sh"))
+# With its parallel sizes removed, llama3_8b_fsdp.sh is llama3_8b.sh's job: its FSDP flags are
+# accepted without effect under --auto-parallel (ZeRO-3 layers are the plan's choice), and both
+# search the same space for the same model. Its flags run is kept; its auto run would repeat llama3_8b's.
+AUTO_SCRIPTS = [script for script in SCRIPTS if script != "llama3_8b_fsdp"]
+VARIANTS = [(script, "flags") for script in SCRIPTS] + [(script, "auto") for script in AUTO_SCRIPTS]
 WORLD_SIZE = 4
 PARALLEL_SIZES = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
                   "--expert-model-parallel-size", "--expert-tensor-parallel-size",
@@ -127,8 +132,9 @@ def runs(tmp_path_factory, files) -> dict:
     for script in SCRIPTS:
         argv = recorded_line(script, tmp, files)
         plan.append({"name": f"{script}:flags", "argv": argv})
-        plan.append({"name": f"{script}:auto", "argv": with_checkpoints_in(without_parallel_sizes(argv),
-                                                                            tmp / f"{script}-auto-ckpt")})
+        if script in AUTO_SCRIPTS:
+            plan.append({"name": f"{script}:auto", "argv": with_checkpoints_in(without_parallel_sizes(argv),
+                                                                                tmp / f"{script}-auto-ckpt")})
     (tmp / "runs.json").write_text(json.dumps(plan))
     result = launch(WORLD_SIZE, ["tests/runtime/launch_lines_worker.py", str(tmp / "runs.json"),
                                  str(tmp / "codes.json")], timeout_s=900, log_dir=tmp / "logs")
@@ -146,18 +152,17 @@ def losses(log: str) -> list[float]:
     return [float(x) for x in re.findall(r" iteration +\d+/ +\d+ \|.*\| lm loss: (\S+) \|", log)]
 
 
-@pytest.mark.parametrize("variant", ["flags", "auto"])
-@pytest.mark.parametrize("script", SCRIPTS)
+@pytest.mark.parametrize("script, variant", VARIANTS)
 def test_launch_line_trains_and_its_loss_falls(runs, script, variant):
     code, log, _ = runs[(script, variant)]
     assert code == 0, log[-4000:]
     trained = losses(log)
-    assert len(trained) >= 20
+    assert len(trained) >= 14
     # A 400-id BPE (GPT-2 files or a HuggingFace directory): the first losses sit near ln(400) or
-    # above (6.0-7.8 here); the 20-24 updates of each line take it down by 0.88-2.03 nats (measured
-    # over the 14 runs, which are seeded: the same each time), so 0.5 leaves margin.
-    # gpt_distributed_with_mp.sh spends its first ~17 iterations backing the loss scale off from 2^32
-    # (Megatron-LM's default) without updating; the two GPT-3 lines start at 2^16.
+    # above (6.0-7.8 here); the 14-24 updates of each line take it down by 0.88-2.03 nats (measured
+    # over the 13 runs, which are seeded: the same each time), so 0.5 leaves margin.
+    # gpt_distributed_with_mp.sh spends its first ~17 of 32 iterations backing the loss scale off
+    # from 2^32 (Megatron-LM's default) without updating; the two GPT-3 lines start at 2^16.
     assert sum(trained[-5:]) / 5 < sum(trained[:3]) / 3 - 0.5, trained
     assert "validation loss at iteration" in log and "(end of training)" in log
 
@@ -169,7 +174,7 @@ def test_save_and_load_of_a_new_directory_start_from_scratch(runs):
 
 
 def test_auto_parallel_variant_searched_a_plan(runs):
-    for script in SCRIPTS:
+    for script in AUTO_SCRIPTS:
         assert "parallel plan (auto-parallel)" in runs[(script, "auto")][1]
 
 
