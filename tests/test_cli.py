@@ -97,6 +97,43 @@ def test_estimate_table_names_the_pick_and_the_megatron_flags():
     assert "--tensor-model-parallel-size 2" in out and "--micro-batch-size 1" in out
 
 
+def chunk_layers(data: dict) -> list[int]:
+    return [len(chunk["layers"]) for chunk in data["plan"]["chunks"]]
+
+
+def test_estimate_prices_megatron_lms_first_and_last_stage_sizes():
+    job = ["estimate", "--model", "gpt3-1.7b", "--cluster", "dgx-a100-80gb", "--global-batch-size", "32",
+           "--tp", "2", "--pp", "4", "--micro-batch-size", "1"]
+    uneven = ok_json(*job, "--decoder-first-pipeline-num-layers", "4", "--decoder-last-pipeline-num-layers", "4")
+    even = ok_json(*job, "--virtual-stages", "1")
+    # 24 layers: 4 and 4 at the ends, the 16 others evenly over the 2 middle stages; one chunk per stage
+    # is all Megatron builds for unequal stages.
+    assert chunk_layers(uneven) == [4, 8, 8, 4] and chunk_layers(even) == [6] * 4
+    assert uneven["picked"] == {"virtual_stages": 1}
+    assert uneven["iteration_time_s"] > even["iteration_time_s"]  # the middle stages carry 8 layers, not 6
+    flags = uneven["megatron_flags"]
+    assert flags[flags.index("--decoder-first-pipeline-num-layers") + 1] == "4"
+    assert flags[flags.index("--decoder-last-pipeline-num-layers") + 1] == "4"
+
+
+def test_estimate_prices_the_splits_that_count_the_embedding_and_the_loss():
+    job = ["estimate", "--model", "gpt3-3.6b", "--cluster", "dgx-a100-80gb", "--num-nodes", "2",
+           "--global-batch-size", "64", "--tp", "2", "--pp", "4", "--micro-batch-size", "1",
+           "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+    # 30 layers + 2 counted = 32: 8 per stage; in chunks of 4 the first and the last hold 3.
+    interleaved = ok_json(*job, "--virtual-stages", "2")
+    assert chunk_layers(interleaved) == [3, 4, 4, 4, 4, 4, 4, 3]
+    flags = interleaved["megatron_flags"]
+    assert flags[flags.index("--num-layers-per-virtual-pipeline-stage") + 1] == "4"
+    assert "--account-for-embedding-in-pipeline-split" in flags and "--account-for-loss-in-pipeline-split" in flags
+    # Without interleaving the same flags make the first and the last stage one layer short.
+    assert chunk_layers(ok_json(*job, "--virtual-stages", "1")) == [7, 8, 8, 7]
+    picked = ok_json(*job)
+    assert picked["picked"]["virtual_stages"] in (1, 2, 4, 8)
+    assert picked["iteration_time_s"] == min(ok_json(*job, "--virtual-stages", str(v))["iteration_time_s"]
+                                             for v in (1, 2, 4))  # chunks of 1 would leave the ends empty
+
+
 def test_estimate_memory_budget_is_reported_and_can_fail_to_fit():
     data = ok_json("estimate", *TINY, "--tp", "2", "--pp", "2", "--micro-batch-size", "1",
                    "--virtual-stages", "1", "--memory-budget-gib", "0.01")
@@ -244,6 +281,14 @@ ERROR_CASES = {
     "unknown flag": (["estimate", *TINY, "--tp", "1", "--pp", "1", "--frobnicate"], ["--frobnicate"]),
     "missing plan file": (["show", "/nonexistent/plan.json"], ["cannot read plan file"]),
     "layout flags with --plan": (["estimate", "--plan", "x.json", "--tp", "2"], ["--tp", "--plan"]),
+    "split flags with --plan": (["estimate", "--plan", "x.json", "--account-for-loss-in-pipeline-split"],
+                                ["--account-for-loss-in-pipeline-split", "--plan"]),
+    "both kinds of split flags": (["estimate", *TINY, "--tp", "2", "--pp", "2", "--decoder-first-pipeline-num-layers",
+                                   "3", "--account-for-loss-in-pipeline-split"], ["cannot go with"]),
+    "first stage leaves an uneven rest": (["estimate", *TINY, "--tp", "1", "--pp", "4",
+                                           "--decoder-first-pipeline-num-layers", "3"], ["remaining pipeline stages"]),
+    "counted layers do not split": (["estimate", *TINY, "--tp", "2", "--pp", "2", "--virtual-stages", "2",
+                                     "--account-for-embedding-in-pipeline-split"], ["counted for the embedding"]),
 }
 
 

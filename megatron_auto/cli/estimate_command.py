@@ -4,20 +4,24 @@ from __future__ import annotations
 import argparse
 import sys
 from dataclasses import replace
+from typing import Optional
 
 from ..cost.estimate import estimate_plan
 from ..errors import UserError
 from ..plan import Plan, load_plan
 from ..report import plan_table
-from ..search.uniform import UniformConfig, best_uniform_plan, build_uniform_plan
+from ..search.uniform import (UniformConfig, best_uniform_plan, build_uniform_plan, stage_layer_counts,
+                              virtual_stage_choices)
 from ..specs import ClusterSpec, load_model
 from ..specs.training import recompute_modules_problem
 from .job import (attach_profiles, fit_cluster_to_world, load_cluster_arg, load_job, sequence_parallel_flag,
                   training_spec)
 from .output import print_json, summary, write_plan
 
+SPLIT_FLAGS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
+               "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
 LAYOUT_FLAGS = ("tp", "pp", "dp", "micro_batch_size", "virtual_stages", "recompute",
-                "sequence_parallel", "distributed_optimizer", "ep", "etp")
+                "sequence_parallel", "distributed_optimizer", "ep", "etp", *SPLIT_FLAGS)
 
 
 def check_dp(args: argparse.Namespace, cluster: ClusterSpec) -> None:
@@ -31,12 +35,29 @@ def check_dp(args: argparse.Namespace, cluster: ClusterSpec) -> None:
                         f"(tp {args.tp} x pp {args.pp}) = {world // (args.tp * args.pp)}")
 
 
-def config_from_args(args: argparse.Namespace) -> UniformConfig:
+def split_from_args(args: argparse.Namespace, num_layers: int) -> tuple[Optional[tuple[int, ...]], tuple[bool, bool]]:
+    """(stage_layers, account_for) of --decoder-first/last-pipeline-num-layers and
+    --account-for-embedding/loss-in-pipeline-split, which Megatron-LM does not combine."""
+    first, last = args.decoder_first_pipeline_num_layers, args.decoder_last_pipeline_num_layers
+    account_for = (bool(args.account_for_embedding_in_pipeline_split), bool(args.account_for_loss_in_pipeline_split))
+    if any(account_for) and (first is not None or last is not None):
+        raise UserError("--account-for-embedding/loss-in-pipeline-split cannot go with "
+                        "--decoder-first/last-pipeline-num-layers (as in Megatron-LM)")
+    if first is None and last is None:
+        return None, account_for
+    if args.pp == 1:
+        raise UserError("--decoder-first/last-pipeline-num-layers need --pp 2 or more")
+    return tuple(stage_layer_counts(num_layers, args.pp, first, last)), account_for
+
+
+def config_from_args(args: argparse.Namespace, num_layers: int) -> UniformConfig:
+    stage_layers, account_for = split_from_args(args, num_layers)
     return UniformConfig(
         tp=args.tp, pp=args.pp, micro_batch_size=args.micro_batch_size or 1,
         virtual_stages=args.virtual_stages or 1, sequence_parallel=bool(sequence_parallel_flag(args)),
         distributed_optimizer=bool(args.distributed_optimizer), recompute=args.recompute or "none",
-        expert_parallel=args.ep or 1, expert_tensor_parallel=args.etp,
+        stage_layers=stage_layers, account_for=account_for, expert_parallel=args.ep or 1,
+        expert_tensor_parallel=args.etp,
     )
 
 
@@ -46,13 +67,15 @@ def estimate_flags(args: argparse.Namespace) -> tuple[Plan, list[str]]:
         raise UserError("estimate needs --tp and --pp (or --plan FILE)")
     model, cluster, training = load_job(args)
     check_dp(args, cluster)
-    config = config_from_args(args)
+    config = config_from_args(args, model.num_layers)
     plan = build_uniform_plan(model, cluster, training, config)  # surfaces the specific reason it cannot work
     picked = [name for name, value in (("micro_batch_size", args.micro_batch_size),
                                        ("virtual_stages", args.virtual_stages)) if value is None]
     if picked:
+        # The split flags hold with one chunk per stage too (then the first and last stage hold one layer fewer).
+        virtual = [1, *virtual_stage_choices(model, config)] if any(config.account_for) else None
         plan = best_uniform_plan(model, cluster, training, config, choose_micro_batch="micro_batch_size" in picked,
-                                 choose_virtual_stages="virtual_stages" in picked)
+                                 choose_virtual_stages="virtual_stages" in picked, virtual_choices=virtual)
     else:
         plan = replace(plan, prediction=estimate_plan(plan, model, cluster, training))
     return plan, picked

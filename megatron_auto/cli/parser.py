@@ -135,6 +135,16 @@ def add_layout_arguments(parser: argparse.ArgumentParser, tp_pp_required: bool) 
                         help="expert tensor-parallel degree of the MoE layers (default: tp)")
 
 
+def add_split_arguments(parser: argparse.ArgumentParser) -> None:
+    """Megatron-LM's flags for the pipeline split, spelled as Megatron-LM spells them."""
+    for end in ("first", "last"):
+        parser.add_argument(f"--decoder-{end}-pipeline-num-layers", type=positive_int, metavar="N",
+                            help=f"decoder layers of the {end} pipeline stage; the others split the rest evenly")
+    for part in ("embedding", "loss"):
+        parser.add_argument(f"--account-for-{part}-in-pipeline-split", action="store_const", const=True,
+                            help=f"count the {part} as one layer of an even split (its chunk holds one layer fewer)")
+
+
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--out", metavar="plan.json", help="write the plan to this file")
@@ -158,6 +168,7 @@ def _estimate_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--plan", metavar="FILE", help="score this plan file instead of --tp/--pp flags")
     add_job_arguments(parser, required=False)
     add_layout_arguments(parser, tp_pp_required=False)
+    add_split_arguments(parser)
     add_output_arguments(parser)
 
 

@@ -10,7 +10,7 @@ from typing import Optional
 
 from ..errors import UserError
 from ..plan import Chunk, LayerStrategy, Plan
-from ..search.uniform import UniformConfig, chunk_sizes
+from ..search.uniform import UniformConfig, chunk_sizes, stage_layer_counts
 from ..specs.model import ModelSpec
 
 
@@ -39,24 +39,6 @@ class ManualParallelism:
     """--expert-model-parallel-size (MoE layers only)."""
     expert_tensor_parallel: Optional[int] = None
     """--expert-tensor-parallel-size; None = tensor_parallel (Megatron's default)."""
-
-
-def stage_layer_counts(num_layers: int, pp: int, first: Optional[int], last: Optional[int]) -> list[int]:
-    """Megatron's split: first/last overrides, the rest evenly over the remaining stages."""
-    counts: list[Optional[int]] = [None] * pp
-    if first is not None:
-        counts[0] = first
-    if last is not None:
-        counts[-1] = last if pp > 1 else counts[-1]
-    free = [i for i, c in enumerate(counts) if c is None]
-    rest = num_layers - sum(c for c in counts if c is not None)
-    if free and (rest < 0 or rest % len(free)):
-        raise UserError(f"{num_layers} layers do not split evenly over the {len(free)} remaining pipeline stages")
-    for i in free:
-        counts[i] = rest // len(free)
-    if sum(counts) != num_layers:  # type: ignore[arg-type]
-        raise UserError(f"pipeline stages hold {sum(counts)} layers, the model has {num_layers}")  # type: ignore[arg-type]
-    return counts  # type: ignore[return-value]
 
 
 def chunk_layer_counts(num_layers: int, pp: int, flags: ManualParallelism) -> list[int]:

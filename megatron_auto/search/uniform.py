@@ -74,6 +74,24 @@ def megatron_uneven_splits(num_layers: int, pp: int) -> list[tuple[int, ...]]:
     return splits
 
 
+def stage_layer_counts(num_layers: int, pp: int, first: Optional[int], last: Optional[int]) -> list[int]:
+    """Megatron's split: first/last overrides, the rest evenly over the remaining stages."""
+    counts: list[Optional[int]] = [None] * pp
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last if pp > 1 else counts[-1]
+    free = [i for i, c in enumerate(counts) if c is None]
+    rest = num_layers - sum(c for c in counts if c is not None)
+    if free and (rest < 0 or rest % len(free)):
+        raise UserError(f"{num_layers} layers do not split evenly over the {len(free)} remaining pipeline stages")
+    for i in free:
+        counts[i] = rest // len(free)
+    if sum(counts) != num_layers:  # type: ignore[arg-type]
+        raise UserError(f"pipeline stages hold {sum(counts)} layers, the model has {num_layers}")  # type: ignore[arg-type]
+    return counts  # type: ignore[return-value]
+
+
 ACCOUNTED = ((True, False), (False, True), (True, True))
 """The embedding, the loss, or both counted as layers of the pipeline split (UniformConfig.account_for)."""
 
@@ -145,7 +163,9 @@ def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
                         f"{config.micro_batch_size} x dp {dp}")
     sizes = chunk_sizes(model.num_layers, config)
     if sizes is None:
-        raise UserError(f"{model.num_layers} layers do not split over {pp} pipeline stages x {v} chunks as given")
+        counted = f" (and {sum(config.account_for)} counted for the embedding/loss)" if any(config.account_for) else ""
+        raise UserError(f"{model.num_layers} layers{counted} do not split over {pp} pipeline stages x {v} chunks "
+                        "as given")
     strategy = LayerStrategy(tp=tp, dp=dp, zero=1 if config.distributed_optimizer else 0,
                              sp=config.sequence_parallel and tp > 1)
     experts = _expert_strategy(model, strategy, config)
@@ -266,8 +286,10 @@ def states_overflow(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
 
 
 def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig,
-                      choose_micro_batch: bool, choose_virtual_stages: bool, incumbent: float = math.inf) -> Plan:
-    """`config` with its micro-batch size and/or virtual stages replaced by the fastest valid choice.
+                      choose_micro_batch: bool, choose_virtual_stages: bool, incumbent: float = math.inf,
+                      virtual_choices: Optional[list[int]] = None) -> Plan:
+    """`config` with its micro-batch size and/or virtual stages replaced by the fastest valid choice
+    (of `virtual_choices`, by default virtual_stage_choices).
 
     Fitting plans beat non-fitting ones; among each, the lower predicted time wins.
     A (micro-batch, v) whose pipeline_lower_bound cannot beat `incumbent` seconds, or
@@ -275,7 +297,10 @@ def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Training
     """
     dp = cluster.world_size // (config.tp * config.pp)
     micro_batches = divisors(training.global_batch_size // dp) if choose_micro_batch else [config.micro_batch_size]
-    virtual = virtual_stage_choices(model, config) if choose_virtual_stages else [config.virtual_stages]
+    if not choose_virtual_stages:
+        virtual = [config.virtual_stages]
+    else:
+        virtual = virtual_choices if virtual_choices is not None else virtual_stage_choices(model, config)
     best: Optional[Plan] = None
     overflowed = False
     for mbs in micro_batches:
