@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .errors import UserError
+from .pipeline_layout import LAYOUT_FLAG, layout_of_chunk_layers
 from .plan import Plan
 from .specs.training import DEFAULT_RECOMPUTE_MODULES
 
@@ -70,15 +71,20 @@ def _overlap_flags(plan: Plan) -> list[str]:
 
 def _pipeline_split_flags(plan: Plan) -> list[str]:
     """Megatron splits the layers left after the first/last overrides evenly over the middle stages; with
-    virtual stages, a first (last) chunk one layer short is Megatron's embedding (loss) counted as a layer."""
+    virtual stages, a first (last) chunk one layer short is Megatron's embedding (loss) counted as a layer.
+    Any other chunking is written as --pipeline-model-parallel-layout."""
+    counts = tuple(len(chunk.layers) for chunk in plan.chunks)
     if plan.virtual_stages > 1:
         per_chunk = plan.virtual_chunk_layers
+        if len(set(counts[1:-1])) > 1 or not {counts[0], counts[-1]} <= {per_chunk - 1, per_chunk}:
+            return [LAYOUT_FLAG, layout_of_chunk_layers(counts)]
         return (["--num-layers-per-virtual-pipeline-stage", str(per_chunk)]
-                + ["--account-for-embedding-in-pipeline-split"] * (len(plan.chunks[0].layers) < per_chunk)
-                + ["--account-for-loss-in-pipeline-split"] * (len(plan.chunks[-1].layers) < per_chunk))
-    counts = plan.stage_layer_counts()
+                + ["--account-for-embedding-in-pipeline-split"] * (counts[0] < per_chunk)
+                + ["--account-for-loss-in-pipeline-split"] * (counts[-1] < per_chunk))
     if len(set(counts)) == 1:
         return []
+    if len(set(counts[1:-1])) > 1:
+        return [LAYOUT_FLAG, layout_of_chunk_layers(counts)]
     middle = counts[1] if plan.pipeline_parallel > 2 else None
     flags = []
     if counts[0] != middle:

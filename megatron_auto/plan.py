@@ -416,15 +416,7 @@ def _check_megatron_space(plan: Plan) -> None:
     kinds = {s.recompute for s in plan.distinct_strategies}
     if "selective" in kinds and len(kinds) > 1:
         raise ValueError("stock Megatron recomputes selectively on all layers or on none")
-    if plan.virtual_stages > 1 and len({len(c.layers) for c in plan.chunks[1:-1]}) > 1:
-        raise ValueError("with virtual stages, stock Megatron needs equal chunks")
-    if plan.virtual_stages > 1 and not {len(plan.chunks[0].layers), len(plan.chunks[-1].layers)} <= {
-            plan.virtual_chunk_layers - 1, plan.virtual_chunk_layers}:
-        raise ValueError("with virtual stages, stock Megatron's first and last chunk hold the others' layer count, "
-                         "or one layer fewer (for the embedding or the loss)")
-    counts = plan.stage_layer_counts()
-    if plan.virtual_stages == 1 and len(set(counts[1:-1])) > 1:
-        raise ValueError("stock Megatron lets only the first and last stage differ in layer count")
+    # Any chunk sizes are Megatron's: --pipeline-model-parallel-layout spells out the layers of every chunk.
 
 
 def _check_one_expert_layout(plan: Plan) -> None:

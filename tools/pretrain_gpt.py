@@ -278,6 +278,8 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--account-for-loss-in-pipeline-split", action="store_true",
                        help="the pipeline split counts the output layer and loss as a layer: the last chunk "
                             "builds one fewer")
+    group.add_argument("--pipeline-model-parallel-layout", metavar="LAYOUT",
+                       help="the layers of every model chunk, as Megatron-LM spells it (e.g. \"Et|(tt|)*3,tL\")")
     group.add_argument("--sequence-parallel", action="store_true", default=None)
     group.add_argument("--use-distributed-optimizer", action="store_true", default=None)
     group.add_argument("--overlap-param-gather", action="store_true", default=None,
@@ -689,6 +691,7 @@ def manual_flags(args: argparse.Namespace) -> ManualParallelism:
         first_stage_layers=args.decoder_first_pipeline_num_layers, last_stage_layers=args.decoder_last_pipeline_num_layers,
         account_for_embedding=args.account_for_embedding_in_pipeline_split,
         account_for_loss=args.account_for_loss_in_pipeline_split,
+        pipeline_layout=args.pipeline_model_parallel_layout,
         recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers, sequence_parallel=bool(args.sequence_parallel),
         distributed_optimizer=bool(args.use_distributed_optimizer),
@@ -849,7 +852,8 @@ def megatron_lm_adjustments(args: argparse.Namespace) -> list[str]:
         ("--decoder-first-pipeline-num-layers", args.decoder_first_pipeline_num_layers is not None),
         ("--decoder-last-pipeline-num-layers", args.decoder_last_pipeline_num_layers is not None),
         ("--account-for-embedding-in-pipeline-split", args.account_for_embedding_in_pipeline_split),
-        ("--account-for-loss-in-pipeline-split", args.account_for_loss_in_pipeline_split)) if given]
+        ("--account-for-loss-in-pipeline-split", args.account_for_loss_in_pipeline_split),
+        ("--pipeline-model-parallel-layout", args.pipeline_model_parallel_layout is not None)) if given]
     if split_flags and args.auto_parallel:
         warnings_given.append(f"{', '.join(split_flags)}: under --auto-parallel the planner splits the layers over "
                               "the pipeline stages (it prices the embedding and the loss on their stages)")

@@ -113,6 +113,7 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
         num_layers_in_last_pipeline_stage=layout.last_stage_layers,
         account_for_embedding_in_pipeline_split=layout.account_for_embedding,
         account_for_loss_in_pipeline_split=layout.account_for_loss,
+        pipeline_model_parallel_layout=layout.pipeline_layout,
         sequence_parallel=layout.sequence_parallel,
         recompute_granularity=layout.recompute_granularity,
         recompute_method=layout.recompute_method,

@@ -34,6 +34,8 @@ class MegatronLayout:
     """Megatron's account_for_embedding_in_pipeline_split: the first chunk holds one layer fewer."""
     account_for_loss: bool = False
     """Megatron's account_for_loss_in_pipeline_split: the last chunk holds one layer fewer."""
+    pipeline_layout: Optional[str] = None
+    """Megatron's pipeline_model_parallel_layout (--pipeline-model-parallel-layout): every chunk's layers."""
     recompute_granularity: Optional[str] = None
     """None, selective or full."""
     recompute_method: Optional[str] = None
@@ -82,6 +84,7 @@ def layout_from_plan(plan: Plan) -> MegatronLayout:
         return int(flags[name]) if name in flags else None
 
     per_virtual_stage = number("num_layers_per_virtual_pipeline_stage")
+    pipeline_layout = flags.get("pipeline_model_parallel_layout")
     ep, etp = expert_layout(plan)
     return MegatronLayout(
         tensor_parallel=int(flags["tensor_model_parallel_size"]),
@@ -90,11 +93,12 @@ def layout_from_plan(plan: Plan) -> MegatronLayout:
         micro_batch_size=int(flags["micro_batch_size"]),
         num_micro_batches=plan.num_micro_batches,
         global_batch_size=int(flags["global_batch_size"]),
-        virtual_stages=plan.virtual_stages if per_virtual_stage else 1,
+        virtual_stages=plan.virtual_stages if per_virtual_stage or pipeline_layout else 1,
         first_stage_layers=number("decoder_first_pipeline_num_layers"),
         last_stage_layers=number("decoder_last_pipeline_num_layers"),
         account_for_embedding=bool(flags.get("account_for_embedding_in_pipeline_split", False)),
         account_for_loss=bool(flags.get("account_for_loss_in_pipeline_split", False)),
+        pipeline_layout=pipeline_layout,  # type: ignore[arg-type]
         recompute_granularity=flags.get("recompute_granularity"),  # type: ignore[arg-type]
         recompute_method=flags.get("recompute_method"),  # type: ignore[arg-type]
         recompute_num_layers=number("recompute_num_layers"),

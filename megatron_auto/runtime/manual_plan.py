@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import UserError
+from ..pipeline_layout import LAYOUT_FLAG, chunk_layers_of_layout
 from ..plan import Chunk, LayerStrategy, Plan
 from ..search.uniform import UniformConfig, chunk_sizes, stage_layer_counts
 from ..specs.model import ModelSpec
@@ -30,6 +31,8 @@ class ManualParallelism:
     """--account-for-embedding-in-pipeline-split: the embedding counts as a layer in the split."""
     account_for_loss: bool = False
     """--account-for-loss-in-pipeline-split: the output layer and loss count as a layer in the split."""
+    pipeline_layout: Optional[str] = None
+    """--pipeline-model-parallel-layout: the layers of every model chunk (pipeline_layout.py)."""
     recompute_granularity: Optional[str] = None
     recompute_method: Optional[str] = None
     recompute_num_layers: Optional[int] = None
@@ -46,6 +49,8 @@ def chunk_layer_counts(num_layers: int, pp: int, flags: ManualParallelism) -> li
     get_num_layers_to_build splits them (search.uniform.chunk_sizes): with
     --account-for-embedding/loss-in-pipeline-split the embedding and the loss each count as one layer of the
     first and the last chunk."""
+    if flags.pipeline_layout is not None:
+        return list(_layout_chunk_layers(num_layers, pp, flags))
     account_for = (flags.account_for_embedding, flags.account_for_loss)
     if any(account_for) and (flags.first_stage_layers is not None or flags.last_stage_layers is not None):
         raise UserError("--account-for-embedding/loss-in-pipeline-split cannot go with "
@@ -69,6 +74,23 @@ def chunk_layer_counts(num_layers: int, pp: int, flags: ManualParallelism) -> li
         raise UserError(f"{what}: a model chunk of {per_chunk} is left without decoder layers (this runtime "
                         "builds every chunk with at least one)")
     return list(sizes)
+
+
+def _layout_chunk_layers(num_layers: int, pp: int, flags: ManualParallelism) -> tuple[int, ...]:
+    """The chunks of --pipeline-model-parallel-layout, which Megatron-LM takes alone of the split flags."""
+    others = [flag for flag, given in (
+        ("--num-layers-per-virtual-pipeline-stage", flags.layers_per_virtual_stage is not None),
+        ("--decoder-first-pipeline-num-layers", flags.first_stage_layers is not None),
+        ("--decoder-last-pipeline-num-layers", flags.last_stage_layers is not None),
+        ("--account-for-embedding-in-pipeline-split", flags.account_for_embedding),
+        ("--account-for-loss-in-pipeline-split", flags.account_for_loss)) if given]
+    if others:
+        raise UserError(f"{LAYOUT_FLAG} cannot go with {', '.join(others)} (as in Megatron-LM)")
+    counts = chunk_layers_of_layout(flags.pipeline_layout or "", pp, num_layers)
+    if len(counts) > pp and pp < 2:
+        raise UserError(f"{LAYOUT_FLAG} with {len(counts)} chunks needs --pipeline-model-parallel-size 2 or more "
+                        "(Megatron-LM's interleaved schedule)")
+    return counts
 
 
 def _recompute_kinds(flags: ManualParallelism, chunk_sizes: list[int]) -> list[list[str]]:

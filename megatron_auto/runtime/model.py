@@ -80,6 +80,19 @@ def build_chunks(model: ModelSpec, layout: MegatronLayout, settings: TrainSettin
     return chunks
 
 
+def check_built_chunks(chunks: list[torch.nn.Module], chunk_layers: tuple[int, ...], pipeline_parallel: int) -> None:
+    """Megatron-Core split the layers as the plan says (its own rules read the split flags and the layout
+    again): chunk v of this rank is the plan's chunk v x pp + rank. A mismatch is a bug of this runtime."""
+    from megatron.core import parallel_state
+
+    rank = parallel_state.get_pipeline_model_parallel_rank()
+    built = [len(chunk.decoder.layers) for chunk in chunks]
+    planned = [chunk_layers[v * pipeline_parallel + rank] for v in range(len(chunks))]
+    if built != planned:
+        raise RuntimeError(f"pipeline rank {rank}: Megatron-Core built chunks of {built} layers, the plan has "
+                           f"{planned}")
+
+
 def first_decoder_layer(model: ModelSpec, settings: TrainSettings, device: torch.device,
                         recompute_granularity: str | None = None,
                         layout: MegatronLayout | None = None) -> tuple[torch.nn.Module, dict]:

@@ -126,6 +126,7 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
     padded_vocab = configs.padded_vocab_size(settings.data.vocab_size, settings, layout.tensor_parallel)
     tconfig = configs.transformer_config(model_spec, layout, settings, backend)
     chunks = models.build_chunks(model_spec, layout, settings, tconfig, padded_vocab, device)
+    models.check_built_chunks(chunks, tuple(len(chunk.layers) for chunk in plan.chunks), layout.pipeline_parallel)
     chunks = models.wrap_float16(chunks, tconfig)
     model = models.wrap_ddp(chunks, tconfig, configs.ddp_config(layout, settings))
     optimizer = get_megatron_optimizer(configs.optimizer_config(layout, settings), model,

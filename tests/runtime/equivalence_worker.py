@@ -9,7 +9,8 @@ optional "load_weights" (checkpoint dir, weights only), "resume" (checkpoint dir
 batch), "save_state" / "init_state" (a single-process GPTModel state dict written before training / a
 hybrid plan's starting weights), "settings" (TrainSettings fields, e.g. precision, attention_backend),
 "data_vocab_size" (mock tokens drawn from fewer ids than the padded vocabulary, so that training
-has something to learn), "drop_grad_sync" (a broken run: DDP's gradient reduction skipped)}.
+has something to learn), "drop_grad_sync" (a broken run: DDP's gradient reduction skipped), "fp32_only" (no
+bf16 twin; read by the test)}.
 The last rank writes {name: {"iterations", "losses", "grad_norms", "loss_scales", "skipped",
 "param_dtypes", "moe_losses", "router_gap"} or {"error"}} to RESULTS.json; router_gap is the smallest
 margin, over every token routed on this rank, between the k-th and (k+1)-th router logit (MoE models).

@@ -96,17 +96,55 @@ def test_fewer_counted_layers_than_stages_is_a_user_error():
                                                    account_for_loss=True))
 
 
-def test_virtual_chunks_megatron_core_would_not_build_are_not_megatron_plans():
-    plan = plan_from_flags(uniform_model("t6", 6, 64, 4, seq_length=32, vocab_size=256), 2,
-                           ManualParallelism(pipeline_parallel=2, layers_per_virtual_stage=2, global_batch_size=4,
-                                             account_for_embedding=True, account_for_loss=True))
+def test_chunks_beyond_megatrons_split_flags_are_written_as_a_pipeline_layout():
+    """Chunk sizes no split flag expresses go to Megatron-Core as --pipeline-model-parallel-layout, and the layout
+    read back gives the same chunks (what the runtime builds: model.check_built_chunks)."""
+    model = uniform_model("t6", 6, 64, 4, seq_length=32, vocab_size=256)
+    plan = plan_from_flags(model, 2, ManualParallelism(pipeline_parallel=2, layers_per_virtual_stage=2,
+                                                       global_batch_size=4, account_for_embedding=True,
+                                                       account_for_loss=True))
     first, second, third, last = plan.chunks  # 1, 2, 2 and 1 layers
-    with pytest.raises(ValueError, match="needs equal chunks"):
-        replace(plan, chunks=(first, second, last, third))  # a middle chunk one short
     one_layer = [Chunk((layer,)) for layer in plan.layer_strategies]
-    three = Chunk(plan.layer_strategies[:3])
-    with pytest.raises(ValueError, match="first and last chunk"):
-        replace(plan, chunks=(three, *one_layer[3:]))  # 3, 1, 1, 1: the first chunk two longer
+    for chunks, expected in (((first, second, last, third), "Et|t*2|t|t*2L"),  # a middle chunk one short
+                             ((Chunk(plan.layer_strategies[:3]), *one_layer[3:]), "Et*3|t|t|tL")):
+        odd = replace(plan, chunks=chunks)
+        line = megatron_flags(odd)
+        assert line[line.index("--pipeline-model-parallel-layout") + 1] == expected
+        assert "--num-layers-per-virtual-pipeline-stage" not in line
+        layout = layout_from_plan(odd)
+        assert (layout.pipeline_layout, layout.virtual_stages) == (expected, 2)
+        again = plan_from_flags(model, 2, ManualParallelism(pipeline_parallel=2, global_batch_size=4,
+                                                            pipeline_layout=expected))
+        assert [len(c.layers) for c in again.chunks] == [len(c.layers) for c in chunks]
+    # One chunk per stage with unequal middle stages: only a layout says it.
+    flags = ManualParallelism(pipeline_parallel=4, global_batch_size=4, pipeline_layout="Et|ttt|tt|ttL")
+    stages = plan_from_flags(uniform_model("t8", 8, 64, 4, seq_length=32, vocab_size=256), 4, flags)
+    assert stages.stage_layer_counts() == (1, 3, 2, 2) and stages.virtual_stages == 1
+    assert layout_from_plan(stages).pipeline_layout == "Et|t*3|t*2|t*2L"
+
+
+@pytest.mark.parametrize("flags, message", [
+    (dict(pipeline_layout="Et|tL", layers_per_virtual_stage=1),
+     "--pipeline-model-parallel-layout cannot go with --num-layers-per-virtual-pipeline-stage"),
+    (dict(pipeline_layout="Et|tL", first_stage_layers=1, account_for_loss=True),
+     "cannot go with --decoder-first-pipeline-num-layers, --account-for-loss-in-pipeline-split"),
+    (dict(pipeline_layout="Et*4|L"), "chunk 1 holds no decoder layer"),
+    (dict(pipeline_layout="Et|t|tt|tL"), "places 5 decoder layers; --num-layers is 4"),
+    (dict(pipeline_layout="Et|t|tL"), "3 chunks do not divide over 2 pipeline stages"),
+    (dict(pipeline_layout="tE|ttL"), "must start with the embedding E and end with the loss L"),
+    (dict(pipeline_layout="Ett|tLt"), "must start with the embedding E and end with the loss L"),
+    (dict(pipeline_layout="Ett|tt|mL"), "multi-token-prediction layers (m)"),
+    (dict(pipeline_layout="Ett|txL"), "unknown layer character(s) x"),
+])
+def test_pipeline_layouts_megatron_core_or_this_runtime_would_not_build_are_user_errors(flags, message):
+    with pytest.raises(UserError) as error:
+        plan_from_flags(MODEL, 2, ManualParallelism(pipeline_parallel=2, global_batch_size=4, **flags))
+    assert message in str(error.value)
+
+
+def test_a_layout_of_several_chunks_needs_two_pipeline_stages():
+    with pytest.raises(UserError, match="needs --pipeline-model-parallel-size 2 or more"):
+        plan_from_flags(MODEL, 1, ManualParallelism(global_batch_size=4, pipeline_layout="Ett|ttL"))
 
 
 def test_world_size_that_does_not_divide_is_a_user_error():
@@ -130,3 +168,20 @@ def test_expert_degrees_reach_the_layout_on_the_moe_layers_only(flags, expected)
     assert (layout.expert_parallel, layout.expert_tensor_parallel) == expected
     dense = [s for layer, s in zip(MOE_MODEL.layers, plan.layer_strategies) if layer.moe is None]
     assert dense and all((s.ep, s.etp) == (1, None) for s in dense)
+
+
+def test_chunks_megatron_core_built_otherwise_than_planned_stop_the_run(monkeypatch):
+    from types import SimpleNamespace
+
+    from megatron.core import parallel_state
+
+    from megatron_auto.runtime.model import check_built_chunks
+
+    def chunk(layers: int):
+        return SimpleNamespace(decoder=SimpleNamespace(layers=[None] * layers))
+
+    monkeypatch.setattr(parallel_state, "get_pipeline_model_parallel_rank", lambda: 1)
+    check_built_chunks([chunk(2), chunk(2)], (1, 2, 1, 2), 2)  # rank 1 holds chunks 1 and 3
+    with pytest.raises(RuntimeError, match=r"pipeline rank 1: Megatron-Core built chunks of \[2, 1\] layers, "
+                                           r"the plan has \[2, 2\]"):
+        check_built_chunks([chunk(2), chunk(1)], (1, 2, 1, 2), 2)

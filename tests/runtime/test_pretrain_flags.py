@@ -243,6 +243,16 @@ def test_embedding_and_loss_in_the_pipeline_split_reach_the_plan_and_are_the_pla
         "planner splits the layers over the pipeline stages (it prices the embedding and the loss on their stages)"]
 
 
+def test_a_pipeline_layout_reaches_the_plan_and_is_the_planners_under_auto_parallel():
+    layout = ["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Et*3|t*3|t*2|(t)*4,L"]
+    args = pretrain_gpt.parse_args(BASE + ["--num-layers", "12", "--global-batch-size", "8"] + layout)
+    plan = pretrain_gpt.plan_from_flags(pretrain_gpt.model_from_args(args, 512), 8, pretrain_gpt.manual_flags(args))
+    assert [len(c.layers) for c in plan.chunks] == [3, 3, 2, 4] and plan.virtual_stages == 2
+    auto = pretrain_gpt.parse_args(BASE + layout + ["--auto-parallel"])
+    assert pretrain_gpt.megatron_lm_adjustments(auto)[0].startswith(
+        "--pipeline-model-parallel-layout: under --auto-parallel the planner splits the layers")
+
+
 def test_run_flags_reach_the_settings_and_megatrons_configs():
     from megatron_auto.runtime import config as configs
     from megatron_auto.runtime.layout import MegatronLayout

@@ -1,0 +1,60 @@
+"""Megatron-LM's `--pipeline-model-parallel-layout`: the layers of every model chunk, spelled out.
+
+The grammar is Megatron-Core's (transformer/pipeline_parallel_layer_layout.py, 0.16):
+chunks are separated by `|`, in chunk order (chunk c runs on pipeline stage c % pp, so
+pp x v chunks give v virtual stages); `E` is the embedding, `t` a decoder layer, `L` the
+output layer and loss, `m` a multi-token-prediction layer; `x*n` repeats a character,
+`(...)*n` a group; commas are cosmetic. "Et*3|(tt|)*29,m|L" is DeepSeek-V3's.
+
+This module reads a layout into decoder layers per chunk, which is what a Plan holds, and
+writes one back for chunk sizes that no other Megatron-LM flag expresses. No torch here.
+"""
+from __future__ import annotations
+
+import re
+
+from .errors import UserError
+
+LAYOUT_FLAG = "--pipeline-model-parallel-layout"
+_REPEATS = (re.compile(r"\(([^)]+)\)\*(\d+)"), re.compile(r"(.)\*(\d+)"))
+
+
+def unrolled_chunks(text: str) -> list[str]:
+    """The chunks of `text` with every repeat written out: "E(tt|)*2L" -> ["Ett", "tt", "L"]."""
+    unrolled = text.replace(",", "")
+    for pattern in _REPEATS:  # groups first, then single characters, as Megatron-Core does
+        unrolled = pattern.sub(lambda match: match.group(1) * int(match.group(2)), unrolled)
+    return unrolled.split("|")
+
+
+def chunk_layers_of_layout(text: str, pipeline_parallel: int, num_layers: int) -> tuple[int, ...]:
+    """Decoder layers per model chunk of the layout `text`, in chunk order; UserError (one line) for a layout
+    Megatron-Core refuses or this runtime cannot build."""
+    where = f"{LAYOUT_FLAG} {text!r}"
+    chunks = unrolled_chunks(text)
+    stray = sorted({char for chunk in chunks for char in chunk} - set("EtLm"))
+    if stray:
+        raise UserError(f"{where}: unknown layer character(s) {' '.join(stray)} (E, t, L and m are Megatron's)")
+    if "m" in "".join(chunks):
+        raise UserError(f"{where}: multi-token-prediction layers (m) are not built by this runtime")
+    if len(chunks) % pipeline_parallel:
+        raise UserError(f"{where}: {len(chunks)} chunks do not divide over {pipeline_parallel} pipeline stages")
+    flat = "".join(chunks)
+    if flat.count("E") != 1 or flat.count("L") != 1 or not flat.startswith("E") or not flat.endswith("L"):
+        raise UserError(f"{where}: the layout must start with the embedding E and end with the loss L, "
+                        "each once (as Megatron-Core checks)")
+    counts = tuple(chunk.count("t") for chunk in chunks)
+    if sum(counts) != num_layers:
+        raise UserError(f"{where} places {sum(counts)} decoder layers; --num-layers is {num_layers}")
+    if min(counts) < 1:
+        raise UserError(f"{where}: chunk {counts.index(0)} holds no decoder layer (this runtime builds every "
+                        "chunk with at least one)")
+    return counts
+
+
+def layout_of_chunk_layers(counts: tuple[int, ...]) -> str:
+    """The layout string of these decoder layers per chunk: "Et*3|t*4|t*4|t*3L" for (3, 4, 4, 3)."""
+    chunks = [f"t*{count}" if count > 1 else "t" for count in counts]
+    chunks[0] = "E" + chunks[0]
+    chunks[-1] = chunks[-1] + "L"
+    return "|".join(chunks)

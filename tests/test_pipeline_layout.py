@@ -1,0 +1,38 @@
+"""Megatron-LM's --pipeline-model-parallel-layout grammar, read and written without Megatron-Core."""
+from __future__ import annotations
+
+import pytest
+
+from megatron_auto.errors import UserError
+from megatron_auto.pipeline_layout import chunk_layers_of_layout, layout_of_chunk_layers, unrolled_chunks
+
+
+@pytest.mark.parametrize("text, chunks", [
+    ("Ettt|(tt|)*2,m|L", ["Ettt", "tt", "tt", "m", "L"]),  # Megatron-Core's docstring example, shortened
+    ("Et*3|t*4L", ["Ettt", "ttttL"]),
+    ("(ab|cd|ef)*2", ["ab", "cd", "efab", "cd", "ef"]),  # a group's last chunk runs into the next copy
+    ("(|ab)*2,cd", ["", "ab", "abcd"]),
+    ("E,t,t|t,t,L", ["Ett", "ttL"]),
+])
+def test_repeats_and_commas_unroll_as_megatron_core_unrolls_them(text, chunks):
+    assert unrolled_chunks(text) == chunks
+
+
+def test_deepseek_v3s_layout_counts_its_61_layers_until_the_mtp_layer_is_refused():
+    # DeepSeek-V3 (61 layers, PP16 x VP2): 3 + 29 x 2 decoder layers; its MTP layer is what this runtime refuses.
+    chunks = unrolled_chunks("Et*3|(tt|)*29,m|L")
+    assert len(chunks) == 32 and sum(chunk.count("t") for chunk in chunks) == 61
+    with pytest.raises(UserError, match="multi-token-prediction"):
+        chunk_layers_of_layout("Et*3|(tt|)*29,m|L", 16, 61)
+
+
+@pytest.mark.parametrize("counts", [(1,), (3, 4, 4, 3), (1, 2, 1, 2), (5, 1, 1, 1, 1, 1, 1, 5)])
+def test_written_layouts_read_back_to_the_same_chunks(counts):
+    text = layout_of_chunk_layers(counts)
+    assert chunk_layers_of_layout(text, 1, sum(counts)) == counts
+    assert chunk_layers_of_layout(text, len(counts), sum(counts)) == counts
+
+
+def test_a_written_layout_names_the_embedding_first_and_the_loss_last():
+    assert layout_of_chunk_layers((3, 4, 4, 3)) == "Et*3|t*4|t*4|t*3L"
+    assert layout_of_chunk_layers((1,)) == "EtL"
