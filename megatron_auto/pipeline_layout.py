@@ -45,7 +45,7 @@ def chunk_layers_of_layout(text: str, pipeline_parallel: int, num_layers: int) -
                         "each once (as Megatron-Core checks)")
     counts = tuple(chunk.count("t") for chunk in chunks)
     if sum(counts) != num_layers:
-        raise UserError(f"{where} places {sum(counts)} decoder layers; --num-layers is {num_layers}")
+        raise UserError(f"{where} places {sum(counts)} decoder layers; the model has {num_layers} (--num-layers)")
     if min(counts) < 1:
         raise UserError(f"{where}: chunk {counts.index(0)} holds no decoder layer (this runtime builds every "
                         "chunk with at least one)")

@@ -134,6 +134,21 @@ def test_estimate_prices_the_splits_that_count_the_embedding_and_the_loss():
                                              for v in (1, 2, 4))  # chunks of 1 would leave the ends empty
 
 
+def test_estimate_prices_a_pipeline_layout_as_the_split_flags_it_spells():
+    job = ["estimate", "--model", "gpt3-3.6b", "--cluster", "dgx-a100-80gb", "--num-nodes", "2",
+           "--global-batch-size", "64", "--tp", "2", "--pp", "4", "--micro-batch-size", "1"]
+    counted = ok_json(*job, "--virtual-stages", "2", "--account-for-embedding-in-pipeline-split",
+                      "--account-for-loss-in-pipeline-split")
+    spelled = ok_json(*job, "--pipeline-model-parallel-layout", "Et*3|(t*4|)*6,t*3L")
+    assert chunk_layers(spelled) == [3, 4, 4, 4, 4, 4, 4, 3] and spelled["picked"] == {}
+    assert spelled["iteration_time_s"] == counted["iteration_time_s"]
+    assert spelled["megatron_flags"] == counted["megatron_flags"]  # written back as the split flags
+    odd = ok_json(*job, "--pipeline-model-parallel-layout", "Et*2|t*5|t*3|t*4|(t*4|)*3,t*4L")
+    assert chunk_layers(odd) == [2, 5, 3, 4, 4, 4, 4, 4]
+    flags = odd["megatron_flags"]
+    assert flags[flags.index("--pipeline-model-parallel-layout") + 1] == "Et*2|t*5|t*3|t*4|t*4|t*4|t*4|t*4L"
+
+
 def test_estimate_memory_budget_is_reported_and_can_fail_to_fit():
     data = ok_json("estimate", *TINY, "--tp", "2", "--pp", "2", "--micro-batch-size", "1",
                    "--virtual-stages", "1", "--memory-budget-gib", "0.01")
@@ -287,6 +302,12 @@ ERROR_CASES = {
                                    "3", "--account-for-loss-in-pipeline-split"], ["cannot go with"]),
     "first stage leaves an uneven rest": (["estimate", *TINY, "--tp", "1", "--pp", "4",
                                            "--decoder-first-pipeline-num-layers", "3"], ["remaining pipeline stages"]),
+    "layout with the virtual stages": (["estimate", *TINY, "--tp", "2", "--pp", "2", "--virtual-stages", "2",
+                                        "--pipeline-model-parallel-layout", "Et|t*3|t*3|tL"],
+                                       ["--pipeline-model-parallel-layout cannot go with --virtual-stages"]),
+    "layout of the wrong layer count": (["estimate", *TINY, "--tp", "2", "--pp", "2",
+                                         "--pipeline-model-parallel-layout", "Et|t*3|t*3|t*2L"],
+                                        ["places 9 decoder layers; the model has 8"]),
     "counted layers do not split": (["estimate", *TINY, "--tp", "2", "--pp", "2", "--virtual-stages", "2",
                                      "--account-for-embedding-in-pipeline-split"], ["counted for the embedding"]),
 }

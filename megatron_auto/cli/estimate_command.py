@@ -8,6 +8,7 @@ from typing import Optional
 
 from ..cost.estimate import estimate_plan
 from ..errors import UserError
+from ..pipeline_layout import LAYOUT_FLAG, chunk_layers_of_layout
 from ..plan import Plan, load_plan
 from ..report import plan_table
 from ..search.uniform import (UniformConfig, best_uniform_plan, build_uniform_plan, stage_layer_counts,
@@ -19,7 +20,8 @@ from .job import (attach_profiles, fit_cluster_to_world, load_cluster_arg, load_
 from .output import print_json, summary, write_plan
 
 SPLIT_FLAGS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
-               "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split")
+               "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
+               "pipeline_model_parallel_layout")
 LAYOUT_FLAGS = ("tp", "pp", "dp", "micro_batch_size", "virtual_stages", "recompute",
                 "sequence_parallel", "distributed_optimizer", "ep", "etp", *SPLIT_FLAGS)
 
@@ -50,14 +52,27 @@ def split_from_args(args: argparse.Namespace, num_layers: int) -> tuple[Optional
     return tuple(stage_layer_counts(num_layers, args.pp, first, last)), account_for
 
 
+def layout_from_args(args: argparse.Namespace, num_layers: int) -> Optional[tuple[int, ...]]:
+    """The chunks of --pipeline-model-parallel-layout, which Megatron-LM takes alone of the split flags."""
+    if args.pipeline_model_parallel_layout is None:
+        return None
+    others = [f"--{name.replace('_', '-')}" for name in (*SPLIT_FLAGS[:-1], "virtual_stages")
+              if getattr(args, name) is not None]
+    if others:
+        raise UserError(f"{LAYOUT_FLAG} cannot go with {', '.join(others)} (the layout fixes the chunks)")
+    return chunk_layers_of_layout(args.pipeline_model_parallel_layout, args.pp, num_layers)
+
+
 def config_from_args(args: argparse.Namespace, num_layers: int) -> UniformConfig:
+    chunk_layers = layout_from_args(args, num_layers)
     stage_layers, account_for = split_from_args(args, num_layers)
+    virtual = len(chunk_layers) // args.pp if chunk_layers else args.virtual_stages or 1
     return UniformConfig(
         tp=args.tp, pp=args.pp, micro_batch_size=args.micro_batch_size or 1,
-        virtual_stages=args.virtual_stages or 1, sequence_parallel=bool(sequence_parallel_flag(args)),
+        virtual_stages=virtual, sequence_parallel=bool(sequence_parallel_flag(args)),
         distributed_optimizer=bool(args.distributed_optimizer), recompute=args.recompute or "none",
-        stage_layers=stage_layers, account_for=account_for, expert_parallel=args.ep or 1,
-        expert_tensor_parallel=args.etp,
+        stage_layers=stage_layers, account_for=account_for, chunk_layers=chunk_layers,
+        expert_parallel=args.ep or 1, expert_tensor_parallel=args.etp,
     )
 
 
@@ -69,8 +84,9 @@ def estimate_flags(args: argparse.Namespace) -> tuple[Plan, list[str]]:
     check_dp(args, cluster)
     config = config_from_args(args, model.num_layers)
     plan = build_uniform_plan(model, cluster, training, config)  # surfaces the specific reason it cannot work
+    fixed_virtual = args.virtual_stages or config.chunk_layers
     picked = [name for name, value in (("micro_batch_size", args.micro_batch_size),
-                                       ("virtual_stages", args.virtual_stages)) if value is None]
+                                       ("virtual_stages", fixed_virtual)) if not value]
     if picked:
         # The split flags hold with one chunk per stage too (then the first and last stage hold one layer fewer).
         virtual = [1, *virtual_stage_choices(model, config)] if any(config.account_for) else None

@@ -143,6 +143,9 @@ def add_split_arguments(parser: argparse.ArgumentParser) -> None:
     for part in ("embedding", "loss"):
         parser.add_argument(f"--account-for-{part}-in-pipeline-split", action="store_const", const=True,
                             help=f"count the {part} as one layer of an even split (its chunk holds one layer fewer)")
+    parser.add_argument("--pipeline-model-parallel-layout", metavar="LAYOUT",
+                        help="the layers of every chunk, as Megatron-LM spells it (e.g. \"Et*3|t*4|t*4|t*3L\"); "
+                             "fixes the virtual stages")
 
 
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:

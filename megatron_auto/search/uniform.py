@@ -44,6 +44,9 @@ class UniformConfig:
     """--account-for-embedding/loss-in-pipeline-split: the embedding and the loss each count as one layer of
     an even split (stage_layers None), so the first and the last chunk hold one layer fewer; interleaved
     chunks then stay equal where the decoder layers alone do not divide (e.g. 94 layers over 8 stages)."""
+    chunk_layers: Optional[tuple[int, ...]] = None
+    """--pipeline-model-parallel-layout: decoder layers of every chunk, in chunk order (pp x virtual_stages of
+    them); None: the split of stage_layers and account_for."""
     expert_parallel: int = 1
     """--expert-model-parallel-size: EP degree of every MoE layer."""
     expert_tensor_parallel: Optional[int] = None
@@ -119,6 +122,10 @@ def config_stage_layers(num_layers: int, config: UniformConfig) -> Optional[tupl
 def chunk_sizes(num_layers: int, config: UniformConfig) -> Optional[tuple[int, ...]]:
     """Decoder layers per model chunk in Megatron's chunk order (chunk c on stage c % pp); None where
     Megatron cannot build `config`'s split: unequal stages with virtual stages, or a chunk without layers."""
+    if config.chunk_layers is not None:
+        given = config.chunk_layers
+        fits = len(given) == config.pp * config.virtual_stages and sum(given) == num_layers and min(given) >= 1
+        return given if fits else None
     stages, v = config_stage_layers(num_layers, config), config.virtual_stages
     if stages is None or len(stages) != config.pp or sum(stages) != num_layers or min(stages) < 1:
         return None
@@ -137,6 +144,8 @@ def virtual_stage_choices(model: ModelSpec, config: UniformConfig) -> list[int]:
     """The chunk counts per stage Megatron builds for `config`'s split: every v of an even split (1 when the
     stages differ); with the embedding or loss counted, only v > 1 (v = 1 is a first/last-stage split), and
     none where the counted layers do not split."""
+    if config.chunk_layers is not None:
+        return [len(config.chunk_layers) // config.pp]
     stages = config_stage_layers(model.num_layers, config)
     if any(config.account_for):
         if config.pp < 2 or stages is None:

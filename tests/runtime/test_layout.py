@@ -129,7 +129,7 @@ def test_chunks_beyond_megatrons_split_flags_are_written_as_a_pipeline_layout():
     (dict(pipeline_layout="Et|tL", first_stage_layers=1, account_for_loss=True),
      "cannot go with --decoder-first-pipeline-num-layers, --account-for-loss-in-pipeline-split"),
     (dict(pipeline_layout="Et*4|L"), "chunk 1 holds no decoder layer"),
-    (dict(pipeline_layout="Et|t|tt|tL"), "places 5 decoder layers; --num-layers is 4"),
+    (dict(pipeline_layout="Et|t|tt|tL"), "places 5 decoder layers; the model has 4"),
     (dict(pipeline_layout="Et|t|tL"), "3 chunks do not divide over 2 pipeline stages"),
     (dict(pipeline_layout="tE|ttL"), "must start with the embedding E and end with the loss L"),
     (dict(pipeline_layout="Ett|tLt"), "must start with the embedding E and end with the loss L"),
