@@ -5,12 +5,13 @@ Pure string building: the command line prints these, the library never does.
 from __future__ import annotations
 
 from dataclasses import fields
+from typing import Optional
 
 from .errors import UserError
 from .megatron_flags import expert_degrees, flag_groups, megatron_flags
 from .plan import Chunk, LayerStrategy, Plan, Prediction
 
-__all__ = ["plan_table", "strategy_runs", "stage_lines", "prediction_lines"]
+__all__ = ["plan_table", "strategy_runs", "stage_lines", "prediction_lines", "comparison_lines"]
 
 
 def strategy_runs(strategies: tuple[LayerStrategy, ...], first_layer: int) -> list[tuple[int, int, LayerStrategy]]:
@@ -174,3 +175,21 @@ def plan_table(plan: Plan) -> str:
         sections.append(prediction_lines(plan.prediction, plan.recomputes_selectively))
     sections.append(_flag_lines(plan))
     return "\n\n".join("\n".join(section) for section in sections) + "\n"
+
+
+def comparison_lines(plan: Plan, own: Optional[Plan], own_problem: Optional[str]) -> list[str]:
+    """The launch line's own flags against the plan, both predicted on the same cluster and job: what
+    --auto-parallel-dry-run prints under the plan."""
+    lines = ["the launch line's own parallelism flags"]
+    if own is None or own.prediction is None:
+        return lines + [f"  not a layout here: {own_problem}"]
+    ours, theirs = plan.prediction, own.prediction
+    fits = "fits" if theirs.fits else "does not fit"
+    lines.append(f"  iteration time      {theirs.iteration_time_s:.3f} s ({fits}, "
+                 f"{theirs.peak_memory_gib:.2f} GiB allocated at the peak)")
+    lines.append(f"  TFLOP/s per GPU     {_number(theirs.tflops_per_gpu)}")
+    if ours is not None and theirs.fits and ours.fits:
+        lines.append(f"  the plan is predicted {theirs.iteration_time_s / ours.iteration_time_s:.3f}x as fast")
+    elif ours is not None and ours.fits:
+        lines.append("  the plan fits where these flags do not")
+    return lines

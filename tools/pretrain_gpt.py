@@ -67,6 +67,7 @@ from typing import Optional
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from megatron_auto.cli.job import CPU_CLUSTER_PRESET  # noqa: E402
 from megatron_auto.cli.parser import margin_fraction  # noqa: E402
 from megatron_auto.errors import UserError  # noqa: E402
 from megatron_auto.kernels import (ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMULATION_FUSIONS,  # noqa: E402
@@ -297,6 +298,11 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--auto-parallel", action="store_true", help="let the planner choose the parallelism")
     group.add_argument("--auto-parallel-cluster", help="cluster preset or JSON (default: detected)")
     group.add_argument("--auto-parallel-plan", help="run this plan file (megatron or hybrid space)")
+    group.add_argument("--auto-parallel-dry-run", action="store_true",
+                       help="print the plan, its prediction and (with --auto-parallel or a plan file) the line's own "
+                            "parallelism flags priced alike, then exit: no process group, no data, no training. "
+                            "The world size is WORLD_SIZE's; on a machine without the job's GPUs, name the cluster "
+                            "with --auto-parallel-cluster")
     group.add_argument("--auto-parallel-profile", nargs="+", metavar="FILE", default=[],
                        help="cluster and/or model profile JSON (megatron-auto profile-cluster / profile-model):"
                             " the search prices plans from these measurements")
@@ -721,7 +727,9 @@ def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_si
     from megatron_auto.runtime.kernels import transformer_engine_available
 
     global_batch = args.global_batch_size or args.micro_batch_size * world_size
-    on_gpu = torch.cuda.is_available()
+    # A dry run prices the named GPU cluster's kernels, wherever it runs.
+    on_gpu = torch.cuda.is_available() or (args.auto_parallel_dry_run and args.auto_parallel_cluster is not None
+                                           and args.auto_parallel_cluster != CPU_CLUSTER_PRESET)
     common = dict(attention_backend=resolve_attention_backend(settings.attention_backend, on_gpu),
                   optimizer_impl=resolve_optimizer_impl(settings.optimizer_impl, on_gpu),
                   memory_margin=args.auto_parallel_memory_margin,
@@ -829,6 +837,45 @@ def replanner(args: argparse.Namespace, basis, world_size: int):
         constraints, args.auto_parallel_space, args.auto_parallel_profile)
 
 
+def own_flags_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, basis):
+    """The plan of the launch line's own parallelism flags (Megatron-LM's defaults where absent), priced under
+    `basis`; or None and why it is no layout here."""
+    from megatron_auto.cost.estimate import estimate_plan
+
+    flags = manual_flags(args)
+    flags = dataclasses.replace(flags, sequence_parallel=flags.sequence_parallel and flags.tensor_parallel > 1)
+    try:
+        own = plan_from_flags(model, world_size, flags)
+        training = dataclasses.replace(basis.training, global_batch_size=own.global_batch_size)
+        return dataclasses.replace(own, prediction=estimate_plan(own, basis.model, basis.cluster, training)), None
+    except UserError as error:
+        return None, str(error)
+
+
+def dry_run(args: argparse.Namespace, adjustments: list[str], plan, model: ModelSpec, world_size: int,
+            settings: TrainSettings) -> None:
+    """--auto-parallel-dry-run: the plan and its prediction on stdout, and under --auto-parallel (or a plan file)
+    the line's own flags priced on the same cluster; rank 0 only."""
+    from megatron_auto.cost.estimate import estimate_plan
+    from megatron_auto.report import comparison_lines, plan_table
+
+    if int(os.environ.get("RANK", "0")) != 0:
+        return
+    for line in adjustments:
+        logger.warning("%s", line)
+    basis = plan_basis(args, plan, model, world_size, settings)
+    if basis is None:
+        raise UserError("--auto-parallel-dry-run: no cluster preset for this device; name one with "
+                        "--auto-parallel-cluster PRESET|FILE.json")
+    if plan.prediction is None:
+        plan = dataclasses.replace(plan, prediction=estimate_plan(plan, basis.model, basis.cluster, basis.training))
+    text = plan_table(plan)
+    if args.auto_parallel or args.auto_parallel_plan:
+        text += "\n" + "\n".join(comparison_lines(plan, *own_flags_plan(args, model, world_size, basis))) + "\n"
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
 def precision_summary(settings: TrainSettings) -> str:
     """One log line naming the precision (and the loss scaling of fp16)."""
     if settings.precision == "fp32":
@@ -910,6 +957,8 @@ def run(args: argparse.Namespace) -> None:
     plan = choose_plan(args, model, world_size, settings)
     settings = with_plan_recompute_modules(args, settings, plan)
     check_plan_runs(plan, settings, model)
+    if args.auto_parallel_dry_run:
+        return dry_run(args, adjustments, plan, model, world_size, settings)
     info = distributed.init_distributed(settings.timeout_s)
     try:
         checkpoint.check_paths(settings.save, settings.load, settings.non_persistent_save_dir)

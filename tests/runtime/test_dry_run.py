@@ -1,0 +1,77 @@
+"""tools/pretrain_gpt.py --auto-parallel-dry-run: a launch line's plan and prediction, without a run."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from launcher import load_pretrain_gpt
+from megatron_auto.cli.main import main as megatron_auto
+
+pretrain_gpt = load_pretrain_gpt("pretrain_gpt_dry_run")
+# A Llama-3 8B launch line (bf16, TP4 x PP2, distributed optimizer) on 64 H100s, asked from a machine without them.
+LINE = ["--num-layers", "32", "--hidden-size", "4096", "--ffn-hidden-size", "14336", "--num-attention-heads", "32",
+        "--group-query-attention", "--num-query-groups", "8", "--seq-length", "8192",
+        "--max-position-embeddings", "8192", "--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear",
+        "--position-embedding-type", "rope", "--untie-embeddings-and-output-weights", "--mock-data",
+        "--tokenizer-type", "NullTokenizer", "--vocab-size", "128256", "--micro-batch-size", "1",
+        "--global-batch-size", "128", "--lr", "3e-4", "--train-iters", "10", "--bf16", "--use-distributed-optimizer",
+        "--tensor-model-parallel-size", "4", "--pipeline-model-parallel-size", "2",
+        "--auto-parallel-cluster", "dgx-h100-80gb", "--auto-parallel-dry-run"]
+
+
+def dry_run(monkeypatch, capsys, *extra: str) -> str:
+    import torch
+
+    monkeypatch.setenv("WORLD_SIZE", "64")
+    monkeypatch.delenv("RANK", raising=False)
+    assert pretrain_gpt.main(LINE + list(extra)) == 0
+    assert not torch.distributed.is_initialized()  # no process group, no model, no data
+    return capsys.readouterr().out
+
+
+def iteration_times(text: str) -> list[float]:
+    return [float(x) for x in re.findall(r"  iteration time +(\S+) s", text)]
+
+
+def test_the_line_is_priced_as_megatron_auto_estimate_prices_the_same_flags(monkeypatch, capsys, tmp_path):
+    printed = dry_run(monkeypatch, capsys)
+    assert "kernels priced      flash attention, fused optimizer" in printed  # the H100s' kernels, not this CPU's
+    assert "the launch line's own" not in printed  # without --auto-parallel the line's flags are the plan
+    model = {"num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 14336, "num_attention_heads": 32,
+             "num_query_groups": 8, "seq_length": 8192, "vocab_size": 128256, "swiglu": True,
+             "normalization": "RMSNorm", "add_bias_linear": False, "position_embedding_type": "rope",
+             "untie_embeddings_and_output_weights": True}
+    (tmp_path / "llama.json").write_text(json.dumps(model))
+    assert megatron_auto(["estimate", "--model", str(tmp_path / "llama.json"), "--cluster", "dgx-h100-80gb",
+                          "--num-nodes", "8", "--global-batch-size", "128", "--precision", "bf16",
+                          "--transformer-impl", "local", "--tp", "4", "--pp", "2", "--micro-batch-size", "1",
+                          "--virtual-stages", "1", "--distributed-optimizer", "--json"]) == 0
+    estimated = json.loads(capsys.readouterr().out)
+    assert iteration_times(printed) == [round(estimated["iteration_time_s"], 3)]
+
+
+def test_under_auto_parallel_the_plan_is_set_against_the_lines_own_flags(monkeypatch, capsys):
+    printed = dry_run(monkeypatch, capsys, "--auto-parallel")
+    planned, own = iteration_times(printed)
+    ratio = float(re.search(r"the plan is predicted (\S+)x as fast", printed).group(1))
+    # The search holds the line's TP and PP as constraints and may only do better than the line's own flags.
+    assert own == iteration_times(dry_run(monkeypatch, capsys))[0]
+    assert planned <= own and ratio == pytest.approx(own / planned, rel=2e-3)
+    assert "--tensor-model-parallel-size 4" in printed and "--pipeline-model-parallel-size 2" in printed
+
+
+def test_flags_that_form_no_layout_are_said_beside_the_plan(monkeypatch, capsys):
+    # Under --auto-parallel the split flags give way to the planner's split (a warning); the line's own do not split.
+    printed = dry_run(monkeypatch, capsys, "--auto-parallel", "--account-for-embedding-in-pipeline-split")
+    assert ("not a layout here: 32 layers and 1 counted for the embedding/loss do not split evenly over 2 pipeline "
+            "stages") in printed
+    assert len(iteration_times(printed)) == 1
+
+
+def test_other_ranks_print_nothing(monkeypatch, capsys):
+    monkeypatch.setenv("WORLD_SIZE", "64")
+    monkeypatch.setenv("RANK", "3")
+    assert pretrain_gpt.main(LINE) == 0
+    assert capsys.readouterr().out == ""
