@@ -867,7 +867,7 @@ def dry_run(args: argparse.Namespace, adjustments: list[str], plan, model: Model
     if basis is None:
         raise UserError("--auto-parallel-dry-run: no cluster preset for this device; name one with "
                         "--auto-parallel-cluster PRESET|FILE.json")
-    if plan.prediction is None:
+    if plan.prediction is None or args.auto_parallel_plan:  # a plan file's prediction was priced elsewhere
         plan = dataclasses.replace(plan, prediction=estimate_plan(plan, basis.model, basis.cluster, basis.training))
     text = plan_table(plan)
     if args.auto_parallel or args.auto_parallel_plan:

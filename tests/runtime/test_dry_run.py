@@ -75,3 +75,20 @@ def test_other_ranks_print_nothing(monkeypatch, capsys):
     monkeypatch.setenv("RANK", "3")
     assert pretrain_gpt.main(LINE) == 0
     assert capsys.readouterr().out == ""
+
+
+def test_a_plan_file_is_priced_and_set_against_the_lines_own_flags(monkeypatch, capsys, tmp_path):
+    model = {"num_layers": 32, "hidden_size": 4096, "ffn_hidden_size": 14336, "num_attention_heads": 32,
+             "num_query_groups": 8, "seq_length": 8192, "vocab_size": 128256, "swiglu": True,
+             "normalization": "RMSNorm", "add_bias_linear": False, "position_embedding_type": "rope",
+             "untie_embeddings_and_output_weights": True}
+    (tmp_path / "llama.json").write_text(json.dumps(model))
+    plan = tmp_path / "tp8.json"
+    assert megatron_auto(["estimate", "--model", str(tmp_path / "llama.json"), "--cluster", "dgx-h100-80gb",
+                          "--num-nodes", "8", "--global-batch-size", "128", "--precision", "bf16", "--tp", "8",
+                          "--pp", "1", "--micro-batch-size", "1", "--out", str(plan)]) == 0
+    capsys.readouterr()
+    printed = dry_run(monkeypatch, capsys, "--auto-parallel-plan", str(plan))
+    assert "--tensor-model-parallel-size 8" in printed and "the launch line's own parallelism flags" in printed
+    planned, own = iteration_times(printed)
+    assert own == iteration_times(dry_run(monkeypatch, capsys))[0] and planned != own
