@@ -12,8 +12,9 @@ hybrid plan's starting weights), "settings" (TrainSettings fields, e.g. precisio
 has something to learn), "drop_grad_sync" (a broken run: DDP's gradient reduction skipped), "fp32_only" (no
 bf16 twin; read by the test)}.
 The last rank writes {name: {"iterations", "losses", "grad_norms", "loss_scales", "skipped",
-"param_dtypes", "moe_losses", "router_gap"} or {"error"}} to RESULTS.json; router_gap is the smallest
-margin, over every token routed on this rank, between the k-th and (k+1)-th router logit (MoE models).
+"param_dtypes", "moe_losses", "router_gap"} or {"error"}, and "seconds" the case took} to RESULTS.json;
+router_gap is the smallest margin, over every token routed on this rank, between the k-th and (k+1)-th
+router logit (MoE models).
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ import dataclasses
 import json
 import logging
 import sys
+import time
 
 import patches
 
@@ -126,12 +128,14 @@ def main() -> None:
     info = distributed.init_distributed(SETTINGS.timeout_s)
     results = {}
     for case in cases:
+        started = time.monotonic()
         try:
             results[case["name"]] = run_case(case, info)
         except Exception as error:  # reported per case; the test decides whether it was expected
             if not case.get("expect_error"):
                 raise
             results[case["name"]] = {"error": f"{type(error).__name__}: {error}"}
+        results[case["name"]]["seconds"] = time.monotonic() - started
     if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
         json.dump(results, open(sys.argv[2], "w"), indent=1)
     distributed.shutdown()
