@@ -2,8 +2,8 @@
 
 Each script is run by bash as a user would, with a `torchrun` shim on PATH that records the
 command line; the recorded lines then run on 4 gloo ranks as they are, and again with their
-parallel sizes removed and `--auto-parallel` added. All runs share one launch
-(launch_lines_worker.py), so torch and megatron-core are imported once per rank.
+parallel sizes removed and `--auto-parallel` added (all but llama3_8b_fsdp.sh: AUTO_SCRIPTS). All
+runs share one launch (launch_lines_worker.py), so torch and megatron-core are imported once per rank.
 """
 from __future__ import annotations
 
