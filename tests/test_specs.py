@@ -19,7 +19,8 @@ PUBLISHED_BILLIONS = {
     "gpt3-76.1b": 76.1, "gpt3-145.6b": 145.6, "gpt3-175b": 174.6, "gpt3-310b": 310.1,
     "gpt3-530b": 529.6, "gpt3-1t": 1008.0,
 }
-LLAMA_BILLIONS = {"llama2-7b": 6.738, "llama2-13b": 13.016, "llama2-70b": 68.977, "llama3-8b": 8.030}
+LLAMA_BILLIONS = {"llama2-7b": 6.738, "llama2-13b": 13.016, "llama2-70b": 68.977, "llama3-8b": 8.030,
+                 "llama3-70b": 70.554, "llama3.1-405b": 405.853}
 
 
 @pytest.mark.parametrize("name, billions", PUBLISHED_BILLIONS.items())
@@ -73,6 +74,8 @@ def test_llama_presets_match_the_published_parameter_counts():
     assert MODEL_PRESETS["llama2-70b"].num_parameters == 68_976_648_192
     assert MODEL_PRESETS["llama3-8b"].num_parameters == 8_030_261_248
     assert MODEL_PRESETS["llama3-8b"].rotary_base == 500000
+    assert MODEL_PRESETS["llama3-70b"].num_parameters == 70_553_706_496
+    assert MODEL_PRESETS["llama3.1-405b"].num_parameters == 405_853_388_800
 
 
 def test_untied_head_adds_vocab_times_hidden():

@@ -18,7 +18,10 @@ Semantics kept from DotProductAttention:
   passed boolean mask (True = masked out) is used as given, as Megatron's softmax does;
 - attention dropout on the probabilities, inside the kernel, drawn from the
   tensor-parallel RNG tracker's fork unless sequence parallelism is on;
-- grouped-query attention: key/value groups shared by np/ng query heads.
+- grouped-query attention: key/value groups shared by np/ng query heads;
+- context parallelism (config.context_parallel_size > 1, causal mask only): the keys and values are
+  all-gathered over the CP group (runtime/context_parallel.py), whatever cp_comm_type asks, since the
+  communication patterns Megatron offers all compute the same attention.
 """
 from __future__ import annotations
 
@@ -35,6 +38,8 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import divide
 
+from .context_parallel import context_parallel_attention
+
 
 def megatron_softmax_scale(config: TransformerConfig, head_width: int, layer_number: int,
                            softmax_scale: Optional[float]) -> tuple[float, float]:
@@ -46,8 +51,10 @@ def megatron_softmax_scale(config: TransformerConfig, head_width: int, layer_num
 
 def check_supported(config: TransformerConfig) -> None:
     """ValueError for configurations this core does not run (DotProductAttention or TE does)."""
-    if config.context_parallel_size != 1:
-        raise ValueError("SDPA core attention does not run context parallelism (Transformer Engine does)")
+    if config.context_parallel_size > 1 and config.cp_comm_type not in (None, "p2p", "all_gather", "a2a"):
+        raise ValueError(f"SDPA core attention runs context parallelism one way (all-gathered keys and values), "
+                         f"which computes what cp_comm_type {config.cp_comm_type!r} asks only for p2p, all_gather "
+                         "or a2a")
     if config.softmax_type != "vanilla":
         raise ValueError(f"SDPA core attention runs the vanilla softmax, not {config.softmax_type!r}")
     if config.window_size is not None:
@@ -68,9 +75,10 @@ class SDPAttention(MegatronModule):
         self.attn_mask_type = attn_mask_type
         self.attention_type = attention_type
         if pg_collection is None:
-            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp"])
+            pg_collection = ProcessGroupCollection.use_mpu_process_groups(required_pgs=["tp", "cp"])
         self.pg_collection = pg_collection
         self.tp_group = pg_collection.tp
+        self.cp_group = getattr(pg_collection, "cp", None) if config.context_parallel_size > 1 else None
         tp = pg_collection.tp.size()
         projection_size = config.kv_channels * config.num_attention_heads
         self.hidden_size_per_partition = divide(projection_size, tp)
@@ -100,6 +108,12 @@ class SDPAttention(MegatronModule):
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal, scale=self.kernel_scale,
             enable_gqa=k.size(1) != q.size(1))
 
+    def _core(self, q: Tensor, k: Tensor, v: Tensor, mask: Optional[Tensor], causal: bool) -> Tensor:
+        """One kernel over the whole sequence, or the context-parallel split of it (runtime/context_parallel.py)."""
+        if self.cp_group is not None:
+            return context_parallel_attention(q, k, v, self.cp_group, self._attend)
+        return self._attend(q, k, v, mask, causal)
+
     def forward(self, query: Tensor, key: Tensor, value: Tensor, attention_mask: Optional[Tensor],
                 attn_mask_type: Optional[AttnMaskType] = None, attention_bias: Optional[Tensor] = None,
                 packed_seq_params=None) -> Tensor:
@@ -107,13 +121,19 @@ class SDPAttention(MegatronModule):
         if packed_seq_params is not None or attention_bias is not None:
             raise ValueError("SDPA core attention takes no packed sequences or attention bias")
         sq, batch = query.size(0), query.size(1)
-        mask, causal = self._mask(attention_mask, attn_mask_type or self.attn_mask_type, sq, key.size(0))
+        mask_type = attn_mask_type or self.attn_mask_type
         # [s, b, n, hn] -> [b, n, s, hn]: SDPA's layout (a strided view; the kernels take it).
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))
+        if self.cp_group is not None:
+            if attention_mask is not None or mask_type != AttnMaskType.causal:
+                raise ValueError("context parallelism runs the causal mask only (no attention mask passed)")
+            mask, causal = None, True
+        else:
+            mask, causal = self._mask(attention_mask, mask_type, sq, key.size(0))
         if self.training and self.dropout_p > 0 and not self.config.sequence_parallel:
             with tensor_parallel.get_cuda_rng_tracker().fork():
-                context = self._attend(q, k, v, mask, causal)
+                context = self._core(q, k, v, mask, causal)
         else:
-            context = self._attend(q, k, v, mask, causal)
+            context = self._core(q, k, v, mask, causal)
         # [b, np, sq, hn] -> [sq, b, np * hn]
         return context.permute(2, 0, 1, 3).reshape(sq, batch, -1)

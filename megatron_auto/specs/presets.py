@@ -2,7 +2,9 @@
 
 GPT-3 shapes: Narayanan et al. SC21, Table 1 (s=2048, V=51200, 4h MLP, GeLU, tied
 embeddings). LLaMA shapes: Touvron et al. 2023 (LLaMA 2) and Meta's LLaMA 3
-model card (SwiGLU, GQA, untied head). MoE shapes: see _moe_presets. Hardware figures:
+model card (SwiGLU, GQA, untied head); LLaMA 3.1 405B: Dubey et al. 2024 (arXiv 2407.21783)
+Table 3 (126 layers, h 16384, 128 heads, 8 KV heads, FFN 53248, vocabulary 128,000 (128,256 in its
+config.json), rotary base 500,000), pre-trained at sequence length 8192. MoE shapes: see _moe_presets. Hardware figures:
 shared/reference/hardware.md.
 """
 from __future__ import annotations
@@ -33,6 +35,8 @@ _LLAMA_SHAPES = {
     "llama2-13b": (40, 5120, 40, 40, 13824, 4096, 32000, 10000),
     "llama2-70b": (80, 8192, 64, 8, 28672, 4096, 32000, 10000),
     "llama3-8b": (32, 4096, 32, 8, 14336, 8192, 128256, 500000),
+    "llama3-70b": (80, 8192, 64, 8, 28672, 8192, 128256, 500000),
+    "llama3.1-405b": (126, 16384, 128, 8, 53248, 8192, 128256, 500000),
 }
 # LLaMA's architecture: SwiGLU, RMSNorm, no linear biases, rotary positions, untied head.
 _LLAMA_ARCHITECTURE = dict(swiglu=True, normalization="RMSNorm", add_bias_linear=False,

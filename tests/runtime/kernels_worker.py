@@ -9,6 +9,7 @@ case gathers over the TP group).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import sys
@@ -89,6 +90,43 @@ def run_core(case: dict) -> dict:
     (ref, ref_grads), (got, got_grads) = results
     return {"output": relative_error(got, ref), "shape_ok": list(got.shape) == list(ref.shape),
             "grads": [relative_error(g, r) for g, r in zip(got_grads, ref_grads)]}
+
+
+def run_cp_core(case: dict) -> dict:
+    """SDPA core with the world as its context-parallel group, each rank holding its two chunks of the
+    sequence, against Megatron's unfused attention over the whole sequence: the errors of this rank's
+    chunks of the output and of the q, k, v gradients, the largest over the ranks."""
+    from megatron.core import parallel_state
+    from megatron.core.transformer.dot_product_attention import DotProductAttention
+    from megatron.core.transformer.enums import AttnMaskType
+
+    from megatron_auto.runtime.attention import SDPAttention
+    from megatron_auto.runtime.context_parallel import chunks_of_rank
+
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(context_parallel_size=world)
+    kinds = dict(layer_number=case.get("layer_number", 1), attn_mask_type=AttnMaskType.causal, attention_type="self")
+    whole = DotProductAttention(config=make_config(case, tensor_model_parallel_size=1), **kinds)
+    split = SDPAttention(config=make_config(case, tensor_model_parallel_size=1, context_parallel_size=world),
+                         **kinds, softmax_scale=case.get("softmax_scale"))
+    torch.manual_seed(11)  # the same whole sequence on every rank
+    groups, width = case.get("groups", HEADS), HIDDEN // HEADS
+    inputs = [torch.randn(SEQ, BATCH, n, width) for n in (HEADS, groups, groups)]
+    grad_out = torch.randn(SEQ, BATCH, HEADS * width)
+    mine = functools.partial(chunks_of_rank, cp_rank=rank, cp_size=world)
+    results = []
+    for core, tensors, grad in ((whole, inputs, grad_out), (split, [mine(t) for t in inputs], mine(grad_out))):
+        leaves = [t.clone().requires_grad_() for t in tensors]
+        out = core(*leaves, None)
+        out.backward(grad)
+        results.append((out.detach(), [leaf.grad for leaf in leaves]))
+    (ref, ref_grads), (got, got_grads) = results
+    errors = torch.tensor([relative_error(got, mine(ref))] + [relative_error(g, mine(r))
+                                                              for g, r in zip(got_grads, ref_grads)])
+    torch.distributed.all_reduce(errors, op=torch.distributed.ReduceOp.MAX)
+    return {"output": float(errors[0]), "grads": errors[1:].tolist(), "shape_ok": got.shape[0] == SEQ // world,
+            "cp_size": parallel_state.get_context_parallel_world_size()}
 
 
 def _layers(case: dict, fused: bool):
@@ -234,7 +272,7 @@ def run_optimizer(case: dict) -> dict:
     return result
 
 
-RUNNERS = {"core": run_core, "layer": run_layer, "dropout": run_dropout, "optimizer": run_optimizer}
+RUNNERS = {"core": run_core, "cp_core": run_cp_core, "layer": run_layer, "dropout": run_dropout, "optimizer": run_optimizer}
 
 if __name__ == "__main__":
     main()

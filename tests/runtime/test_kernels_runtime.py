@@ -183,7 +183,11 @@ ONE_RANK_CASES = KERNEL_CASES + [
      "groups": 2},
     {"name": "optimizer_dp1", "kind": "optimizer", "flags": {"global_batch_size": 4, "micro_batch_size": 1}},
 ]
-TWO_RANK_CASES = KERNEL_CASES + [
+CP_CASES = [
+    {"name": "cp_core_causal", "kind": "cp_core"},
+    {"name": "cp_core_gqa_layer_scaling", "kind": "cp_core", "groups": 2, "layer_scaling": True, "layer_number": 3},
+]
+TWO_RANK_CASES = KERNEL_CASES + CP_CASES + [
     {"name": "optimizer_tp2", "kind": "optimizer",
      "flags": {"global_batch_size": 4, "micro_batch_size": 1, "tensor_parallel": 2}},
     {"name": "optimizer_distopt_dp2", "kind": "optimizer",
@@ -205,6 +209,40 @@ def test_sdpa_core_matches_megatron_values_and_gradients(kernel_results, world, 
     assert result["shape_ok"]
     assert result["output"] < FP32_RTOL
     assert max(result["grads"]) < FP32_RTOL  # d/dq, d/dk, d/dv
+
+
+@pytest.mark.parametrize("cp", [1, 2, 3, 4, 8])
+def test_context_parallel_chunks_are_megatrons_and_gather_back_in_order(cp):
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
+    from megatron_auto.runtime import context_parallel
+
+    sequence = torch.arange(2 * cp * 3).view(1, -1)  # [batch, seq] as Megatron's batch
+    mine = [context_parallel.chunks_of_rank(sequence, r, cp, seq_dim=1) for r in range(cp)]
+    for rank, chunks in enumerate(mine):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr("megatron.core.parallel_state.get_context_parallel_world_size", lambda: cp)
+            patch.setattr("megatron.core.parallel_state.get_context_parallel_rank", lambda: rank)
+            assert torch.equal(get_batch_on_this_cp_rank({"tokens": sequence})["tokens"], chunks)
+    gathered = torch.cat(mine, dim=1).view(2 * cp, 3)
+    assert torch.equal(gathered[context_parallel.sequence_order(cp)].view(1, -1), sequence)
+
+
+def test_causal_offset_mask_lets_each_query_see_keys_up_to_its_position():
+    from megatron_auto.runtime.context_parallel import causal_offset_mask
+
+    mask = causal_offset_mask(2, 6, 4, torch.device("cpu"))  # queries at positions 4 and 5
+    assert mask.tolist() == [[True] * 5 + [False], [True] * 6]
+
+
+@pytest.mark.parametrize("name", [case["name"] for case in CP_CASES])
+def test_context_parallel_sdpa_matches_whole_sequence_attention(kernel_results, name):
+    # Each of 2 ranks holds chunks r and 3-r of 4; the CP group all-gathers K and V. Same fp32 bound as the
+    # single-device cores: only the order of the sums differs.
+    result = kernel_results[2][name]
+    assert result["cp_size"] == 2 and result["shape_ok"]
+    assert result["output"] < FP32_RTOL
+    assert max(result["grads"]) < FP32_RTOL  # d/dq, d/dk, d/dv of this rank's chunks
 
 
 @pytest.mark.parametrize("world", [1, 2])
