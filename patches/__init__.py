@@ -49,6 +49,7 @@ PATCH_MODULES = (
     "moe_aux_loss_avg_gloo",
     "moe_per_token_aux_loss_tp",
     "checkpoint_without_output_te",
+    "rope_cp_rank_cpu",
 )
 
 __all__ = ["PATCH_MODULES", "PatchTargetChanged", "apply_all", "check_all", "patch_modules"]

@@ -129,6 +129,54 @@ def run_cp_core(case: dict) -> dict:
             "cp_size": parallel_state.get_context_parallel_world_size()}
 
 
+VOCAB = 96
+
+
+def _gpt_on_sdpa(case: dict, world: int):
+    """A 2-layer GPT on the local spec with SDPA core attention, context-parallel over the world; its weights
+    are drawn on the CPU from one seed, so they are the same whatever the world."""
+    from megatron.core import parallel_state, tensor_parallel
+    from megatron.core.models.gpt import GPTModel
+
+    from megatron_auto.runtime.kernels import RunKernels, layer_spec
+
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(context_parallel_size=world)
+    tensor_parallel.model_parallel_cuda_manual_seed(1234)
+    torch.manual_seed(1234)
+    config = make_config(case, num_layers=2, tensor_model_parallel_size=1, context_parallel_size=world)
+    kernels = RunKernels(layer_spec="local", attention="flash", attention_request="flash",
+                         bias_activation_fusion=False, bias_dropout_fusion=False, optimizer_impl="foreach")
+    normalization = "RMSNorm" if case.get("swiglu") else "LayerNorm"
+    spec_layer = uniform_model("cp", 2, HIDDEN, HEADS, SEQ, VOCAB, normalization=normalization).layers[0]
+    return GPTModel(config=config, transformer_layer_spec=layer_spec(spec_layer, kernels), vocab_size=VOCAB,
+                    max_sequence_length=SEQ, position_embedding_type=case["position"])
+
+
+def run_cp_model(case: dict) -> dict:
+    """One forward and backward of a whole GPT with each rank holding its two chunks of every sequence (the
+    world is the CP group): the mean token loss and the gradient, summed over the ranks, as digests that a
+    one-rank run of the same case must reproduce (per-parameter norms and random projections)."""
+    from megatron_auto.runtime.context_parallel import chunks_of_rank
+
+    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+    model = _gpt_on_sdpa(case, world)
+    generator = torch.Generator().manual_seed(7)
+    tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=generator)
+    batch = {"tokens": tokens[:, :-1], "labels": tokens[:, 1:], "position_ids": torch.arange(SEQ).expand(BATCH, -1)}
+    mine = {key: chunks_of_rank(value, rank, world, seq_dim=1) for key, value in batch.items()}
+    token_losses = model(mine["tokens"], mine["position_ids"], None, labels=mine["labels"])
+    loss = token_losses.float().sum() / (BATCH * SEQ)
+    loss.backward()
+    grads = [p.grad.flatten() for p in model.parameters()]
+    flat = torch.cat(grads + [loss.detach().view(1)])
+    torch.distributed.all_reduce(flat)
+    norms = [float(g.norm()) for g in flat[:-1].split([g.numel() for g in grads])]
+    directions = torch.randn(4, flat.numel() - 1, generator=generator)
+    return {"loss": float(flat[-1]), "param_grad_norms": norms, "projections": (directions @ flat[:-1]).tolist(),
+            "tokens_per_rank": int(mine["tokens"].numel())}
+
+
 def _layers(case: dict, fused: bool):
     """(reference layer, layer under test) with the same weights."""
     from megatron.core.models.gpt import gpt_layer_specs
@@ -272,7 +320,7 @@ def run_optimizer(case: dict) -> dict:
     return result
 
 
-RUNNERS = {"core": run_core, "cp_core": run_cp_core, "layer": run_layer, "dropout": run_dropout, "optimizer": run_optimizer}
+RUNNERS = {"core": run_core, "cp_core": run_cp_core, "cp_model": run_cp_model, "layer": run_layer, "dropout": run_dropout, "optimizer": run_optimizer}
 
 if __name__ == "__main__":
     main()

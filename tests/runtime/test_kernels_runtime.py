@@ -187,7 +187,12 @@ CP_CASES = [
     {"name": "cp_core_causal", "kind": "cp_core"},
     {"name": "cp_core_gqa_layer_scaling", "kind": "cp_core", "groups": 2, "layer_scaling": True, "layer_number": 3},
 ]
-TWO_RANK_CASES = KERNEL_CASES + CP_CASES + [
+CP_MODEL_CASES = [
+    {"name": "cp_model_learned_positions", "kind": "cp_model", "position": "learned_absolute"},
+    {"name": "cp_model_rope_llama", "kind": "cp_model", "position": "rope", "swiglu": True, "groups": 2},
+]
+ONE_RANK_CASES += CP_MODEL_CASES
+TWO_RANK_CASES = KERNEL_CASES + CP_CASES + CP_MODEL_CASES + [
     {"name": "optimizer_tp2", "kind": "optimizer",
      "flags": {"global_batch_size": 4, "micro_batch_size": 1, "tensor_parallel": 2}},
     {"name": "optimizer_distopt_dp2", "kind": "optimizer",
@@ -243,6 +248,22 @@ def test_context_parallel_sdpa_matches_whole_sequence_attention(kernel_results, 
     assert result["cp_size"] == 2 and result["shape_ok"]
     assert result["output"] < FP32_RTOL
     assert max(result["grads"]) < FP32_RTOL  # d/dq, d/dk, d/dv of this rank's chunks
+
+
+@pytest.mark.parametrize("name", [case["name"] for case in CP_MODEL_CASES])
+def test_context_parallel_gpt_matches_the_one_rank_model(kernel_results, name):
+    # Two ranks each run half of every sequence (chunks r and 3-r of 4) through the same weights; the summed
+    # loss and gradients are the one-rank run's up to the order of fp32 sums (FP32_RTOL, as above). RoPE
+    # positions come from Megatron's per-rank selection (patches/rope_cp_rank_cpu.py on the CPU).
+    one, two = kernel_results[1][name], kernel_results[2][name]
+    assert two["tokens_per_rank"] * 2 == one["tokens_per_rank"]
+    assert two["loss"] == pytest.approx(one["loss"], rel=FP32_RTOL)
+    assert two["param_grad_norms"] == pytest.approx(one["param_grad_norms"], rel=FP32_RTOL)
+    # A projection sums ~1e5 gradient entries times N(0, 1) weights: rounding of a few 1e-7 per entry adds up
+    # to ~1e-6 of the largest projection (2e-6 measured); 1e-4 of it leaves 50x margin, and a wrong position
+    # on one rank moved them by 1e-2.
+    scale = max(abs(p) for p in one["projections"])
+    assert max(abs(a - b) for a, b in zip(two["projections"], one["projections"])) < FP32_RTOL * scale * 10
 
 
 @pytest.mark.parametrize("world", [1, 2])

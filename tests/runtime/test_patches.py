@@ -353,3 +353,16 @@ def test_checkpoint_without_output_leaves_fp8_to_transformer_engine(monkeypatch)
     monkeypatch.setattr(tp_random, "HAVE_TE", True)
     assert tp_random.CheckpointWithoutOutput().fp8 is True
 
+
+
+@pytest.mark.parametrize("cp", [2, 4])
+def test_rotary_positions_of_a_context_parallel_rank_are_its_chunks(cp):
+    from megatron.core.models.common.embeddings import rotary_pos_embedding
+
+    from megatron_auto.runtime.context_parallel import chunks_of_rank
+
+    positions = torch.arange(4.0 * cp).view(-1, 1, 1, 1)  # [s, 1, 1, dim] as RotaryEmbedding returns
+    for rank in range(cp):
+        group = SimpleNamespace(size=lambda: cp, rank=lambda rank=rank: rank)
+        kept = rotary_pos_embedding.get_pos_emb_on_this_cp_rank(positions, 0, group)
+        assert torch.equal(kept, chunks_of_rank(positions, rank, cp))
