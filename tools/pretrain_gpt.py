@@ -101,6 +101,8 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--hidden-dropout", type=float, default=0.1)
     group.add_argument("--attention-dropout", type=float, default=0.1)
     group.add_argument("--init-method-std", type=float, default=0.02)
+    group.add_argument("--init-method-xavier-uniform", action="store_true",
+                       help="Xavier-uniform initialisation of the weights (Megatron-LM's flag)")
     group.add_argument("--position-embedding-type", choices=("learned_absolute", "rope", "none"),
                        default="learned_absolute")
     group.add_argument("--use-rotary-position-embeddings", action="store_true",
@@ -667,7 +669,8 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         precision=precision, loss_scale=args.loss_scale, initial_loss_scale=args.initial_loss_scale,
         min_loss_scale=args.min_loss_scale, loss_scale_window=args.loss_scale_window, hysteresis=args.hysteresis,
         hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
-        init_method_std=args.init_method_std, seed=args.seed, norm_epsilon=args.norm_epsilon,
+        init_method_std=args.init_method_std, init_method_xavier_uniform=args.init_method_xavier_uniform,
+        seed=args.seed, norm_epsilon=args.norm_epsilon,
         attention_backend=args.attention_backend, optimizer_impl=args.optimizer_impl,
         recompute_modules=tuple(args.recompute_modules or DEFAULT_RECOMPUTE_MODULES),
         bias_activation_fusion=not (args.no_bias_swiglu_fusion if args.swiglu else args.no_bias_gelu_fusion),

@@ -91,6 +91,19 @@ def layer_fields(layer: LayerSpec) -> dict:
     )
 
 
+def xavier_init(settings: TrainSettings) -> dict:
+    """TransformerConfig's init methods under --init-method-xavier-uniform; {} keeps Megatron's normal ones.
+
+    Megatron-LM's core_transformer_config_from_args sets init_method and `scaled_init_method`, a field
+    TransformerConfig no longer has (0.16 calls it output_layer_init_method, and the unknown keyword stops
+    Megatron-LM's run); this sets both current fields, and the embedding follows init_method
+    (TransformerConfig.__post_init__). Weights are initialised on the CPU before they are split, so each
+    draw sees the whole matrix's fans for any layout."""
+    if not settings.init_method_xavier_uniform:
+        return {}
+    return {"init_method": torch.nn.init.xavier_uniform_, "output_layer_init_method": torch.nn.init.xavier_uniform_}
+
+
 def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: TrainSettings, backend: str):
     """The TransformerConfig of a GPT model under `layout`."""
     from megatron.core.transformer import TransformerConfig
@@ -106,6 +119,7 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
         hidden_dropout=settings.hidden_dropout,
         attention_dropout=settings.attention_dropout,
         init_method_std=settings.init_method_std,
+        **xavier_init(settings),
         tensor_model_parallel_size=layout.tensor_parallel,
         pipeline_model_parallel_size=layout.pipeline_parallel,
         virtual_pipeline_model_parallel_size=layout.virtual_stages if layout.virtual_stages > 1 else None,

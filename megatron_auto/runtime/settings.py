@@ -164,6 +164,9 @@ class TrainSettings:
     attention_dropout: float = 0.1
     init_method_std: float = 0.02
     """Standard deviation of the normal weight initialisation."""
+    init_method_xavier_uniform: bool = False
+    """--init-method-xavier-uniform: every weight that init_method_std would draw is drawn by
+    torch.nn.init.xavier_uniform_ instead, as Megatron-LM sets init_method and scaled_init_method."""
     norm_epsilon: float = 1e-5
     """Epsilon of the LayerNorm / RMSNorm layers (--norm-epsilon)."""
     rotary_percent: float = 1.0

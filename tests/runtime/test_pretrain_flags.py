@@ -275,6 +275,28 @@ def test_run_flags_reach_the_settings_and_megatrons_configs():
     assert tconfig.layernorm_zero_centered_gamma and tconfig.calculate_per_token_loss
 
 
+def test_xavier_uniform_initialisation_reaches_every_init_method_of_the_config():
+    import torch
+
+    from megatron_auto.runtime import config as configs
+    from megatron_auto.runtime.layout import MegatronLayout
+
+    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
+                            num_micro_batches=1, global_batch_size=1)
+    tiny = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+            "--train-iters", "1", "--mock-data"]
+    for flags, xavier in ((tiny, False), (tiny + ["--init-method-xavier-uniform"], True)):
+        args = pretrain_gpt.parse_args(flags)
+        tconfig = configs.transformer_config(pretrain_gpt.model_from_args(args, 128),
+                                             layout, pretrain_gpt.settings_from_args(args, 128), "gloo")
+        weight = torch.empty(256, 64)
+        for init in (tconfig.init_method, tconfig.output_layer_init_method, tconfig.embedding_init_method):
+            init(weight)
+            bound = math.sqrt(6 / (256 + 64))  # xavier_uniform_'s U(-a, a), a = sqrt(6 / (fan_in + fan_out))
+            # 16384 uniform draws reach within 1% of the bound; normal(0, 0.02) stays under 0.1.
+            assert bool(weight.abs().max() > 0.99 * bound) is xavier and weight.abs().max() <= bound
+
+
 def test_no_effect_flags_are_named_with_their_reason(monkeypatch):
     from megatron_auto.runtime import tensorboard_log
 
