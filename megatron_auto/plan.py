@@ -46,10 +46,13 @@ class LayerStrategy(CachedHash):
     """Expert-parallel degree of a MoE layer [--expert-model-parallel-size]; 1 for a dense layer."""
     etp: Optional[int] = None
     """Expert tensor-parallel degree of a MoE layer [--expert-tensor-parallel-size]; None = tp (Megatron's default)."""
+    cp: int = 1
+    """Context-parallel degree [--context-parallel-size]: each sequence split over cp ranks, which hold the same
+    samples and weights; tp * cp * dp equals the GPUs of the stage (Megatron-Core's rank order tp-cp-ep-dp-pp)."""
 
     def __post_init__(self) -> None:
-        if self.tp < 1 or self.dp < 1:
-            raise ValueError(f"tp and dp must be at least 1, got tp={self.tp} dp={self.dp}")
+        if self.tp < 1 or self.dp < 1 or not isinstance(self.cp, int) or self.cp < 1:
+            raise ValueError(f"tp, cp and dp must be at least 1, got tp={self.tp} cp={self.cp} dp={self.dp}")
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero}")
         if self.recompute not in RECOMPUTE_KINDS:
@@ -65,11 +68,17 @@ class LayerStrategy(CachedHash):
         if self.etp is not None and (not isinstance(self.etp, int) or self.etp < 1):
             raise ValueError(f"etp must be at least 1 (or unset), got {self.etp!r}")
         if self.gpus % (self.ep * self.expert_tp):
-            raise ValueError(f"ep x etp = {self.ep} x {self.expert_tp} does not divide tp x dp = {self.gpus}")
+            raise ValueError(f"ep x etp = {self.ep} x {self.expert_tp} does not divide tp x cp x dp = {self.gpus}")
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.dp
+        return self.tp * self.cp * self.dp
+
+    @property
+    def gradient_dp(self) -> int:
+        """Ranks that hold the same weights and reduce their gradients together: dp x cp (Megatron-Core's
+        data-parallel group with context parallelism; the distributed optimizer shards over it too)."""
+        return self.dp * self.cp
 
     @property
     def expert_tp(self) -> int:
@@ -81,13 +90,13 @@ class LayerStrategy(CachedHash):
         """Data-parallel degree of the experts: tp * dp / (ep * etp) (Megatron-Core's expert data parallel group)."""
         return self.gpus // (self.ep * self.expert_tp)
 
-    def layout(self) -> tuple[int, int, int, bool]:
+    def layout(self) -> tuple[int, int, int, bool, int]:
         """What decides where the layer's tensors live; recompute does not."""
-        return (self.tp, self.dp, self.zero, self.sp)
+        return (self.tp, self.dp, self.zero, self.sp, self.cp)
 
     def short(self) -> str:
         """Compact label for tables, e.g. `tp4·dp2·z1·sp·rc=full`."""
-        parts = [f"tp{self.tp}", f"dp{self.dp}"]
+        parts = [f"tp{self.tp}"] + ([f"cp{self.cp}"] if self.cp > 1 else []) + [f"dp{self.dp}"]
         if self.zero:
             parts.append(f"z{self.zero}")
         if self.sp:
@@ -360,7 +369,7 @@ def _check_world_size(plan: Plan) -> None:
     for index, strategy in enumerate(plan.layer_strategies + (plan.embedding,)):
         if strategy.gpus != plan.gpus_per_stage:
             where = "embedding" if index == plan.num_layers else f"layer {index}"
-            raise ValueError(f"{where}: tp x dp = {strategy.gpus}, but each stage has {plan.gpus_per_stage} GPUs")
+            raise ValueError(f"{where}: tp x cp x dp = {strategy.gpus}, but each stage has {plan.gpus_per_stage} GPUs")
 
 
 def _check_batch_split(plan: Plan) -> None:
@@ -419,6 +428,21 @@ def _check_megatron_space(plan: Plan) -> None:
     # Any chunk sizes are Megatron's: --pipeline-model-parallel-layout spells out the layers of every chunk.
 
 
+def _check_context_parallel(plan: Plan) -> None:
+    """What Megatron-Core needs of context parallelism: a sequence that splits into 2 x cp chunks
+    (get_batch_on_this_cp_rank), dense layers (the cost model prices no MoE layer under CP yet)."""
+    cp = plan.embedding.cp
+    if plan.space != "megatron" and any(s.cp > 1 for s in plan.distinct_strategies | {plan.embedding}):
+        raise ValueError("context parallelism is for megatron-space plans (one layout for every layer)")
+    if cp == 1 or plan.model is None:
+        return
+    if plan.model.seq_length % (2 * cp):
+        raise ValueError(f"context parallelism {cp} splits each sequence into {2 * cp} chunks, which "
+                         f"{plan.model.seq_length} tokens do not divide into")
+    if any(layer.moe is not None for layer in plan.model.distinct_layers):
+        raise ValueError("context parallelism with MoE layers is not priced yet")
+
+
 def _check_one_expert_layout(plan: Plan) -> None:
     """Megatron's --expert-model/tensor-parallel-size: one (ep, etp) for every MoE layer. Dense layers
     have (1, None) (check_expert_strategy), so more than two pairs, or two beside no dense layer, differ;
@@ -435,7 +459,7 @@ def _check_one_expert_layout(plan: Plan) -> None:
 
 PLAN_VALIDATORS = (
     _check_space_and_schedule, _check_chunk_count, _check_limits, _check_world_size,
-    _check_batch_split, _check_model_match, _check_megatron_space,
+    _check_batch_split, _check_model_match, _check_megatron_space, _check_context_parallel,
 )
 
 

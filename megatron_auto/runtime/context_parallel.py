@@ -9,7 +9,8 @@ local layer spec's SDPA core (runtime/attention.py):
 - every rank all-gathers K and V of its two chunks over the CP group and puts them back in sequence
   order (K and V are the small operands under grouped-query attention: ng x hn per token);
 - each of its two query chunks attends to the keys up to its own end, the last chunk's worth
-  causally (query i of chunk c sees key j when j <= c x L + i, L the chunk length);
+  causally (query i of chunk c sees key j when j <= c x L + i, L the chunk length: torch's
+  lower-right causal bias, which the flash kernel runs without a mask);
 - the backward sums every rank's K/V gradient and keeps this rank's chunks: a reduce-scatter on
   NCCL, an all-reduce and a slice on gloo (which has no reduce-scatter).
 
@@ -75,12 +76,6 @@ def gather_sequence(local: Tensor, group) -> Tensor:
     return torch.cat([chunks[p] for p in sequence_order(size)], dim=0)
 
 
-def causal_offset_mask(queries: int, keys: int, offset: int, device: torch.device) -> Tensor:
-    """[queries, keys] boolean, True where query i may attend key j: j <= offset + i (SDPA's convention)."""
-    rows = torch.arange(queries, device=device).unsqueeze(1) + offset
-    return torch.arange(keys, device=device).unsqueeze(0) <= rows
-
-
 Attend = Callable[[Tensor, Tensor, Tensor, Optional[Tensor], bool], Tensor]
 """(q, k, v, attn_mask, is_causal) -> context, in SDPA's [b, n, s, hn] layout."""
 
@@ -88,16 +83,23 @@ Attend = Callable[[Tensor, Tensor, Tensor, Optional[Tensor], bool], Tensor]
 def context_parallel_attention(q: Tensor, k: Tensor, v: Tensor, group, attend: Attend) -> Tensor:
     """Causal attention of this rank's two query chunks against the whole sequence's keys.
 
-    q, k, v: [b, n, 2L, hn] (SDPA's layout) of this rank's chunks; returns [b, np, 2L, hn].
+    q, k, v: [b, n, 2L, hn] (SDPA's layout) of this rank's chunks; returns [b, np, 2L, hn]. Query chunk c
+    attends to keys [0, (c+1)L) under torch's lower-right causal bias (query i sees key j <= cL + i): on
+    CUDA the flash kernel with its causal tile skipping, nothing materialised. Grouped K and V are expanded
+    to the query heads first, since the lower-right flash path takes equal head counts.
     """
+    from torch.nn.attention.bias import causal_lower_right
+
     size, rank = group.size(), group.rank()
     # Gather over the sequence: [b, n, s, hn] -> [s, b, n, hn] so that dim 0 is the sequence.
     whole_k, whole_v = (gather_sequence(t.permute(2, 0, 1, 3), group).permute(1, 2, 0, 3) for t in (k, v))
+    if whole_k.size(1) != q.size(1):
+        repeats = q.size(1) // whole_k.size(1)
+        whole_k, whole_v = (t.repeat_interleave(repeats, dim=1) for t in (whole_k, whole_v))
     length = q.size(2) // 2
     outputs = []
     for half, chunk in enumerate(chunk_indices(rank, size)):
-        start, end = chunk * length, (chunk + 1) * length
+        end = (chunk + 1) * length
         query = q[:, :, half * length:(half + 1) * length]
-        mask = causal_offset_mask(length, end, start, q.device)
-        outputs.append(attend(query, whole_k[:, :, :end], whole_v[:, :, :end], mask, False))
+        outputs.append(attend(query, whole_k[:, :, :end], whole_v[:, :, :end], causal_lower_right(length, end), False))
     return torch.cat(outputs, dim=2)

@@ -233,13 +233,6 @@ def test_context_parallel_chunks_are_megatrons_and_gather_back_in_order(cp):
     assert torch.equal(gathered[context_parallel.sequence_order(cp)].view(1, -1), sequence)
 
 
-def test_causal_offset_mask_lets_each_query_see_keys_up_to_its_position():
-    from megatron_auto.runtime.context_parallel import causal_offset_mask
-
-    mask = causal_offset_mask(2, 6, 4, torch.device("cpu"))  # queries at positions 4 and 5
-    assert mask.tolist() == [[True] * 5 + [False], [True] * 6]
-
-
 @pytest.mark.parametrize("name", [case["name"] for case in CP_CASES])
 def test_context_parallel_sdpa_matches_whole_sequence_attention(kernel_results, name):
     # Each of 2 ranks holds chunks r and 3-r of 4; the CP group all-gathers K and V. Same fp32 bound as the
