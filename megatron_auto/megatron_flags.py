@@ -26,6 +26,7 @@ def megatron_flags(plan: Plan) -> list[str]:
     flags = [
         "--tensor-model-parallel-size", str(layout.tp),
         "--pipeline-model-parallel-size", str(plan.pipeline_parallel),
+        *(["--context-parallel-size", str(layout.cp)] if layout.cp > 1 else []),
         "--micro-batch-size", str(plan.local_micro_batch(layout)),
         "--global-batch-size", str(plan.global_batch_size),
     ]
@@ -62,7 +63,7 @@ def _overlap_flags(plan: Plan) -> list[str]:
     hide it. --overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce
     (Megatron-LM's megatron/training/arguments.py)."""
     hidden = plan.prediction is not None and plan.prediction.grad_overlap > 0
-    if not hidden or max(s.dp for s in plan.distinct_strategies | {plan.embedding}) == 1:
+    if not hidden or max(s.gradient_dp for s in plan.distinct_strategies | {plan.embedding}) == 1:
         return []
     if plan.embedding.zero >= 1:
         return ["--overlap-grad-reduce", "--overlap-param-gather"]

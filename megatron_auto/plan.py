@@ -145,6 +145,8 @@ class TimeBreakdown:
     """Tensor-parallel all-reduces (or all-gathers and reduce-scatters with SP)."""
     ep_comm_s: float = 0.0
     """MoE token dispatch and combine over the expert-parallel group, and expert-TP collectives."""
+    cp_comm_s: float = 0.0
+    """Context parallelism's K/V all-gathers and the reduce-scatter of their gradients."""
     dp_comm_s: float = 0.0
     """Gradient synchronisation left after overlapping with backward."""
     pp_comm_s: float = 0.0
@@ -369,7 +371,8 @@ def _check_world_size(plan: Plan) -> None:
     for index, strategy in enumerate(plan.layer_strategies + (plan.embedding,)):
         if strategy.gpus != plan.gpus_per_stage:
             where = "embedding" if index == plan.num_layers else f"layer {index}"
-            raise ValueError(f"{where}: tp x cp x dp = {strategy.gpus}, but each stage has {plan.gpus_per_stage} GPUs")
+            raise ValueError(f"{where}: tp x cp x dp = {strategy.gpus}, but each stage has "
+                             f"{plan.gpus_per_stage} GPUs")
 
 
 def _check_batch_split(plan: Plan) -> None:

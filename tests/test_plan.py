@@ -99,7 +99,7 @@ def test_chunk_count_must_be_pp_times_v():
 
 
 def test_tp_times_dp_must_equal_stage_gpus():
-    with pytest.raises(ValueError, match="tp x dp = 2"):
+    with pytest.raises(ValueError, match="tp x cp x dp = 2"):
         manual((4, 4), LayerStrategy(tp=2, dp=1))
     with pytest.raises(ValueError, match="embedding"):
         manual((4, 4), S22, embedding=LayerStrategy(tp=4, dp=2))

@@ -22,19 +22,20 @@ from .output import print_json, summary, write_plan
 SPLIT_FLAGS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                "pipeline_model_parallel_layout")
-LAYOUT_FLAGS = ("tp", "pp", "dp", "micro_batch_size", "virtual_stages", "recompute",
+LAYOUT_FLAGS = ("tp", "pp", "dp", "cp", "micro_batch_size", "virtual_stages", "recompute",
                 "sequence_parallel", "distributed_optimizer", "ep", "etp", *SPLIT_FLAGS)
 
 
 def check_dp(args: argparse.Namespace, cluster: ClusterSpec) -> None:
-    """--tp x --pp must divide the world, and --dp, when given, must be what is left."""
-    world = cluster.world_size
-    if world % (args.tp * args.pp):
-        raise UserError(f"tp {args.tp} x pp {args.pp} = {args.tp * args.pp} does not divide the "
+    """--tp x --pp (x --cp) must divide the world, and --dp, when given, must be what is left."""
+    world, cp = cluster.world_size, getattr(args, "cp", None) or 1
+    named = f"tp {args.tp} x pp {args.pp}" + (f" x cp {cp}" if cp > 1 else "")
+    if world % (args.tp * args.pp * cp):
+        raise UserError(f"{named} = {args.tp * args.pp * cp} does not divide the "
                         f"world size {world} ({cluster.num_nodes} node(s) x {cluster.gpus_per_node} GPUs)")
-    if args.dp is not None and args.dp != world // (args.tp * args.pp):
+    if args.dp is not None and args.dp != world // (args.tp * args.pp * cp):
         raise UserError(f"--dp {args.dp} does not match the world size: {world} GPUs / "
-                        f"(tp {args.tp} x pp {args.pp}) = {world // (args.tp * args.pp)}")
+                        f"({named}) = {world // (args.tp * args.pp * cp)}")
 
 
 def split_from_args(args: argparse.Namespace, num_layers: int) -> tuple[Optional[tuple[int, ...]], tuple[bool, bool]]:
@@ -72,7 +73,7 @@ def config_from_args(args: argparse.Namespace, num_layers: int) -> UniformConfig
         virtual_stages=virtual, sequence_parallel=bool(sequence_parallel_flag(args)),
         distributed_optimizer=bool(args.distributed_optimizer), recompute=args.recompute or "none",
         stage_layers=stage_layers, account_for=account_for, chunk_layers=chunk_layers,
-        expert_parallel=args.ep or 1, expert_tensor_parallel=args.etp,
+        expert_parallel=args.ep or 1, expert_tensor_parallel=args.etp, context_parallel=args.cp or 1,
     )
 
 

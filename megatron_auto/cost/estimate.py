@@ -9,6 +9,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import GIB, TrainingSpec
 from .communication import pipeline_p2p_time, transition_time
+from .context_parallel import gradient_strategy, local_model
 from .embedding import EmbeddingCost, embedding_cost
 from .flops import model_flops_per_iteration
 from .layer_cost import LayerCost, layer_cost
@@ -34,6 +35,8 @@ class StageCost:
     tp_comm_s: float = 0.0
     ep_comm_s: float = 0.0
     """MoE layers' token dispatch and combine and expert-TP collectives (cost/moe.py)."""
+    cp_comm_s: float = 0.0
+    """Context parallelism's K/V exchange (cost/context_parallel.py)."""
     pp_comm_s: float = 0.0
     transition_s: float = 0.0
     exposed_dp_s: float = 0.0
@@ -66,6 +69,7 @@ class StageCost:
         self.recompute_s += count * cost.recompute_s
         self.tp_comm_s += count * cost.tp_comm_s
         self.ep_comm_s += count * cost.ep_comm_s
+        self.cp_comm_s += count * cost.cp_comm_s
         self.add_dp_comm(cost.dp_comm_per_iteration_s, cost.backward_s, count)
         self.state_bytes += count * cost.state_bytes
         self.activation_bytes += count * cost.activation_bytes
@@ -104,6 +108,22 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
             check_expert_strategy(layer, strategy)
         except ValueError as error:
             raise UserError(f"model '{model.name}': {error}") from None
+    _check_context_parallel_job(plan.embedding.cp, model, training)
+
+
+def _check_context_parallel_job(cp: int, model: ModelSpec, training: TrainingSpec) -> None:
+    """What context parallelism needs of the job (cost/context_parallel.py; the plan checks the same of its
+    own model)."""
+    if cp == 1:
+        return
+    if training.attention_backend != "flash":
+        raise UserError(f"context parallelism runs on the flash (SDPA) core attention, not the "
+                        f"{training.attention_backend} one")
+    if any(layer.moe is not None for layer in model.distinct_layers):
+        raise UserError(f"context parallelism with MoE layers is not priced yet (model '{model.name}')")
+    if model.seq_length % (2 * cp):
+        raise UserError(f"context parallelism {cp} splits each sequence into {2 * cp} chunks, which "
+                        f"{model.seq_length} tokens do not divide into")
 
 
 def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[StageCost]:
@@ -115,8 +135,8 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
     micro_samples = plan.global_batch_size // plan.num_micro_batches
     p2p = pipeline_p2p_time(model.hidden_size, model.seq_length, micro_samples, plan.gpus_per_stage,
                             plan.pipeline_parallel, cluster, word)
-    embedding = embedding_cost(model, plan.embedding, plan.local_micro_batch(plan.embedding), cluster,
-                               training, plan.pipeline_parallel)
+    embedding = embedding_cost(local_model(model, plan.embedding), gradient_strategy(plan.embedding),
+                               plan.local_micro_batch(plan.embedding), cluster, training, plan.pipeline_parallel)
     _add_part(stages[0], embedding.embedding)
     for stage in stages:
         stage.parts = embedding
@@ -277,7 +297,8 @@ def stage_loads(plan: Plan, stages: list[StageCost], share: float) -> list[Stage
     for stage in stages:
         forward = stage.compute_s - stage.backward_s + stage.runtime_s / 2
         backward = stage.backward_s + stage.recompute_s + stage.runtime_s / 2
-        wait = (stage.tp_comm_s + stage.ep_comm_s + stage.pp_comm_s + stage.transition_s) / 2
+        wait = (stage.tp_comm_s + stage.ep_comm_s + stage.cp_comm_s + stage.pp_comm_s
+                + stage.transition_s) / 2
         loads.append(StageLoad(group=group, replicas=plan.gpus_per_stage // group,
                                forward=(forward * share / v, wait / v), backward=(backward * share / v, wait / v),
                                sync=stage.exposed_dp_s,
@@ -288,7 +309,7 @@ def stage_loads(plan: Plan, stages: list[StageCost], share: float) -> list[Stage
 def _breakdown(stage: StageCost, m: int, bubble: float) -> TimeBreakdown:
     return TimeBreakdown(
         compute_s=m * stage.compute_s, recompute_s=m * stage.recompute_s, tp_comm_s=m * stage.tp_comm_s,
-        ep_comm_s=m * stage.ep_comm_s,
+        ep_comm_s=m * stage.ep_comm_s, cp_comm_s=m * stage.cp_comm_s,
         dp_comm_s=stage.exposed_dp_s, pp_comm_s=m * stage.pp_comm_s, bubble_s=bubble,
         transition_s=m * stage.transition_s, optimizer_s=stage.optimizer_s,
         runtime_s=m * stage.runtime_s + stage.step_overhead_s,

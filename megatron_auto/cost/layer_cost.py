@@ -15,11 +15,13 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
 from ..specs.training import DEFAULT_RECOMPUTE_MODULES, TrainingSpec
 from .communication import dp_comm_time, tp_comm_time, zero3_comm_time
+from .context_parallel import (attention_core_extra_times, cp_qkv_kept_width, gradient_strategy, kv_exchange_time,
+                               local_sequence)
 from .compute import module_forward_shares, recompute_time
 from .models import compute_model
 from .moe import ExpertCost, expert_cost
 from .memory import (attention_backward_extra_bytes, attention_workspace_bytes, layer_activation_bytes,
-                     model_state_bytes, optimizer_temporary_bytes, zero3_gathered_bytes)
+                     model_state_bytes, optimizer_temporary_bytes, qkv_kept_width, zero3_gathered_bytes)
 
 
 @dataclass(frozen=True)
@@ -47,12 +49,14 @@ class LayerCost:
     """Temporaries the optimizer step allocates for this layer's shard (cost.memory.optimizer_temporary_bytes)."""
     ep_comm_s: float = 0.0
     """A MoE layer's token dispatch and combine and expert-TP collectives (cost/moe.py)."""
+    cp_comm_s: float = 0.0
+    """Context parallelism's K/V all-gathers and gradient reduce-scatter (cost/context_parallel.py)."""
 
     @property
     def micro_batch_s(self) -> float:
         """Critical-path seconds of one micro-batch through this layer."""
         return (self.forward_s + self.backward_s + self.recompute_s + self.tp_comm_s + self.zero3_exposed_s
-                + self.ep_comm_s)
+                + self.ep_comm_s + self.cp_comm_s)
 
 
 def layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,
@@ -72,6 +76,8 @@ def _without_recompute_modules(training: TrainingSpec) -> TrainingSpec:
 @lru_cache(maxsize=65536)
 def _layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,
                 cluster: ClusterSpec, training: TrainingSpec) -> LayerCost:
+    if strategy.cp > 1:
+        return context_parallel_layer_cost(layer, strategy, samples, seq, cluster, training)
     dense = dense_part_cost(layer, strategy, samples, seq, cluster, training)
     if layer.moe is None:
         return dense
@@ -94,6 +100,34 @@ def with_experts(dense: LayerCost, experts: ExpertCost, cluster: ClusterSpec) ->
         transient_bytes=dense.transient_bytes + experts.rematerialised_bytes,
         optimizer_temporary_bytes=dense.optimizer_temporary_bytes + experts.optimizer_temporary_bytes,
         ep_comm_s=experts.comm_s,
+    )
+
+
+def context_parallel_layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,
+                               cluster: ClusterSpec, training: TrainingSpec) -> LayerCost:
+    """A dense layer under context parallelism (cost/context_parallel.py): priced at the local sequence with
+    CP folded into DP, plus the attention core's extra work, the K/V exchange and the whole sequence's K and V
+    that the attention keeps (rebuilt instead where the core is recomputed, whose checkpoint keeps local ones)."""
+    if layer.moe is not None:
+        raise ValueError("context parallelism with MoE layers is not priced yet")
+    if training.attention_backend != "flash":
+        raise ValueError("context parallelism runs on the flash (SDPA) core attention, not "
+                         f"{training.attention_backend!r}")
+    local = local_sequence(seq, strategy)
+    base = dense_part_cost(layer, gradient_strategy(strategy), samples, local, cluster, training)
+    core_recomputed = strategy.recompute == "full" or (
+        strategy.recompute == "selective" and "core_attn" in training.selective_modules(layer))
+    forward, backward = attention_core_extra_times(layer, seq, samples, strategy, cluster, training)
+    whole_kv = (training.activation_bytes * local * samples / strategy.tp
+                * (cp_qkv_kept_width(layer, strategy.cp) - qkv_kept_width(layer, True)))
+    return replace(
+        base,
+        forward_s=base.forward_s + forward, backward_s=base.backward_s + backward,
+        recompute_s=base.recompute_s + (forward if core_recomputed else 0.0),
+        cp_comm_s=kv_exchange_time(layer, seq, samples, strategy, cluster, training.activation_bytes,
+                                   regather=core_recomputed),
+        activation_bytes=base.activation_bytes + (0.0 if core_recomputed else whole_kv),
+        transient_bytes=base.transient_bytes + (whole_kv if core_recomputed else 0.0),
     )
 
 

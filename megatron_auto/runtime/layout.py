@@ -78,6 +78,9 @@ def layout_from_plan(plan: Plan) -> MegatronLayout:
     """The Megatron layout of a megatron-space plan; UserError for a hybrid plan."""
     if plan.space != "megatron":
         raise UserError(f"the Megatron-Core runtime runs megatron-space plans; this plan is {plan.space!r}")
+    if plan.embedding.cp > 1:
+        raise UserError(f"the plan splits each sequence over {plan.embedding.cp} context-parallel ranks; "
+                        "this runtime does not run context parallelism yet")
     flags = _parse_flags(megatron_flags(plan))
 
     def number(name: str) -> Optional[int]:

@@ -51,6 +51,9 @@ class UniformConfig:
     """--expert-model-parallel-size: EP degree of every MoE layer."""
     expert_tensor_parallel: Optional[int] = None
     """--expert-tensor-parallel-size of every MoE layer; None: tp (Megatron's default)."""
+    context_parallel: int = 1
+    """--context-parallel-size: each sequence split over this many ranks (priced by `estimate`; the
+    search keeps 1)."""
 
     def layer_strategy(self, layer, strategy: LayerStrategy) -> LayerStrategy:
         """`strategy` with this config's expert degrees on a MoE layer."""
@@ -158,14 +161,19 @@ def virtual_stage_choices(model: ModelSpec, config: UniformConfig) -> list[int]:
     return divisors(stages[0])
 
 
+def config_dp(cluster: ClusterSpec, config: UniformConfig) -> int:
+    """The data-parallel degree the flags leave: world / (tp x pp x cp)."""
+    return cluster.world_size // (config.tp * config.pp * config.context_parallel)
+
+
 def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                        config: UniformConfig) -> Plan:
     """The Plan that Megatron runs for these flags; UserError when they cannot work."""
     world = cluster.world_size
-    tp, pp, v = config.tp, config.pp, config.virtual_stages
-    if world % (tp * pp):
-        raise UserError(f"tp x pp = {tp * pp} does not divide the {world} GPUs")
-    dp = world // (tp * pp)
+    tp, pp, v, cp = config.tp, config.pp, config.virtual_stages, config.context_parallel
+    if world % (tp * pp * cp):
+        raise UserError(f"tp x pp x cp = {tp * pp * cp} does not divide the {world} GPUs")
+    dp = config_dp(cluster, config)
     per_step = config.micro_batch_size * dp
     if training.global_batch_size % per_step:
         raise UserError(f"global batch {training.global_batch_size} is not divisible by micro-batch "
@@ -176,7 +184,7 @@ def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         raise UserError(f"{model.num_layers} layers{counted} do not split over {pp} pipeline stages x {v} chunks "
                         "as given")
     strategy = LayerStrategy(tp=tp, dp=dp, zero=1 if config.distributed_optimizer else 0,
-                             sp=config.sequence_parallel and tp > 1)
+                             sp=config.sequence_parallel and tp > 1, cp=cp)
     experts = _expert_strategy(model, strategy, config)
     chunks = _chunks(sizes, strategy, config.recompute, config.recompute_num_layers,
                      experts, _moe_pattern(model) if experts is not None else None)
@@ -244,10 +252,10 @@ def pipeline_lower_bound(model: ModelSpec, cluster: ClusterSpec, training: Train
     (cost.timeslice); and since the cores serve at most their number of ranks at a
     time, the iteration is also at least all ranks' compute at a whole core over the cores.
     """
-    dp = cluster.world_size // (config.tp * config.pp)
+    dp = config_dp(cluster, config)
     recompute = config.recompute if config.recompute != "full" else "none"
     strategy = _layer_strategy(config.tp, dp, 1 if config.distributed_optimizer else 0,
-                               config.sequence_parallel and config.tp > 1, recompute)
+                               config.sequence_parallel and config.tp > 1, recompute, config.context_parallel)
     m = training.global_batch_size // (micro_batch_size * dp)
     work, compute_total, idle = 0.0, 0.0, 1.0 - core_share(cluster)
     for spec, count in layer_counts(model):
@@ -265,9 +273,9 @@ def pipeline_lower_bound(model: ModelSpec, cluster: ClusterSpec, training: Train
 
 
 @lru_cache(maxsize=4096)
-def _layer_strategy(tp: int, dp: int, zero: int, sp: bool, recompute: str) -> LayerStrategy:
+def _layer_strategy(tp: int, dp: int, zero: int, sp: bool, recompute: str, cp: int = 1) -> LayerStrategy:
     """One object per layout: the bound runs per (micro-batch, chunks) and its cost lookups hash it."""
-    return LayerStrategy(tp=tp, dp=dp, zero=zero, sp=sp, recompute=recompute)
+    return LayerStrategy(tp=tp, dp=dp, zero=zero, sp=sp, recompute=recompute, cp=cp)
 
 
 @lru_cache(maxsize=64)
@@ -283,9 +291,9 @@ def states_overflow(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     """True when some stage's layer weights, gradients and optimizer states alone, plus the
     framework overhead, exceed the memory budget: then no micro-batch size, virtual-stage
     count or recomputation makes these flags fit (activations only add to it)."""
-    dp = cluster.world_size // (config.tp * config.pp)
-    strategy = LayerStrategy(tp=config.tp, dp=dp, zero=1 if config.distributed_optimizer else 0,
-                             sp=config.sequence_parallel and config.tp > 1)
+    strategy = LayerStrategy(tp=config.tp, dp=config_dp(cluster, config),
+                             zero=1 if config.distributed_optimizer else 0,
+                             sp=config.sequence_parallel and config.tp > 1, cp=config.context_parallel)
     state = min(layer_cost(spec, config.layer_strategy(spec, strategy), 1, model.seq_length, cluster,
                            training).state_bytes for spec in model.distinct_layers)
     most_layers = max(config_stage_layers(model.num_layers, config) or (0,))
@@ -304,7 +312,7 @@ def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Training
     A (micro-batch, v) whose pipeline_lower_bound cannot beat `incumbent` seconds, or
     the best fitting choice found so far, is skipped.
     """
-    dp = cluster.world_size // (config.tp * config.pp)
+    dp = config_dp(cluster, config)
     micro_batches = divisors(training.global_batch_size // dp) if choose_micro_batch else [config.micro_batch_size]
     if not choose_virtual_stages:
         virtual = [config.virtual_stages]

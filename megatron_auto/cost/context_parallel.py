@@ -1,0 +1,88 @@
+"""A layer under context parallelism (CP): each rank of a CP group holds 2 of the 2 x cp chunks of
+every sequence (Megatron-Core's load-balanced split), and the runtime all-gathers K and V over the
+group for the attention (runtime/context_parallel.py).
+
+What changes against the same layer without CP, for one rank:
+- every GEMM, element-wise kernel and TP collective sees s / cp tokens: the layer is priced at the
+  local sequence;
+- the attention core does not: each query chunk attends to all keys before it. Over a rank's two
+  chunks (c = r and 2cp-1-r, L = s / 2cp tokens each) that is sum_c (c L^2 + L^2 / 2) = 2 cp L^2
+  query-key pairs, 1 / cp of the whole sequence's (2 cp L)^2 / 2 and cp times the (2L)^2 / 2 of a
+  causal sequence of s / cp; so the core costs its share of the whole sequence's;
+- K and V travel: an all-gather of the whole sequence's K and V in the forward (again under full
+  recompute), a reduce-scatter of their gradients in the backward, over cp ranks `tp` apart
+  (Megatron-Core's rank order tp-cp-dp-pp), all exposed (the attention waits for them);
+- the attention keeps the whole sequence's K and V, expanded to the query heads (cp_qkv_kept_width);
+- weights are replicated over CP: gradients are reduced, and the distributed optimizer shards, over
+  dp x cp ranks (LayerStrategy.gradient_dp).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..plan import LayerStrategy
+from ..specs.cluster import ClusterSpec
+from ..specs.model import LayerSpec, ModelSpec
+from ..specs.training import TrainingSpec
+from .models import comm_model, compute_model
+
+
+def local_sequence(seq: int, strategy: LayerStrategy) -> int:
+    """Tokens of each sequence on one rank of the CP group."""
+    return seq // strategy.cp
+
+
+def gradient_strategy(strategy: LayerStrategy) -> LayerStrategy:
+    """The strategy as the weights see it: CP folded into DP (the gradient and optimizer group)."""
+    return replace(strategy, dp=strategy.gradient_dp, cp=1) if strategy.cp > 1 else strategy
+
+
+def local_model(model: ModelSpec, strategy: LayerStrategy) -> ModelSpec:
+    """The model as one CP rank's embedding and LM head see it: s / cp tokens per sequence."""
+    return replace(model, seq_length=local_sequence(model.seq_length, strategy)) if strategy.cp > 1 else model
+
+
+def attention_core_extra_times(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
+                               cluster: ClusterSpec, training: TrainingSpec) -> tuple[float, float]:
+    """(forward, backward) seconds the core adds over its local-sequence price: a rank's share of the whole
+    sequence's core (1 / cp of it, module docstring) less the local-sequence core already priced, none where
+    the local price is at its kernel-launch floor already; the backward at the flash kernel's 2.5x the
+    forward (cost/layer_kernels.py)."""
+    model = compute_model(cluster)
+
+    def core(tokens: int) -> float:
+        return model.layer_times(layer, tokens, samples, strategy.tp, strategy.sp, cluster,
+                                 training.activation_bytes, training.attention_backend).attention_core_forward_s
+
+    extra = max(0.0, core(seq) / strategy.cp - core(local_sequence(seq, strategy)))
+    return extra, 2.5 * extra
+
+
+def kv_exchange_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
+                     cluster: ClusterSpec, word: int, regather: bool) -> float:
+    """The K/V all-gather (twice where the core attention is recomputed: `regather`) and the reduce-scatter
+    of their gradients, per micro-batch: the gathered buffer is the whole sequence's K and V of this rank's
+    query groups."""
+    groups = max(1, layer.num_query_groups // strategy.tp)
+    bytes_ = 2 * seq * samples * groups * layer.kv_channels * word
+    comm = comm_model(cluster)
+    gathers = 2 if regather else 1
+    return (gathers * comm.collective_time("all_gather", bytes_, strategy.cp, strategy.tp, cluster)
+            + comm.collective_time("reduce_scatter", bytes_, strategy.cp, strategy.tp, cluster))
+
+
+def cp_qkv_kept_width(layer: LayerSpec, cp: int) -> float:
+    """Per local token and before the TP split, what the attention keeps of Q, K and V under CP (compare
+    cost.memory.qkv_kept_width without CP): K and V of the whole sequence expanded to the a query heads
+    (2 a d x cp), Q as its own tensor when RoPE, the q/k norms or the grouped-query copy wrote one, else
+    the mixed QKV tensor it views; the q/k norms keep their inputs (the mixed tensor, and the query copy).
+    The local K and V are not kept: the gather and the expansion do not need their inputs for backward.
+    Derived from the code paths, not yet measured in the runtime's layer."""
+    a, g, d = layer.num_attention_heads, layer.num_query_groups, layer.kv_channels
+    q, kv = a * d, g * d
+    query_copied = 1 < g < a
+    new_q = layer.rotary or layer.qk_layernorm or query_copied
+    kept = 2 * q * cp + (q if new_q else q + 2 * kv)
+    if layer.qk_layernorm:
+        kept += q + 2 * kv + (q if query_copied else 0)
+    return kept

@@ -1,0 +1,146 @@
+"""Context parallelism in the Plan and the cost model (cost/context_parallel.py), and `estimate --cp`."""
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from megatron_auto import serde
+from megatron_auto.cost.context_parallel import cp_qkv_kept_width, kv_exchange_time
+from megatron_auto.cost.estimate import estimate_plan
+from megatron_auto.cost.layer_cost import layer_cost
+from megatron_auto.cost.memory import layer_activation_bytes, qkv_kept_width
+from megatron_auto.errors import UserError
+from megatron_auto.megatron_flags import megatron_flags
+from megatron_auto.plan import Chunk, LayerStrategy, Plan
+from megatron_auto.runtime.layout import layout_from_plan
+from megatron_auto.search.uniform import UniformConfig, build_uniform_plan
+from megatron_auto.specs.cluster import load_cluster
+from megatron_auto.specs.presets import MODEL_PRESETS
+from megatron_auto.specs.training import TrainingSpec
+from test_cli import assert_user_error, ok_json, run_cli
+
+LLAMA = MODEL_PRESETS["llama3-70b"]
+H100 = load_cluster("dgx-h100-80gb", 2)
+BF16 = TrainingSpec(global_batch_size=64)
+LAYER = LLAMA.layers[0]
+
+
+def test_a_context_parallel_strategy_spans_tp_cp_dp_and_reduces_gradients_over_dp_cp():
+    strategy = LayerStrategy(tp=4, dp=2, cp=2, zero=1, sp=True)
+    assert (strategy.gpus, strategy.gradient_dp) == (16, 4)
+    assert strategy.short() == "tp4·cp2·dp2·z1·sp"
+    assert serde.from_dict(LayerStrategy, serde.to_dict(strategy)) == strategy
+    with pytest.raises(ValueError, match="at least 1"):
+        LayerStrategy(cp=0)
+
+
+def _plan(cp: int, model=LLAMA, space="megatron", seq=None, tp=4) -> Plan:
+    """Two stages of tp x cp x dp 2 ranks each."""
+    model = replace(model, seq_length=seq) if seq else model
+    strategy = LayerStrategy(tp=tp, dp=2, cp=cp, zero=1, sp=tp > 1)
+    half = model.num_layers // 2
+    return Plan(space=space, world_size=2 * strategy.gpus, pipeline_parallel=2, global_batch_size=64,
+                num_micro_batches=16, chunks=(Chunk((strategy,) * half), Chunk((strategy,) * half)),
+                embedding=strategy, model=model)
+
+
+def test_plans_refuse_context_parallelism_where_megatron_core_or_the_pricing_cannot_take_it():
+    assert _plan(2).embedding.cp == 2
+    with pytest.raises(ValueError, match="splits each sequence into 8 chunks"):
+        _plan(4, seq=8196)
+    with pytest.raises(ValueError, match="megatron-space"):
+        _plan(2, space="hybrid")
+    with pytest.raises(ValueError, match="MoE"):
+        _plan(2, model=MODEL_PRESETS["tiny-mixtral"], tp=1)
+
+
+def test_the_weights_are_priced_as_data_parallel_over_dp_times_cp():
+    # Replicated over CP: the distributed optimizer shards, and the gradients are reduced, over dp x cp ranks.
+    split = layer_cost(LAYER, LayerStrategy(tp=4, dp=2, cp=2, zero=1, sp=True), 1, 8192, H100, BF16)
+    flat = layer_cost(LAYER, LayerStrategy(tp=4, dp=4, zero=1, sp=True), 1, 8192, H100, BF16)
+    assert split.state_bytes == flat.state_bytes
+    assert split.dp_comm_per_iteration_s == flat.dp_comm_per_iteration_s
+
+
+def test_a_cp_rank_keeps_its_tokens_activations_plus_the_whole_sequences_keys_and_values():
+    strategy = LayerStrategy(tp=4, dp=2, cp=2, zero=1, sp=True)
+    cost = layer_cost(LAYER, strategy, 1, 8192, H100, BF16)
+    local = layer_activation_bytes(LAYER, 4096, 1, replace(strategy, cp=1), 2, H100.dropout_mask_bytes, "flash")
+    # Llama 3: RoPE writes a new Q; K and V of all 8192 tokens kept, expanded to the 64 query heads.
+    a, d = LAYER.num_attention_heads, LAYER.kv_channels
+    assert cp_qkv_kept_width(LAYER, 2) == 2 * a * d * 2 + a * d
+    whole_kv = 2 * 4096 / 4 * (cp_qkv_kept_width(LAYER, 2) - qkv_kept_width(LAYER, True))
+    assert cost.activation_bytes == pytest.approx(local + whole_kv)
+    no_cp = layer_cost(LAYER, LayerStrategy(tp=4, dp=4, zero=1, sp=True), 1, 8192, H100, BF16)
+    assert 0.5 * no_cp.activation_bytes < cost.activation_bytes < 0.75 * no_cp.activation_bytes
+    # Under full recompute only the layer input is kept; the gathered K and V live while the layer is rebuilt.
+    full = layer_cost(LAYER, replace(strategy, recompute="full"), 1, 8192, H100, BF16)
+    assert full.activation_bytes == pytest.approx(2 * 4096 * LAYER.hidden_size / 4)
+    assert full.transient_bytes >= whole_kv
+
+
+def test_k_and_v_travel_over_the_cp_group_and_again_when_the_core_is_recomputed():
+    strategy = LayerStrategy(tp=4, dp=2, cp=2, zero=1, sp=True)
+    once = kv_exchange_time(LAYER, 8192, 1, strategy, H100, 2, regather=False)
+    twice = kv_exchange_time(LAYER, 8192, 1, strategy, H100, 2, regather=True)
+    assert 0 < once < twice < 2 * once
+    assert layer_cost(LAYER, strategy, 1, 8192, H100, BF16).cp_comm_s == once
+    assert layer_cost(LAYER, replace(strategy, recompute="full"), 1, 8192, H100, BF16).cp_comm_s == twice
+    assert layer_cost(LAYER, replace(strategy, cp=1, dp=4), 1, 8192, H100, BF16).cp_comm_s == 0.0
+
+
+def test_a_cp_rank_does_its_share_of_the_attention_and_half_the_rest():
+    # At 32768 tokens (Llama 3.1's long-context stage) the GEMMs see half the tokens, and the causal core over
+    # a rank's two chunks is half the whole sequence's, twice that of 16384 tokens alone: about half the time.
+    split = layer_cost(LAYER, LayerStrategy(tp=4, dp=2, cp=2, zero=1, sp=True), 1, 32768, H100, BF16)
+    whole = layer_cost(LAYER, LayerStrategy(tp=4, dp=4, zero=1, sp=True), 1, 32768, H100, BF16)
+    alone = layer_cost(LAYER, LayerStrategy(tp=4, dp=4, zero=1, sp=True), 1, 16384, H100, BF16)
+    assert alone.forward_s < split.forward_s < 0.52 * whole.forward_s
+    assert alone.backward_s < split.backward_s < 0.52 * whole.backward_s
+    assert split.forward_s == pytest.approx(0.5 * whole.forward_s, rel=0.05)
+
+
+def test_flags_name_context_parallelism_and_the_runtime_refuses_it_for_now():
+    plan = build_uniform_plan(LLAMA, H100.with_nodes(4), BF16,
+                              UniformConfig(tp=4, pp=2, micro_batch_size=1, sequence_parallel=True,
+                                            distributed_optimizer=True, context_parallel=2))
+    assert plan.embedding.cp == 2 and plan.embedding.dp == 2
+    flags = megatron_flags(plan)
+    assert flags[flags.index("--context-parallel-size") + 1] == "2"
+    assert "--context-parallel-size" not in megatron_flags(build_uniform_plan(
+        LLAMA, H100.with_nodes(4), BF16, UniformConfig(tp=4, pp=2, micro_batch_size=1)))
+    with pytest.raises(UserError, match="context parallelism"):
+        layout_from_plan(plan)
+    assert estimate_plan(plan, LLAMA, H100.with_nodes(4), BF16).breakdown.cp_comm_s > 0
+
+
+ESTIMATE = ["estimate", "--model", "llama3-70b", "--cluster", "dgx-h100-80gb", "--num-nodes", "16",
+            "--global-batch-size", "512", "--tp", "4", "--pp", "4", "--micro-batch-size", "1", "--virtual-stages",
+            "5", "--sequence-parallel", "--distributed-optimizer"]
+
+
+def test_estimate_prices_llama3_70b_with_context_parallelism_where_it_alone_fits():
+    # NeMo's Llama 3 70B recipe runs TP4 PP4 VP5 with CP2 at 8192 tokens: without CP it does not fit in 80 GB.
+    without = ok_json(*ESTIMATE)
+    split = ok_json(*ESTIMATE, "--cp", "2")
+    assert not without["fits"] and split["fits"]
+    assert split["breakdown"]["cp_comm_s"] > 0
+    assert split["iteration_time_s"] < 1.05 * without["iteration_time_s"]
+    flags = split["megatron_flags"]
+    assert flags[flags.index("--context-parallel-size") + 1] == "2"
+
+
+@pytest.mark.parametrize("extra, fragment", [
+    (["--cp", "3"], "does not divide the world size"),
+    (["--cp", "2", "--dp", "8"], "--dp 8 does not match"),
+    (["--cp", "2", "--attention-backend", "unfused"], "flash"),
+])
+def test_estimate_cp_errors_are_one_line(extra, fragment):
+    assert_user_error(run_cli(*ESTIMATE, *extra), fragment)
+
+
+def test_estimate_cp_on_a_moe_model_is_one_line():
+    assert_user_error(run_cli("estimate", "--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--num-nodes",
+                              "8", "--global-batch-size", "256", "--tp", "2", "--pp", "4", "--ep", "4", "--cp", "2",
+                              "--sequence-parallel"), "MoE")
