@@ -109,7 +109,8 @@ REFUSED_SWITCHES = {
     "--export-force-local-attention": "gpt-oss's local attention is not built by this runtime yet",
 }
 REFUSED_ABOVE_ONE = {
-    "--context-parallel-size": "context parallelism is not run by this runtime yet",
+    "--context-parallel-size": "context parallelism is not run by this runtime yet "
+                               "(megatron-auto estimate --cp prices it)",
 }
 
 
