@@ -10,7 +10,6 @@ from megatron_auto.cost.context_parallel import cp_qkv_kept_width, kv_exchange_t
 from megatron_auto.cost.estimate import estimate_plan
 from megatron_auto.cost.layer_cost import layer_cost
 from megatron_auto.cost.memory import layer_activation_bytes, qkv_kept_width
-from megatron_auto.errors import UserError
 from megatron_auto.megatron_flags import megatron_flags
 from megatron_auto.plan import Chunk, LayerStrategy, Plan
 from megatron_auto.runtime.layout import layout_from_plan
@@ -101,7 +100,7 @@ def test_a_cp_rank_does_its_share_of_the_attention_and_half_the_rest():
     assert split.forward_s == pytest.approx(0.5 * whole.forward_s, rel=0.05)
 
 
-def test_flags_name_context_parallelism_and_the_runtime_refuses_it_for_now():
+def test_flags_name_context_parallelism_and_the_runtime_layout_carries_it():
     plan = build_uniform_plan(LLAMA, H100.with_nodes(4), BF16,
                               UniformConfig(tp=4, pp=2, micro_batch_size=1, sequence_parallel=True,
                                             distributed_optimizer=True, context_parallel=2))
@@ -110,8 +109,8 @@ def test_flags_name_context_parallelism_and_the_runtime_refuses_it_for_now():
     assert flags[flags.index("--context-parallel-size") + 1] == "2"
     assert "--context-parallel-size" not in megatron_flags(build_uniform_plan(
         LLAMA, H100.with_nodes(4), BF16, UniformConfig(tp=4, pp=2, micro_batch_size=1)))
-    with pytest.raises(UserError, match="context parallelism"):
-        layout_from_plan(plan)
+    layout = layout_from_plan(plan)
+    assert (layout.context_parallel, layout.data_parallel, layout.world_size) == (2, 2, 32)
     assert estimate_plan(plan, LLAMA, H100.with_nodes(4), BF16).breakdown.cp_comm_s > 0
 
 

@@ -273,6 +273,8 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("parallelism (constraints under --auto-parallel)")
     group.add_argument("--tensor-model-parallel-size", type=int)
     group.add_argument("--pipeline-model-parallel-size", type=int)
+    group.add_argument("--context-parallel-size", type=int, default=1,
+                       help="each sequence split over this many ranks (dense models; the core attention runs flash)")
     group.add_argument("--num-layers-per-virtual-pipeline-stage", type=int)
     group.add_argument("--decoder-first-pipeline-num-layers", type=int)
     group.add_argument("--decoder-last-pipeline-num-layers", type=int)
@@ -492,6 +494,7 @@ def size_flags_error(args: argparse.Namespace) -> Optional[str]:
     at_least_one = (("--micro-batch-size", args.micro_batch_size), ("--global-batch-size", args.global_batch_size),
                     ("--tensor-model-parallel-size", args.tensor_model_parallel_size),
                     ("--pipeline-model-parallel-size", args.pipeline_model_parallel_size),
+                    ("--context-parallel-size", args.context_parallel_size),
                     ("--num-layers-per-virtual-pipeline-stage", args.num_layers_per_virtual_pipeline_stage),
                     ("--recompute-num-layers", args.recompute_num_layers))
     for flag, value in at_least_one:
@@ -501,6 +504,9 @@ def size_flags_error(args: argparse.Namespace) -> Optional[str]:
                         ("--decoder-last-pipeline-num-layers", args.decoder_last_pipeline_num_layers)):
         if value is not None and value < 0:
             return f"{flag} must be non-negative, got {value}"
+    if args.context_parallel_size > 1 and args.attention_backend in ("unfused", "local"):
+        return (f"--context-parallel-size {args.context_parallel_size} needs the flash core attention "
+                f"(--attention-backend flash or auto), not {args.attention_backend}")
     if args.recompute_granularity == "selective" and args.recompute_method is not None:
         return "--recompute-method is not supported with --recompute-granularity selective (as in Megatron-LM)"
     unknown = [m for m in args.recompute_modules or () if m not in RECOMPUTE_MODULES]
@@ -704,7 +710,8 @@ def manual_flags(args: argparse.Namespace) -> ManualParallelism:
         recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers, sequence_parallel=bool(args.sequence_parallel),
         distributed_optimizer=bool(args.use_distributed_optimizer),
-        expert_parallel=args.expert_model_parallel_size or 1, expert_tensor_parallel=args.expert_tensor_parallel_size)
+        expert_parallel=args.expert_model_parallel_size or 1, expert_tensor_parallel=args.expert_tensor_parallel_size,
+        context_parallel=args.context_parallel_size)
 
 
 def search_constraints(args: argparse.Namespace, model: ModelSpec) -> SearchConstraints:
@@ -907,6 +914,11 @@ def megatron_lm_adjustments(args: argparse.Namespace) -> list[str]:
     if split_flags and args.auto_parallel:
         warnings_given.append(f"{', '.join(split_flags)}: under --auto-parallel the planner splits the layers over "
                               "the pipeline stages (it prices the embedding and the loss on their stages)")
+    if args.context_parallel_size > 1 and args.attention_backend == "auto":
+        args.attention_backend = "flash"  # the core attention that runs context parallelism, on CPU too
+    if args.context_parallel_size > 1 and args.auto_parallel:
+        warnings_given.append(f"--context-parallel-size {args.context_parallel_size}: the planner does not search "
+                              "context parallelism yet; under --auto-parallel it plans without it")
     if args.moe_token_dispatcher_type == "flex":
         warnings_given.append("--moe-token-dispatcher-type flex: DeepEP/HybridEP kernels are not available here; "
                               "the alltoall dispatcher moves the same tokens")

@@ -80,7 +80,11 @@ MOE_NO_EFFECT_SWITCHES = {
     "--overlap-moe-expert-parallel-comm": LAYOUT,
     "--moe-enable-deepep": KERNEL + " (DeepEP's dispatcher needs its CUDA kernels; alltoall moves the same tokens)",
 }
-NO_EFFECT_LISTS = {"--profile-ranks": SINK}
+NO_EFFECT_LISTS = {
+    "--profile-ranks": SINK,
+    "--cp-comm-type": KERNEL + " (the local spec's context-parallel attention all-gathers K and V, which computes "
+                               "what p2p and a2a compute; Transformer Engine, where it runs, runs its default p2p ring)",
+}
 
 REFUSED_PREFIXES = {
     "--fp8": "fp8 training needs Transformer Engine's fp8 recipes, which this runtime does not run yet",
@@ -108,10 +112,8 @@ REFUSED_SWITCHES = {
     "--multi-latent-attention": _MLA,
     "--export-force-local-attention": "gpt-oss's local attention is not built by this runtime yet",
 }
-REFUSED_ABOVE_ONE = {
-    "--context-parallel-size": "context parallelism is not run by this runtime yet "
-                               "(megatron-auto estimate --cp prices it)",
-}
+REFUSED_ABOVE_ONE: dict[str, str] = {}
+"""Sizes that only 1 runs (none left: --context-parallel-size runs since CP came in)."""
 
 
 def dest(flag: str) -> str:

@@ -109,6 +109,9 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
     from megatron.core.transformer import TransformerConfig
 
     check_layout(layout)
+    if layout.context_parallel > 1 and kernels.kernels_for_run(model, settings).attention != "flash":
+        raise UserError(f"context parallelism {layout.context_parallel} runs on the flash core attention "
+                        f"(--attention-backend flash or auto), not {settings.attention_backend}")
     dtype = DTYPES[settings.precision]
     on_gloo = backend == "gloo"
     return TransformerConfig(
@@ -122,6 +125,7 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
         **xavier_init(settings),
         tensor_model_parallel_size=layout.tensor_parallel,
         pipeline_model_parallel_size=layout.pipeline_parallel,
+        context_parallel_size=layout.context_parallel,
         virtual_pipeline_model_parallel_size=layout.virtual_stages if layout.virtual_stages > 1 else None,
         num_layers_in_first_pipeline_stage=layout.first_stage_layers,
         num_layers_in_last_pipeline_stage=layout.last_stage_layers,

@@ -90,12 +90,13 @@ def initialize_parallel(layout: MegatronLayout, timeout_s: float) -> None:
         virtual_pipeline_model_parallel_size=layout.virtual_stages if layout.virtual_stages > 1 else None,
         expert_model_parallel_size=layout.expert_parallel,
         expert_tensor_parallel_size=layout.expert_tensor_parallel,
+        context_parallel_size=layout.context_parallel,
         distributed_timeout_minutes=timeout_s / 60,  # a float: sub-minute timeouts in tests
         create_gloo_process_groups=False,
     )
-    logger.debug("rank %d: tp=%d pp=%d dp=%d vp=%d ep=%d etp=%s", torch.distributed.get_rank(),
-                 layout.tensor_parallel, layout.pipeline_parallel, layout.data_parallel, layout.virtual_stages,
-                 layout.expert_parallel, layout.expert_tensor_parallel)
+    logger.debug("rank %d: tp=%d cp=%d pp=%d dp=%d vp=%d ep=%d etp=%s", torch.distributed.get_rank(),
+                 layout.tensor_parallel, layout.context_parallel, layout.pipeline_parallel, layout.data_parallel,
+                 layout.virtual_stages, layout.expert_parallel, layout.expert_tensor_parallel)
 
 
 def shutdown() -> None:

@@ -47,10 +47,12 @@ class MegatronLayout:
     """Megatron's --expert-model-parallel-size (MoE layers)."""
     expert_tensor_parallel: Optional[int] = None
     """Megatron's --expert-tensor-parallel-size; None = tensor_parallel (Megatron's default)."""
+    context_parallel: int = 1
+    """Megatron's --context-parallel-size: each sequence split over this many ranks."""
 
     @property
     def world_size(self) -> int:
-        return self.tensor_parallel * self.pipeline_parallel * self.data_parallel
+        return self.tensor_parallel * self.context_parallel * self.pipeline_parallel * self.data_parallel
 
 
 def _parse_flags(flags: list[str]) -> dict[str, object]:
@@ -78,9 +80,6 @@ def layout_from_plan(plan: Plan) -> MegatronLayout:
     """The Megatron layout of a megatron-space plan; UserError for a hybrid plan."""
     if plan.space != "megatron":
         raise UserError(f"the Megatron-Core runtime runs megatron-space plans; this plan is {plan.space!r}")
-    if plan.embedding.cp > 1:
-        raise UserError(f"the plan splits each sequence over {plan.embedding.cp} context-parallel ranks; "
-                        "this runtime does not run context parallelism yet")
     flags = _parse_flags(megatron_flags(plan))
 
     def number(name: str) -> Optional[int]:
@@ -109,4 +108,5 @@ def layout_from_plan(plan: Plan) -> MegatronLayout:
         distributed_optimizer=bool(flags.get("use_distributed_optimizer", False)),
         expert_parallel=ep,
         expert_tensor_parallel=etp,
+        context_parallel=plan.embedding.cp,
     )

@@ -42,6 +42,8 @@ class ManualParallelism:
     """--expert-model-parallel-size (MoE layers only)."""
     expert_tensor_parallel: Optional[int] = None
     """--expert-tensor-parallel-size; None = tensor_parallel (Megatron's default)."""
+    context_parallel: int = 1
+    """--context-parallel-size: each sequence split over this many ranks."""
 
 
 def chunk_layer_counts(num_layers: int, pp: int, flags: ManualParallelism) -> list[int]:
@@ -123,15 +125,17 @@ def check_expert_flags(model: ModelSpec, tp: int, dp: int, flags: ManualParallel
 
 def _layer_strategy(layer, tp: int, dp: int, zero: int, flags: ManualParallelism, recompute: str) -> LayerStrategy:
     experts = (dict(ep=flags.expert_parallel, etp=flags.expert_tensor_parallel) if layer.moe is not None else {})
-    return LayerStrategy(tp=tp, dp=dp, zero=zero, sp=flags.sequence_parallel, recompute=recompute, **experts)
+    return LayerStrategy(tp=tp, dp=dp, zero=zero, sp=flags.sequence_parallel, recompute=recompute,
+                         cp=flags.context_parallel, **experts)
 
 
 def plan_from_flags(model: ModelSpec, world_size: int, flags: ManualParallelism) -> Plan:
     """The megatron-space Plan of these flags on `world_size` ranks."""
-    tp, pp = flags.tensor_parallel, flags.pipeline_parallel
-    if world_size % (tp * pp):
-        raise UserError(f"world size {world_size} is not divisible by TP x PP = {tp * pp}")
-    dp = world_size // (tp * pp)
+    tp, pp, cp = flags.tensor_parallel, flags.pipeline_parallel, flags.context_parallel
+    if world_size % (tp * pp * cp):
+        named = "TP x PP x CP" if cp > 1 else "TP x PP"
+        raise UserError(f"world size {world_size} is not divisible by {named} = {tp * pp * cp}")
+    dp = world_size // (tp * pp * cp)
     global_batch = flags.global_batch_size or flags.micro_batch_size * dp
     if global_batch % (flags.micro_batch_size * dp):
         raise UserError(f"global batch {global_batch} is not divisible by micro batch x DP = {flags.micro_batch_size * dp}")
@@ -145,7 +149,7 @@ def plan_from_flags(model: ModelSpec, world_size: int, flags: ManualParallelism)
                        for kinds in _recompute_kinds(flags, chunk_sizes))
         return Plan(space="megatron", world_size=world_size, pipeline_parallel=pp, global_batch_size=global_batch,
                     num_micro_batches=global_batch // (flags.micro_batch_size * dp), chunks=chunks,
-                    embedding=LayerStrategy(tp=tp, dp=dp, zero=zero, sp=flags.sequence_parallel),
+                    embedding=LayerStrategy(tp=tp, dp=dp, zero=zero, sp=flags.sequence_parallel, cp=cp),
                     virtual_stages=virtual, model=model, cluster="manual")
     except ValueError as error:
         raise UserError(f"the parallelism flags do not form a valid plan: {error}") from None

@@ -38,21 +38,29 @@ def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
 
 
 def forward_step(data_iterator, model):
-    """The schedule's forward step: run one micro-batch through this chunk."""
+    """The schedule's forward step: run one micro-batch through this chunk (under context parallelism, this
+    rank's two chunks of every sequence: Megatron-Core's get_batch_on_this_cp_rank)."""
+    from megatron.core import parallel_state
+    from megatron.core.utils import get_batch_on_this_cp_rank
+
     batch = next(data_iterator)
+    if parallel_state.get_context_parallel_world_size() > 1:
+        batch = get_batch_on_this_cp_rank(dict(batch))
     output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output, partial(loss_func, batch["loss_mask"])
 
 
 def reduce_reported_loss(losses: list[dict], device: torch.device, group=None) -> float:
-    """Token-weighted mean of the last stage's micro-batch losses over the data-parallel group
-    (`group`: the LM head's DP group of a hybrid plan)."""
+    """Token-weighted mean of the last stage's micro-batch losses over the data-parallel group with the
+    context-parallel ranks, which each hold a part of every sequence (`group`: the LM head's DP group of a
+    hybrid plan)."""
     from megatron.core import parallel_state
 
     if not losses:
         return float("nan")
     total = torch.stack([entry["lm loss"] for entry in losses]).sum(dim=0).to(device)
-    torch.distributed.all_reduce(total, group=group or parallel_state.get_data_parallel_group())
+    torch.distributed.all_reduce(total, group=group or parallel_state.get_data_parallel_group(
+        with_context_parallel=True))
     return float(total[0] / total[1])
 
 

@@ -88,7 +88,14 @@ def run_case(case: dict, info) -> dict:
             "param_dtypes": sorted({str(p.dtype) for chunk in run.model for p in chunk.parameters()}),
             "wgrad_fused_linears": sum(bool(getattr(m, "gradient_accumulation_fusion", False))
                                        for chunk in run.model for m in chunk.modules()),
-            "moe_losses": [dict(r.moe_losses) for r in results], "router_gap": min(gaps, default=None)}
+            "moe_losses": [dict(r.moe_losses) for r in results], "router_gap": min(gaps, default=None),
+            "cp_size": _context_parallel_size()}
+
+
+def _context_parallel_size() -> int:
+    from megatron.core import parallel_state
+
+    return parallel_state.get_context_parallel_world_size()
 
 
 def hybrid_plan(spec: dict, world: int, global_batch: int) -> Plan:

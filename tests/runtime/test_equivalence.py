@@ -64,6 +64,13 @@ def _four_rank_cases(tmp) -> list[dict]:
         {"name": "pp2_vp2_pipeline_layout", "model": "gpt6", "fp32_only": True,
          "flags": {**BATCH, "pipeline_parallel": 2, "pipeline_layout": "Et|t*2|t|(t)*2,L"},
          "load_weights": str(tmp / "init_gpt6")},
+        # Context parallelism: each rank holds 2 of 4 chunks of every sequence (flash core attention, which the
+        # CP attention needs; the reference's unfused core differs by fp32 rounding only). fp32 only, as above.
+        {"name": "cp2_dp2", "fp32_only": True, "flags": {**BATCH, "context_parallel": 2},
+         "settings": {"attention_backend": "flash"}, **init},
+        {"name": "llama_tp2_sp_cp2", "model": "llama", "fp32_only": True,
+         "flags": {**BATCH, "tensor_parallel": 2, "sequence_parallel": True, "context_parallel": 2},
+         "settings": {"attention_backend": "flash"}, "load_weights": str(tmp / "init_llama")},
         {"name": "vpp_batched_p2p_refused", "flags": {**BATCH, "pipeline_parallel": 2, "layers_per_virtual_stage": 1},
          "force_batch_p2p": True, "expect_error": True, "steps": 1, **init},
     ]
@@ -171,6 +178,11 @@ def reference_of(name: str) -> str:
     """The single-process run of the four-rank case `name`'s model."""
     model = next(c.get("model", "gpt") for c in _four_rank_cases(__import__("pathlib").Path(".")) if c["name"] == name)
     return "reference" if model == "gpt" else f"{model}_reference"
+
+
+def test_context_parallel_cases_split_every_sequence_over_two_ranks(four_rank):
+    assert four_rank["cp2_dp2"]["cp_size"] == four_rank["llama_tp2_sp_cp2"]["cp_size"] == 2
+    assert four_rank["dp4"]["cp_size"] == 1
 
 
 def test_resumed_run_continues_the_uninterrupted_one(four_rank):

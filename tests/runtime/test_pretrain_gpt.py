@@ -99,3 +99,24 @@ def test_16_bit_runs_train_and_log_their_precision(precision):
     assert len(losses) == 3 and all(5.0 < loss < 7.0 for loss in losses)
     scales = re.findall(r"loss scale: (\S+) \|", done.stdout)
     assert scales == (["4096.0"] * 3 if precision == "fp16" else [])  # fp16 reports its (dynamic) scale
+
+
+def test_context_parallel_training_on_two_ranks_lowers_the_loss_and_resumes(dataset, tmp_path):
+    # A Megatron-LM line with --context-parallel-size 2: each rank runs half of every sequence (Megatron-Core's
+    # load-balanced chunks), RoPE and GQA as Llama 3; `auto` attention resolves to the flash core CP needs.
+    argv = ["tools/pretrain_gpt.py", *TINY, "--group-query-attention", "--num-query-groups", "2",
+            "--position-embedding-type", "rope", "--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear",
+            "--context-parallel-size", "2", "--micro-batch-size", "2", "--global-batch-size", "8",
+            "--lr", "3e-3", "--min-lr", "3e-4", "--lr-decay-style", "cosine", "--lr-warmup-iters", "3",
+            "--data-path", dataset, "--tokenizer-type", "ByteTokenizer", "--log-interval", "1",
+            "--save", str(tmp_path / "ckpt"), "--save-interval", "20"]
+    first = launch(2, [*argv, "--train-iters", "20"], timeout_s=300, log_dir=tmp_path / "first")
+    assert first.ok, first.output[-4000:]
+    assert "core attention torch SDPA (flash)" in first.output
+    losses = [float(x) for x in re.findall(r"iteration +\d+/ +\d+ \|.*\| lm loss: (\S+) \|", first.output)]
+    assert len(losses) == 20
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:3]) / 3
+    resumed = launch(2, [*argv, "--train-iters", "22", "--load", str(tmp_path / "ckpt")], timeout_s=300,
+                     log_dir=tmp_path / "resumed")
+    assert resumed.ok, resumed.output[-4000:]
+    assert re.findall(r"iteration +(\d+)/ +22 \|", resumed.output) == ["21", "22"]
