@@ -726,7 +726,8 @@ def search_constraints(args: argparse.Namespace, model: ModelSpec) -> SearchCons
                              virtual_stages=virtual, sequence_parallel=None,  # SP: the planner's choice
                              distributed_optimizer=args.use_distributed_optimizer,
                              recompute=args.recompute_granularity, expert_parallel=args.expert_model_parallel_size,
-                             expert_tensor_parallel=args.expert_tensor_parallel_size)
+                             expert_tensor_parallel=args.expert_tensor_parallel_size,
+                             context_parallel=args.context_parallel_size if args.context_parallel_size > 1 else None)
 
 
 def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_size: int) -> TrainingSpec:
@@ -916,9 +917,6 @@ def megatron_lm_adjustments(args: argparse.Namespace) -> list[str]:
                               "the pipeline stages (it prices the embedding and the loss on their stages)")
     if args.context_parallel_size > 1 and args.attention_backend == "auto":
         args.attention_backend = "flash"  # the core attention that runs context parallelism, on CPU too
-    if args.context_parallel_size > 1 and args.auto_parallel:
-        warnings_given.append(f"--context-parallel-size {args.context_parallel_size}: the planner does not search "
-                              "context parallelism yet; under --auto-parallel it plans without it")
     if args.moe_token_dispatcher_type == "flex":
         warnings_given.append("--moe-token-dispatcher-type flex: DeepEP/HybridEP kernels are not available here; "
                               "the alltoall dispatcher moves the same tokens")

@@ -133,6 +133,9 @@ def add_layout_arguments(parser: argparse.ArgumentParser, tp_pp_required: bool) 
                         help="expert-parallel degree of the MoE layers")
     parser.add_argument("--etp", "--expert-tensor-parallel-size", dest="etp", type=positive_int, metavar="T",
                         help="expert tensor-parallel degree of the MoE layers (default: tp)")
+    parser.add_argument("--cp", "--context-parallel-size", dest="cp", type=positive_int, metavar="C",
+                        help="context-parallel degree: each sequence split over C ranks (dense models on flash "
+                             "attention)")
 
 
 def add_split_arguments(parser: argparse.ArgumentParser) -> None:
@@ -171,9 +174,6 @@ def _estimate_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--plan", metavar="FILE", help="score this plan file instead of --tp/--pp flags")
     add_job_arguments(parser, required=False)
     add_layout_arguments(parser, tp_pp_required=False)
-    parser.add_argument("--cp", "--context-parallel-size", dest="cp", type=positive_int, metavar="C",
-                        help="context-parallel degree: each sequence split over C ranks (dense models, flash "
-                             "attention; the search itself does not pick it)")
     add_split_arguments(parser)
     add_output_arguments(parser)
 

@@ -22,7 +22,7 @@ def constraints_from_args(args: argparse.Namespace) -> SearchConstraints:
         tp=args.tp, pp=args.pp, dp=args.dp, micro_batch_size=args.micro_batch_size,
         virtual_stages=args.virtual_stages, sequence_parallel=sequence_parallel_flag(args),
         distributed_optimizer=args.distributed_optimizer, recompute=args.recompute,
-        expert_parallel=args.ep, expert_tensor_parallel=args.etp,
+        expert_parallel=args.ep, expert_tensor_parallel=args.etp, context_parallel=args.cp,
     )
 
 
@@ -30,6 +30,8 @@ OUTER_RULE_REASONS = {
     "pp-at-most-layers": "every pipeline stage needs at least one layer",
     "invalid-flags": "Megatron rejects the combination (batch or layers do not divide)",
     "lower-bound": "a bound proved the (pipeline degree, micro-batch) pair slower than the best so far",
+    "cp-long-sequences": "context parallelism where each CP rank keeps at least 2048 tokens of a sequence",
+    "cp-within-node": "context parallelism with its tp x cp ranks inside one node",
 }
 
 

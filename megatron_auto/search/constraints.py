@@ -35,6 +35,8 @@ class SearchConstraints:
     """Expert-parallel degree of every MoE layer (--expert-model-parallel-size)."""
     expert_tensor_parallel: Optional[int] = None
     """Expert tensor-parallel degree of every MoE layer (--expert-tensor-parallel-size)."""
+    context_parallel: Optional[int] = None
+    """Context-parallel degree (--context-parallel-size): each sequence split over this many ranks."""
 
 
 @dataclass(frozen=True)

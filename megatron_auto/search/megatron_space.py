@@ -1,6 +1,6 @@
 """Search over what stock Megatron-Core runs: one TP/DP/SP/ZeRO layout for all layers.
 
-The outer loop walks (tp, pp) and the recomputation choice; for each it picks
+The outer loop walks (tp, pp, cp) and the recomputation choice; for each it picks
 the fastest micro-batch size, virtual-stage count and pipeline split
 (`best_uniform_plan`). For full recomputation, memory falls and time rises with
 the number of recomputed layers per chunk, so the fewest layers that fit are
@@ -23,8 +23,14 @@ from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
 from .constraints import SearchConstraints
 from .experts import expert_degree_choices, moe_layers
-from .uniform import (ACCOUNTED, UniformConfig, best_uniform_plan, chunk_sizes, divisors, even_split,
+from .uniform import (ACCOUNTED, UniformConfig, best_uniform_plan, chunk_sizes, config_dp, divisors, even_split,
                       megatron_uneven_splits, pipeline_lower_bound, states_overflow, virtual_stage_choices)
+
+MIN_CP_TOKENS = 2048
+"""Context parallelism is searched where each CP rank keeps at least this many tokens of a sequence: below
+it the rank's GEMMs shrink while the K/V exchange does not (cost/context_parallel.py); this keeps the
+2048-token GPT-3 shapes at cp 1 and offers cp 2 to 4096-token and cp 2-4 to 8192-token models."""
+CP_DEGREES = (2, 4, 8)
 
 
 @dataclass
@@ -76,6 +82,30 @@ def parallel_degrees(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
                 yield tp, pp
 
 
+def context_parallel_choices(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                             constraints: SearchConstraints, tp: int, pp: int, stats: SpaceStats) -> list[int]:
+    """CP degrees searched with (tp, pp): 1, and the decision tree's CP rules on the others: dense layers
+    on the flash core (what the runtime runs CP with), sequences long enough (MIN_CP_TOKENS), tp x cp ranks
+    within a node (the K/V exchange on NVLink), a data-parallel degree that splits the batch."""
+    rest = cluster.world_size // (tp * pp)
+    if constraints.context_parallel is not None:
+        cp = constraints.context_parallel
+        return [cp] if rest % cp == 0 and training.global_batch_size % (rest // cp) == 0 else []
+    if moe_layers(model) or training.attention_backend != "flash":
+        return [1]
+    choices = [1]
+    for cp in CP_DEGREES:
+        if rest % cp or training.global_batch_size % (rest // cp):
+            continue
+        if model.seq_length // cp < MIN_CP_TOKENS or model.seq_length % (2 * cp):
+            stats.drop("cp-long-sequences")
+        elif tp * cp > cluster.gpus_per_node:
+            stats.drop("cp-within-node")
+        else:
+            choices.append(cp)
+    return choices
+
+
 def recompute_choices(constraints: SearchConstraints) -> list[str]:
     return [constraints.recompute] if constraints.recompute else ["none", "selective", "full"]
 
@@ -112,14 +142,15 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     """The fastest megatron-space plan (or the smallest non-fitting one if none fits); with a finite
     `incumbent`, candidates its bounds show no faster than `incumbent` seconds may be left out."""
     stats = stats or SpaceStats()
-    pairs = sorted(parallel_degrees(model, cluster, training, constraints, stats),
-                   key=lambda pair: _promise(model, cluster, training, *pair))
+    degrees = [(tp, pp, cp) for tp, pp in parallel_degrees(model, cluster, training, constraints, stats)
+               for cp in context_parallel_choices(model, cluster, training, constraints, tp, pp, stats)]
+    pairs = sorted(degrees, key=lambda degree: _promise(model, cluster, training, *degree))
     best: Optional[Plan] = None
     known = incumbent
-    for index, (tp, pp) in enumerate(pairs):
+    for index, (tp, pp, cp) in enumerate(pairs):
         incumbent = min(known, best.prediction.iteration_time_s if best is not None and best.prediction.fits
                         else math.inf)
-        for plan in _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats, incumbent):
+        for plan in _plans_for_degrees(model, cluster, training, constraints, (tp, pp, cp), stats, incumbent):
             if best is None or _key(plan) < _key(best):
                 best = plan
         if progress:
@@ -127,11 +158,11 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     return best, stats
 
 
-def _promise(model, cluster, training, tp: int, pp: int) -> float:
-    """The least pipeline_lower_bound of (tp, pp) over micro-batch sizes, memory ignored: walking
-    the pairs in this order finds a fast plan early, so the bound prunes more of the rest."""
-    dp = cluster.world_size // (tp * pp)
-    config = UniformConfig(tp=tp, pp=pp, micro_batch_size=1, sequence_parallel=True)
+def _promise(model, cluster, training, tp: int, pp: int, cp: int = 1) -> float:
+    """The least pipeline_lower_bound of (tp, pp, cp) over micro-batch sizes, memory ignored: walking
+    the degrees in this order finds a fast plan early, so the bound prunes more of the rest."""
+    config = UniformConfig(tp=tp, pp=pp, micro_batch_size=1, sequence_parallel=True, context_parallel=cp)
+    dp = config_dp(cluster, config)
     most_virtual = model.num_layers // pp if model.num_layers % pp == 0 else 1
     return min(pipeline_lower_bound(model, cluster, training, config, mbs, most_virtual)
                for mbs in divisors(training.global_batch_size // dp))
@@ -170,8 +201,8 @@ def _distributed_choices(model, cluster, training, constraints, tp: int, dp: int
     return (True,) if zero1 <= plain else (True, False)
 
 
-def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats, incumbent) -> Iterator[Plan]:
-    for bound, base in _base_configs(model, cluster, training, constraints, tp, pp, stats):
+def _plans_for_degrees(model, cluster, training, constraints, degrees, stats, incumbent) -> Iterator[Plan]:
+    for bound, base in _base_configs(model, cluster, training, constraints, degrees, stats):
         if incumbent < math.inf and bound is None:
             bound = _config_bound(model, cluster, training, constraints, base)
         if incumbent < math.inf and bound >= incumbent:
@@ -187,24 +218,25 @@ def _plans_for_degrees(model, cluster, training, constraints, tp, pp, stats, inc
                 yield plan
 
 
-def _base_configs(model, cluster, training, constraints, tp, pp, stats) -> list[tuple[Optional[float], UniformConfig]]:
+def _base_configs(model, cluster, training, constraints, degrees, stats) -> list[tuple[Optional[float], UniformConfig]]:
     """(lower bound, flags) for the flag combinations of (tp, pp) without recomputation whose states fit,
     most promising first (the order lets the incumbent prune more of the rest; with MoE layers the expert
     degrees multiply them). The bound is computed here only to sort by it (None otherwise: the caller
-    computes it once an incumbent makes it useful)."""
-    dp = cluster.world_size // (tp * pp)
+    computes it once an incumbent makes it useful). `degrees`: (tp, pp, cp)."""
+    tp, pp, cp = degrees
+    dp = cluster.world_size // (tp * pp * cp)
     experts = expert_degree_choices(model, tp, tp * dp, cluster.gpus_per_node, constraints.expert_parallel,
                                     constraints.expert_tensor_parallel)
     if not experts:
         stats.drop("expert-degrees")
     choices = itertools.product(pipeline_splits(model, pp), _sp_choices(model, cluster, training, constraints, tp, dp),
-                                _distributed_choices(model, cluster, training, constraints, tp, dp), experts)
+                                _distributed_choices(model, cluster, training, constraints, tp, dp * cp), experts)
     configs = []
     for (split, account_for), sp, distributed, (ep, etp) in choices:
         base = UniformConfig(tp=tp, pp=pp, micro_batch_size=constraints.micro_batch_size or 1,
                              virtual_stages=constraints.virtual_stages or 1, sequence_parallel=sp,
                              distributed_optimizer=distributed, stage_layers=split, account_for=account_for,
-                             expert_parallel=ep, expert_tensor_parallel=etp)
+                             expert_parallel=ep, expert_tensor_parallel=etp, context_parallel=cp)
         if states_overflow(model, cluster, training, base):
             stats.drop("states-exceed-memory", len(recompute_choices(constraints)))
         else:
@@ -218,7 +250,7 @@ def _base_configs(model, cluster, training, constraints, tp, pp, stats) -> list[
 def _config_bound(model, cluster, training, constraints, config: UniformConfig) -> float:
     """No plan of these flags beats this, whatever its micro-batch, chunks or recomputation: the least
     pipeline_lower_bound over the micro-batch sizes at the most chunks (recomputation only adds work)."""
-    dp = cluster.world_size // (config.tp * config.pp)
+    dp = config_dp(cluster, config)
     sizes = [constraints.micro_batch_size] if constraints.micro_batch_size else \
         divisors(training.global_batch_size // dp)
     virtual = max(_virtual_choices(model, config, constraints))
@@ -252,7 +284,7 @@ def _best_for_recompute(model, cluster, training, constraints, config: UniformCo
         return every
     # Memory falls with the layers recomputed per chunk only at a fixed micro-batch and chunk count
     # (recompute_num_layers counts per chunk: more chunks recompute more layers), so bisect per pair.
-    dp = cluster.world_size // (config.tp * config.pp)
+    dp = config_dp(cluster, config)
     sizes = [constraints.micro_batch_size] if constraints.micro_batch_size else \
         divisors(training.global_batch_size // dp)
     best = every

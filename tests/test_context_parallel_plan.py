@@ -1,4 +1,4 @@
-"""Context parallelism in the Plan and the cost model (cost/context_parallel.py), and `estimate --cp`."""
+"""Context parallelism in the Plan, the cost model (cost/context_parallel.py), `estimate --cp` and the search."""
 from __future__ import annotations
 
 from dataclasses import replace
@@ -143,3 +143,39 @@ def test_estimate_cp_on_a_moe_model_is_one_line():
     assert_user_error(run_cli("estimate", "--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--num-nodes",
                               "8", "--global-batch-size", "256", "--tp", "2", "--pp", "4", "--ep", "4", "--cp", "2",
                               "--sequence-parallel"), "MoE")
+
+
+PLAN = ["plan", "--model", "llama3-70b", "--cluster", "dgx-h100-80gb", "--num-nodes", "16", "--global-batch-size", "512"]
+
+
+def test_the_search_picks_context_parallelism_for_llama3_70b_and_beats_every_plan_without_it():
+    # Without CP the best fitting plan recomputes layers; CP 2 halves the activations instead (NeMo's recipe
+    # for this model also runs CP 2).
+    best = ok_json(*PLAN)
+    without = ok_json(*PLAN, "--cp", "1")
+    flags = best["megatron_flags"]
+    assert best["fits"] and flags[flags.index("--context-parallel-size") + 1] == "2"
+    assert "--context-parallel-size" not in without["megatron_flags"]
+    assert best["iteration_time_s"] < 0.95 * without["iteration_time_s"]
+    pinned = ok_json(*PLAN, "--cp", "4")
+    assert pinned["megatron_flags"][pinned["megatron_flags"].index("--context-parallel-size") + 1] == "4"
+    assert pinned["iteration_time_s"] >= best["iteration_time_s"]
+
+
+def test_the_search_keeps_short_sequences_moe_and_the_unfused_core_at_cp_1():
+    from megatron_auto.search import search_plan
+    from megatron_auto.search.constraints import SearchConstraints
+    from megatron_auto.search.megatron_space import SpaceStats, context_parallel_choices
+
+    cluster, constraints = load_cluster("dgx-h100-80gb", 16), SearchConstraints()
+    stats = SpaceStats()
+    assert context_parallel_choices(LLAMA, cluster, BF16, constraints, 4, 4, stats) == [1, 2]
+    assert stats.pruning == {"cp-within-node": 1, "cp-long-sequences": 1}  # cp 4: 16 ranks; cp 8: 1024 tokens
+    gpt3 = MODEL_PRESETS["gpt3-175b"]  # 2048 tokens: a CP rank would keep fewer than MIN_CP_TOKENS
+    assert context_parallel_choices(gpt3, cluster, BF16, constraints, 1, 1, stats) == [1]
+    assert context_parallel_choices(LLAMA, cluster, replace(BF16, attention_backend="unfused"), constraints,
+                                    4, 4, stats) == [1]
+    assert context_parallel_choices(MODEL_PRESETS["mixtral-8x7b"], cluster, BF16, constraints, 4, 4, stats) == [1]
+    found = search_plan(gpt3, load_cluster("dgx-a100-80gb", 128), TrainingSpec(global_batch_size=1536),
+                        "megatron").plan
+    assert found.embedding.cp == 1
