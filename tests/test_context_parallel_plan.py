@@ -145,7 +145,8 @@ def test_estimate_cp_on_a_moe_model_is_one_line():
                               "--sequence-parallel"), "MoE")
 
 
-PLAN = ["plan", "--model", "llama3-70b", "--cluster", "dgx-h100-80gb", "--num-nodes", "16", "--global-batch-size", "512"]
+PLAN = ["plan", "--model", "llama3-70b", "--cluster", "dgx-h100-80gb", "--num-nodes", "16",
+        "--global-batch-size", "512"]
 
 
 def test_the_search_picks_context_parallelism_for_llama3_70b_and_beats_every_plan_without_it():

@@ -82,8 +82,9 @@ MOE_NO_EFFECT_SWITCHES = {
 }
 NO_EFFECT_LISTS = {
     "--profile-ranks": SINK,
-    "--cp-comm-type": KERNEL + " (the local spec's context-parallel attention all-gathers K and V, which computes "
-                               "what p2p and a2a compute; Transformer Engine, where it runs, runs its default p2p ring)",
+    "--cp-comm-type": KERNEL + " (the local spec's context-parallel attention all-gathers K and V, which "
+                               "computes what p2p and a2a compute; Transformer Engine, where it runs, runs its "
+                               "default p2p ring)",
 }
 
 REFUSED_PREFIXES = {

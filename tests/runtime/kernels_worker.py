@@ -320,7 +320,8 @@ def run_optimizer(case: dict) -> dict:
     return result
 
 
-RUNNERS = {"core": run_core, "cp_core": run_cp_core, "cp_model": run_cp_model, "layer": run_layer, "dropout": run_dropout, "optimizer": run_optimizer}
+RUNNERS = {"core": run_core, "cp_core": run_cp_core, "cp_model": run_cp_model, "layer": run_layer,
+           "dropout": run_dropout, "optimizer": run_optimizer}
 
 if __name__ == "__main__":
     main()
