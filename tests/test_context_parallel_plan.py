@@ -125,7 +125,8 @@ def test_estimate_prices_llama3_70b_with_context_parallelism_where_it_alone_fits
     split = ok_json(*ESTIMATE, "--cp", "2")
     assert not without["fits"] and split["fits"]
     assert split["breakdown"]["cp_comm_s"] > 0
-    assert split["iteration_time_s"] < 1.05 * without["iteration_time_s"]
+    # The same work per rank, plus the K/V exchange and smaller kernels: a few percent more time.
+    assert without["iteration_time_s"] < split["iteration_time_s"] < 1.1 * without["iteration_time_s"]
     flags = split["megatron_flags"]
     assert flags[flags.index("--context-parallel-size") + 1] == "2"
 
@@ -157,7 +158,7 @@ def test_the_search_picks_context_parallelism_for_llama3_70b_and_beats_every_pla
     flags = best["megatron_flags"]
     assert best["fits"] and flags[flags.index("--context-parallel-size") + 1] == "2"
     assert "--context-parallel-size" not in without["megatron_flags"]
-    assert best["iteration_time_s"] < 0.95 * without["iteration_time_s"]
+    assert best["iteration_time_s"] < 0.97 * without["iteration_time_s"]
     pinned = ok_json(*PLAN, "--cp", "4")
     assert pinned["megatron_flags"][pinned["megatron_flags"].index("--context-parallel-size") + 1] == "4"
     assert pinned["iteration_time_s"] >= best["iteration_time_s"]

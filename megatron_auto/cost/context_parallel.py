@@ -45,17 +45,26 @@ def local_model(model: ModelSpec, strategy: LayerStrategy) -> ModelSpec:
 def attention_core_extra_times(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
                                cluster: ClusterSpec, training: TrainingSpec) -> tuple[float, float]:
     """(forward, backward) seconds the core adds over its local-sequence price: a rank's share of the whole
-    sequence's core (1 / cp of it, module docstring) less the local-sequence core already priced, none where
-    the local price is at its kernel-launch floor already; the backward at the flash kernel's 2.5x the
-    forward (cost/layer_kernels.py)."""
-    model = compute_model(cluster)
+    sequence's core (1 / cp of it, module docstring) less the local-sequence core already priced."""
+    whole = _core_times(layer, seq, samples, strategy, cluster, training)
+    local = _core_times(layer, local_sequence(seq, strategy), samples, strategy, cluster, training)
+    return tuple(max(0.0, w / strategy.cp - l) for w, l in zip(whole, local))  # type: ignore[return-value]
 
-    def core(tokens: int) -> float:
-        return model.layer_times(layer, tokens, samples, strategy.tp, strategy.sp, cluster,
-                                 training.activation_bytes, training.attention_backend).attention_core_forward_s
 
-    extra = max(0.0, core(seq) / strategy.cp - core(local_sequence(seq, strategy)))
-    return extra, 2.5 * extra
+def _core_times(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy, cluster: ClusterSpec,
+                training: TrainingSpec) -> tuple[float, float]:
+    """(forward, backward) seconds of the core attention as the layer's price counts them: kernel by kernel
+    its own times without the launch floor (which bounds the whole layer, cost/layer_kernels.py); else the
+    core's forward and the analytic model's 2x for its backward."""
+    if cluster.compute.kernel_level:
+        from .layer_kernels import attention_core_times
+
+        return attention_core_times(layer, seq, samples, strategy.tp, cluster, training.activation_bytes,
+                                    training.attention_backend)
+    forward = compute_model(cluster).layer_times(layer, seq, samples, strategy.tp, strategy.sp, cluster,
+                                                 training.activation_bytes,
+                                                 training.attention_backend).attention_core_forward_s
+    return forward, 2.0 * forward
 
 
 def kv_exchange_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
