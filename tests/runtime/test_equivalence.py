@@ -65,10 +65,10 @@ def _four_rank_cases(tmp) -> list[dict]:
          "flags": {**BATCH, "pipeline_parallel": 2, "pipeline_layout": "Et|t*2|t|(t)*2,L"},
          "load_weights": str(tmp / "init_gpt6")},
         # Context parallelism: each rank holds 2 of 4 chunks of every sequence (flash core attention, which the
-        # CP attention needs; the reference's unfused core differs by fp32 rounding only). fp32 only, as above.
-        {"name": "cp2_dp2", "fp32_only": True, "flags": {**BATCH, "context_parallel": 2},
+        # CP attention needs; the reference's unfused core differs by rounding only). Its bf16 twins too.
+        {"name": "cp2_dp2", "flags": {**BATCH, "context_parallel": 2},
          "settings": {"attention_backend": "flash"}, **init},
-        {"name": "llama_tp2_sp_cp2", "model": "llama", "fp32_only": True,
+        {"name": "llama_tp2_sp_cp2", "model": "llama",
          "flags": {**BATCH, "tensor_parallel": 2, "sequence_parallel": True, "context_parallel": 2},
          "settings": {"attention_backend": "flash"}, "load_weights": str(tmp / "init_llama")},
         {"name": "vpp_batched_p2p_refused", "flags": {**BATCH, "pipeline_parallel": 2, "layers_per_virtual_stage": 1},
@@ -87,7 +87,7 @@ def _eight_rank_cases(tmp) -> list[dict]:
 
 def bf16_case(case: dict) -> dict:
     """The same layout in bf16: its own initial weights and checkpoints (the bf16 runs' files)."""
-    out = {**case, "name": case["name"] + "_bf16", "settings": {"precision": "bf16"}}
+    out = {**case, "name": case["name"] + "_bf16", "settings": {**case.get("settings", {}), "precision": "bf16"}}
     for key in ("load_weights", "save", "resume", "save_initial"):
         if key in out:
             out[key] = out[key] + "_bf16"
