@@ -431,19 +431,25 @@ def _check_megatron_space(plan: Plan) -> None:
     # Any chunk sizes are Megatron's: --pipeline-model-parallel-layout spells out the layers of every chunk.
 
 
+def context_parallel_problem(cp: int, model: ModelSpec) -> Optional[str]:
+    """Why `model` cannot run context parallelism `cp`, or None: Megatron-Core needs a sequence that splits
+    into 2 x cp chunks (get_batch_on_this_cp_rank), and the cost model prices no MoE layer under CP yet."""
+    if cp == 1:
+        return None
+    if model.seq_length % (2 * cp):
+        return (f"context parallelism {cp} splits each sequence into {2 * cp} chunks, which "
+                f"{model.seq_length} tokens do not divide into")
+    if any(layer.moe is not None for layer in model.distinct_layers):
+        return f"context parallelism with MoE layers is not priced yet (model '{model.name}')"
+    return None
+
+
 def _check_context_parallel(plan: Plan) -> None:
-    """What Megatron-Core needs of context parallelism: a sequence that splits into 2 x cp chunks
-    (get_batch_on_this_cp_rank), dense layers (the cost model prices no MoE layer under CP yet)."""
-    cp = plan.embedding.cp
     if plan.space != "megatron" and any(s.cp > 1 for s in plan.distinct_strategies | {plan.embedding}):
         raise ValueError("context parallelism is for megatron-space plans (one layout for every layer)")
-    if cp == 1 or plan.model is None:
-        return
-    if plan.model.seq_length % (2 * cp):
-        raise ValueError(f"context parallelism {cp} splits each sequence into {2 * cp} chunks, which "
-                         f"{plan.model.seq_length} tokens do not divide into")
-    if any(layer.moe is not None for layer in plan.model.distinct_layers):
-        raise ValueError("context parallelism with MoE layers is not priced yet")
+    problem = context_parallel_problem(plan.embedding.cp, plan.model) if plan.model is not None else None
+    if problem:
+        raise ValueError(problem)
 
 
 def _check_one_expert_layout(plan: Plan) -> None:

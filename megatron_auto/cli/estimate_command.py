@@ -28,7 +28,7 @@ LAYOUT_FLAGS = ("tp", "pp", "dp", "cp", "micro_batch_size", "virtual_stages", "r
 
 def check_dp(args: argparse.Namespace, cluster: ClusterSpec) -> None:
     """--tp x --pp (x --cp) must divide the world, and --dp, when given, must be what is left."""
-    world, cp = cluster.world_size, getattr(args, "cp", None) or 1
+    world, cp = cluster.world_size, args.cp or 1
     named = f"tp {args.tp} x pp {args.pp}" + (f" x cp {cp}" if cp > 1 else "")
     if world % (args.tp * args.pp * cp):
         raise UserError(f"{named} = {args.tp * args.pp * cp} does not divide the "

@@ -4,7 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import UserError
-from ..plan import Chunk, LayerStrategy, Plan, Prediction, TimeBreakdown, check_expert_strategy
+from ..plan import (Chunk, LayerStrategy, Plan, Prediction, TimeBreakdown, check_expert_strategy,
+                    context_parallel_problem)
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import GIB, TrainingSpec
@@ -108,22 +109,12 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
             check_expert_strategy(layer, strategy)
         except ValueError as error:
             raise UserError(f"model '{model.name}': {error}") from None
-    _check_context_parallel_job(plan.embedding.cp, model, training)
-
-
-def _check_context_parallel_job(cp: int, model: ModelSpec, training: TrainingSpec) -> None:
-    """What context parallelism needs of the job (cost/context_parallel.py; the plan checks the same of its
-    own model)."""
-    if cp == 1:
-        return
-    if training.attention_backend != "flash":
+    problem = context_parallel_problem(plan.embedding.cp, model)
+    if problem:
+        raise UserError(problem)
+    if plan.embedding.cp > 1 and training.attention_backend != "flash":
         raise UserError(f"context parallelism runs on the flash (SDPA) core attention, not the "
                         f"{training.attention_backend} one")
-    if any(layer.moe is not None for layer in model.distinct_layers):
-        raise UserError(f"context parallelism with MoE layers is not priced yet (model '{model.name}')")
-    if model.seq_length % (2 * cp):
-        raise UserError(f"context parallelism {cp} splits each sequence into {2 * cp} chunks, which "
-                        f"{model.seq_length} tokens do not divide into")
 
 
 def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[StageCost]:
