@@ -41,6 +41,7 @@ from typing import Callable, Optional
 import torch
 
 from ..specs.training import GIB
+from . import distributed
 from .memory_check import TOLERANCE
 
 logger = logging.getLogger(__name__)
@@ -209,8 +210,6 @@ class OomGuard:
 def release(session) -> None:
     """Drop the session's model and optimizer, return cached device memory, and tear down
     Megatron's process groups, so that another plan can be built in this process."""
-    from megatron.core import parallel_state
-
     for name in ("model", "optimizer", "scheduler", "hybrid", "source"):
         setattr(session, name, None)
     gc.collect()
@@ -218,24 +217,4 @@ def release(session) -> None:
         torch.cuda.synchronize(session.device)
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(session.device)
-    groups = megatron_groups()
-    if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
-    for group in groups:  # destroy_model_parallel only forgets them; NCCL communicators hold device memory
-        try:
-            torch.distributed.destroy_process_group(group)
-        except (ValueError, RuntimeError):  # destroyed already (Megatron destroys its gloo groups itself)
-            continue
-
-
-def megatron_groups() -> list:
-    """The process groups parallel_state holds now (its module globals), the default group left out."""
-    from megatron.core import parallel_state
-
-    world = torch.distributed.group.WORLD
-    found = []
-    for value in vars(parallel_state).values():
-        for item in value if isinstance(value, (list, tuple)) else (value,):
-            if isinstance(item, torch.distributed.ProcessGroup) and item is not world and item not in found:
-                found.append(item)
-    return found
+    distributed.destroy_parallel_groups()

@@ -12,7 +12,8 @@ hybrid plan's starting weights), "settings" (TrainSettings fields, e.g. precisio
 has something to learn), "drop_grad_sync" (a broken run: DDP's gradient reduction skipped), "fp32_only" (no
 bf16 twin; read by the test)}.
 The last rank writes {name: {"iterations", "losses", "grad_norms", "loss_scales", "skipped",
-"param_dtypes", "moe_losses", "router_gap"} or {"error"}, and "seconds" the case took} to RESULTS.json;
+"param_dtypes", "moe_losses", "router_gap"} or {"error"}, with "seconds" the case took and "threads" the
+process held after it} to RESULTS.json;
 router_gap is the smallest margin, over every token routed on this rank, between the k-th and (k+1)-th
 router logit (MoE models).
 """
@@ -121,6 +122,12 @@ def _record_router_gaps(model) -> list:
     return gaps
 
 
+def _thread_count() -> int:
+    """This process's operating-system threads (gloo's and torch's included), from /proc."""
+    status = open("/proc/self/status").read()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
+
+
 def _load_weights(run, path: str) -> None:
     from megatron_auto.runtime import checkpoint
 
@@ -142,7 +149,7 @@ def main() -> None:
             if not case.get("expect_error"):
                 raise
             results[case["name"]] = {"error": f"{type(error).__name__}: {error}"}
-        results[case["name"]]["seconds"] = time.monotonic() - started
+        results[case["name"]].update(seconds=time.monotonic() - started, threads=_thread_count())
     if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
         json.dump(results, open(sys.argv[2], "w"), indent=1)
     distributed.shutdown()

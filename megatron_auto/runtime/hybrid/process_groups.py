@@ -13,6 +13,7 @@ from datetime import timedelta
 import torch
 
 from ...plan import LayerStrategy, Plan
+from .. import distributed
 from . import groups
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ class HybridProcessGroups:
         self._groups: dict[groups.Ranks, object] = {}
         timeout = timedelta(seconds=timeout_s)
         for ranks in groups.unique_groups(plan, seq_length):
-            group = torch.distributed.new_group(ranks=list(ranks), timeout=timeout)
+            group = distributed.new_group(list(ranks), timeout)
             if self.rank in ranks:
                 self._groups[ranks] = group
         logger.debug("rank %d: %d hybrid groups (%d hold this rank)", self.rank,
