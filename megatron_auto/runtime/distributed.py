@@ -8,6 +8,7 @@ from __future__ import annotations
 import gc
 import logging
 import os
+import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -127,6 +128,20 @@ def destroy_parallel_groups() -> None:
             continue
     del groups
     gc.collect()
+    _forget_cached_sharding()
+
+
+def _forget_cached_sharding() -> None:
+    """Empty DTensor's caches of sharding decisions (ZeRO-3 layers are DTensors).
+
+    Their keys compare DeviceMeshes by rank layout, not by process group, so a ZeRO-3 layer of the next
+    layout over the same ranks got its parameters on the last layout's mesh, whose group is destroyed:
+    "Could not resolve the process group registered under the name ..." (torch 2.13, a bf16 layout after
+    an fp32 one). Nothing to do unless torch.distributed.tensor was imported."""
+    if "torch.distributed.tensor" in sys.modules:
+        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
+
+        _clear_sharding_prop_cache()  # the Python cache and the C++ dispatch fast path's
 
 
 _OWN_GROUPS: list = []
