@@ -16,7 +16,7 @@ from megatron_auto.search import search_plan
 from megatron_auto.search.uniform import UniformConfig, build_uniform_plan
 from megatron_auto.specs.model import uniform_model
 from megatron_auto.specs.presets import CLUSTER_PRESETS
-from megatron_auto.specs.training import GIB, TrainingSpec
+from megatron_auto.specs.training import TrainingSpec
 
 REPO = Path(__file__).resolve().parents[1]
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

@@ -130,7 +130,6 @@ def _brute_force_megatron(training, cluster=CLUSTER):
     for tp, pp in itertools.product(divisors(world), divisors(world)):
         if world % (tp * pp) or MODEL.layers[0].num_attention_heads % tp or pp > MODEL.num_layers:
             continue
-        dp = world // (tp * pp)
         for mbs in divisors(training.global_batch_size):
             for split in megatron_uneven_splits(MODEL.num_layers, pp):
                 for v in divisors(split[0]):

@@ -85,7 +85,7 @@ def solve_overhead(points: list[tuple[int, float, float]]) -> tuple[float, float
     """Least-squares (step_overhead_s, micro_batch_overhead_s) of residual = a + m b, both >= 0."""
     ms = [m for m, _, _ in points]
     residuals = [t - c for _, t, c in points]
-    n, mean_m, mean_r = len(ms), sum(ms) / len(ms), sum(residuals) / len(residuals)
+    mean_m, mean_r = sum(ms) / len(ms), sum(residuals) / len(residuals)
     var = sum((m - mean_m) ** 2 for m in ms)
     slope = sum((m - mean_m) * (r - mean_r) for m, r in zip(ms, residuals)) / var if var else 0.0
     slope = max(0.0, slope)

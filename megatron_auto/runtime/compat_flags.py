@@ -51,6 +51,11 @@ NO_EFFECT_SWITCHES = {
     "--log-batch-size-to-tensorboard": SINK, "--log-energy": SINK, "--log-straggler": SINK,
     "--disable-straggler-on-startup": SINK,
     "--ddp-average-in-collective": LAYOUT + " (the gradients are averaged over the data-parallel ranks either way)",
+    "--use-precision-aware-optimizer": "with fp32 main gradients, master weights and Adam moments (the default of "
+                                       "its four dtype flags) Adam takes the same step; lower dtypes are refused",
+    "--use-tp-pp-dp-mapping": LAYOUT + " (it orders the ranks into groups; each group computes the same)",
+    "--inference-rng-tracker": "read only at inference; training's dropout streams are Megatron's RNG tracker",
+    "--overlap-cpu-optimizer-d2h-h2d": "read only by --optimizer-cpu-offload, which is refused",
 }
 NO_EFFECT_VALUES = {
     "--distributed-backend": "NCCL on GPUs, gloo on CPU, chosen by the host",
@@ -71,6 +76,9 @@ NO_EFFECT_VALUES = {
     "--ddp-bucket-size": LAYOUT + " (the bucket size sets how the gradient reduction overlaps, not its result)",
     "--check-weight-hash-across-dp-replicas-interval": "a consistency check this runtime does not run",
     "--sgd-momentum": "read only by --optimizer sgd, which is refused",
+    "--optimizer-offload-fraction": "read only by --optimizer-cpu-offload, which is refused",
+    "--non-persistent-local-ckpt-dir": "read only by --non-persistent-ckpt-type local, which is refused",
+    "--non-persistent-local-ckpt-algo": "read only by --non-persistent-ckpt-type local, which is refused",
 }
 MOE_NO_EFFECT_SWITCHES = {
     "--moe-permute-fusion": KERNEL + " (the fused permutation needs Transformer Engine; the tokens are the same)",
@@ -93,6 +101,10 @@ REFUSED_PREFIXES = {
     "--mtp-": "multi-token prediction layers are not built by this runtime yet",
 }
 _MLA = "multi-latent attention (DeepSeek) is not built by this runtime yet"
+_CONVERT = ("converting a checkpoint's format is not run here (checkpoints are Megatron-Core dist_checkpointing "
+            "torch_dist, which every layout loads)")
+_LOW_PRECISION_OPTIMIZER = ("main gradients, master weights or Adam moments below fp32 need Transformer Engine's "
+                            "FusedAdam (--use-precision-aware-optimizer), which this runtime does not drive yet")
 REFUSED_ANY_VALUE = {
     "--window-size": "sliding-window attention is not built by this runtime yet",
     "--softmax-type": "attention sinks / learnable softmax are not built by this runtime yet",
@@ -103,15 +115,24 @@ REFUSED_ANY_VALUE = {
     "--activation-func-clamp-value": "gpt-oss's clamped GLU is not built by this runtime yet",
     "--kv-lora-rank": _MLA, "--q-lora-rank": _MLA, "--qk-head-dim": _MLA, "--qk-pos-emb-head-dim": _MLA,
     "--v-head-dim": _MLA,
+    "--ckpt-convert-format": _CONVERT, "--ckpt-convert-save": _CONVERT,
 }
 REFUSED_UNLESS = {
     "--rope-type": ("rope", "RoPE variants other than plain rope (YaRN, ...) are not built by this runtime yet"),
     "--optimizer": ("adam", "only Adam with decoupled weight decay (Megatron's `adam`) runs here"),
+    "--main-grads-dtype": ("fp32", _LOW_PRECISION_OPTIMIZER), "--main-params-dtype": ("fp32", _LOW_PRECISION_OPTIMIZER),
+    "--exp-avg-dtype": ("fp32", _LOW_PRECISION_OPTIMIZER), "--exp-avg-sq-dtype": ("fp32", _LOW_PRECISION_OPTIMIZER),
 }
 """flag: (the one value accepted, why others are refused)."""
 REFUSED_SWITCHES = {
     "--multi-latent-attention": _MLA,
     "--export-force-local-attention": "gpt-oss's local attention is not built by this runtime yet",
+    "--optimizer-cpu-offload": "optimizer CPU offload (Megatron-Core's HybridDeviceOptimizer) is not run by this "
+                               "runtime yet, and the planner does not price it",
+    "--ckpt-convert-update-legacy-dist-opt-format": _CONVERT,
+    "--load-main-params-from-ckpt": "copying the fp32 main parameters alone from a checkpoint's optimizer state is "
+                                    "not run here; with --no-load-optim they are rebuilt from the model weights "
+                                    "(Megatron-LM's behaviour without this flag)",
 }
 REFUSED_ABOVE_ONE: dict[str, str] = {}
 """Sizes that only 1 runs (none left: --context-parallel-size runs since CP came in)."""

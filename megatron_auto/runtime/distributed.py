@@ -77,6 +77,10 @@ def _restart_store(world_size: int, timeout_s: float):
     return torch.distributed.PrefixStore(f"megatron_auto/attempt_{attempt}", store)
 
 
+_OWN_GROUPS: list = []
+"""Groups new_group made for the current layout (a hybrid plan's), destroyed with Megatron's."""
+
+
 def initialize_parallel(layout: MegatronLayout, timeout_s: float) -> None:
     """Megatron's TP/PP/DP groups for `layout` (destroying any previous ones)."""
     from megatron.core import parallel_state
@@ -142,10 +146,6 @@ def _forget_cached_sharding() -> None:
         from torch.distributed.tensor.debug import _clear_sharding_prop_cache
 
         _clear_sharding_prop_cache()  # the Python cache and the C++ dispatch fast path's
-
-
-_OWN_GROUPS: list = []
-"""Groups new_group made for the current layout (a hybrid plan's), destroyed with Megatron's."""
 
 
 def new_group(ranks: list[int], timeout: timedelta):

@@ -30,7 +30,6 @@ predicted peak (default 1.0), so tests exercise the same path on gloo.
 """
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import os
@@ -212,9 +211,9 @@ def release(session) -> None:
     Megatron's process groups, so that another plan can be built in this process."""
     for name in ("model", "optimizer", "scheduler", "hybrid", "source"):
         setattr(session, name, None)
-    gc.collect()
     if session.device.type == "cuda":
         torch.cuda.synchronize(session.device)
-        torch.cuda.empty_cache()
+    distributed.destroy_parallel_groups()  # it collects the dropped model's cycles too
+    if session.device.type == "cuda":
+        torch.cuda.empty_cache()  # after the collection, so the freed blocks go back
         torch.cuda.reset_peak_memory_stats(session.device)
-    distributed.destroy_parallel_groups()

@@ -185,6 +185,15 @@ def test_wsd_holds_the_rate_then_decays_over_its_window_while_the_weight_decay_m
      "--non-persistent-save-interval 10 needs a positive interval and --non-persistent-ckpt-type global"),
     (["--train-iters", "5", "--override-opt_param-scheduler", "--use-checkpoint-opt_param-scheduler"],
      "--override-opt_param-scheduler and --use-checkpoint-opt_param-scheduler cannot both be given"),
+    (["--train-iters", "5", "--use-precision-aware-optimizer", "--exp-avg-dtype", "bf16", "--exp-avg-sq-dtype", "bf16"],
+     "--exp-avg-dtype bf16: main gradients, master weights or Adam moments below fp32 need Transformer Engine's"),
+    (["--train-iters", "5", "--main-grads-dtype", "bf16"], "--main-grads-dtype bf16: main gradients"),
+    (["--train-iters", "5", "--optimizer-cpu-offload", "--optimizer-offload-fraction", "0.5"],
+     "--optimizer-cpu-offload: optimizer CPU offload"),
+    (["--train-iters", "5", "--ckpt-convert-format", "torch_dist", "--ckpt-convert-save", "/tmp/c"],
+     "--ckpt-convert-format: converting a checkpoint's format is not run here"),
+    (["--train-iters", "5", "--no-load-optim", "--load-main-params-from-ckpt"],
+     "--load-main-params-from-ckpt: copying the fp32 main parameters alone"),
 ])
 def test_bad_schedule_and_refused_flags_exit_2_with_one_line(capsys, flags, message):
     base = [f for f in BASE if f not in ("--train-iters", "10")]
@@ -198,7 +207,8 @@ def test_bad_schedule_and_refused_flags_exit_2_with_one_line(capsys, flags, mess
 def test_parallel_sizes_of_one_and_megatron_defaults_are_accepted():
     args = pretrain_gpt.parse_args(BASE + ["--context-parallel-size", "1", "--expert-model-parallel-size", "1",
                                            "--rope-type", "rope", "--recompute-modules", "core_attn",
-                                           "--optimizer", "adam"])
+                                           "--optimizer", "adam", "--main-grads-dtype", "fp32", "--main-params-dtype",
+                                           "fp32", "--exp-avg-dtype", "fp32", "--exp-avg-sq-dtype", "fp32"])
     assert args.optimizer_impl == "auto"  # `--optimizer adam` is Megatron's optimizer, not an implementation
     assert pretrain_gpt.no_effect_flags(args) == []
 
@@ -296,6 +306,12 @@ def test_xavier_uniform_initialisation_reaches_every_init_method_of_the_config()
             bound = math.sqrt(6 / (256 + 64))  # xavier_uniform_'s U(-a, a), a = sqrt(6 / (fan_in + fan_out))
             # 16384 uniform draws reach within 1% of the bound; normal(0, 0.02) stays under 0.1.
             assert bool(weight.abs().max() > 0.99 * bound) is xavier and weight.abs().max() <= bound
+
+
+def test_precision_aware_optimizer_with_fp32_states_is_accepted_and_named():
+    # Alone, the switch keeps its four dtype flags at fp32: the same Adam step, so it runs and is named.
+    args = pretrain_gpt.parse_args(BASE + ["--use-precision-aware-optimizer", "--use-tp-pp-dp-mapping"])
+    assert set(pretrain_gpt.no_effect_flags(args)) == {"--use-precision-aware-optimizer", "--use-tp-pp-dp-mapping"}
 
 
 def test_no_effect_flags_are_named_with_their_reason(monkeypatch):
