@@ -34,6 +34,7 @@ from megatron_auto.runtime import distributed, session  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, MoESettings, TrainSettings  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
+from worker_stats import thread_count  # noqa: E402
 from worker_models import (deepseek_style_moe_model, llama_model, mixed_moe_model, qwen3_model,  # noqa: E402
                            swiglu_moe_model)
 
@@ -122,12 +123,6 @@ def _record_router_gaps(model) -> list:
     return gaps
 
 
-def _thread_count() -> int:
-    """This process's operating-system threads (gloo's and torch's included), from /proc."""
-    status = open("/proc/self/status").read()
-    return int(next(line.split()[1] for line in status.splitlines() if line.startswith("Threads:")))
-
-
 def _load_weights(run, path: str) -> None:
     from megatron_auto.runtime import checkpoint
 
@@ -149,7 +144,7 @@ def main() -> None:
             if not case.get("expect_error"):
                 raise
             results[case["name"]] = {"error": f"{type(error).__name__}: {error}"}
-        results[case["name"]].update(seconds=time.monotonic() - started, threads=_thread_count())
+        results[case["name"]].update(seconds=time.monotonic() - started, threads=thread_count())
     if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
         json.dump(results, open(sys.argv[2], "w"), indent=1)
     distributed.shutdown()

@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import sys
+import time
 
 import patches
 
@@ -32,6 +33,7 @@ from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags
 from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
 from worker_models import llama_model, qwen3_model  # noqa: E402
+from worker_stats import thread_count  # noqa: E402
 
 MODEL = uniform_model("hybrid-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
                       seq_length=32, vocab_size=256)
@@ -114,7 +116,11 @@ def main() -> None:
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     cases = json.load(open(sys.argv[1]))
     info = distributed.init_distributed(SETTINGS.timeout_s)
-    results = {case["name"]: run_case(case, info) for case in cases}
+    results = {}
+    for case in cases:
+        started = time.monotonic()
+        results[case["name"]] = {**run_case(case, info), "seconds": time.monotonic() - started,
+                                 "threads": thread_count()}
     if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
         json.dump(results, open(sys.argv[2], "w"), indent=1)
     distributed.shutdown()

@@ -205,3 +205,11 @@ def test_bf16_tolerance_rejects_the_fp32_run_and_a_dropped_gradient_reduction(fo
 
 def test_fp16_with_dynamic_loss_scaling_trains_zero3_and_ddp_parts(four_rank):
     precision_checks.assert_fp16_run_trains(four_rank["fp16_zero3_mixed"], FP16_SETTINGS)
+
+
+def test_plan_after_plan_in_one_process_does_not_pile_up_threads(four_rank):
+    """Each plan's groups (Megatron's and the hybrid runtime's own) are destroyed before the next plan's
+    (distributed.destroy_parallel_groups). Without it, every plan left its gloo groups' threads behind, as in
+    test_equivalence: the last rank ends no case with more than twice the threads of its first."""
+    threads = [result["threads"] for result in four_rank.values()]
+    assert len(threads) > 5 and max(threads) <= 2 * threads[0], threads

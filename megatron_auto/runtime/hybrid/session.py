@@ -17,7 +17,7 @@ import torch
 from ...errors import UserError
 from ...plan import Plan
 from ...specs.model import ModelSpec
-from .. import data
+from .. import data, distributed
 from ..layout import MegatronLayout
 from ..settings import TrainSettings
 from .build import build_model, pg_collection, BuildContext
@@ -60,8 +60,7 @@ def initialize_parallel(plan: Plan, timeout_s: float) -> None:
     """Megatron's parallel_state with TP 1 and the plan's PP (pipeline/embedding groups, memory buffer)."""
     from megatron.core import parallel_state
 
-    if parallel_state.model_parallel_is_initialized():
-        parallel_state.destroy_model_parallel()
+    distributed.destroy_parallel_groups()  # the last layout's, Megatron's and ours (their threads too)
     parallel_state.initialize_model_parallel(
         tensor_model_parallel_size=1, pipeline_model_parallel_size=plan.pipeline_parallel,
         virtual_pipeline_model_parallel_size=plan.virtual_stages if plan.virtual_stages > 1 else None,
