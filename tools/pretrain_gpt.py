@@ -162,6 +162,12 @@ def _moe_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--moe-token-drop-policy", choices=("probs", "position"), default="probs")
     group.add_argument("--moe-input-jitter-eps", type=float)
     group.add_argument("--moe-per-layer-logging", action="store_true")
+    group.add_argument("--moe-router-enable-expert-bias", action="store_true",
+                       help="auxiliary-loss-free balancing (DeepSeek-V3): a per-expert routing bias, updated after "
+                            "each global batch; needs --moe-router-score-function sigmoid")
+    group.add_argument("--moe-router-bias-update-rate", type=float, default=1e-3)
+    group.add_argument("--moe-router-num-groups", type=int, help="expert groups for group-limited routing")
+    group.add_argument("--moe-router-group-topk", type=int, help="groups a token's experts may come from")
     group.add_argument("--expert-model-parallel-size", type=int, help="EP degree (a constraint under --auto-parallel)")
     group.add_argument("--expert-tensor-parallel-size", type=int,
                        help="expert TP degree (default --tensor-model-parallel-size)")
@@ -177,7 +183,27 @@ def moe_settings(args: argparse.Namespace) -> MoESettings:
         expert_capacity_factor=args.moe_expert_capacity_factor,
         pad_expert_input_to_capacity=args.moe_pad_expert_input_to_capacity,
         token_drop_policy=args.moe_token_drop_policy, input_jitter_eps=args.moe_input_jitter_eps,
-        per_layer_logging=args.moe_per_layer_logging)
+        per_layer_logging=args.moe_per_layer_logging, router_expert_bias=args.moe_router_enable_expert_bias,
+        router_bias_update_rate=args.moe_router_bias_update_rate, router_num_groups=args.moe_router_num_groups,
+        router_group_topk=args.moe_router_group_topk)
+
+
+def moe_router_error(args: argparse.Namespace) -> Optional[str]:
+    """The router flags' constraints that TransformerConfig asserts on (megatron-core 0.16.1), as one line."""
+    if args.moe_router_enable_expert_bias and args.moe_router_score_function != "sigmoid":
+        return ("--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid (as in Megatron-LM), "
+                f"not {args.moe_router_score_function}")
+    groups, picked = args.moe_router_num_groups, args.moe_router_group_topk
+    if groups is None and picked is None:
+        return None
+    if groups is None or picked is None or not 1 <= picked <= groups:
+        return f"--moe-router-num-groups {groups} --moe-router-group-topk {picked}: give both, with 1 <= topk <= groups"
+    experts, topk = args.num_experts or 0, args.moe_router_topk
+    if experts % groups or not picked <= topk <= picked * (experts // groups):
+        return (f"--moe-router-num-groups {groups} --moe-router-group-topk {picked}: the groups must split the "
+                f"{experts} experts evenly, and the chosen groups must hold --moe-router-topk {topk} experts, "
+                "at least one from each")
+    return None
 
 
 def moe_model_flags(args: argparse.Namespace) -> dict:
@@ -442,7 +468,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.recompute_activations and args.recompute_granularity is None:
         args.recompute_granularity = "selective"
     flags_error = (schedule_flags_error(args) or batch_ramp_error(args) or size_flags_error(args)
-                   or checkpoint_flags_error(args))
+                   or checkpoint_flags_error(args) or moe_router_error(args))
     if flags_error:
         parser.error(flags_error)
     if not args.mock_data and not args.data_path and not any(per_split_paths(args)):

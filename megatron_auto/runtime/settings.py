@@ -76,6 +76,17 @@ class MoESettings:
     """--moe-input-jitter-eps: multiplicative noise on the router's input while training."""
     per_layer_logging: bool = False
     """--moe-per-layer-logging: log each layer's auxiliary losses, not only their mean."""
+    router_expert_bias: bool = False
+    """--moe-router-enable-expert-bias: DeepSeek-V3's auxiliary-loss-free balancing, a per-expert bias added to
+    the scores that pick the experts (not to the weights that mix them), moved after each global batch
+    toward the experts that got fewer tokens (Wang et al. 2024, arXiv:2408.15664)."""
+    router_bias_update_rate: float = 1e-3
+    """--moe-router-bias-update-rate: how far each update moves an expert's bias."""
+    router_num_groups: Optional[int] = None
+    """--moe-router-num-groups: experts split into this many groups for group-limited routing (DeepSeek-V2/V3's
+    device- and node-limited routing)."""
+    router_group_topk: Optional[int] = None
+    """--moe-router-group-topk: groups a token's experts may come from."""
 
     def config_fields(self) -> dict:
         """TransformerConfig's fields for these settings (megatron/core/transformer/transformer_config.py)."""
@@ -86,7 +97,10 @@ class MoESettings:
                     moe_expert_capacity_factor=self.expert_capacity_factor,
                     moe_pad_expert_input_to_capacity=self.pad_expert_input_to_capacity,
                     moe_token_drop_policy=self.token_drop_policy, moe_input_jitter_eps=self.input_jitter_eps,
-                    moe_per_layer_logging=self.per_layer_logging)
+                    moe_per_layer_logging=self.per_layer_logging,
+                    moe_router_enable_expert_bias=self.router_expert_bias,
+                    moe_router_bias_update_rate=self.router_bias_update_rate,
+                    moe_router_num_groups=self.router_num_groups, moe_router_group_topk=self.router_group_topk)
 
 
 @dataclass(frozen=True)

@@ -12,10 +12,11 @@ hybrid plan's starting weights), "settings" (TrainSettings fields, e.g. precisio
 has something to learn), "drop_grad_sync" (a broken run: DDP's gradient reduction skipped), "fp32_only" (no
 bf16 twin; read by the test)}.
 The last rank writes {name: {"iterations", "losses", "grad_norms", "loss_scales", "skipped",
-"param_dtypes", "moe_losses", "router_gap"} or {"error"}, with "seconds" the case took and "threads" the
-process held after it} to RESULTS.json;
-router_gap is the smallest margin, over every token routed on this rank, between the k-th and (k+1)-th
-router logit (MoE models).
+"param_dtypes", "moe_losses", "router_gap", "expert_bias_max"} or {"error"}, with "seconds" the case took and
+"threads" the process held after it} to RESULTS.json;
+router_gap is the smallest margin, over every token routed on this rank, between what its router picked and
+the best it left (selection_margin; MoE models); expert_bias_max the largest expert bias on this rank after
+the case (--moe-router-enable-expert-bias).
 """
 from __future__ import annotations
 
@@ -91,6 +92,8 @@ def run_case(case: dict, info) -> dict:
             "wgrad_fused_linears": sum(bool(getattr(m, "gradient_accumulation_fusion", False))
                                        for chunk in run.model for m in chunk.modules()),
             "moe_losses": [dict(r.moe_losses) for r in results], "router_gap": min(gaps, default=None),
+            "expert_bias_max": max((float(m.expert_bias.abs().max()) for chunk in run.model for m in chunk.modules()
+                                    if getattr(m, "expert_bias", None) is not None), default=None),
             "cp_size": _context_parallel_size()}
 
 
@@ -109,18 +112,44 @@ def hybrid_plan(spec: dict, world: int, global_batch: int) -> Plan:
 
 
 def _record_router_gaps(model) -> list:
-    """Wrap every MoE router's gating so each call appends its smallest top-k margin to the returned list."""
+    """Wrap every MoE router's gating so each call appends its smallest selection margin to the returned list."""
     from megatron.core.transformer.moe.router import TopKRouter
 
     gaps: list = []
     for module in (m for chunk in model for m in chunk.modules() if isinstance(m, TopKRouter)):
-        def gating(input, _gating=module.gating, _k=module.topk):
+        def gating(input, _gating=module.gating, _router=module):
             logits = _gating(input)
-            top = logits.detach().float().topk(_k + 1, dim=-1).values
-            gaps.append(float((top[..., _k - 1] - top[..., _k]).min()))
+            gaps.append(selection_margin(logits.detach().float().view(-1, logits.shape[-1]), _router))
             return logits
         module.gating = gating
     return gaps
+
+
+def selection_margin(logits, router) -> float:
+    """The smallest gap, over these tokens, between what the router picks and the best it does not pick.
+
+    The choice is made on the scores plus the expert bias (sigmoid scores; the logits' order for softmax):
+    under group-limited routing first among the groups (each scored by the sum of its top topk/group_topk),
+    then among the chosen groups' experts (megatron-core 0.16.1, moe_utils.topk_routing_with_score_function)."""
+    import torch
+
+    config, k = router.config, router.topk
+    scores = torch.sigmoid(logits) if config.moe_router_score_function == "sigmoid" else logits
+    if router.expert_bias is not None:
+        scores = scores + router.expert_bias.float()
+    margins = []
+    if config.moe_router_num_groups:
+        groups, picked = config.moe_router_num_groups, config.moe_router_group_topk
+        group_scores = scores.view(len(scores), groups, -1).topk(k // picked, dim=-1).values.sum(-1)
+        if picked < groups:
+            top = group_scores.topk(picked + 1, dim=-1).values
+            margins.append(top[:, picked - 1] - top[:, picked])
+        chosen = torch.zeros_like(group_scores, dtype=torch.bool).scatter(1, group_scores.topk(picked).indices, True)
+        scores = scores.masked_fill(~chosen.repeat_interleave(scores.shape[1] // groups, dim=1), float("-inf"))
+    if int(torch.isfinite(scores).sum(-1).min()) > k:  # more candidates than picks
+        top = scores.topk(k + 1, dim=-1).values
+        margins.append(top[:, k - 1] - top[:, k])
+    return min((float(m.min()) for m in margins), default=float("inf"))
 
 
 def _load_weights(run, path: str) -> None:

@@ -59,6 +59,20 @@ layer with the same TP/DP (over the wrong group: 2.4e-6 on the gradient norm) an
 per-token aux-loss weighting under SP (3.2e-5; patches/moe_per_token_aux_loss_tp.py)."""
 BATCH = {"global_batch_size": 8, "micro_batch_size": 1}
 ROUTER = {"router_dtype": "fp32"}
+DEEPSEEK_ROUTER = {**ROUTER, "router_score_function": "sigmoid", "router_topk_scaling_factor": 2.5,
+                   "router_expert_bias": True, "router_bias_update_rate": 1e-2, "router_num_groups": 2,
+                   "router_group_topk": 1}
+"""DeepSeek-V3's router at test size: sigmoid scores, auxiliary-loss-free balancing (an expert bias moved by
+the rate after every global batch) and group-limited routing (2 groups of 2 experts, a token's 2 experts from
+1 group). The rate is 10x Megatron-LM's default so that each update moves a bias by 0.01, past the gaps
+between the scores (sigmoid of logits ~0.1): the bias changes routes, and a layout that counted the tokens
+wrongly or lost the bias in a checkpoint would route differently (DEEPSEEK_OTHER_RATE shows it does). With
+both experts of a group picked together, the groups' counts alternate, and so does the bias (0 or 0.01)."""
+DEEPSEEK_SEED = {"seed": 1}
+"""Sigmoid scores sit near 0.5 and move at a quarter of the logits' rate, so the selection margins are small:
+over seeds 1-8 the reference's smallest margin was 1.1e-6 to 3.6e-5 (seed 1: 3.6e-5, the widest; the others
+fall below or near ROUTER_GAP_MIN, which the reference's check would report)."""
+DEEPSEEK = {"model": "deepseek_moe", "settings": DEEPSEEK_SEED}
 
 
 def _reference_cases(tmp) -> list[dict]:
@@ -67,8 +81,8 @@ def _reference_cases(tmp) -> list[dict]:
          "save_initial": str(tmp / "init_swiglu")},
         {"name": "mixed_reference", "model": "mixed_moe", "flags": BATCH, "moe": ROUTER,
          "save_initial": str(tmp / "init_mixed")},
-        {"name": "deepseek_reference", "model": "deepseek_moe", "flags": BATCH, "moe": ROUTER,
-         "save_state": str(tmp / "init_deepseek.pt")},
+        {"name": "deepseek_reference", **DEEPSEEK, "flags": BATCH, "moe": DEEPSEEK_ROUTER,
+         "save_state": str(tmp / "init_deepseek.pt"), "save_initial": str(tmp / "init_deepseek")},
     ]
 
 
@@ -86,8 +100,12 @@ HYBRID_PLANS = {
 }
 
 
+DEEPSEEK_OTHER_RATE = "deepseek_ep2_bias_rate_2e-2"
+"""The negative control of the expert bias: the same run with twice the bias update rate."""
+
+
 def _hybrid_cases(tmp) -> list[dict]:
-    return [{"name": name, "model": "deepseek_moe", "flags": BATCH, "moe": ROUTER, "hybrid": plan,
+    return [{"name": name, **DEEPSEEK, "flags": BATCH, "moe": DEEPSEEK_ROUTER, "hybrid": plan,
              "init_state": str(tmp / "init_deepseek.pt")} for name, plan in HYBRID_PLANS.items()]
 
 
@@ -95,6 +113,7 @@ def _four_rank_cases(tmp) -> list[dict]:
     swiglu = {"model": "swiglu_moe", "load_weights": str(tmp / "init_swiglu"), "settings": SWIGLU_SEED}
     mixed = {"model": "mixed_moe", "load_weights": str(tmp / "init_mixed")}
     allgather = {**ROUTER, "token_dispatcher": "allgather"}
+    deepseek = {**DEEPSEEK, "moe": DEEPSEEK_ROUTER, "load_weights": str(tmp / "init_deepseek")}
     return [
         {"name": "ep2_dp4", "flags": {**BATCH, "expert_parallel": 2}, "moe": ROUTER, **swiglu,
          "save": str(tmp / "swiglu_ep2"), "save_interval": 3},
@@ -111,12 +130,20 @@ def _four_rank_cases(tmp) -> list[dict]:
          "settings": SWIGLU_SEED, "resume": str(tmp / "swiglu_ep2"), "resume_step": 3},
         {"name": "resume_ep2_ckpt_at_ep1", "model": "swiglu_moe", "flags": BATCH, "moe": ROUTER,
          "settings": SWIGLU_SEED, "resume": str(tmp / "swiglu_ep2"), "resume_step": 3},
+        {"name": "deepseek_ep2_tp2_sp", "flags": {**BATCH, "expert_parallel": 2, "tensor_parallel": 2,
+                                                   "sequence_parallel": True}, **deepseek,
+         "save": str(tmp / "deepseek_ep2"), "save_interval": 3},
+        {"name": "resume_deepseek_ep2_ckpt_as_ep4", **DEEPSEEK, "flags": {**BATCH, "expert_parallel": 4},
+         "moe": DEEPSEEK_ROUTER, "resume": str(tmp / "deepseek_ep2"), "resume_step": 3},
+        {**deepseek, "name": DEEPSEEK_OTHER_RATE, "flags": {**BATCH, "expert_parallel": 2},
+         "moe": {**DEEPSEEK_ROUTER, "router_bias_update_rate": 2e-2}},
     ]
 
 
 REFERENCE_OF = {"swiglu_moe": "swiglu_reference", "mixed_moe": "mixed_reference",
                 "deepseek_moe": "deepseek_reference"}
-FOUR_RANK_NAMES = [c["name"] for c in _four_rank_cases(__import__("pathlib").Path(".")) if "at_ep1" not in c["name"]]
+FOUR_RANK_NAMES = [c["name"] for c in _four_rank_cases(__import__("pathlib").Path("."))
+                   if "at_ep1" not in c["name"] and c["name"] != DEEPSEEK_OTHER_RATE]
 
 
 @pytest.fixture(scope="module")
@@ -212,3 +239,23 @@ def test_tolerance_rejects_another_model(references):
     """The comparison can fail: the two reference models' runs are far apart."""
     with pytest.raises(AssertionError):
         assert_matches(references["mixed_reference"], references["swiglu_reference"])
+
+
+def test_expert_bias_moves_and_steers_the_routes(four_rank, references):
+    """The reference's bias moved (by whole steps of the rate), each layout's moved with it (checked through the
+    losses above), and a run whose bias moves at another rate leaves the tolerance: the bias changes routes."""
+    reference = references["deepseek_reference"]
+    assert reference["expert_bias_max"] >= 1e-2 - 1e-9, reference["expert_bias_max"]
+    for name in ("deepseek_ep2_tp2_sp", *HYBRID_PLANS):
+        assert four_rank[name]["expert_bias_max"] >= 1e-2 - 1e-9, name
+    other = four_rank[DEEPSEEK_OTHER_RATE]
+    assert "error" not in other and other["expert_bias_max"] >= 2e-2 - 1e-9, other
+    with pytest.raises(AssertionError, match="relative difference"):
+        assert_matches(other, reference)
+
+
+def test_checkpoint_keeps_the_expert_bias(four_rank, references):
+    """A checkpoint saved under EP2 x TP2 at iteration 3 resumes under EP4 with the bias it had learned."""
+    result = four_rank["resume_deepseek_ep2_ckpt_as_ep4"]
+    assert result["iterations"] == [4, 5]
+    assert_matches(result, references["deepseek_reference"])

@@ -150,7 +150,15 @@ def test_wsd_holds_the_rate_then_decays_over_its_window_while_the_weight_decay_m
     (["--train-samples", "40", "--lr-warmup-samples", "8", "--lr-warmup-fraction", "0.1"],
      "give --lr-warmup-fraction or --lr-warmup-iters/--lr-warmup-samples, not both"),
     (["--train-iters", "5", "--fp8-format", "hybrid", "--fp8-amax-history-len", "1024"], "--fp8-format: fp8 training"),
-    (["--train-iters", "5", "--moe-router-group-topk", "4"], "--moe-router-group-topk: this --moe-* option"),
+    (["--train-iters", "5", "--moe-deepep-num-sms", "20"], "--moe-deepep-num-sms: this --moe-* option"),
+    (["--train-iters", "5", "--num-experts", "4", "--moe-router-enable-expert-bias"],
+     "--moe-router-enable-expert-bias needs --moe-router-score-function sigmoid"),
+    (["--train-iters", "5", "--num-experts", "8", "--moe-router-group-topk", "2"],
+     "--moe-router-num-groups None --moe-router-group-topk 2: give both"),
+    (["--train-iters", "5", "--num-experts", "8", "--moe-router-num-groups", "3", "--moe-router-group-topk", "1"],
+     "the groups must split the 8 experts evenly"),
+    (["--train-iters", "5", "--num-experts", "8", "--moe-router-topk", "4", "--moe-router-num-groups", "4",
+      "--moe-router-group-topk", "1"], "the chosen groups must hold --moe-router-topk 4 experts"),
     (["--train-iters", "5", "--moe-layer-freq", "[1,x]"], "--moe-layer-freq takes an int or a list"),
     (["--train-iters", "5", "--context-parallel-size", "2", "--attention-backend", "unfused"],
      "--context-parallel-size 2 needs the flash core attention"),
@@ -579,3 +587,14 @@ def test_without_recompute_modules_the_run_takes_the_plans():
     pretrain_gpt.check_plan_runs(priced, adopted, model)
     pinned = pretrain_gpt.parse_args(BASE + LLAMA3 + ["--auto-parallel", "--recompute-modules", "core_attn"])
     assert pretrain_gpt.with_plan_recompute_modules(pinned, settings, priced) is settings  # the flag wins
+
+
+def test_deepseek_v3_router_flags_reach_transformer_config():
+    args = pretrain_gpt.parse_args(BASE + ["--num-experts", "8", "--moe-router-topk", "4", "--moe-router-score-function",
+                                           "sigmoid", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate",
+                                           "0.002", "--moe-router-num-groups", "4", "--moe-router-group-topk", "2"])
+    fields = pretrain_gpt.moe_settings(args).config_fields()
+    assert (fields["moe_router_enable_expert_bias"], fields["moe_router_bias_update_rate"],
+            fields["moe_router_num_groups"], fields["moe_router_group_topk"]) == (True, 0.002, 4, 2)
+    plain = pretrain_gpt.moe_settings(pretrain_gpt.parse_args(BASE + ["--num-experts", "8"])).config_fields()
+    assert (plain["moe_router_enable_expert_bias"], plain["moe_router_bias_update_rate"]) == (False, 1e-3)

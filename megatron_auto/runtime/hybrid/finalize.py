@@ -32,6 +32,7 @@ def finalize_grads(model, num_tokens=None, pg_collection=None, *, head_dp_group,
     if shells and parallel_state.get_pipeline_model_parallel_world_size() > 1:
         _allreduce_word_embedding_grads(shells, shells[0].config,
                                         parallel_state.get_embedding_group(check_initialized=False), pp_group)
+    _update_expert_biases(model)
     if num_tokens is None:
         return
     last = torch.distributed.get_process_group_ranks(pp_group)[-1]
@@ -42,3 +43,18 @@ def finalize_grads(model, num_tokens=None, pg_collection=None, *, head_dp_group,
     if num_tokens > 0:
         for part in parts:
             part.scale_gradients(1.0 / num_tokens)
+
+
+def _update_expert_biases(model) -> None:
+    """The routers' expert-bias step of Megatron's finalize_model_grads (--moe-router-enable-expert-bias).
+
+    Megatron all-reduces the routers' token counts over parallel_state's TP x DP group. Here parallel_state
+    has TP 1 (session.initialize_parallel), so that group is every rank of this pipeline stage, which is the
+    TP x DP group of each of the stage's MoE layers, whatever their own TP and DP degrees."""
+    from megatron.core.distributed.finalize_model_grads import (_update_router_expert_bias,
+                                                                reset_model_temporary_tensors)
+
+    biased = [m for chunk in model for m in chunk.modules() if getattr(m, "expert_bias", None) is not None]
+    if biased:  # chunk.config is the schedule's (runtime/hybrid/configs.py); a router's has the MoE fields
+        _update_router_expert_bias(model, biased[0].config)
+        reset_model_temporary_tensors(biased[0].config, model)
