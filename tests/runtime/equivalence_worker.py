@@ -128,13 +128,16 @@ def _record_router_gaps(model) -> list:
 def selection_margin(logits, router) -> float:
     """The smallest gap, over these tokens, between what the router picks and the best it does not pick.
 
-    The choice is made on the scores plus the expert bias (sigmoid scores; the logits' order for softmax):
+    The choice is made on the scores plus the expert bias (sigmoid scores; softmax: the logits, or their
+    softmax with --moe-router-pre-softmax):
     under group-limited routing first among the groups (each scored by the sum of its top topk/group_topk),
     then among the chosen groups' experts (megatron-core 0.16.1, moe_utils.topk_routing_with_score_function)."""
     import torch
 
     config, k = router.config, router.topk
     scores = torch.sigmoid(logits) if config.moe_router_score_function == "sigmoid" else logits
+    if config.moe_router_score_function == "softmax" and config.moe_router_pre_softmax:
+        scores = torch.softmax(logits, dim=-1)  # the same order, but the groups' sums are of these
     if router.expert_bias is not None:
         scores = scores + router.expert_bias.float()
     margins = []
