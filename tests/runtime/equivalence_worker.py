@@ -135,9 +135,10 @@ def selection_margin(logits, router) -> float:
     import torch
 
     config, k = router.config, router.topk
-    scores = torch.sigmoid(logits) if config.moe_router_score_function == "sigmoid" else logits
-    if config.moe_router_score_function == "softmax" and config.moe_router_pre_softmax:
-        scores = torch.softmax(logits, dim=-1)  # the same order, but the groups' sums are of these
+    if config.moe_router_score_function == "sigmoid":
+        scores = torch.sigmoid(logits)
+    else:  # softmax after the top-k picks on the logits; before it, the same order, but groups sum these
+        scores = torch.softmax(logits, dim=-1) if config.moe_router_pre_softmax else logits
     if router.expert_bias is not None:
         scores = scores + router.expert_bias.float()
     margins = []

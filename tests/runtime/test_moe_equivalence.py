@@ -20,7 +20,8 @@ computed per micro-batch (over the TP/SP ranks' tokens), so its value and gradie
 which tokens share a micro-batch, not on the layout.
 
 Hybrid plans (per-layer layouts, runtime/hybrid) train a DeepSeek-style model (a dense first layer, then
-MoE layers) whose load-balancing loss is sequence-level (seq_aux_loss): a hybrid layer's ranks hold
+MoE layers, routed as DeepSeek-V3 routes: DEEPSEEK_ROUTER; the stock runtime trains it under EP2 x TP2 too)
+whose load-balancing loss is sequence-level (seq_aux_loss): a hybrid layer's ranks hold
 micro-batches of 1 or 2 sequences depending on its DP degree, and only a per-sequence loss is the same
 whatever the grouping. The cases give dense and MoE layers different layouts (TP2 + SP beside DP4),
 MoE layers different EP and expert-TP degrees (EP4, EP2 x ETP1 under TP2, EP2 x ETP2), and PP2.
