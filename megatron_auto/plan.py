@@ -395,9 +395,9 @@ def _check_model_match(plan: Plan) -> None:
     pairs = ({(model.layers[0], s) for s in plan.distinct_strategies} if model.is_uniform()
              else set(zip(model.layers, plan.layer_strategies)))
     for layer, strategy in pairs:
-        if layer.num_attention_heads % strategy.tp or layer.num_query_groups % strategy.tp:
-            raise ValueError(f"tp={strategy.tp} does not divide the attention heads ({layer.num_attention_heads}) "
-                             f"and query groups ({layer.num_query_groups})")
+        error = layer.tensor_parallel_error(strategy.tp)
+        if error is not None:
+            raise ValueError(error)
         check_expert_strategy(layer, strategy)
 
 

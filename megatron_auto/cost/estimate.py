@@ -102,9 +102,9 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
     pairs = ({(model.layers[0], s) for s in plan.distinct_strategies} if model.is_uniform()
              else set(zip(model.layers, plan.layer_strategies)))
     for layer, strategy in pairs:
-        if layer.num_attention_heads % strategy.tp or layer.num_query_groups % strategy.tp:
-            raise UserError(f"tp={strategy.tp} does not divide the {layer.num_attention_heads} attention heads "
-                            f"and {layer.num_query_groups} query groups of '{model.name}'")
+        error = layer.tensor_parallel_error(strategy.tp)
+        if error is not None:
+            raise UserError(f"'{model.name}': {error}")
         try:
             check_expert_strategy(layer, strategy)
         except ValueError as error:

@@ -59,8 +59,8 @@ def _setup_megatron() -> torch.device:
 
 def valid_tp_degrees(model: ModelSpec, degrees: tuple[int, ...]) -> tuple[int, ...]:
     """The TP degrees that split every layer's heads and query groups evenly."""
-    return tuple(t for t in degrees if all(l.num_attention_heads % t == 0 and l.num_query_groups % t == 0
-                                            and l.ffn_hidden_size % t == 0 for l in model.layers))
+    return tuple(t for t in degrees if all(l.tensor_parallel_error(t) is None and l.ffn_hidden_size % t == 0
+                                            for l in model.layers))
 
 
 def profile_model(model: ModelSpec, sweep: ModelSweep,

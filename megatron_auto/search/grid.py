@@ -79,7 +79,7 @@ class GridResult:
 def grid_degrees(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[tuple[int, int]]:
     """Every (t, p) Megatron accepts for this job."""
     layer, world = model.layers[0], cluster.world_size
-    return [(tp, pp) for tp in divisors(world) if not (layer.num_attention_heads % tp or layer.num_query_groups % tp)
+    return [(tp, pp) for tp in divisors(world) if layer.tensor_parallel_error(tp) is None
             for pp in divisors(world // tp)
             if pp <= model.num_layers and training.global_batch_size % (world // (tp * pp)) == 0]
 

@@ -70,7 +70,7 @@ def parallel_degrees(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
             if (constraints.tp not in (None, tp) or constraints.pp not in (None, pp)
                     or constraints.dp not in (None, dp)):
                 stats.drop("constraints")
-            elif layer.num_attention_heads % tp or layer.num_query_groups % tp:
+            elif layer.tensor_parallel_error(tp) is not None:
                 stats.drop("tp-divides-heads")
             elif tp > cluster.gpus_per_node:
                 stats.drop("tp-within-node")

@@ -7,7 +7,6 @@ order; `prune_strategies` records how many candidates each rule removed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Callable
 
 from ..plan import RECOMPUTE_KINDS, LayerStrategy
@@ -36,18 +35,13 @@ class StageContext:
     micro_batch_samples: int
     """Samples in one micro-batch across the whole stage (B / m)."""
 
-    @cached_property
-    def head_counts(self) -> frozenset[tuple[int, int]]:
-        """(attention heads, query groups) of every distinct layer."""
-        return frozenset((l.num_attention_heads, l.num_query_groups) for l in self.model.layers)
-
 
 def _heads_divisible(s: LayerStrategy, ctx: StageContext) -> bool:
-    return any(heads % s.tp or groups % s.tp for heads, groups in ctx.head_counts)
+    return any(layer.tensor_parallel_error(s.tp) is not None for layer in ctx.model.distinct_layers)
 
 
 RULES = (
-    Rule("tp-divides-heads", "Megatron splits whole attention heads and query groups over TP",
+    Rule("tp-divides-heads", "Megatron splits whole attention heads, query groups and MLA latents over TP",
          _heads_divisible),
     Rule("batch-splits-over-dp", "each DP rank needs a whole number of samples per micro-batch",
          lambda s, ctx: ctx.micro_batch_samples % s.dp != 0),

@@ -69,6 +69,61 @@ class MoESpec(CachedHash):
         return router + experts + (shared if self.shared_expert_ffn_hidden_size else 0)
 
 
+@dataclass(frozen=True)
+class MLASpec(CachedHash):
+    """Multi-latent attention (DeepSeek-V2, Liu et al. 2024, arXiv 2405.04434, Sec. 2.1) as Megatron-Core's
+    MLASelfAttention builds it; Megatron-LM's flag names in brackets. Keys and values come from one latent of
+    kv_lora_rank channels per token (up-projected to every head), queries from the hidden state or from a
+    q_lora_rank latent; each head's query and key carry qk_head_dim channels without position and
+    qk_pos_emb_head_dim rotated ones (the key's rotated part is shared by all heads)."""
+
+    __hash__ = CachedHash.__hash__  # dataclass(frozen=True) would otherwise replace it
+
+    kv_lora_rank: int = 32
+    """Width of the compressed key/value latent [--kv-lora-rank]."""
+    qk_head_dim: int = 128
+    """Query/key channels per head without position [--qk-head-dim]."""
+    qk_pos_emb_head_dim: int = 64
+    """Query/key channels per head that RoPE rotates [--qk-pos-emb-head-dim]."""
+    v_head_dim: int = 128
+    """Value channels per head [--v-head-dim]."""
+    q_lora_rank: Optional[int] = None
+    """Width of the compressed query latent [--q-lora-rank]; None: the query is projected from the hidden state."""
+
+    def __post_init__(self) -> None:
+        _check_positive(self, "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+        if self.q_lora_rank is not None:
+            _check_positive(self, "q_lora_rank")
+
+    @property
+    def query_head_width(self) -> int:
+        """Channels of one head's query and key: qk_head_dim + qk_pos_emb_head_dim."""
+        return self.qk_head_dim + self.qk_pos_emb_head_dim
+
+    def projection_parameters(self, hidden_size: int, heads: int) -> int:
+        """The weights in front of the core (all without bias): the query's projection (h x a dq, or the down
+        projection h x q_lora and the up projection q_lora x a dq), the key/value down projection
+        h x (kv_lora + dr) and its up projection kv_lora x a (dk + dv)."""
+        query_out = heads * self.query_head_width
+        if self.q_lora_rank is None:
+            query = hidden_size * query_out
+        else:
+            query = hidden_size * self.q_lora_rank + self.q_lora_rank * query_out
+        kv_down = hidden_size * (self.kv_lora_rank + self.qk_pos_emb_head_dim)
+        kv_up = self.kv_lora_rank * heads * (self.qk_head_dim + self.v_head_dim)
+        return query + kv_down + kv_up
+
+    def latent_widths(self) -> tuple[int, ...]:
+        """Widths of the latents the down projections make (q_lora_rank if any, kv_lora_rank + dr): Megatron's
+        local spec builds those projections column-parallel, so TP must divide each."""
+        kv = self.kv_lora_rank + self.qk_pos_emb_head_dim
+        return (kv,) if self.q_lora_rank is None else (self.q_lora_rank, kv)
+
+    def latent_norm_widths(self) -> tuple[int, ...]:
+        """Widths the latent norms run over under --qk-layernorm (q_lora_rank if any, kv_lora_rank)."""
+        return (self.kv_lora_rank,) if self.q_lora_rank is None else (self.q_lora_rank, self.kv_lora_rank)
+
+
 def mlp_parameters(hidden_size: int, ffn_hidden_size: int, swiglu: bool, bias: bool) -> int:
     """One MLP: fc1 (h x f, doubled for SwiGLU's gate) and fc2 (f x h), with their biases when `bias`."""
     fc1_out = ffn_hidden_size * (2 if swiglu else 1)
@@ -160,6 +215,10 @@ class LayerSpec(CachedHash):
     moe: Optional[MoESpec] = None
     """The mixture-of-experts MLP that replaces the dense one (its experts use swiglu and add_bias_linear);
     None: a dense MLP of ffn_hidden_size."""
+    mla: Optional[MLASpec] = None
+    """Multi-latent attention in place of the QKV projection (Megatron's --multi-latent-attention): its heads
+    are all key/value heads (num_query_groups = num_attention_heads), --qk-layernorm norms its latents, and
+    kv_channels is unused; None: Megatron's SelfAttention."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
@@ -174,6 +233,8 @@ class LayerSpec(CachedHash):
         _check_positive(self, "kv_channels")
         if self.num_attention_heads % self.num_query_groups:
             raise ValueError(f"num_attention_heads {self.num_attention_heads} is not divisible by num_query_groups {self.num_query_groups}")
+        if self.mla is not None:
+            _check_mla_layer(self)
         if self.moe is not None and self.moe.expert_ffn_hidden_size is None:
             # Megatron-Core's TransformerConfig: moe_ffn_hidden_size defaults to ffn_hidden_size.
             object.__setattr__(self, "moe", replace(self.moe, expert_ffn_hidden_size=self.ffn_hidden_size))
@@ -195,14 +256,36 @@ class LayerSpec(CachedHash):
         return self.num_parameters - self.expert_parameters
 
     @property
+    def query_head_width(self) -> int:
+        """Channels of one head's query and key: d, or MLA's qk_head_dim + qk_pos_emb_head_dim."""
+        return self.kv_channels if self.mla is None else self.mla.query_head_width
+
+    @property
+    def value_head_width(self) -> int:
+        """Channels of one head's value (and of its attention output): d, or MLA's v_head_dim."""
+        return self.kv_channels if self.mla is None else self.mla.v_head_dim
+
+    @property
     def attention_width(self) -> int:
-        """Width of the attention output, a x d (the output projection's input; h when d = h / a)."""
-        return self.num_attention_heads * self.kv_channels
+        """Width of the attention output, a x d_v (the output projection's input; h when d = h / a)."""
+        return self.num_attention_heads * self.value_head_width
 
     @property
     def has_qkv_bias(self) -> bool:
-        """Whether the QKV projection has a bias (Megatron: add_bias_linear or add_qkv_bias)."""
-        return self.add_bias_linear or self.add_qkv_bias
+        """Whether the QKV projection has a bias (Megatron: add_bias_linear or add_qkv_bias); MLA's
+        projections have none."""
+        return self.mla is None and (self.add_bias_linear or self.add_qkv_bias)
+
+    def tensor_parallel_error(self, tp: int) -> Optional[str]:
+        """Why Megatron-Core cannot split this layer over `tp` ranks (heads, query groups, MLA's latents and
+        the MoE layer's dense width divide by TP), or None."""
+        if self.num_attention_heads % tp or self.num_query_groups % tp:
+            return (f"tp={tp} does not divide the attention heads ({self.num_attention_heads}) and query groups "
+                    f"({self.num_query_groups})")
+        widths = self.mla.latent_widths() if self.mla is not None else ()
+        if any(width % tp for width in widths):
+            return f"tp={tp} does not divide the multi-latent attention's latent widths ({', '.join(map(str, widths))})"
+        return None
 
     @property
     def norm_parameters(self) -> int:
@@ -214,10 +297,15 @@ class LayerSpec(CachedHash):
         """Weights and biases of the layer (Megatron's layout: QKV, proj, MLP or MoE, two norms, and the q/k
         norms of --qk-layernorm, each over one head's d channels)."""
         h, kv = self.hidden_size, self.kv_channels
+        output = self.attention_width * h + (h if self.add_bias_linear else 0)
+        norm_weights = 2 if self.normalization == "LayerNorm" else 1
+        if self.mla is not None:
+            projections = self.mla.projection_parameters(h, self.num_attention_heads)
+            qk_norms = norm_weights * sum(self.mla.latent_norm_widths()) if self.qk_layernorm else 0
+            return projections + output + self.mlp_parameters + 2 * self.norm_parameters + qk_norms
         qkv_out = (self.num_attention_heads + 2 * self.num_query_groups) * kv
-        attention = h * qkv_out + self.attention_width * h + (h if self.add_bias_linear else 0)
-        attention += qkv_out if self.has_qkv_bias else 0
-        qk_norms = 2 * kv * (2 if self.normalization == "LayerNorm" else 1) if self.qk_layernorm else 0
+        attention = h * qkv_out + output + (qkv_out if self.has_qkv_bias else 0)
+        qk_norms = 2 * kv * norm_weights if self.qk_layernorm else 0
         return attention + self.mlp_parameters + 2 * self.norm_parameters + qk_norms
 
     @property
@@ -308,10 +396,11 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
                   untie_embeddings_and_output_weights: bool = False, normalization: str = "LayerNorm",
                   add_bias_linear: bool = True, position_embedding_type: str = "learned_absolute",
                   rotary_base: int = 10000, kv_channels: Optional[int] = None, add_qkv_bias: bool = False,
-                  qk_layernorm: bool = False, apply_layernorm_1p: bool = False,
+                  qk_layernorm: bool = False, apply_layernorm_1p: bool = False, mla: Optional[MLASpec] = None,
                   **moe_flags) -> ModelSpec:
     """A model from Megatron's flag values: its layers alike, except that with `num_experts` (and the other
-    MoE flags of `moe_from_flags`) the layers that --moe-layer-freq picks have a mixture-of-experts MLP."""
+    MoE flags of `moe_from_flags`) the layers that --moe-layer-freq picks have a mixture-of-experts MLP;
+    `mla`: every layer's attention is multi-latent."""
     layer = LayerSpec(
         hidden_size=hidden_size,
         num_attention_heads=num_attention_heads,
@@ -324,6 +413,7 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
         add_qkv_bias=add_qkv_bias,
         qk_layernorm=qk_layernorm,
         apply_layernorm_1p=apply_layernorm_1p,
+        mla=mla,
     )
     layers = _with_moe_layers(layer, num_layers, **moe_flags)
     return ModelSpec(name=name, layers=layers, seq_length=seq_length,
@@ -354,6 +444,20 @@ def moe_from_flags(num_experts: int, *, moe_router_topk: int = 2, moe_ffn_hidden
                    aux_loss_coeff=moe_aux_loss_coeff, z_loss_coeff=moe_z_loss_coeff)
 
 
+MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
+"""Megatron-LM's MLA flags (arguments.py, _add_mla_args), as compact-form keys and MLASpec fields."""
+
+
+def mla_from_flags(multi_latent_attention: bool, **shape) -> Optional[MLASpec]:
+    """An MLASpec from Megatron-LM's --multi-latent-attention and MLA flag values (their defaults where
+    absent), or None without the switch; the shape flags alone are a ValueError, as they would change nothing."""
+    if not multi_latent_attention:
+        if shape:
+            raise ValueError(f"{', '.join(sorted(shape))} need multi_latent_attention")
+        return None
+    return MLASpec(**shape)
+
+
 _COMPACT_KEYS = {
     "num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size",
     "ffn_hidden_size", "num_query_groups", "swiglu", "untie_embeddings_and_output_weights",
@@ -362,12 +466,13 @@ _COMPACT_KEYS = {
     "kv_channels", "add_qkv_bias", "qk_layernorm", "apply_layernorm_1p",
     "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
     "moe_layer_freq", "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff",
+    "multi_latent_attention", *MLA_KEYS,
 }
 _COMPACT_TYPES = {"swiglu": bool, "untie_embeddings_and_output_weights": bool, "add_bias_linear": bool,
                   "normalization": str, "position_embedding_type": str, "add_qkv_bias": bool,
                   "qk_layernorm": bool, "apply_layernorm_1p": bool, "name": str,
                   "moe_router_load_balancing_type": str, "moe_aux_loss_coeff": float, "moe_z_loss_coeff": float,
-                  "moe_layer_freq": (int, list, str)}
+                  "moe_layer_freq": (int, list, str), "multi_latent_attention": bool}
 
 
 def model_from_dict(data: dict, name: str = "model", where: str = "") -> ModelSpec:
@@ -391,6 +496,8 @@ def model_from_dict(data: dict, name: str = "model", where: str = "") -> ModelSp
     _check_layer_count(data["num_layers"], label)
     kwargs = {k: v for k, v in data.items() if k not in ("name", "schema_version", "max_position_embeddings")}
     try:
+        kwargs["mla"] = mla_from_flags(kwargs.pop("multi_latent_attention", False),
+                                       **{key: kwargs.pop(key) for key in MLA_KEYS if key in kwargs})
         return uniform_model(data.get("name", name), **kwargs)
     except ValueError as error:
         raise UserError(f"{label}: {error}") from None
@@ -435,6 +542,16 @@ def _check_layer_count(count: int, label: str = "") -> None:
         raise error(f"{prefix}a model needs at least one layer")
     if count > MAX_LAYERS:
         raise error(f"{prefix}{count} layers is more than the {MAX_LAYERS} megatron-auto plans for (megatron_auto/limits.py)")
+
+
+def _check_mla_layer(layer: LayerSpec) -> None:
+    """What Megatron-LM asserts of an MLA layer (arguments.py: MLA excludes --group-query-attention; its
+    projections take no --add-qkv-bias)."""
+    if layer.num_query_groups != layer.num_attention_heads:
+        raise ValueError(f"multi-latent attention has no query groups: num_query_groups "
+                         f"{layer.num_query_groups} must equal num_attention_heads {layer.num_attention_heads}")
+    if layer.add_qkv_bias:
+        raise ValueError("multi-latent attention's projections have no bias: drop add_qkv_bias")
 
 
 def _check_positive(record: object, *names: str) -> None:

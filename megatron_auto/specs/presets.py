@@ -10,7 +10,7 @@ shared/reference/hardware.md.
 from __future__ import annotations
 
 from .cluster import ClusterSpec, ComputeEfficiency, GpuSpec, LinkSpec
-from .model import ModelSpec, uniform_model
+from .model import MLASpec, ModelSpec, uniform_model
 
 GIB = 1024**3
 
@@ -59,6 +59,10 @@ def _model_presets() -> dict[str, ModelSpec]:
                                           ffn_hidden_size=176, num_query_groups=2, **_LLAMA_ARCHITECTURE)
     tiny_moe = dict(seq_length=32, vocab_size=128, ffn_hidden_size=128, num_query_groups=2, **_LLAMA_ARCHITECTURE)
     presets["tiny-mixtral"] = uniform_model("tiny-mixtral", 4, 64, 4, num_experts=4, moe_router_topk=2, **tiny_moe)
+    presets["tiny-mla"] = uniform_model("tiny-mla", 4, 64, 4, seq_length=32, vocab_size=128, ffn_hidden_size=176,
+                                        qk_layernorm=True, mla=MLASpec(kv_lora_rank=32, qk_head_dim=16,
+                                                                       qk_pos_emb_head_dim=8, v_head_dim=16,
+                                                                       q_lora_rank=24), **_LLAMA_ARCHITECTURE)
     presets["tiny-deepseek-moe"] = uniform_model(
         "tiny-deepseek-moe", 4, 64, 4, num_experts=8, moe_router_topk=2, moe_ffn_hidden_size=32,
         moe_shared_expert_intermediate_size=64, moe_layer_freq=[0, 1, 1, 1], **tiny_moe)
@@ -72,14 +76,30 @@ def _moe_presets() -> dict[str, ModelSpec]:
     Dai et al. 2024 (arXiv 2401.06066, 16.4B total) and the config.json of deepseek-ai/deepseek-moe-16b-base
     (28 layers, h 2048, 16 heads, first_k_dense_replace 1 with intermediate_size 10944, 64 routed experts of
     moe_intermediate_size 1408 top-6, n_shared_experts 2 = one shared MLP of 2816, vocab 102400, seq 4096,
-    rope theta 10000, untied): 16,375,728,128 parameters by tests/test_moe_specs.py's arithmetic."""
+    rope theta 10000, untied): 16,375,728,128 parameters by tests/test_moe_specs.py's arithmetic.
+
+    Multi-latent attention (MLASpec), from the config.json files of deepseek-ai/DeepSeek-V2-Lite (27 layers,
+    h 2048, 16 heads, no query latent, kv_lora_rank 512, qk_nope 128, qk_rope 64, v 128, first layer dense of
+    10944, 64 experts of 1408 top-6, 2 shared (one MLP of 2816), vocab 102400; 15.7B in Liu et al. 2024,
+    arXiv 2405.04434) and deepseek-ai/DeepSeek-V3 (61 layers, h 7168, 128 heads, q_lora_rank 1536,
+    kv_lora_rank 512, first 3 layers dense of 18432, 256 experts of 2048 top-8, 1 shared of 2048, vocab 129280;
+    671B without its multi-token-prediction module, DeepSeek-AI 2024, arXiv 2412.19437). Their latent norms
+    are --qk-layernorm; seq 4096 as both were pre-trained."""
     mixtral = uniform_model("mixtral-8x7b", 32, 4096, 32, 4096, 32000, ffn_hidden_size=14336, num_query_groups=8,
                             rotary_base=1000000, num_experts=8, moe_router_topk=2, **_LLAMA_ARCHITECTURE)
     deepseek = uniform_model("deepseek-moe-16b", 28, 2048, 16, 4096, 102400, ffn_hidden_size=10944,
                              num_experts=64, moe_router_topk=6, moe_ffn_hidden_size=1408,
                              moe_shared_expert_intermediate_size=2 * 1408, moe_layer_freq=[0] + [1] * 27,
                              **_LLAMA_ARCHITECTURE)
-    return {model.name: model for model in (mixtral, deepseek)}
+    v2_lite = uniform_model("deepseek-v2-lite", 27, 2048, 16, 4096, 102400, ffn_hidden_size=10944,
+                            qk_layernorm=True, mla=MLASpec(kv_lora_rank=512), num_experts=64, moe_router_topk=6,
+                            moe_ffn_hidden_size=1408, moe_shared_expert_intermediate_size=2 * 1408,
+                            moe_layer_freq=[0] + [1] * 26, **_LLAMA_ARCHITECTURE)
+    v3 = uniform_model("deepseek-v3", 61, 7168, 128, 4096, 129280, ffn_hidden_size=18432, qk_layernorm=True,
+                       mla=MLASpec(kv_lora_rank=512, q_lora_rank=1536), num_experts=256, moe_router_topk=8,
+                       moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
+                       moe_layer_freq=[0] * 3 + [1] * 58, **_LLAMA_ARCHITECTURE)
+    return {model.name: model for model in (mixtral, deepseek, v2_lite, v3)}
 
 
 MODEL_PRESETS: dict[str, ModelSpec] = _model_presets()
