@@ -433,7 +433,8 @@ def _check_megatron_space(plan: Plan) -> None:
 
 def context_parallel_problem(cp: int, model: ModelSpec) -> Optional[str]:
     """Why `model` cannot run context parallelism `cp`, or None: Megatron-Core needs a sequence that splits
-    into 2 x cp chunks (get_batch_on_this_cp_rank), and the cost model prices no MoE layer under CP yet."""
+    into 2 x cp chunks (get_batch_on_this_cp_rank), and the cost model prices no MoE or multi-latent
+    attention layer under CP yet."""
     if cp == 1:
         return None
     if model.seq_length % (2 * cp):
@@ -441,6 +442,8 @@ def context_parallel_problem(cp: int, model: ModelSpec) -> Optional[str]:
                 f"{model.seq_length} tokens do not divide into")
     if any(layer.moe is not None for layer in model.distinct_layers):
         return f"context parallelism with MoE layers is not priced yet (model '{model.name}')"
+    if any(layer.mla is not None for layer in model.distinct_layers):
+        return f"context parallelism with multi-latent attention is not priced yet (model '{model.name}')"
     return None
 
 

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from ..specs.cluster import ClusterSpec, ComputeEfficiency
 from ..specs.model import LayerSpec
-from .flops import ATTENTION_CORE_GEMMS, MLP_GEMMS, Gemm, layer_gemms
+from .flops import CORE, MLP, Gemm, layer_gemms
+from .mla import mla_elementwise_widths
 
 # Element-wise kernels reach about this share of HBM bandwidth (typical of fused
 # Megatron kernels; STREAM-like copies reach 80-90%).
@@ -45,13 +46,14 @@ def elementwise_elements(layer: LayerSpec, seq: int, samples: int, tp: int, sp: 
     Per token: two LayerNorms (read+write h each: 4h), two bias-dropout-adds
     (read 2h, write h, 1-byte mask ~ h/2: 7h), the MLP activation (read+write f,
     or read 2f write f for SwiGLU) and the fused scale-mask-softmax-dropout over
-    a*s scores (read, write, mask: 2.5as). h-wide work is split by TP only with SP.
+    a*s scores (read, write, mask: 2.5as). h-wide work is split by TP only with SP. Multi-latent attention
+    adds its query/key assembly and latent norms (cost/mla.py).
     """
     hidden_split = tp if sp else 1
     hidden_terms = 11 * layer.hidden_size / hidden_split
     activation = (3 if layer.swiglu else 2) * layer.dense_ffn_hidden_size / tp
     softmax = 2.5 * layer.num_attention_heads * seq / tp
-    return samples * seq * (hidden_terms + activation + softmax)
+    return samples * seq * (hidden_terms + activation + softmax + mla_elementwise_widths(layer, tp, sp)[0])
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ def layer_compute_times(layer: LayerSpec, seq: int, samples: int, tp: int, sp: b
     softmax_share = 2.5 * layer.num_attention_heads * seq / tp
     softmax_seconds = samples * seq * softmax_share * activation_bytes / bandwidth
     forward = sum(gemm_seconds) + elementwise
-    core = sum(gemm_seconds[i] for i in ATTENTION_CORE_GEMMS) + softmax_seconds
+    core = sum(seconds for seconds, g in zip(gemm_seconds, gemms) if g.role == CORE) + softmax_seconds
     return ComputeTimes(forward_s=forward, backward_s=2.0 * forward, attention_core_forward_s=core)
 
 
@@ -90,7 +92,7 @@ def module_forward_seconds(layer: LayerSpec, seq: int, samples: int, tp: int, sp
     element-wise terms of cost/layer_kernels.elementwise_bytes); norms: read and write h per token each
     (split over TP with SP). Kernel by kernel, each at least its ops x kernel_launch_s."""
     gemms = layer_gemms(layer, seq, samples, tp)
-    mlp_gemms = sum(gemm_compute_time(gemms[i], cluster) for i in MLP_GEMMS if i < len(gemms))
+    mlp_gemms = sum(gemm_compute_time(g, cluster) for g in gemms if g.role == MLP)
     f = layer.dense_ffn_hidden_size / tp
     fc1_width = f * (2 if layer.swiglu else 1)
     bias = 1.0 if layer.add_bias_linear else 0.0

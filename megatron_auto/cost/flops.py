@@ -5,7 +5,9 @@ Counts follow Narayanan et al. SC21 (arXiv 2104.04473), Sec. 5.1: a GEMM of
 24bsh^2 + 4bs^2h. GQA and SwiGLU generalise the QKV and MLP shapes; a head width d other than
 h/a (--kv-channels) makes Q, the scores' inner dimension and the output projection's input a*d
 wide, as Megatron-Core's SelfAttention builds them (megatron/core/transformer/attention.py:
-query_projection_size = kv_channels * num_attention_heads, linear_proj maps it to h).
+query_projection_size = kv_channels * num_attention_heads, linear_proj maps it to h). Multi-latent
+attention replaces the QKV projection by its down and up projections (input_projection_gemms) and
+gives the scores d_q = qk_head_dim + qk_pos_emb_head_dim channels and the values d_v = v_head_dim.
 """
 from __future__ import annotations
 
@@ -15,14 +17,22 @@ from functools import lru_cache
 from ..specs.model import LayerSpec, ModelSpec
 
 
+CORE = "core"
+"""Role of the attention core's two batched GEMMs (what selective recompute of core_attn re-runs)."""
+MLP = "mlp"
+"""Role of fc1 and fc2 (what selective recompute of the mlp re-runs)."""
+
+
 @dataclass(frozen=True)
 class Gemm:
-    """One matrix product of the forward pass on one shard: batch x (m x k) @ (k x n)."""
+    """One matrix product of the forward pass on one shard: batch x (m x k) @ (k x n); `role` names the
+    layer part it belongs to (CORE, MLP, or "" for the projections)."""
 
     m: int
     k: int
     n: int
     batch: int = 1
+    role: str = ""
 
     @property
     def flops(self) -> float:
@@ -30,29 +40,43 @@ class Gemm:
 
 
 def layer_gemms(layer: LayerSpec, tokens_per_sample: int, samples: int, tp: int) -> tuple[Gemm, ...]:
-    """The forward GEMMs of one layer on one of `tp` shards, for `samples` sequences."""
-    s, h, d = tokens_per_sample, layer.hidden_size, layer.kv_channels
+    """The forward GEMMs of one layer on one of `tp` shards, for `samples` sequences: the projections in
+    front of the core, Q @ K^T and softmax(QK^T) @ V per head, the output projection, then the MLP."""
+    s, h = tokens_per_sample, layer.hidden_size
     tokens = samples * s
-    qkv_width = (layer.num_attention_heads + 2 * layer.num_query_groups) * d
     heads_per_shard = samples * layer.num_attention_heads // tp
     ffn = layer.dense_ffn_hidden_size  # a MoE layer's shared expert (cost/moe.py prices the routed ones)
     mlp_in_width = ffn * (2 if layer.swiglu else 1)
     attention = (
-        Gemm(tokens, h, qkv_width // tp),               # QKV projection (column parallel)
-        Gemm(s, d, s, batch=heads_per_shard),           # Q @ K^T per head
-        Gemm(s, s, d, batch=heads_per_shard),           # softmax(QK^T) @ V per head
-        Gemm(tokens, layer.attention_width // tp, h),   # output projection (row parallel), a*d -> h
+        *input_projection_gemms(layer, tokens, tp),
+        Gemm(s, layer.query_head_width, s, batch=heads_per_shard, role=CORE),  # Q @ K^T per head
+        Gemm(s, s, layer.value_head_width, batch=heads_per_shard, role=CORE),  # softmax(QK^T) @ V per head
+        Gemm(tokens, layer.attention_width // tp, h),   # output projection (row parallel), a*d_v -> h
     )
     if ffn == 0:
         return attention
     return attention + (
-        Gemm(tokens, h, mlp_in_width // tp),            # fc1 (and gate for SwiGLU)
-        Gemm(tokens, ffn // tp, h),                     # fc2
+        Gemm(tokens, h, mlp_in_width // tp, role=MLP),  # fc1 (and gate for SwiGLU)
+        Gemm(tokens, ffn // tp, h, role=MLP),           # fc2
     )
 
 
-ATTENTION_CORE_GEMMS = (1, 2)  # indices in layer_gemms: what selective recompute of core_attn re-runs
-MLP_GEMMS = (4, 5)  # indices in layer_gemms: fc1 and fc2, what selective recompute of the mlp re-runs
+def input_projection_gemms(layer: LayerSpec, tokens: int, tp: int) -> tuple[Gemm, ...]:
+    """What makes Q, K and V on one shard, all column-parallel: the fused QKV projection h -> (a + 2g)d, or
+    MLA's (MLASelfAttention in Megatron-Core's local spec, which splits the down projections over TP too
+    and all-gathers their outputs): the query's h -> a d_q (or h -> q_lora, q_lora -> a d_q), the key/value
+    latent's h -> kv_lora + d_r and its up projection kv_lora -> a (d_k + d_v)."""
+    h, heads, mla = layer.hidden_size, layer.num_attention_heads, layer.mla
+    if mla is None:
+        qkv_width = (heads + 2 * layer.num_query_groups) * layer.kv_channels
+        return (Gemm(tokens, h, qkv_width // tp),)
+    query_width = heads * mla.query_head_width // tp
+    if mla.q_lora_rank is None:
+        query: tuple[Gemm, ...] = (Gemm(tokens, h, query_width),)
+    else:
+        query = (Gemm(tokens, h, mla.q_lora_rank // tp), Gemm(tokens, mla.q_lora_rank, query_width))
+    return query + (Gemm(tokens, h, (mla.kv_lora_rank + mla.qk_pos_emb_head_dim) // tp),
+                    Gemm(tokens, mla.kv_lora_rank, heads * (mla.qk_head_dim + mla.v_head_dim) // tp))
 
 
 def layer_forward_flops(layer: LayerSpec, tokens_per_sample: int, samples: int = 1) -> float:

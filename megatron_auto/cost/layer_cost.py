@@ -19,6 +19,7 @@ from .context_parallel import (attention_core_extra_times, cp_qkv_kept_width, gr
                                local_sequence)
 from .compute import module_forward_shares, recompute_time
 from .models import compute_model
+from .mla import mla_tp_comm_time
 from .moe import ExpertCost, expert_cost
 from .memory import (attention_backward_extra_bytes, attention_workspace_bytes, layer_activation_bytes,
                      model_state_bytes, optimizer_temporary_bytes, qkv_kept_width, zero3_gathered_bytes)
@@ -108,8 +109,8 @@ def context_parallel_layer_cost(layer: LayerSpec, strategy: LayerStrategy, sampl
     """A dense layer under context parallelism (cost/context_parallel.py): priced at the local sequence with
     CP folded into DP, plus the attention core's extra work, the K/V exchange and the whole sequence's K and V
     that the attention keeps (rebuilt instead where the core is recomputed, whose checkpoint keeps local ones)."""
-    if layer.moe is not None:
-        raise ValueError("context parallelism with MoE layers is not priced yet")
+    if layer.moe is not None or layer.mla is not None:
+        raise ValueError("context parallelism with MoE or multi-latent attention layers is not priced yet")
     if training.attention_backend != "flash":
         raise ValueError("context parallelism runs on the flash (SDPA) core attention, not "
                          f"{training.attention_backend!r}")
@@ -156,7 +157,8 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
         forward_s=times.forward_s,
         backward_s=times.backward_s,
         recompute_s=recompute,
-        tp_comm_s=tp_comm_time(layer.hidden_size, seq, samples, strategy, cluster, word) * _tp_share(layer),
+        tp_comm_s=(tp_comm_time(layer.hidden_size, seq, samples, strategy, cluster, word) * _tp_share(layer)
+                   + mla_tp_comm_time(layer, seq, samples, strategy, cluster, word)),
         # FSDP prefetches the next gathers while this layer computes; on a cluster whose
         # runtime hides no communication behind compute (grad_overlap 0, cpu-gloo) it all shows.
         zero3_exposed_s=zero3 - cluster.grad_overlap * min(zero3, compute),

@@ -20,7 +20,8 @@ from __future__ import annotations
 from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
 from .compute import gemm_compute_time
-from .flops import ATTENTION_CORE_GEMMS, Gemm, layer_gemms
+from .flops import CORE, Gemm, layer_gemms
+from .mla import mla_elementwise_widths
 
 ELEMENTWISE_BANDWIDTH_FRACTION = 0.7
 """Share of HBM bandwidth element-wise kernels reach (as cost/compute.py; not refitted on H100)."""
@@ -53,20 +54,26 @@ def elementwise_bytes(layer: LayerSpec, tokens: int, tp: int, sp: bool, word: in
     permute copy (2 x width each), the fc1 bias add and the activation (2f for GeLU; SwiGLU
     reads 2f and writes f in silu and the product). Backward: LayerNorm 3h each, dropout 2h +
     mask each, two residual-gradient sums 3h each, bias gradients (a read of each output) and
-    the activation 3f (GeLU) or 5f (SwiGLU). h-wide work splits over TP only with SP.
+    the activation 3f (GeLU) or 5f (SwiGLU). h-wide work splits over TP only with SP. Multi-latent
+    attention: see mla_elementwise_widths.
     """
     h_shard = layer.hidden_size / (tp if sp else 1)
     qkv = (layer.num_attention_heads + 2 * layer.num_query_groups) * layer.kv_channels / tp
     attn = layer.num_attention_heads * layer.kv_channels / tp
+    mla_forward, mla_backward = mla_elementwise_widths(layer, tp, sp)
     f = layer.dense_ffn_hidden_size / tp  # a MoE layer's shared expert; cost/moe.py prices the routed ones
     bias = 1.0 if layer.add_bias_linear else 0.0
     qkv_bias = 1.0 if layer.has_qkv_bias else 0.0  # --add-qkv-bias: the QKV bias alone
     mask = mask_bytes / word
     fc1_width = f * (2 if layer.swiglu else 1)
     forward = (4 * h_shard + 2 * (2 * bias * h_shard + 2 * h_shard + mask * h_shard + 3 * h_shard)
-               + 2 * qkv_bias * qkv + 4 * attn + 2 * bias * fc1_width + (5 if layer.swiglu else 2) * f)
-    backward = (6 * h_shard + 2 * (2 * h_shard + mask * h_shard) + 6 * h_shard + 4 * attn
+               + 2 * qkv_bias * qkv + 2 * bias * fc1_width + (5 if layer.swiglu else 2) * f)
+    backward = (6 * h_shard + 2 * (2 * h_shard + mask * h_shard) + 6 * h_shard
                 + qkv_bias * qkv + bias * (2 * h_shard + fc1_width) + (5 if layer.swiglu else 3) * f)
+    if layer.mla is None:
+        forward, backward = forward + 4 * attn, backward + 4 * attn
+    else:
+        forward, backward = forward + mla_forward, backward + mla_backward
     return tokens * word * forward, tokens * word * backward
 
 
@@ -74,19 +81,19 @@ def attention_core_times(layer: LayerSpec, seq: int, samples: int, tp: int, clus
                          word: int, backend: str) -> tuple[float, float]:
     """(forward, backward) GPU seconds of the core attention: softmax(QK^T)V per head."""
     heads = samples * layer.num_attention_heads // tp
-    d = layer.kv_channels
+    dq, dv = layer.query_head_width, layer.value_head_width
     if backend == "flash":
         # SDPA's flash kernel with is_causal skips the tiles above the diagonal: it runs half of
-        # the 4bs^2h of SC21's count; its backward recomputes QK^T, 2.5x the forward's FLOPs
-        # (Dao 2023, FlashAttention-2, Sec. 3.1-3.2). Scores and dropout stay on chip.
-        flops = 0.5 * 4.0 * heads * seq * seq * d
+        # the 4bs^2h of SC21's count (2 s^2 (d_q + d_v) per head); its backward recomputes QK^T, 2.5x
+        # the forward's FLOPs (Dao 2023, FlashAttention-2, Sec. 3.1-3.2). Scores and dropout stay on chip.
+        flops = 0.5 * 2.0 * heads * seq * seq * (dq + dv)
         rate = cluster.gpu.peak_flops * cluster.compute.flash_fraction
         return flops / rate, 2.5 * flops / rate
     scores = heads * seq * seq  # elements of the b * np * s * s score tensor
     bandwidth = _bandwidth(cluster)
     operand = word * scores / bandwidth  # the s x s operand each core GEMM reads or writes
-    qk = max(gemm_compute_time(Gemm(seq, d, seq, heads), cluster), operand)
-    pv = max(gemm_compute_time(Gemm(seq, seq, d, heads), cluster), operand)
+    qk = max(gemm_compute_time(Gemm(seq, dq, seq, heads), cluster), operand)
+    pv = max(gemm_compute_time(Gemm(seq, seq, dv, heads), cluster), operand)
     mask = cluster.dropout_mask_bytes
     cast = 0 if word == SOFTMAX_BYTES else word + SOFTMAX_BYTES  # one fp32<->16-bit cast pass
     # forward: cast up, masked_fill_ and softmax (read+write fp32), cast down, dropout.
@@ -109,7 +116,7 @@ def kernel_level_times(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bo
                        word: int, backend: str) -> tuple[float, float, float]:
     """(forward, backward, attention-core forward) seconds of one micro-batch on one shard."""
     gemms = layer_gemms(layer, seq, samples, tp)
-    dense = sum(gemm_compute_time(g, cluster) for i, g in enumerate(gemms) if i not in ATTENTION_CORE_GEMMS)
+    dense = sum(gemm_compute_time(g, cluster) for g in gemms if g.role != CORE)
     core_forward, core_backward = attention_core_times(layer, seq, samples, tp, cluster, word, backend)
     forward_bytes, backward_bytes = elementwise_bytes(layer, samples * seq, tp, sp, word, cluster.dropout_mask_bytes)
     backward_bytes += weight_grad_accumulation_bytes(layer, tp, word)

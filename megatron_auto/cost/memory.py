@@ -13,6 +13,7 @@ from __future__ import annotations
 from ..plan import LayerStrategy
 from ..specs.model import LayerSpec, ModelSpec
 from ..specs.training import TrainingSpec
+from .mla import mla_latent_bytes, mla_qkv_kept_width
 from .pipeline import warmup_chunk_forwards
 
 MASK_BYTES = 1  # dropout masks are stored as bytes on CUDA (Korthikanti et al., Sec. 4.1); see ClusterSpec
@@ -89,7 +90,8 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
     sharded += qk_norm_statistics_bytes(layer, s, b)
     if "core_attn" not in recomputed:
         sharded += attention_score_bytes(layer, s, b, word, mask_bytes, attention_backend)
-    return replicated / replicated_split + sharded / t + rotary_table_bytes(layer, s, word)
+    latents = mla_latent_bytes(layer, s, b, word, t, strategy.sp)
+    return replicated / replicated_split + sharded / t + latents + rotary_table_bytes(layer, s, word)
 
 
 def qkv_kept_width(layer: LayerSpec, core_keeps_inputs: bool) -> float:
@@ -102,7 +104,10 @@ def qkv_kept_width(layer: LayerSpec, core_keeps_inputs: bool) -> float:
     recompute, whose checkpoint keeps them) keeps those: each new tensor, and the mixed one through V. The
     unfused core without recompute, with g < a, keeps instead a query it reshapes (a copy, or the one it
     was given) and K and V expanded to a heads (repeat_interleave): 3ad, and the mixed tensor no longer.
-    The q/k norms keep their inputs: the grouped query's copy, and the mixed tensor."""
+    The q/k norms keep their inputs: the grouped query's copy, and the mixed tensor. Multi-latent attention
+    hands any core new contiguous Q, K (a d_q each) and V (a d_v): cost/mla.py mla_qkv_kept_width."""
+    if layer.mla is not None:
+        return mla_qkv_kept_width(layer)
     a, g, d = layer.num_attention_heads, layer.num_query_groups, layer.kv_channels
     q, kv = a * d, g * d
     query_copied = 1 < g < a
@@ -120,8 +125,9 @@ def qkv_kept_width(layer: LayerSpec, core_keeps_inputs: bool) -> float:
 
 def qk_norm_statistics_bytes(layer: LayerSpec, seq: int, samples: int) -> float:
     """--qk-layernorm's fp32 statistics, one norm per query and key head (a + g per token; mean and rstd
-    for LayerNorm, rstd for RMSNorm), before the TP split."""
-    if not layer.qk_layernorm:
+    for LayerNorm, rstd for RMSNorm), before the TP split; multi-latent attention's latent norms are priced
+    with its latents (cost/mla.py)."""
+    if not layer.qk_layernorm or layer.mla is not None:
         return 0.0
     stats = 1 if layer.normalization == "RMSNorm" else 2
     return stats * FP32_BYTES * (layer.num_attention_heads + layer.num_query_groups) * seq * samples
@@ -129,7 +135,10 @@ def qk_norm_statistics_bytes(layer: LayerSpec, seq: int, samples: int) -> float:
 
 def rotary_table_bytes(layer: LayerSpec, seq: int, word: int) -> float:
     """RoPE's cos and sin tables (s x d, in the activation type), computed and kept once for Q and once for K
-    by each layer (megatron-core's _apply_rotary_pos_emb_bshd), whatever the batch and TP."""
+    by each layer (megatron-core's _apply_rotary_pos_emb_bshd), whatever the batch and TP. Multi-latent
+    attention always rotates (its own RoPE or YaRN table), over qk_pos_emb_head_dim channels."""
+    if layer.mla is not None:
+        return 4 * seq * layer.mla.qk_pos_emb_head_dim * word
     return 4 * seq * layer.kv_channels * word if layer.rotary else 0.0
 
 

@@ -1,0 +1,98 @@
+"""What multi-latent attention (DeepSeek-V2, arXiv 2405.04434) adds to a layer's price beyond its GEMMs
+(cost/flops.py input_projection_gemms): element-wise copies, tensor-parallel collectives and kept bytes.
+
+The layer is Megatron-Core 0.16.1's MLASelfAttention on the local spec (megatron/core/transformer/
+multi_latent_attention.py): its down projections are column-parallel linears whose outputs are
+all-gathered over TP (and scattered back to sequence shards under SP), and its up projections are
+column-parallel linears over those latents.
+"""
+from __future__ import annotations
+
+from ..plan import LayerStrategy
+from ..specs.cluster import ClusterSpec
+from ..specs.model import LayerSpec
+
+
+def mla_elementwise_widths(layer: LayerSpec, tp: int, sp: bool) -> tuple[float, float]:
+    """(forward, backward) elements per token that multi-latent attention copies besides its GEMMs, on one
+    shard (0, 0 for other layers). MLASelfAttention (megatron-core 0.16.1, get_query_key_value_tensors)
+    concatenates each head's query and key from their position-free and rotated parts (read and write
+    a d_q each), copies the value out of the up projection's output (.contiguous(), 2 a d_v) and the context
+    is permuted as in SelfAttention (2 a d_v); with --qk-layernorm its latent
+    norms read and write q_lora and kv_lora channels (3x in backward, as the layer's norms), whole on
+    every TP rank unless SP scatters the latents. Backward moves the same copies' gradients."""
+    if layer.mla is None:
+        return 0.0, 0.0
+    heads = layer.num_attention_heads / tp
+    copies = heads * (4 * layer.query_head_width + 4 * layer.value_head_width)
+    norms = sum(layer.mla.latent_norm_widths()) / (tp if sp else 1) if layer.qk_layernorm else 0.0
+    return copies + 2 * norms, copies + 3 * norms
+
+
+def mla_tp_comm_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy, cluster: ClusterSpec,
+                     activation_bytes: int) -> float:
+    """TP collectives of one micro-batch that multi-latent attention runs beyond the four h-wide ones of
+    communication.tp_comm_time, forward plus backward (0 for other layers or TP 1).
+
+    Each column-parallel linear on the hidden state reduces its input gradient (SP: gathers its input and
+    reduce-scatters that gradient), and MLA has two (the query's and the key/value down projection) where
+    SelfAttention has one. The down projections' outputs are all-gathered over TP (gather_from_tensor_model_
+    parallel_region; its backward is a split); the up projections reduce their latent inputs' gradients.
+    Under SP the gathered latents are scattered back to sequence shards (backward: all-gather) and each up
+    projection all-gathers its input's sequence (backward: reduce-scatter), and every sequence-parallel input
+    is gathered again in backward for the weight gradient, exposed as in tp_comm_time. Full recompute
+    replays the forward's collectives."""
+    if layer.mla is None or strategy.tp == 1:
+        return 0.0
+    from .models import comm_model  # cost/models.py imports cost/compute.py, which imports this module
+
+    comm, t = comm_model(cluster), strategy.tp
+    mla, h = layer.mla, layer.hidden_size
+
+    def collective(kind: str, width: int) -> float:
+        return comm.collective_time(kind, seq * samples * width * activation_bytes, t, 1, cluster) if width else 0.0
+
+    q_latent, kv_latent = mla.q_lora_rank or 0, mla.kv_lora_rank
+    forward = collective("all_gather", q_latent) + collective("all_gather", kv_latent + mla.qk_pos_emb_head_dim)
+    if strategy.sp:
+        forward += sum(collective("all_gather", width) for width in (h, q_latent, kv_latent))
+        backward = sum(collective("reduce_scatter", width) + collective("all_gather", width)
+                       for width in (q_latent, kv_latent)) + collective("reduce_scatter", h)
+        regathers = sum(collective("all_gather", width) for width in (h, q_latent, kv_latent))
+        backward += regathers * (1.0 - comm.grad_overlap)
+    else:
+        backward = sum(collective("all_reduce", width) for width in (h, q_latent, kv_latent))
+    return forward * (2 if strategy.recompute == "full" else 1) + backward
+
+
+FP32_BYTES = 4
+
+
+def mla_qkv_kept_width(layer: LayerSpec) -> int:
+    """Per token, before the TP split, what the attention core keeps of Q, K and V: MLASelfAttention
+    concatenates each head's query and key (a d_q each) and makes the value contiguous (a d_v), so any core
+    (SDPA or DotProductAttention, which has no query groups to expand here) keeps those three new tensors."""
+    heads = layer.num_attention_heads
+    return 2 * heads * layer.query_head_width + heads * layer.value_head_width
+
+
+def mla_latent_bytes(layer: LayerSpec, seq: int, samples: int, word: int, tp: int, sp: bool) -> float:
+    """Bytes of the latents an MLA layer keeps for backward on one GPU: whole on every TP rank, or sequence
+    shards under SP (0 for other layers).
+
+    The query latent (all-gathered, so a new tensor) is kept by its norm and the norm's output by the up
+    projection: 2 q_lora (q_lora without --qk-layernorm). The key/value latent is a view of the gathered
+    kv_lora + d_r output of the down projection: its norm (or, without one, the up projection) keeps that
+    whole tensor alive, plus the norm's output for the up projection; under SP the latent is a scattered
+    copy of kv_lora channels instead. The norms keep fp32 statistics (rstd, and mean for LayerNorm)."""
+    mla = layer.mla
+    if mla is None:
+        return 0.0
+    norms = layer.qk_layernorm
+    query = (2 if norms else 1) * mla.q_lora_rank if mla.q_lora_rank is not None else 0
+    kv_input = mla.kv_lora_rank if sp else mla.kv_lora_rank + mla.qk_pos_emb_head_dim
+    kept = word * (query + kv_input + (mla.kv_lora_rank if norms else 0))
+    if norms:
+        stats = 1 if layer.normalization == "RMSNorm" else 2
+        kept += stats * FP32_BYTES * len(mla.latent_norm_widths())
+    return seq * samples * kept / (tp if sp else 1)
