@@ -50,6 +50,7 @@ PATCH_MODULES = (
     "moe_per_token_aux_loss_tp",
     "checkpoint_without_output_te",
     "rope_cp_rank_cpu",
+    "mla_without_te",
 )
 
 __all__ = ["PATCH_MODULES", "PatchTargetChanged", "apply_all", "check_all", "patch_modules"]

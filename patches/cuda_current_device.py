@@ -1,7 +1,7 @@
 """Patch: `torch.cuda.current_device()` as a buffer device, answered with the CPU.
 
 Why: tensor-parallel mappings and layers, pipeline p2p, the global memory
-buffer, GPTModel, attention and rotary embeddings allocate their scratch
+buffer, GPTModel, attention and rotary embeddings (RoPE's and YaRN's) allocate their scratch
 buffers with `device=torch.cuda.current_device()`, which raises on a CPU-only
 torch. The patch swaps the `torch` name inside exactly these modules for a
 proxy (patches/_cpu_torch.py) whose `cuda.current_device()` is the CPU.
@@ -29,6 +29,8 @@ MODULES = (
     "megatron.core.transformer.dot_product_attention",
     "megatron.core.transformer.transformer_layer",
     "megatron.core.models.common.embeddings.rotary_pos_embedding",
+    # YaRN's table, which multi-latent attention builds in each layer (its inverse frequencies move to the device).
+    "megatron.core.models.common.embeddings.yarn_rotary_pos_embedding",
 )
 
 

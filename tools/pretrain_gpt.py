@@ -74,7 +74,8 @@ from megatron_auto.kernels import (ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMU
                                    OPTIMIZER_IMPLS, resolve_attention_backend, resolve_optimizer_impl)
 from megatron_auto.runtime import compat_flags  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
-from megatron_auto.runtime.settings import EXIT_SIGNALS, DataSettings, MoESettings, TrainSettings  # noqa: E402
+from megatron_auto.runtime.settings import (EXIT_SIGNALS, UNPRICED_RECOMPUTE_MODULES, DataSettings,  # noqa: E402
+                                             MoESettings, TrainSettings, priced_recompute_modules)
 from megatron_auto.runtime.tokenizers import add_tokenizer_flags, tokenizer_from_flags  # noqa: E402
 from megatron_auto.search.constraints import SearchConstraints  # noqa: E402
 from megatron_auto.specs.model import ModelSpec, uniform_model  # noqa: E402
@@ -82,6 +83,8 @@ from megatron_auto.specs.training import (DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_M
                                          recompute_modules_problem)
 
 logger = logging.getLogger("pretrain_gpt")
+RUN_RECOMPUTE_MODULES = RECOMPUTE_MODULES + UNPRICED_RECOMPUTE_MODULES
+"""What --recompute-modules may name: the planner's modules and those it does not price yet."""
 
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
@@ -125,6 +128,53 @@ def _model_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--qk-layernorm", action="store_true", help="normalise each query and key head")
     group.add_argument("--apply-layernorm-1p", action="store_true",
                        help="norm weights stored as gamma - 1, zero-initialised")
+
+
+def _mla_args(parser: argparse.ArgumentParser) -> None:
+    """Megatron-LM 0.16.1's multi-latent attention flags, with its defaults (arguments.py _add_mla_args), and
+    --rope-type (its _add_network_size_args: MLA defaults to yarn, other attention runs rope)."""
+    group = parser.add_argument_group("multi-latent attention (DeepSeek-V2/V3; Megatron-LM's names)")
+    group.add_argument("--multi-latent-attention", action="store_true",
+                       help="Megatron-Core's MLASelfAttention: keys and values from a compressed latent")
+    group.add_argument("--q-lora-rank", type=int, help="query latent width (default: no query latent)")
+    group.add_argument("--kv-lora-rank", type=int, default=32, help="key/value latent width")
+    group.add_argument("--qk-head-dim", type=int, default=128, help="query/key channels per head without RoPE")
+    group.add_argument("--qk-pos-emb-head-dim", type=int, default=64, help="query/key channels per head with RoPE")
+    group.add_argument("--v-head-dim", type=int, default=128, help="value channels per head")
+    group.add_argument("--rope-type", choices=("rope", "yarn"),
+                       help="MLA's RoPE (default yarn); other attention takes rope only")
+    group.add_argument("--rotary-scaling-factor", type=float, default=1.0, help="YaRN's scaling factor")
+    group.add_argument("--mscale", type=float, default=1.0, help="YaRN's mscale")
+    group.add_argument("--mscale-all-dim", type=float, default=0.0, help="YaRN's mscale_all_dim")
+
+
+def mla_flags_error(args: argparse.Namespace) -> Optional[str]:
+    """What Megatron-LM asserts of the MLA flags (arguments.py: validate_args and
+    core_transformer_config_from_args) and what this runtime does not run with MLA, as one line."""
+    if args.multi_latent_attention and args.group_query_attention:
+        return ("--group-query-attention cannot go with --multi-latent-attention (Megatron-LM: 'Group query "
+                "attention is mutually exclusive with multi latent attention')")
+    if args.rope_type not in (None, "rope") and not args.multi_latent_attention:
+        return (f"--rope-type {args.rope_type} needs --multi-latent-attention (Megatron-LM: common attention only "
+                "supports rope_type=\"rope\")")
+    if args.multi_latent_attention and args.context_parallel_size > 1:
+        from megatron_auto.runtime.config import MLA_CONTEXT_PARALLEL
+
+        return MLA_CONTEXT_PARALLEL
+    if "mla_up_proj" in (args.recompute_modules or ()) and not args.multi_latent_attention:
+        return ("--recompute-modules mla_up_proj needs --multi-latent-attention (megatron-core: 'mla_up_proj in "
+                "recompute_modules is only supported with multi_latent_attention')")
+    return None
+
+
+def mla_model_flags(args: argparse.Namespace) -> dict:
+    """uniform_model's `mla` from the flags: an MLASpec under --multi-latent-attention, else None (Megatron-LM
+    reads the shape flags only under the switch)."""
+    from megatron_auto.specs.model import MLA_KEYS, mla_from_flags
+
+    if not args.multi_latent_attention:
+        return {}
+    return {"mla": mla_from_flags(True, **{key: getattr(args, key) for key in MLA_KEYS})}
 
 
 def moe_layer_freq(text: str):
@@ -321,7 +371,7 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--recompute-num-layers", type=int)
     group.add_argument("--recompute-modules", nargs="+", metavar="MODULE",
                        help="what --recompute-granularity selective re-runs: "
-                            f"{', '.join(RECOMPUTE_MODULES)} (Megatron-LM's names; default: core_attn with manual "
+                            f"{', '.join(RUN_RECOMPUTE_MODULES)} (Megatron-LM's names; default: core_attn with manual "
                             "flags, the planner's choice under --auto-parallel, the plan's with a plan file)")
     group.add_argument("--recompute-activations", action="store_true",
                        help="Megatron-LM's older spelling of --recompute-granularity selective")
@@ -453,7 +503,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # No abbreviations, as Megatron-LM's parser: `--optimizer adam` is not `--optimizer-impl adam`.
     parser = _OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                             allow_abbrev=False)
-    for add in (_model_args, _moe_args, _training_args, _kernel_args, _parallel_args, _data_args, _checkpoint_args,
+    for add in (_model_args, _mla_args, _moe_args, _training_args, _kernel_args, _parallel_args, _data_args, _checkpoint_args,
                 compat_flags.add_arguments):
         add(parser)
     args, unknown = parser.parse_known_args(argv)
@@ -468,7 +518,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.recompute_activations and args.recompute_granularity is None:
         args.recompute_granularity = "selective"
     flags_error = (schedule_flags_error(args) or batch_ramp_error(args) or size_flags_error(args)
-                   or checkpoint_flags_error(args) or moe_router_error(args))
+                   or checkpoint_flags_error(args) or moe_router_error(args) or mla_flags_error(args))
     if flags_error:
         parser.error(flags_error)
     if not args.mock_data and not args.data_path and not any(per_split_paths(args)):
@@ -535,11 +585,15 @@ def size_flags_error(args: argparse.Namespace) -> Optional[str]:
                 f"(--attention-backend flash or auto), not {args.attention_backend}")
     if args.recompute_granularity == "selective" and args.recompute_method is not None:
         return "--recompute-method is not supported with --recompute-granularity selective (as in Megatron-LM)"
-    unknown = [m for m in args.recompute_modules or () if m not in RECOMPUTE_MODULES]
+    unknown = [m for m in args.recompute_modules or () if m not in RUN_RECOMPUTE_MODULES]
     if args.recompute_modules and (unknown or len(set(args.recompute_modules)) != len(args.recompute_modules)):
         what = f"{' '.join(unknown)} not run by this runtime yet" if unknown else "a module named twice"
         return (f"--recompute-modules {' '.join(args.recompute_modules)}: {what} "
-                f"(it runs {', '.join(RECOMPUTE_MODULES)})")
+                f"(it runs {', '.join(RUN_RECOMPUTE_MODULES)})")
+    if args.recompute_modules and not priced_recompute_modules(tuple(args.recompute_modules)):
+        return (f"--recompute-modules {' '.join(args.recompute_modules)}: the planner does not price "
+                f"{' '.join(args.recompute_modules)} yet; name it beside a module it prices (e.g. "
+                f"{args.recompute_modules[0]} layernorm), whose memory it counts")
     uneven = args.decoder_first_pipeline_num_layers is not None or args.decoder_last_pipeline_num_layers is not None
     if args.num_layers_per_virtual_pipeline_stage and uneven:
         return ("--num-layers-per-virtual-pipeline-stage cannot go with --decoder-first/last-pipeline-num-layers "
@@ -624,7 +678,7 @@ def model_from_args(args: argparse.Namespace, vocab_size: int) -> ModelSpec:
                              untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
                              normalization=args.normalization, add_bias_linear=not args.disable_bias_linear,
                              position_embedding_type=position_embedding_type(args), rotary_base=args.rotary_base,
-                             **moe_model_flags(args))
+                             **moe_model_flags(args), **mla_model_flags(args))
     except ValueError as error:
         raise UserError(f"model flags: {error}") from None
 
@@ -710,7 +764,8 @@ def _settings(args: argparse.Namespace, vocab_size: int, precision: str) -> Trai
         grad_accumulation_fusion=args.grad_accumulation_fusion, overlap_param_gather=args.overlap_param_gather,
         rotary_percent=args.rotary_percent, rope_scaling=args.use_rope_scaling,
         rope_scaling_factor=args.rope_scaling_factor,
-        rotary_interpolation_factor=args.rotary_seq_len_interpolation_factor,
+        rotary_interpolation_factor=args.rotary_seq_len_interpolation_factor, rope_type=args.rope_type,
+        rotary_scaling_factor=args.rotary_scaling_factor, mscale=args.mscale, mscale_all_dim=args.mscale_all_dim,
         make_vocab_size_divisible_by=args.make_vocab_size_divisible_by, padded_vocab_size=args.padded_vocab_size,
         max_position_embeddings=args.max_position_embeddings, log_interval=args.log_interval,
         eval_interval=args.eval_interval, eval_iters=args.eval_iters, save=args.save, load=args.load,
@@ -771,7 +826,7 @@ def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_si
                   optimizer_impl=resolve_optimizer_impl(settings.optimizer_impl, on_gpu),
                   memory_margin=args.auto_parallel_memory_margin,
                   moe_token_dispatcher=settings.moe.token_dispatcher, moe_grouped_gemm=settings.moe.grouped_gemm,
-                  recompute_modules=settings.recompute_modules,
+                  recompute_modules=priced_recompute_modules(settings.recompute_modules),
                   fused_norms=on_gpu and transformer_engine_available())
     return TrainingSpec.for_precision(settings.precision, global_batch, **common)
 
@@ -835,8 +890,9 @@ def check_plan_runs(plan, settings: TrainSettings, model: ModelSpec) -> None:
         from megatron_auto.runtime.hybrid.session import check_supported
 
         check_supported(plan, model)
-    priced = plan.prediction.recompute_modules if plan.prediction is not None else settings.recompute_modules
-    if tuple(priced) != settings.recompute_modules and plan.recomputes_selectively:
+    run = priced_recompute_modules(settings.recompute_modules)
+    priced = plan.prediction.recompute_modules if plan.prediction is not None else run
+    if tuple(priced) != run and plan.recomputes_selectively:
         raise UserError(f"the plan's selective recompute was priced re-running {' '.join(priced)}; this run's "
                         f"--recompute-modules is {' '.join(settings.recompute_modules)}: give --recompute-modules "
                         f"{' '.join(priced)} to run the plan as priced")

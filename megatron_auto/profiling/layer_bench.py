@@ -60,17 +60,17 @@ def bench_kernels(layer: LayerSpec, settings: LayerBenchSettings):
 
 
 def sharded_config(layer: LayerSpec, tp: int, settings: LayerBenchSettings):
-    """A tp=1 TransformerConfig at the widths of one of `tp` shards."""
-    from megatron.core.transformer import TransformerConfig
-
-    from ..runtime.config import layer_fields
+    """A tp=1 TransformerConfig at the widths of one of `tp` shards (MLATransformerConfig for a multi-latent
+    attention layer: its heads split, its latent down-projections whole, as each TP rank computes them in full
+    before it keeps its share)."""
+    from ..runtime.config import config_class, layer_fields
     from ..runtime.kernels import config_flags
 
     dtype = DTYPES[settings.precision]
     fields = layer_fields(layer)
     fields.update(num_attention_heads=layer.num_attention_heads // tp, num_query_groups=layer.num_query_groups // tp,
                   ffn_hidden_size=layer.ffn_hidden_size // tp)
-    return TransformerConfig(
+    return config_class(layer)(
         num_layers=1, **fields,
         hidden_dropout=settings.hidden_dropout, attention_dropout=settings.attention_dropout,
         params_dtype=dtype, pipeline_dtype=dtype, bf16=settings.precision == "bf16",
@@ -96,8 +96,9 @@ def build_layer(layer: LayerSpec, tp: int, settings: LayerBenchSettings, device)
 
 
 def rotary_table(layer: LayerSpec, seq: int, settings: LayerBenchSettings, device) -> dict:
-    """The layer's keyword for GPTModel's RoPE table of `seq` positions ({} without RoPE)."""
-    if settings.rotary_base is None:
+    """The layer's keyword for GPTModel's RoPE table of `seq` positions ({} without RoPE, and under multi-latent
+    attention, which computes its own RoPE)."""
+    if settings.rotary_base is None or layer.mla is not None:
         return {}
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 

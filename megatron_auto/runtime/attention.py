@@ -19,6 +19,11 @@ Semantics kept from DotProductAttention:
 - attention dropout on the probabilities, inside the kernel, drawn from the
   tensor-parallel RNG tracker's fork unless sequence parallelism is on;
 - grouped-query attention: key/value groups shared by np/ng query heads;
+- multi-latent attention (MLASelfAttention builds its core with `k_channels`, the query/key head width
+  qk_head_dim + qk_pos_emb_head_dim, and `v_channels`, the value head width, as Transformer Engine's
+  DotProductAttention takes them): SDPA takes values of another width than the queries (Ev != E) and the
+  context is np x v_channels wide; MLA passes its own softmax scale. Megatron-Core 0.16.1's unfused
+  DotProductAttention takes neither keyword: MLADotProductAttention below is it with both;
 - context parallelism (config.context_parallel_size > 1, causal mask only): the keys and values are
   all-gathered over the CP group (runtime/context_parallel.py), whatever cp_comm_type asks, since the
   communication patterns Megatron offers all compute the same attention.
@@ -33,6 +38,7 @@ from torch import Tensor
 
 from megatron.core import tensor_parallel
 from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.transformer.dot_product_attention import DotProductAttention
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -66,7 +72,8 @@ class SDPAttention(MegatronModule):
 
     def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
                  attention_type: str, attention_dropout: Optional[float] = None,
-                 softmax_scale: Optional[float] = None, cp_comm_type: Optional[str] = None,
+                 softmax_scale: Optional[float] = None, k_channels: Optional[int] = None,
+                 v_channels: Optional[int] = None, cp_comm_type: Optional[str] = None,
                  pg_collection: Optional[ProcessGroupCollection] = None):
         super().__init__(config=config)
         check_supported(config)
@@ -80,9 +87,9 @@ class SDPAttention(MegatronModule):
         self.tp_group = pg_collection.tp
         self.cp_group = getattr(pg_collection, "cp", None) if config.context_parallel_size > 1 else None
         tp = pg_collection.tp.size()
-        projection_size = config.kv_channels * config.num_attention_heads
-        self.hidden_size_per_partition = divide(projection_size, tp)
-        self.hidden_size_per_attention_head = divide(projection_size, config.num_attention_heads)
+        # Query/key and value head widths: kv_channels for both, or MLA's k_channels and v_channels.
+        self.hidden_size_per_attention_head = k_channels or config.kv_channels
+        self.hidden_size_per_partition = divide((v_channels or config.kv_channels) * config.num_attention_heads, tp)
         self.num_attention_heads_per_partition = divide(config.num_attention_heads, tp)
         self.num_query_groups_per_partition = divide(config.num_query_groups, tp)
         self.softmax_scale, coeff = megatron_softmax_scale(config, self.hidden_size_per_attention_head,
@@ -137,3 +144,26 @@ class SDPAttention(MegatronModule):
             context = self._core(q, k, v, mask, causal)
         # [b, np, sq, hn] -> [sq, b, np * hn]
         return context.permute(2, 0, 1, 3).reshape(sq, batch, -1)
+
+
+class MLADotProductAttention(DotProductAttention):
+    """Megatron-Core's unfused DotProductAttention with multi-latent attention's `k_channels` and `v_channels`.
+
+    MLASelfAttention passes both to its core (megatron/core/transformer/multi_latent_attention.py); 0.16.1's
+    DotProductAttention has no such keywords, so Megatron-Core's local spec with MLA fails to build. Its forward
+    is width-agnostic (scores from q and k of one width, context from v of another) except for the final view
+    to hidden_size_per_partition, which is np x v_channels here; the default scale (MLA passes its own) is
+    1/sqrt(k_channels), as in Transformer Engine's DotProductAttention."""
+
+    def __init__(self, config: TransformerConfig, layer_number: int, attn_mask_type: AttnMaskType,
+                 attention_type: str, attention_dropout: Optional[float] = None,
+                 softmax_scale: Optional[float] = None, k_channels: Optional[int] = None,
+                 v_channels: Optional[int] = None, cp_comm_type: Optional[str] = None,
+                 pg_collection: Optional[ProcessGroupCollection] = None):
+        super().__init__(config, layer_number, attn_mask_type, attention_type, attention_dropout=attention_dropout,
+                         softmax_scale=softmax_scale, cp_comm_type=cp_comm_type, pg_collection=pg_collection)
+        tp = self.pg_collection.tp.size()
+        self.hidden_size_per_attention_head = k_channels or config.kv_channels
+        self.hidden_size_per_partition = divide((v_channels or config.kv_channels) * config.num_attention_heads, tp)
+        self.softmax_scale, _ = megatron_softmax_scale(config, self.hidden_size_per_attention_head,
+                                                       self.layer_number, softmax_scale)

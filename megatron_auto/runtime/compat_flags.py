@@ -100,7 +100,6 @@ REFUSED_PREFIXES = {
     "--moe-": "this --moe-* option is not run by this runtime yet (the --moe-* flags it runs are listed in README.md)",
     "--mtp-": "multi-token prediction layers are not built by this runtime yet",
 }
-_MLA = "multi-latent attention (DeepSeek) is not built by this runtime yet"
 _CONVERT = ("converting a checkpoint's format is not run here (checkpoints are Megatron-Core dist_checkpointing "
             "torch_dist, which every layout loads)")
 _LOW_PRECISION_OPTIMIZER = ("main gradients, master weights or Adam moments below fp32 need Transformer Engine's "
@@ -113,19 +112,17 @@ REFUSED_ANY_VALUE = {
     "--window-attn-skip-freq": "sliding-window attention is not built by this runtime yet",
     "--glu-linear-offset": "gpt-oss's clamped GLU is not built by this runtime yet",
     "--activation-func-clamp-value": "gpt-oss's clamped GLU is not built by this runtime yet",
-    "--kv-lora-rank": _MLA, "--q-lora-rank": _MLA, "--qk-head-dim": _MLA, "--qk-pos-emb-head-dim": _MLA,
-    "--v-head-dim": _MLA,
     "--ckpt-convert-format": _CONVERT, "--ckpt-convert-save": _CONVERT,
 }
 REFUSED_UNLESS = {
-    "--rope-type": ("rope", "RoPE variants other than plain rope (YaRN, ...) are not built by this runtime yet"),
     "--optimizer": ("adam", "only Adam with decoupled weight decay (Megatron's `adam`) runs here"),
     "--main-grads-dtype": ("fp32", _LOW_PRECISION_OPTIMIZER), "--main-params-dtype": ("fp32", _LOW_PRECISION_OPTIMIZER),
     "--exp-avg-dtype": ("fp32", _LOW_PRECISION_OPTIMIZER), "--exp-avg-sq-dtype": ("fp32", _LOW_PRECISION_OPTIMIZER),
 }
 """flag: (the one value accepted, why others are refused)."""
 REFUSED_SWITCHES = {
-    "--multi-latent-attention": _MLA,
+    "--cache-mla-latents": "caching MLA's latents serves Megatron-Core's dynamic inference backend (Flash MLA); "
+                           "training cannot run with it (MLA asserts 'cache_mla_latents conflicts with training')",
     "--export-force-local-attention": "gpt-oss's local attention is not built by this runtime yet",
     "--optimizer-cpu-offload": "optimizer CPU offload (Megatron-Core's HybridDeviceOptimizer) is not run by this "
                                "runtime yet, and the planner does not price it",

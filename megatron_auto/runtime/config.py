@@ -16,6 +16,10 @@ from .settings import TrainSettings
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+MLA_CONTEXT_PARALLEL = ("context parallelism with multi-latent attention is not run by this runtime yet (its "
+                        "split RoPE and latents are neither priced nor tested here): use --context-parallel-size 1")
+
+
 def padded_vocab_size(vocab_size: int, settings: TrainSettings, tensor_parallel: int) -> int:
     """Megatron's padding: up to a multiple of make_vocab_size_divisible_by x TP, or --padded-vocab-size
     as given (Megatron-LM's _set_padded_vocab_size), which must hold the vocabulary and split over TP."""
@@ -72,10 +76,62 @@ def moe_fields(model: ModelSpec, layout: MegatronLayout, settings: TrainSettings
     )
 
 
+def mla_spec_of(model: ModelSpec):
+    """The MLASpec all of the model's layers share (None when no layer is multi-latent). Megatron-Core's
+    MLATransformerConfig holds one, and GPTModel drops its RoPE table for every layer under it, so layers that
+    differ in their attention are a UserError."""
+    specs = {layer.mla for layer in model.layers}
+    if len(specs) > 1:
+        raise UserError("the Megatron-Core runtime builds one kind of attention per model; the model's layers "
+                        "differ in multi-latent attention or its widths")
+    return next(iter(specs))
+
+
+def config_class(layer: LayerSpec):
+    """MLATransformerConfig for a multi-latent attention layer (Megatron-LM's core_transformer_config_from_args
+    picks it under --multi-latent-attention), else TransformerConfig."""
+    from megatron.core.transformer import MLATransformerConfig, TransformerConfig
+
+    return TransformerConfig if layer.mla is None else MLATransformerConfig
+
+
+def mla_fields(layer: LayerSpec) -> dict:
+    """MLATransformerConfig's shape fields of an MLA layer (its MLASpec; Megatron-LM's --q-lora-rank,
+    --kv-lora-rank, --qk-head-dim, --qk-pos-emb-head-dim, --v-head-dim); none for other layers."""
+    mla = layer.mla
+    if mla is None:
+        return {}
+    return dict(multi_latent_attention=True, q_lora_rank=mla.q_lora_rank, kv_lora_rank=mla.kv_lora_rank,
+                qk_head_dim=mla.qk_head_dim, qk_pos_emb_head_dim=mla.qk_pos_emb_head_dim, v_head_dim=mla.v_head_dim)
+
+
+def mla_rope_fields(model: ModelSpec, settings: TrainSettings) -> dict:
+    """The RoPE that multi-latent attention computes inside each layer (GPTModel builds none under MLA):
+    --rope-type (left out when not given, so MLATransformerConfig's default yarn applies, as Megatron-LM pops
+    it), --rotary-base, --rotary-percent and YaRN's --rotary-scaling-factor, --mscale, --mscale-all-dim.
+    original_max_position_embeddings, beta_fast and beta_slow keep MLATransformerConfig's defaults (Megatron-LM
+    has no flag for them). Without MLA only plain rope runs (Megatron-LM asserts it)."""
+    if settings.rope_type not in (None, "rope", "yarn"):
+        raise UserError(f"--rope-type {settings.rope_type}: rope or yarn")
+    if mla_spec_of(model) is None:
+        if settings.rope_type not in (None, "rope"):
+            raise UserError(f"--rope-type {settings.rope_type} needs --multi-latent-attention (Megatron-LM: common "
+                            "attention only supports rope_type=\"rope\")")
+        return {}
+    fields = dict(rotary_base=model.rotary_base, rotary_percent=settings.rotary_percent,
+                  rotary_scaling_factor=settings.rotary_scaling_factor, mscale=settings.mscale,
+                  mscale_all_dim=settings.mscale_all_dim)
+    if settings.rope_type is not None:
+        fields["rope_type"] = settings.rope_type
+    return fields
+
+
 def layer_fields(layer: LayerSpec) -> dict:
     """TransformerConfig's fields that shape one decoder layer, unsharded: the runtime's config and the
-    layer profiler's (profiling/layer_bench.py) take them from here, so both build the same layer."""
+    layer profiler's (profiling/layer_bench.py) take them from here, so both build the same layer
+    (an MLA layer's go to config_class(layer), MLATransformerConfig)."""
     return dict(
+        **mla_fields(layer),
         hidden_size=layer.hidden_size,
         num_attention_heads=layer.num_attention_heads,
         num_query_groups=layer.num_query_groups,
@@ -106,17 +162,18 @@ def xavier_init(settings: TrainSettings) -> dict:
 
 def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: TrainSettings, backend: str):
     """The TransformerConfig of a GPT model under `layout`."""
-    from megatron.core.transformer import TransformerConfig
-
     check_layout(layout)
     if layout.context_parallel > 1 and kernels.kernels_for_run(model, settings).attention != "flash":
         raise UserError(f"context parallelism {layout.context_parallel} runs on the flash core attention "
                         f"(--attention-backend flash or auto), not {settings.attention_backend}")
+    if layout.context_parallel > 1 and mla_spec_of(model) is not None:
+        raise UserError(MLA_CONTEXT_PARALLEL)
     dtype = DTYPES[settings.precision]
     on_gloo = backend == "gloo"
-    return TransformerConfig(
+    return config_class(model.layers[0])(
         num_layers=model.num_layers,
         **layer_fields(model.layers[0]),
+        **mla_rope_fields(model, settings),
         calculate_per_token_loss=settings.calculate_per_token_loss,
         layernorm_epsilon=settings.norm_epsilon,
         hidden_dropout=settings.hidden_dropout,

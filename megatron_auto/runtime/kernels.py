@@ -182,19 +182,24 @@ def config_flags(kernels: RunKernels) -> dict:
 
 def layer_spec(layer: LayerSpec, kernels: RunKernels):
     """The TransformerLayer spec that runs `kernels`: TE's, or the local one with its core attention set;
-    a MoE layer's MLP is Megatron-Core's MoELayer (its router, dispatcher and experts)."""
+    a MoE layer's MLP is Megatron-Core's MoELayer (its router, dispatcher and experts); an MLA layer's
+    attention is Megatron-Core's MLASelfAttention (its latent projections and norms, under --qk-layernorm).
+
+    Unfused MLA runs attention.MLADotProductAttention: Megatron-Core 0.16.1's DotProductAttention does not
+    take the head widths MLASelfAttention passes its core (attention.py)."""
     from megatron.core.models.gpt import gpt_layer_specs
 
     experts = dict(num_experts=layer.moe.num_experts if layer.moe else None, moe_grouped_gemm=kernels.grouped_gemm)
+    shape = dict(qk_layernorm=layer.qk_layernorm, multi_latent_attention=layer.mla is not None, **experts)
     if kernels.layer_spec == "transformer_engine":
-        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(qk_layernorm=layer.qk_layernorm, **experts)
-    spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization=layer.normalization,
-                                                    qk_layernorm=layer.qk_layernorm, **experts)
-    if kernels.attention == "flash":
-        from .attention import SDPAttention
+        return gpt_layer_specs.get_gpt_layer_with_transformer_engine_spec(**shape)
+    spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization=layer.normalization, **shape)
+    if kernels.attention == "flash" or layer.mla is not None:
+        from .attention import MLADotProductAttention, SDPAttention
 
         spec = copy.deepcopy(spec)
-        spec.submodules.self_attention.submodules.core_attention = SDPAttention
+        core = SDPAttention if kernels.attention == "flash" else MLADotProductAttention
+        spec.submodules.self_attention.submodules.core_attention = core
     return spec
 
 

@@ -98,7 +98,7 @@ def first_decoder_layer(model: ModelSpec, settings: TrainSettings, device: torch
                         layout: MegatronLayout | None = None) -> tuple[torch.nn.Module, dict]:
     """Layer 0 of the GPTModel this runtime builds for `model` (its spec, kernels and config), seeded alike for
     every build and in the settings' precision, and the keywords its GPTModel hands the layer besides the
-    hidden states (the RoPE table): one layer to measure on its own. At TP1/PP1 unless `layout` (one stage)
+    hidden states (the RoPE table, gpt_rotary_table): one layer to measure on its own. At TP1/PP1 unless `layout` (one stage)
     says otherwise, with Megatron's model-parallel state initialised to match: then it holds this rank's
     shard, and its experts' (a MoE model's)."""
     from .config import DTYPES, transformer_config
@@ -109,8 +109,15 @@ def first_decoder_layer(model: ModelSpec, settings: TrainSettings, device: torch
     config = transformer_config(model, layout, settings, "nccl" if device.type == "cuda" else "gloo")
     torch.manual_seed(0)
     chunk = build_chunks(model, layout, settings, config, model.vocab_size, device)[0]
-    rope = {"rotary_pos_emb": chunk.rotary_pos_emb(model.seq_length)} if model.position_embedding_type == "rope" else {}
-    return chunk.decoder.layers[0].to(DTYPES[settings.precision]), rope
+    return chunk.decoder.layers[0].to(DTYPES[settings.precision]), gpt_rotary_table(chunk, model)
+
+
+def gpt_rotary_table(chunk, model: ModelSpec) -> dict:
+    """The RoPE keyword GPTModel hands its layers: its table for a rope model, none otherwise, and none under
+    multi-latent attention, which computes its own RoPE (GPTModel builds no table then; MLA asserts it gets none)."""
+    if model.position_embedding_type != "rope" or chunk.config.multi_latent_attention:
+        return {}
+    return {"rotary_pos_emb": chunk.rotary_pos_emb(model.seq_length)}
 
 
 def position_embedding_args(model: ModelSpec, settings: TrainSettings) -> dict:

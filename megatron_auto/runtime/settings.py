@@ -8,11 +8,22 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from ..specs.training import DEFAULT_RECOMPUTE_MODULES
+from ..specs.training import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES
 from .batch_schedule import BatchRamp
 
 NON_PERSISTENT_SUBDIR = "non_persistent"
 """Megatron-LM's default folder of global non-persistent checkpoints inside --save and --load."""
+
+UNPRICED_RECOMPUTE_MODULES = tuple(m for m in ("mla_up_proj",) if m not in RECOMPUTE_MODULES)
+"""--recompute-modules this runtime runs but the planner does not price (specs.training.RECOMPUTE_MODULES): mla_up_proj,
+multi-latent attention's query/key/value up-projections and RoPE (megatron-core's MultiLatentAttention), whose
+outputs the planner counts as kept, an upper bound on the memory of a run that frees them."""
+
+
+def priced_recompute_modules(modules: tuple[str, ...]) -> tuple[str, ...]:
+    """The --recompute-modules the planner prices (TrainingSpec.recompute_modules): all but the unpriced ones."""
+    return tuple(m for m in modules if m not in UNPRICED_RECOMPUTE_MODULES)
+
 
 EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 """What --exit-signal may name."""
@@ -192,13 +203,26 @@ class TrainSettings:
     rotary_interpolation_factor: Optional[int] = None
     """--rotary-seq-len-interpolation-factor: RoPE's positions divided by this factor (linear position
     interpolation, for a context longer than the one trained), None: none."""
+    rope_type: Optional[str] = None
+    """--rope-type: rope or yarn, the RoPE that multi-latent attention computes itself (None: Megatron-Core's
+    MLATransformerConfig default, yarn); other attention runs plain rope only (Megatron-LM asserts so)."""
+    rotary_scaling_factor: float = 1.0
+    """--rotary-scaling-factor: YaRN's context-extension factor s (Peng et al. 2023, arXiv 2309.00071); at 1 YaRN's
+    frequencies are RoPE's and its attention temperature is 1 (Megatron-LM's default)."""
+    mscale: float = 1.0
+    """--mscale: YaRN's mscale, in the temperature that multiplies the rotated channels (megatron-core's
+    _yarn_get_concentration_factor; DeepSeek-V2's config.json names it mscale)."""
+    mscale_all_dim: float = 0.0
+    """--mscale-all-dim: YaRN's mscale_all_dim, in the same temperature and, squared, in MLA's softmax scale
+    (megatron-core's MultiLatentAttention: softmax_scale = mscale^2 / sqrt(q head width))."""
     seed: int = 1234
     attention_backend: str = "auto"
     """--attention-backend (Megatron-LM's names; runtime/kernels.py resolves `auto` for the host)."""
     optimizer_impl: str = "auto"
     """--optimizer-impl: fused, foreach, or auto (fused on GPUs, foreach on CPU)."""
     recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
-    """--recompute-modules: what selective recomputation re-runs (specs.training.RECOMPUTE_MODULES)."""
+    """--recompute-modules: what selective recomputation re-runs (specs.training.RECOMPUTE_MODULES, and
+    UNPRICED_RECOMPUTE_MODULES with multi-latent attention)."""
     bias_fusions: str = "auto"
     """--bias-fusions: on runs Megatron's bias fusions on GPUs; auto and off keep them off (megatron_auto.kernels)."""
     grad_accumulation_fusion: str = "auto"

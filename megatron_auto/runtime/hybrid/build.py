@@ -143,8 +143,9 @@ def _shell(ctx: BuildContext, pre_process: bool, post_process: bool, vp_stage):
 
 def _rotary(ctx: BuildContext, config):
     """The decoder's own RoPE table (rope models): stages without the GPT shell need one too,
-    and it does not depend on the layout, since attention sees the whole sequence."""
-    if ctx.model.position_embedding_type != "rope":
+    and it does not depend on the layout, since attention sees the whole sequence. None under multi-latent
+    attention, which rotates its queries and keys itself (and asserts it is handed no table)."""
+    if ctx.model.position_embedding_type != "rope" or config.multi_latent_attention:
         return None
     from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 
