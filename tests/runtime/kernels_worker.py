@@ -58,16 +58,23 @@ def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def _cores(case: dict):
+    """[Megatron's DotProductAttention, the core under test] (SDPAttention, or with "core": "mla_unfused"
+    MLADotProductAttention). With "k_width"/"v_width" (multi-latent attention's head widths) the cores under
+    test get them as MLASelfAttention passes them (k_channels, v_channels), and Megatron's core, whose forward
+    takes any widths but views its context as kv_channels per head, gets kv_channels = v_width."""
     from megatron.core.transformer.dot_product_attention import DotProductAttention
     from megatron.core.transformer.enums import AttnMaskType
 
-    from megatron_auto.runtime.attention import SDPAttention
+    from megatron_auto.runtime.attention import MLADotProductAttention, SDPAttention
 
     config = make_config(case)
-    layer_number = case.get("layer_number", 1)
-    return [cls(config=config, layer_number=layer_number, attn_mask_type=AttnMaskType.causal,
-                attention_type="self", softmax_scale=config.softmax_scale)
-            for cls in (DotProductAttention, SDPAttention)]
+    kinds = dict(layer_number=case.get("layer_number", 1), attn_mask_type=AttnMaskType.causal, attention_type="self",
+                 softmax_scale=config.softmax_scale)
+    if "v_width" not in case:
+        return [DotProductAttention(config=config, **kinds), SDPAttention(config=config, **kinds)]
+    reference = DotProductAttention(config=make_config(case, kv_channels=case["v_width"]), **kinds)
+    tested = MLADotProductAttention if case.get("core") == "mla_unfused" else SDPAttention
+    return [reference, tested(config=config, k_channels=case["k_width"], v_channels=case["v_width"], **kinds)]
 
 
 def run_core(case: dict) -> dict:
@@ -75,12 +82,12 @@ def run_core(case: dict) -> dict:
     unfused, sdpa = _cores(case)
     heads, groups = unfused.num_attention_heads_per_partition, unfused.num_query_groups_per_partition
     torch.manual_seed(11 + torch.distributed.get_rank())
-    width = HIDDEN // HEADS
-    inputs = [torch.randn(SEQ, BATCH, n, width) for n in (heads, groups, groups)]
+    k_width, v_width = case.get("k_width", HIDDEN // HEADS), case.get("v_width", HIDDEN // HEADS)
+    inputs = [torch.randn(SEQ, BATCH, n, width) for n, width in ((heads, k_width), (groups, k_width), (groups, v_width))]
     mask = None
     if case.get("mask"):  # an arbitrary boolean mask, True = masked out; the diagonal always kept
         mask = (torch.rand(BATCH, 1, SEQ, SEQ) < 0.3) & ~torch.eye(SEQ, dtype=torch.bool)
-    grad_out = torch.randn(SEQ, BATCH, heads * width)
+    grad_out = torch.randn(SEQ, BATCH, heads * v_width)
     results = []
     for core in (unfused, sdpa):
         leaves = [t.clone().requires_grad_() for t in inputs]
@@ -89,7 +96,8 @@ def run_core(case: dict) -> dict:
         results.append((out.detach(), [leaf.grad for leaf in leaves]))
     (ref, ref_grads), (got, got_grads) = results
     return {"output": relative_error(got, ref), "shape_ok": list(got.shape) == list(ref.shape),
-            "grads": [relative_error(g, r) for g, r in zip(got_grads, ref_grads)]}
+            "grads": [relative_error(g, r) for g, r in zip(got_grads, ref_grads)],
+            "core": type(sdpa).__name__, "width": got.shape[-1]}
 
 
 def run_cp_core(case: dict) -> dict:

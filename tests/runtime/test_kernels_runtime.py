@@ -173,6 +173,10 @@ KERNEL_CASES = [
     {"name": "core_causal", "kind": "core"},
     {"name": "core_gqa_with_mask", "kind": "core", "groups": 2, "mask": True},
     {"name": "core_layer_scaling", "kind": "core", "layer_scaling": True, "layer_number": 3, "softmax_scale": 0.3},
+    # Multi-latent attention's shapes (tiny MLA: query/key heads 16 + 8 wide, values 12) and a YaRN-style scale
+    # mscale^2 / sqrt(24) as MLASelfAttention passes it; the unfused core is runtime.attention's MLA subclass.
+    *[{"name": f"core_mla_{core}", "kind": "core", "core": core, "k_width": 24, "v_width": 12,
+       "softmax_scale": 1.3**2 / 24**0.5} for core in ("sdpa", "mla_unfused")],
     {"name": "layer_flash_gpt", "kind": "layer", "attention": "flash"},
     {"name": "layer_flash_llama", "kind": "layer", "attention": "flash", "swiglu": True, "groups": 2},
     {"name": "dropout", "kind": "dropout", "dropout": 0.5},
@@ -214,6 +218,34 @@ def test_sdpa_core_matches_megatron_values_and_gradients(kernel_results, world, 
     assert result["shape_ok"]
     assert result["output"] < FP32_RTOL
     assert max(result["grads"]) < FP32_RTOL  # d/dq, d/dk, d/dv
+
+
+@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("core", ["sdpa", "mla_unfused"])
+def test_cores_take_multi_latent_attentions_head_widths(kernel_results, world, core):
+    """Query/key heads 24 wide, values 12 (MLA's k_channels, v_channels): SDPA and the unfused MLA core compute
+    what Megatron's DotProductAttention computes on those widths (its forward takes any; its context view is
+    set to the value width), values and q/k/v gradients, within FP32_RTOL, at TP1 and TP2 (2 of 4 heads)."""
+    result = kernel_results[world][f"core_mla_{core}"]
+    assert result["core"] == {"sdpa": "SDPAttention", "mla_unfused": "MLADotProductAttention"}[core]
+    assert result["shape_ok"] and result["width"] == HEADS_PER_RANK[world] * 12
+    assert result["output"] < FP32_RTOL
+    assert max(result["grads"]) < FP32_RTOL
+
+
+@pytest.mark.parametrize("backend, core", [("flash", "SDPAttention"), ("unfused", "MLADotProductAttention")])
+def test_local_spec_runs_mla_with_a_core_that_takes_its_widths(backend, core):
+    """Megatron-Core 0.16.1's DotProductAttention does not take MLA's k_channels/v_channels: unfused MLA runs
+    runtime.attention.MLADotProductAttention, flash runs SDPAttention, both under MLASelfAttention."""
+    from megatron_auto.specs.presets import MODEL_PRESETS
+
+    layer = MODEL_PRESETS["tiny-mla"].layers[0]
+    spec = kernels.layer_spec(layer, kernels.choose_kernels(layer, backend, on_gpu=False))
+    assert spec.submodules.self_attention.module.__name__ == "MLASelfAttention"
+    assert spec.submodules.self_attention.submodules.core_attention.__name__ == core
+
+
+HEADS_PER_RANK = {1: 4, 2: 2}
 
 
 @pytest.mark.parametrize("cp", [1, 2, 3, 4, 8])
