@@ -9,17 +9,17 @@ import pytest
 
 from megatron_auto.cost.collectives import all_gather_time, all_reduce_time, reduce_scatter_time
 from megatron_auto.cost.communication import tp_comm_time
-from megatron_auto.cost.flops import CORE, MLP, layer_gemms
+from megatron_auto.cost.flops import CORE, MLA_UP, MLP, layer_gemms
 from megatron_auto.cost.layer_cost import layer_cost
 from megatron_auto.cost.layer_kernels import attention_core_times
 from megatron_auto.cost.memory import layer_activation_bytes
-from megatron_auto.cost.mla import mla_latent_bytes, mla_tp_comm_time
+from megatron_auto.cost.mla import mla_latent_bytes, mla_tp_comm_time, mla_up_projection_seconds
 from megatron_auto.plan import LayerStrategy, context_parallel_problem
 from megatron_auto.search.constraints import SearchConstraints
 from megatron_auto.search.megatron_space import SpaceStats, context_parallel_choices
 from megatron_auto.specs.model import MLASpec, uniform_model
 from megatron_auto.specs.presets import CLUSTER_PRESETS, MODEL_PRESETS
-from megatron_auto.specs.training import TrainingSpec
+from megatron_auto.specs.training import TrainingSpec, recompute_modules_problem
 
 H100 = CLUSTER_PRESETS["dgx-h100-80gb"]
 # A DeepSeek-V3-like layer at a small width: h 1024, 8 heads, q latent 384, kv latent 256, d_k 64, d_r 32, d_v 64.
@@ -45,7 +45,9 @@ def test_gemms_count_megatron_lms_mla_flops(q_lora):
     layer = replace(LAYER, mla=replace(MLA, q_lora_rank=q_lora))
     gemms = layer_gemms(layer, S, B, tp=1)
     projections, core = megatron_lm_attention_flops_per_token(q_lora, S)
-    assert sum(g.flops for g in gemms if g.role == "") == pytest.approx(S * B * projections, rel=1e-12)
+    assert sum(g.flops for g in gemms if g.role in ("", MLA_UP)) == pytest.approx(S * B * projections, rel=1e-12)
+    assert sum(g.flops for g in gemms if g.role == MLA_UP) == pytest.approx(
+        2 * S * B * (q_lora or H) * A * (DK + DR) + 2 * S * B * KL * A * (DK + DV), rel=1e-12)
     assert sum(g.flops for g in gemms if g.role == CORE) == pytest.approx(S * B * core, rel=1e-12)
     assert sum(g.flops for g in gemms if g.role == MLP) == pytest.approx(S * B * 2 * 3 * H * 2816, rel=1e-12)
     assert sum(g.flops for g in layer_gemms(layer, S, B, tp=4)) == pytest.approx(
@@ -110,3 +112,32 @@ def test_context_parallelism_is_not_offered_for_mla():
     assert choices == [1]
     with pytest.raises(ValueError, match="multi-latent attention"):
         layer_cost(LAYER, LayerStrategy(tp=1, cp=2, dp=4), B, S, H100, TrainingSpec(global_batch_size=8))
+
+
+def test_mla_up_proj_recompute_trades_qkv_for_a_replay():
+    word, t = 2, 4
+    sp = LayerStrategy(tp=t, dp=1, sp=True, recompute="selective")
+    training = TrainingSpec(global_batch_size=8, recompute_modules=("mla_up_proj",))
+    plain = layer_cost(LAYER, replace(sp, recompute="none"), B, S, H100, training)
+    up = layer_cost(LAYER, sp, B, S, H100, training)
+    # Freed: the new Q, K, V (/t) and the RoPE tables; kept instead: the whole gathered kv latent the
+    # checkpoint's k_pos_emb input views (SP only).
+    qkv = word * S * B * (2 * A * (DK + DR) + A * DV) / t
+    rope = 4 * S * DR * word
+    gathered = word * S * B * (KL + DR)
+    assert plain.activation_bytes - up.activation_bytes == pytest.approx(qkv + rope - gathered, rel=1e-12)
+    replay = mla_up_projection_seconds(LAYER, S, B, t, H100, word)
+    assert plain.recompute_s == 0.0 and replay > 0
+    assert up.recompute_s == pytest.approx(replay, rel=1e-9)
+    link = H100.intra_node
+    replayed = all_gather_time(S * B * QL * word, t, link) + all_gather_time(S * B * KL * word, t, link)
+    assert up.tp_comm_s - plain.tp_comm_s == pytest.approx(replayed, rel=1e-12)
+
+
+def test_mla_up_proj_needs_mla_layers():
+    llama = MODEL_PRESETS["llama2-7b"]
+    assert "needs --multi-latent-attention" in recompute_modules_problem(llama.layers, ("mla_up_proj",))
+    assert recompute_modules_problem(MODEL.layers, ("mla_up_proj",)) is None
+    training = TrainingSpec(global_batch_size=8, recompute_modules=("core_attn", "mla_up_proj"))
+    assert training.selective_modules(llama.layers[0]) == {"core_attn"}
+    assert training.selective_modules(LAYER) == {"core_attn", "mla_up_proj"}

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from ..specs.cluster import ClusterSpec, ComputeEfficiency
 from ..specs.model import LayerSpec
 from .flops import CORE, MLP, Gemm, layer_gemms
-from .mla import mla_elementwise_widths
+from .mla import mla_elementwise_widths, mla_up_projection_seconds
 
 # Element-wise kernels reach about this share of HBM bandwidth (typical of fused
 # Megatron kernels; STREAM-like copies reach 80-90%).
@@ -109,18 +109,20 @@ def module_forward_seconds(layer: LayerSpec, seq: int, samples: int, tp: int, sp
 
 
 def module_forward_shares(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool, cluster: ClusterSpec,
-                          activation_bytes: int, attention_backend: str) -> tuple[float, float]:
-    """module_forward_seconds as shares of the analytic layer forward, to scale a profiled forward by."""
+                          activation_bytes: int, attention_backend: str) -> tuple[float, float, float]:
+    """module_forward_seconds and cost/mla.py's mla_up_projection_seconds as shares of the analytic layer
+    forward, to scale a profiled forward by: (MLP, norms, MLA up projections)."""
     forward = layer_compute_times(layer, seq, samples, tp, sp, cluster, activation_bytes, attention_backend).forward_s
     mlp, norms = module_forward_seconds(layer, seq, samples, tp, sp, cluster, activation_bytes)
-    return min(1.0, mlp / forward), min(1.0, norms / forward)
+    up = mla_up_projection_seconds(layer, seq, samples, tp, cluster, activation_bytes)
+    return min(1.0, mlp / forward), min(1.0, norms / forward), min(1.0, up / forward)
 
 
 def recompute_time(times: ComputeTimes, recompute: str, modules: frozenset = frozenset({"core_attn"}),
-                   shares: tuple[float, float] = (0.0, 0.0)) -> float:
+                   shares: tuple[float, ...] = (0.0, 0.0, 0.0)) -> float:
     """Extra seconds per micro-batch: a second forward (full), or under selective a second forward of each
     recomputed module (Korthikanti et al. 2022, Sec. 4-5; `modules`: TrainingSpec.selective_modules, `shares`: the
-    MLP's and the norms' share of the forward, module_forward_shares)."""
+    MLP's, the norms' and MLA's up projections' share of the forward, module_forward_shares)."""
     if recompute == "full":
         return times.forward_s
     if recompute != "selective":
@@ -130,4 +132,6 @@ def recompute_time(times: ComputeTimes, recompute: str, modules: frozenset = fro
         seconds += shares[0] * times.forward_s
     if "layernorm" in modules:
         seconds += shares[1] * times.forward_s
+    if "mla_up_proj" in modules:
+        seconds += shares[2] * times.forward_s
     return seconds

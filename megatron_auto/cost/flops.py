@@ -21,12 +21,14 @@ CORE = "core"
 """Role of the attention core's two batched GEMMs (what selective recompute of core_attn re-runs)."""
 MLP = "mlp"
 """Role of fc1 and fc2 (what selective recompute of the mlp re-runs)."""
+MLA_UP = "mla_up"
+"""Role of multi-latent attention's query and key/value up projections (what mla_up_proj recompute re-runs)."""
 
 
 @dataclass(frozen=True)
 class Gemm:
     """One matrix product of the forward pass on one shard: batch x (m x k) @ (k x n); `role` names the
-    layer part it belongs to (CORE, MLP, or "" for the projections)."""
+    layer part it belongs to (CORE, MLP, MLA_UP, or "" for the other projections)."""
 
     m: int
     k: int
@@ -72,11 +74,11 @@ def input_projection_gemms(layer: LayerSpec, tokens: int, tp: int) -> tuple[Gemm
         return (Gemm(tokens, h, qkv_width // tp),)
     query_width = heads * mla.query_head_width // tp
     if mla.q_lora_rank is None:
-        query: tuple[Gemm, ...] = (Gemm(tokens, h, query_width),)
+        query: tuple[Gemm, ...] = (Gemm(tokens, h, query_width, role=MLA_UP),)
     else:
-        query = (Gemm(tokens, h, mla.q_lora_rank // tp), Gemm(tokens, mla.q_lora_rank, query_width))
+        query = (Gemm(tokens, h, mla.q_lora_rank // tp), Gemm(tokens, mla.q_lora_rank, query_width, role=MLA_UP))
     return query + (Gemm(tokens, h, (mla.kv_lora_rank + mla.qk_pos_emb_head_dim) // tp),
-                    Gemm(tokens, mla.kv_lora_rank, heads * (mla.qk_head_dim + mla.v_head_dim) // tp))
+                    Gemm(tokens, mla.kv_lora_rank, heads * (mla.qk_head_dim + mla.v_head_dim) // tp, role=MLA_UP))
 
 
 def layer_forward_flops(layer: LayerSpec, tokens_per_sample: int, samples: int = 1) -> float:

@@ -158,7 +158,7 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
         backward_s=times.backward_s,
         recompute_s=recompute,
         tp_comm_s=(tp_comm_time(layer.hidden_size, seq, samples, strategy, cluster, word) * _tp_share(layer)
-                   + mla_tp_comm_time(layer, seq, samples, strategy, cluster, word)),
+                   + mla_tp_comm_time(layer, seq, samples, strategy, cluster, word, "mla_up_proj" in selective)),
         # FSDP prefetches the next gathers while this layer computes; on a cluster whose
         # runtime hides no communication behind compute (grad_overlap 0, cpu-gloo) it all shows.
         zero3_exposed_s=zero3 - cluster.grad_overlap * min(zero3, compute),
@@ -172,10 +172,11 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
 
 
 def _module_shares(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int, cluster: ClusterSpec,
-                   training: TrainingSpec, selective: frozenset) -> tuple[float, float]:
-    """The MLP's and the norms' share of the forward where selective recompute re-runs them (else unused)."""
-    if strategy.recompute != "selective" or not selective & {"mlp", "layernorm"}:
-        return 0.0, 0.0
+                   training: TrainingSpec, selective: frozenset) -> tuple[float, float, float]:
+    """The MLP's, the norms' and MLA's up projections' share of the forward where selective recompute re-runs
+    them (else unused)."""
+    if strategy.recompute != "selective" or not selective & {"mlp", "layernorm", "mla_up_proj"}:
+        return 0.0, 0.0, 0.0
     return module_forward_shares(layer, seq, samples, strategy.tp, strategy.sp, cluster, training.activation_bytes,
                                  training.attention_backend)
 

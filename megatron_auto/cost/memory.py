@@ -86,15 +86,17 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
     if "mlp" in recomputed:
         mlp_inner = 0
     core_keeps_inputs = attention_backend == "flash" or "core_attn" in recomputed
-    sharded = word * s * b * (qkv_kept_width(layer, core_keeps_inputs) + layer.attention_width + mlp_inner)
+    kept_qkv = qkv_kept_width(layer, core_keeps_inputs, "mla_up_proj" in recomputed)
+    sharded = word * s * b * (kept_qkv + layer.attention_width + mlp_inner)
     sharded += qk_norm_statistics_bytes(layer, s, b)
     if "core_attn" not in recomputed:
         sharded += attention_score_bytes(layer, s, b, word, mask_bytes, attention_backend)
-    latents = mla_latent_bytes(layer, s, b, word, t, strategy.sp)
-    return replicated / replicated_split + sharded / t + latents + rotary_table_bytes(layer, s, word)
+    latents = mla_latent_bytes(layer, s, b, word, t, strategy.sp, "mla_up_proj" in recomputed)
+    rotary = 0.0 if "mla_up_proj" in recomputed else rotary_table_bytes(layer, s, word)
+    return replicated / replicated_split + sharded / t + latents + rotary
 
 
-def qkv_kept_width(layer: LayerSpec, core_keeps_inputs: bool) -> float:
+def qkv_kept_width(layer: LayerSpec, core_keeps_inputs: bool, up_recomputed: bool = False) -> float:
     """Per token, the width of what the attention keeps of Q, K and V before the TP split (measured exactly
     in the runtime's layer for every case below: tests/runtime/test_recompute_modules.py).
 
@@ -107,7 +109,7 @@ def qkv_kept_width(layer: LayerSpec, core_keeps_inputs: bool) -> float:
     The q/k norms keep their inputs: the grouped query's copy, and the mixed tensor. Multi-latent attention
     hands any core new contiguous Q, K (a d_q each) and V (a d_v): cost/mla.py mla_qkv_kept_width."""
     if layer.mla is not None:
-        return mla_qkv_kept_width(layer)
+        return mla_qkv_kept_width(layer, up_recomputed)
     a, g, d = layer.num_attention_heads, layer.num_query_groups, layer.kv_channels
     q, kv = a * d, g * d
     query_copied = 1 < g < a

@@ -30,7 +30,7 @@ def mla_elementwise_widths(layer: LayerSpec, tp: int, sp: bool) -> tuple[float, 
 
 
 def mla_tp_comm_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy, cluster: ClusterSpec,
-                     activation_bytes: int) -> float:
+                     activation_bytes: int, up_recomputed: bool = False) -> float:
     """TP collectives of one micro-batch that multi-latent attention runs beyond the four h-wide ones of
     communication.tp_comm_time, forward plus backward (0 for other layers or TP 1).
 
@@ -41,7 +41,8 @@ def mla_tp_comm_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerSt
     Under SP the gathered latents are scattered back to sequence shards (backward: all-gather) and each up
     projection all-gathers its input's sequence (backward: reduce-scatter), and every sequence-parallel input
     is gathered again in backward for the weight gradient, exposed as in tp_comm_time. Full recompute
-    replays the forward's collectives."""
+    replays the forward's collectives; selective recompute of mla_up_proj (`up_recomputed`) the up
+    projections' sequence gathers."""
     if layer.mla is None or strategy.tp == 1:
         return 0.0
     from .models import comm_model  # cost/models.py imports cost/compute.py, which imports this module
@@ -62,21 +63,29 @@ def mla_tp_comm_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerSt
         backward += regathers * (1.0 - comm.grad_overlap)
     else:
         backward = sum(collective("all_reduce", width) for width in (h, q_latent, kv_latent))
-    return forward * (2 if strategy.recompute == "full" else 1) + backward
+    replayed = forward if strategy.recompute == "full" else 0.0
+    if up_recomputed and strategy.recompute == "selective" and strategy.sp:
+        replayed = collective("all_gather", q_latent) + collective("all_gather", kv_latent)
+    return forward + replayed + backward
 
 
 FP32_BYTES = 4
 
 
-def mla_qkv_kept_width(layer: LayerSpec) -> int:
+def mla_qkv_kept_width(layer: LayerSpec, up_recomputed: bool = False) -> int:
     """Per token, before the TP split, what the attention core keeps of Q, K and V: MLASelfAttention
     concatenates each head's query and key (a d_q each) and makes the value contiguous (a d_v), so any core
-    (SDPA or DotProductAttention, which has no query groups to expand here) keeps those three new tensors."""
+    (SDPA or DotProductAttention, which has no query groups to expand here) keeps those three new tensors;
+    none under selective recompute of mla_up_proj, whose CheckpointWithoutOutput frees them once the core
+    has run and rebuilds them in backward."""
+    if up_recomputed:
+        return 0
     heads = layer.num_attention_heads
     return 2 * heads * layer.query_head_width + heads * layer.value_head_width
 
 
-def mla_latent_bytes(layer: LayerSpec, seq: int, samples: int, word: int, tp: int, sp: bool) -> float:
+def mla_latent_bytes(layer: LayerSpec, seq: int, samples: int, word: int, tp: int, sp: bool,
+                     up_recomputed: bool = False) -> float:
     """Bytes of the latents an MLA layer keeps for backward on one GPU: whole on every TP rank, or sequence
     shards under SP (0 for other layers).
 
@@ -84,7 +93,9 @@ def mla_latent_bytes(layer: LayerSpec, seq: int, samples: int, word: int, tp: in
     projection: 2 q_lora (q_lora without --qk-layernorm). The key/value latent is a view of the gathered
     kv_lora + d_r output of the down projection: its norm (or, without one, the up projection) keeps that
     whole tensor alive, plus the norm's output for the up projection; under SP the latent is a scattered
-    copy of kv_lora channels instead. The norms keep fp32 statistics (rstd, and mean for LayerNorm)."""
+    copy of kv_lora channels instead. The norms keep fp32 statistics (rstd, and mean for LayerNorm). Under
+    selective recompute of mla_up_proj the checkpoint keeps its inputs, among them the key's rotated part, a
+    view of the gathered kv_lora + d_r tensor: under SP that whole-sequence tensor is kept too."""
     mla = layer.mla
     if mla is None:
         return 0.0
@@ -95,4 +106,23 @@ def mla_latent_bytes(layer: LayerSpec, seq: int, samples: int, word: int, tp: in
     if norms:
         stats = 1 if layer.normalization == "RMSNorm" else 2
         kept += stats * FP32_BYTES * len(mla.latent_norm_widths())
-    return seq * samples * kept / (tp if sp else 1)
+    gathered = word * (mla.kv_lora_rank + mla.qk_pos_emb_head_dim) if up_recomputed and sp else 0
+    return seq * samples * (kept / (tp if sp else 1) + gathered)
+
+
+def mla_up_projection_seconds(layer: LayerSpec, seq: int, samples: int, tp: int, cluster: ClusterSpec,
+                              word: int) -> float:
+    """Forward seconds on one shard of what --recompute-modules mla_up_proj re-runs (0 for other layers):
+    MLASelfAttention's qkv_up_proj_and_rope_apply, i.e. the query and key/value up projections (cost/flops.py
+    role MLA_UP) and the query/key concatenations and the value copy (2 a d_q + 2 a d_q + 2 a d_v elements
+    per token, at the element-wise bandwidth of cost/compute.py); RoPE over d_r channels is left out."""
+    if layer.mla is None:
+        return 0.0
+    from .compute import ELEMENTWISE_BANDWIDTH_FRACTION, gemm_compute_time
+    from .flops import MLA_UP, layer_gemms
+
+    gemms = sum(gemm_compute_time(g, cluster) for g in layer_gemms(layer, seq, samples, tp) if g.role == MLA_UP)
+    heads = layer.num_attention_heads / tp
+    copies = heads * (4 * layer.query_head_width + 2 * layer.value_head_width)
+    bandwidth = cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
+    return gemms + seq * samples * word * copies / bandwidth

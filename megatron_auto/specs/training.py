@@ -16,7 +16,7 @@ MOE_TOKEN_DISPATCHERS = ("alltoall", "allgather")
 # Routed tokens on the busiest EP rank over the mean. 1.0 = balanced routing, what the auxiliary loss drives
 # toward and a capacity factor of 1 enforces; no measured figure was available (docs/cost_model.md, "MoE").
 DEFAULT_MOE_LOAD_IMBALANCE = 1.0
-RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe", "shared_experts")
+RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe", "shared_experts", "mla_up_proj")
 """Megatron-Core's --recompute-modules that are priced and run here."""
 MOE_RECOMPUTE_MODULES = ("moe", "shared_experts")
 """The ones that act on MoE layers alone: the whole MoELayer (router, dispatch, experts, combine and the
@@ -97,7 +97,7 @@ class TrainingSpec(CachedHash):
     def selective_modules(self, layer) -> frozenset[str]:
         """What selective recomputation re-runs in `layer` (a LayerSpec), in the cost model's terms: core_attn,
         layernorm, mlp (the dense part's MLP: a dense layer's, or a MoE layer's shared expert) and moe (the
-        routed experts with their router and dispatch).
+        routed experts with their router and dispatch), mla_up_proj (an MLA layer's up projections and RoPE).
 
         Megatron-Core's transformer_layer.py sets recompute_mlp only for layers whose MLP is not a MoELayer
         and recomputes no fused norm (a MoE layer's pre-MLP norm, a module of its own even in TE's spec, is
@@ -106,9 +106,11 @@ class TrainingSpec(CachedHash):
         modules = frozenset(self.recompute_modules)
         if self.fused_norms:
             modules -= {"layernorm"}
+        if layer.mla is None:
+            modules -= {"mla_up_proj"}
         if layer.moe is None:
             return modules - set(MOE_RECOMPUTE_MODULES)
-        recomputed = modules & {"core_attn", "layernorm", "moe"}
+        recomputed = modules & {"core_attn", "layernorm", "moe", "mla_up_proj"}
         if layer.moe.shared_expert_ffn_hidden_size and modules & set(MOE_RECOMPUTE_MODULES):
             recomputed |= {"mlp"}
         return recomputed
@@ -162,4 +164,7 @@ def recompute_modules_problem(layers, modules) -> Optional[str]:
         return ("--recompute-modules mlp: megatron-core 0.16.1 cannot recompute an MLP with linear biases (its "
                 "checkpoint never ends the backward); recompute mlp with --disable-bias-linear, or choose "
                 "core_attn/layernorm")
+    if "mla_up_proj" in modules and not any(layer.mla is not None for layer in layers):
+        # TransformerConfig.__post_init__ raises the same.
+        return "--recompute-modules mla_up_proj needs --multi-latent-attention"
     return None
