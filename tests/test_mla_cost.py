@@ -97,10 +97,11 @@ def test_kept_bytes_count_the_new_qkv_and_the_latents():
     grown = layer_activation_bytes(wider, S, B, LayerStrategy(tp=t, dp=1, sp=True), word, 1, "flash", frozenset())
     assert grown - base == pytest.approx(word * S * B * 2 * A * 16 / t, rel=1e-12)
     # Latents: q (norm input and output), kv (a scattered copy under SP, else the whole gathered
-    # kv_lora + d_r output) and the kv norm's output, plus one fp32 rstd per latent norm and token.
+    # kv_lora + d_r output) and the kv norm's output, plus one fp32 rstd per latent norm and token; under SP
+    # the q norm's input is a view of the whole gathered q latent.
     without_sp = S * B * (word * (2 * QL + KL + DR + KL) + 2 * 4)
     assert mla_latent_bytes(LAYER, S, B, word, t, sp=False) == without_sp
-    assert mla_latent_bytes(LAYER, S, B, word, t, sp=True) == S * B * (word * (2 * QL + 2 * KL) + 2 * 4) / t
+    assert mla_latent_bytes(LAYER, S, B, word, t, sp=True) == S * B * (word * QL + (word * (QL + 2 * KL) + 2 * 4) / t)
     assert mla_latent_bytes(MODEL_PRESETS["llama2-7b"].layers[0], S, B, word, t, sp=False) == 0.0
 
 
@@ -123,7 +124,7 @@ def test_mla_up_proj_recompute_trades_qkv_for_a_replay():
     # Freed: the new Q, K, V (/t) and the RoPE tables; kept instead: the whole gathered kv latent the
     # checkpoint's k_pos_emb input views (SP only).
     qkv = word * S * B * (2 * A * (DK + DR) + A * DV) / t
-    rope = 4 * S * DR * word
+    rope = 4 * S * DR * word - 4 * S * DR  # the checkpoint keeps the fp32 angle table instead
     gathered = word * S * B * (KL + DR)
     assert plain.activation_bytes - up.activation_bytes == pytest.approx(qkv + rope - gathered, rel=1e-12)
     replay = mla_up_projection_seconds(LAYER, S, B, t, H100, word)

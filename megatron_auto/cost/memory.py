@@ -92,7 +92,7 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
     if "core_attn" not in recomputed:
         sharded += attention_score_bytes(layer, s, b, word, mask_bytes, attention_backend)
     latents = mla_latent_bytes(layer, s, b, word, t, strategy.sp, "mla_up_proj" in recomputed)
-    rotary = 0.0 if "mla_up_proj" in recomputed else rotary_table_bytes(layer, s, word)
+    rotary = rotary_table_bytes(layer, s, word, "mla_up_proj" in recomputed)
     return replicated / replicated_split + sharded / t + latents + rotary
 
 
@@ -135,11 +135,15 @@ def qk_norm_statistics_bytes(layer: LayerSpec, seq: int, samples: int) -> float:
     return stats * FP32_BYTES * (layer.num_attention_heads + layer.num_query_groups) * seq * samples
 
 
-def rotary_table_bytes(layer: LayerSpec, seq: int, word: int) -> float:
+def rotary_table_bytes(layer: LayerSpec, seq: int, word: int, mla_up_recomputed: bool = False) -> float:
     """RoPE's cos and sin tables (s x d, in the activation type), computed and kept once for Q and once for K
     by each layer (megatron-core's _apply_rotary_pos_emb_bshd), whatever the batch and TP. Multi-latent
-    attention always rotates (its own RoPE or YaRN table), over qk_pos_emb_head_dim channels."""
+    attention always rotates (its own RoPE or YaRN table), over qk_pos_emb_head_dim channels; under selective
+    recompute of mla_up_proj the tables are rebuilt in backward, and the checkpoint keeps its input instead,
+    the fp32 s x d_r angle table."""
     if layer.mla is not None:
+        if mla_up_recomputed:
+            return FP32_BYTES * seq * layer.mla.qk_pos_emb_head_dim
         return 4 * seq * layer.mla.qk_pos_emb_head_dim * word
     return 4 * seq * layer.kv_channels * word if layer.rotary else 0.0
 

@@ -86,28 +86,34 @@ def mla_qkv_kept_width(layer: LayerSpec, up_recomputed: bool = False) -> int:
 
 def mla_latent_bytes(layer: LayerSpec, seq: int, samples: int, word: int, tp: int, sp: bool,
                      up_recomputed: bool = False) -> float:
-    """Bytes of the latents an MLA layer keeps for backward on one GPU: whole on every TP rank, or sequence
-    shards under SP (0 for other layers).
+    """Bytes of the latents an MLA layer keeps for backward on one GPU (0 for other layers); measured exactly
+    in the runtime's layer at TP1 and at TP2 with SP (tests/runtime/test_recompute_modules.py).
 
-    The query latent (all-gathered, so a new tensor) is kept by its norm and the norm's output by the up
-    projection: 2 q_lora (q_lora without --qk-layernorm). The key/value latent is a view of the gathered
-    kv_lora + d_r output of the down projection: its norm (or, without one, the up projection) keeps that
-    whole tensor alive, plus the norm's output for the up projection; under SP the latent is a scattered
-    copy of kv_lora channels instead. The norms keep fp32 statistics (rstd, and mean for LayerNorm). Under
-    selective recompute of mla_up_proj the checkpoint keeps its inputs, among them the key's rotated part, a
-    view of the gathered kv_lora + d_r tensor: under SP that whole-sequence tensor is kept too."""
+    Without SP every TP rank holds whole latents. The query latent (all-gathered, so a new tensor) is kept by
+    its norm and the norm's output by the up projection: 2 q_lora (q_lora without --qk-layernorm). The
+    key/value latent is a view of the gathered kv_lora + d_r output of the down projection: its norm (or,
+    without one, the up projection) keeps that whole tensor alive, plus the norm's output. Under SP each
+    latent is scattered back to sequence shards (scatter_to_sequence_parallel_region): the kv latent's
+    shard is a copy (a slice of a last-dim split), but the query's is a view of the whole gathered tensor
+    (the dim-0 slice is contiguous, so _split_along_first_dim's .contiguous() copies nothing), which stays
+    alive whole. The norms keep fp32 statistics (rstd, and mean for LayerNorm). Under selective recompute of
+    mla_up_proj the checkpoint keeps its inputs, among them the key's rotated part, a view of the gathered
+    kv_lora + d_r tensor: under SP that whole-sequence tensor is kept too."""
     mla = layer.mla
     if mla is None:
         return 0.0
     norms = layer.qk_layernorm
-    query = (2 if norms else 1) * mla.q_lora_rank if mla.q_lora_rank is not None else 0
-    kv_input = mla.kv_lora_rank if sp else mla.kv_lora_rank + mla.qk_pos_emb_head_dim
-    kept = word * (query + kv_input + (mla.kv_lora_rank if norms else 0))
-    if norms:
-        stats = 1 if layer.normalization == "RMSNorm" else 2
-        kept += stats * FP32_BYTES * len(mla.latent_norm_widths())
-    gathered = word * (mla.kv_lora_rank + mla.qk_pos_emb_head_dim) if up_recomputed and sp else 0
-    return seq * samples * (kept / (tp if sp else 1) + gathered)
+    q_lora, kv_lora, gathered_kv = mla.q_lora_rank or 0, mla.kv_lora_rank, mla.kv_lora_rank + mla.qk_pos_emb_head_dim
+    kv_norm_output = kv_lora if norms else 0
+    if sp:
+        whole = q_lora + (gathered_kv if up_recomputed else 0)
+        shards = (q_lora if norms else 0) + kv_lora + kv_norm_output
+    else:
+        whole = (2 if norms else 1) * q_lora + gathered_kv + kv_norm_output
+        shards = 0
+    stats = (1 if layer.normalization == "RMSNorm" else 2) * len(mla.latent_norm_widths()) if norms else 0
+    split = tp if sp else 1
+    return seq * samples * (word * whole + (word * shards + FP32_BYTES * stats) / split)
 
 
 def mla_up_projection_seconds(layer: LayerSpec, seq: int, samples: int, tp: int, cluster: ClusterSpec,

@@ -1,12 +1,13 @@
-"""Every rank: the bytes the runtime's MoE layer saves for backward, split over the ranks of one stage.
+"""Every rank: the bytes the runtime's MoE (or MLA) layer saves for backward, split over the ranks of one stage.
 
 Usage (RANK/WORLD_SIZE/MASTER_* set): python moe_saved_worker.py CASES.json RESULTS.json
 Each case: {"name", "model": uniform_model keywords (every layer MoE), "dispatcher": alltoall or allgather,
 "tp": tensor parallel (with sequence parallel above 1, which MoE layers need), "ep", "etp": the experts'
-expert-parallel and expert-TP degrees (ep x etp = WORLD_SIZE)}; every case of one launch has the same degrees.
+expert-parallel and expert-TP degrees (ep x etp = WORLD_SIZE), optional "modules": selective recompute of those;
+"mla" in the model: MLASpec keywords}; every case of one launch has the same degrees.
 Layer 0 of the runtime's GPTModel (runtime.model.first_decoder_layer, fp32, unfused attention, dropout 0.1)
 runs one forward on this rank's own tokens (s/tp of them under sequence parallel); the results hold, per rank,
-profiling.layer_bench.saved_activation_bytes and the token copies this rank's experts processed.
+profiling.layer_bench.saved_activation_bytes and the token copies this rank's experts processed (0: a dense layer).
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from megatron_auto.profiling.layer_bench import saved_activation_bytes  # noqa: 
 from megatron_auto.runtime.layout import MegatronLayout  # noqa: E402
 from megatron_auto.runtime.model import first_decoder_layer  # noqa: E402
 from megatron_auto.runtime.settings import MoESettings, TrainSettings  # noqa: E402
-from megatron_auto.specs.model import uniform_model  # noqa: E402
+from megatron_auto.specs.model import MLASpec, uniform_model  # noqa: E402
 
 SEQ, BATCH = 16, 2
 
@@ -50,11 +51,16 @@ def stage_layout(case: dict, world_size: int) -> MegatronLayout:
 def run_case(case: dict, world_size: int) -> dict:
     from megatron.core import tensor_parallel
 
-    model = uniform_model(case["name"], **case["model"])
-    settings = TrainSettings(precision="fp32", attention_backend="unfused",
+    keywords = dict(case["model"])
+    if "mla" in keywords:
+        keywords["mla"] = MLASpec(**keywords["mla"])
+    model = uniform_model(case["name"], **keywords)
+    modules = tuple(case.get("modules", ("core_attn",)))
+    settings = TrainSettings(precision="fp32", attention_backend="unfused", recompute_modules=modules,
                              moe=replace(MoESettings(), token_dispatcher=case["dispatcher"]))
-    layer, rope = first_decoder_layer(model, settings, torch.device("cpu"), None, stage_layout(case, world_size))
-    counts = processed_copies(layer)
+    recompute = "selective" if "modules" in case else None
+    layer, rope = first_decoder_layer(model, settings, torch.device("cpu"), recompute, stage_layout(case, world_size))
+    counts = processed_copies(layer) if model.layers[0].moe is not None else [0]
     torch.manual_seed(10 + torch.distributed.get_rank())  # each rank routes its own tokens
     tensor_parallel.model_parallel_cuda_manual_seed(1)
     hidden = torch.randn(SEQ // case["tp"], BATCH, model.layers[0].hidden_size, requires_grad=True)

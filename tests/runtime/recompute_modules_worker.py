@@ -23,7 +23,7 @@ from megatron_auto.profiling.layer_bench import saved_activation_bytes  # noqa: 
 from megatron_auto.profiling.model_profile import _setup_megatron  # noqa: E402
 from megatron_auto.runtime.model import first_decoder_layer  # noqa: E402
 from megatron_auto.runtime.settings import TrainSettings  # noqa: E402
-from megatron_auto.specs.model import uniform_model  # noqa: E402
+from megatron_auto.specs.model import MLASpec, uniform_model  # noqa: E402
 
 SEQ, BATCH = 16, 2
 
@@ -48,8 +48,16 @@ def saved_and_grad(layer, rope: dict, hidden_size: int) -> tuple[int, torch.Tens
     return saved, hidden.grad
 
 
+def case_model(case: dict):
+    """The case's model: uniform_model keywords, with an "mla" entry as MLASpec keywords."""
+    keywords = dict(case["model"])
+    if "mla" in keywords:
+        keywords["mla"] = MLASpec(**keywords["mla"])
+    return uniform_model(case["name"], **keywords)
+
+
 def run_case(case: dict) -> dict:
-    model = uniform_model(case["name"], **case["model"])
+    model = case_model(case)
     h = model.layers[0].hidden_size
     plain, plain_grad = saved_and_grad(*runtime_layer(model, case["modules"], None), h)
     recomputed, grad = saved_and_grad(*runtime_layer(model, case["modules"], "selective"), h)

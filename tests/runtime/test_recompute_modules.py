@@ -11,7 +11,7 @@ import pytest
 from launcher import launch, run_cases
 from megatron_auto.cost.layer_cost import layer_cost
 from megatron_auto.plan import LayerStrategy
-from megatron_auto.specs.model import uniform_model
+from megatron_auto.specs.model import MLASpec, uniform_model
 from megatron_auto.specs.presets import CLUSTER_PRESETS
 from megatron_auto.specs.training import TrainingSpec
 
@@ -34,6 +34,14 @@ ATTENTION_CASES = [
 MOE = dict(GPT, swiglu=True, add_bias_linear=False, ffn_hidden_size=128, num_experts=4, moe_router_topk=2,
            moe_ffn_hidden_size=48, moe_shared_expert_intermediate_size=32)
 GELU_MOE = dict(GPT, num_experts=8, moe_router_topk=3, moe_ffn_hidden_size=48)
+# Multi-latent attention (MLASpec keywords under "mla"): a query latent with latent norms, and neither.
+MLA_Q = dict(GPT, position_embedding_type="rope", qk_layernorm=True,
+             mla=dict(kv_lora_rank=32, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=12, q_lora_rank=24))
+MLA_PLAIN = dict(GPT, position_embedding_type="rope",
+                 mla=dict(kv_lora_rank=32, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=12))
+MLA_CASES = [{"name": f"mla-{name}-{'-'.join(modules)}", "model": model, "modules": modules}
+             for name, model in (("q", MLA_Q), ("plain", MLA_PLAIN))
+             for modules in (["core_attn"], ["mla_up_proj"], ["mla_up_proj", "core_attn"])]
 CPU = CLUSTER_PRESETS["cpu-gloo"]
 CASES = [
     {"name": "gpt-core_attn", "model": GPT, "modules": ["core_attn"]},
@@ -52,12 +60,21 @@ CASES = [
     {"name": "moe-all", "model": MOE, "modules": ["core_attn", "layernorm", "moe", "shared_experts"]},
     {"name": "gelu-moe-moe", "model": GELU_MOE, "modules": ["moe"]},
     *ATTENTION_CASES,
+    *MLA_CASES,
 ]
+
+
+def case_layer(case: dict):
+    """Layer 0 of the case's model (uniform_model keywords; "mla" holds MLASpec keywords)."""
+    keywords = dict(case["model"])
+    if "mla" in keywords:
+        keywords["mla"] = MLASpec(**keywords["mla"])
+    return uniform_model(case["name"], **keywords).layers[0]
 
 
 def kept_bytes(case: dict, recompute: str) -> float:
     """The layer's activations as the cost model counts them: fp32 on cpu-gloo, unfused attention."""
-    layer = uniform_model(case["name"], **case["model"]).layers[0]
+    layer = case_layer(case)
     training = TrainingSpec(BATCH, precision="fp32", param_bytes=4, attention_backend="unfused",
                             recompute_modules=tuple(case["modules"]))
     strategy = LayerStrategy(tp=1, dp=1, recompute=recompute)
@@ -185,3 +202,27 @@ def test_a_moe_run_recomputing_its_moe_layers_trains_as_the_plain_one(tmp_path):
     plain_losses, recomputed_losses = _losses(plain.output), _losses(recomputed.output)
     assert len(plain_losses) == 4 and len(recomputed_losses) == 4
     assert all(abs(float(a) - float(b)) <= 1e-5 for a, b in zip(plain_losses, recomputed_losses))
+
+
+# MLA at TP2 with SP on 2 ranks: the latents' sequence shards (the query's a view of the whole gathered latent).
+MLA_TP2_CASES = [{"name": f"mla-{name}-tp2{'-' + '-'.join(modules) if modules else ''}", "model": model,
+                  "dispatcher": "alltoall", "tp": 2, "ep": 1, "etp": 1, **({"modules": modules} if modules else {})}
+                 for name, model in (("q", MLA_Q), ("plain", MLA_PLAIN)) for modules in ([], ["mla_up_proj"])]
+
+
+@pytest.fixture(scope="module")
+def measured_mla_tp2(tmp_path_factory) -> dict:
+    ranks = run_cases(tmp_path_factory.mktemp("mla_tp2"), 2, "moe_saved_worker.py", MLA_TP2_CASES, 300)
+    return {case["name"]: [rank[case["name"]] for rank in ranks] for case in MLA_TP2_CASES}
+
+
+@pytest.mark.parametrize("case", MLA_TP2_CASES, ids=lambda c: c["name"])
+def test_an_mla_layer_under_tp2_sp_keeps_what_the_cost_model_counts(measured_mla_tp2, case):
+    """Each rank of an MLA layer at TP2 with SP keeps the cost model's bytes exactly (cost/mla.py
+    mla_latent_bytes; but for the cached s x s causal mask, as above), with and without mla_up_proj."""
+    modules = tuple(case.get("modules", ("core_attn",)))
+    training = TrainingSpec(BATCH, precision="fp32", param_bytes=4, attention_backend="unfused",
+                            recompute_modules=modules)
+    strategy = LayerStrategy(tp=2, sp=True, dp=1, recompute="selective" if "modules" in case else "none")
+    expected = layer_cost(case_layer(case), strategy, BATCH, SEQ, CPU, training).activation_bytes + SEQ * SEQ
+    assert [rank["saved"] for rank in measured_mla_tp2[case["name"]]] == [expected, expected]
