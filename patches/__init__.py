@@ -51,6 +51,8 @@ PATCH_MODULES = (
     "checkpoint_without_output_te",
     "rope_cp_rank_cpu",
     "mla_without_te",
+    "mla_tensor_parallel",
+    "mla_latent_norm_grads",
 )
 
 __all__ = ["PATCH_MODULES", "PatchTargetChanged", "apply_all", "check_all", "patch_modules"]

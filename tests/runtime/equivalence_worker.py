@@ -2,21 +2,22 @@
 
 Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python equivalence_worker.py CASES.json RESULTS.json
 Each case: {"name", "flags": ManualParallelism fields, "steps", optional "model" ("gpt", "gpt6", "llama", "qwen3",
-"swiglu_moe" or "mixed_moe"), "moe" (MoESettings fields, e.g. token_dispatcher),
+"swiglu_moe", "mixed_moe", "deepseek_moe", "mla" or "mla_no_q_lora"), "moe" (MoESettings fields, e.g. token_dispatcher),
 optional "load_weights" (checkpoint dir, weights only), "resume" (checkpoint dir, full state),
 "save" + "save_interval", "force_batch_p2p", "hybrid" (a hybrid plan instead of the flags' layout:
 {"chunks": [[LayerStrategy fields, ...], ...], "embedding": {...}, "micro_batches"}, at the flags' global
 batch), "save_state" / "init_state" (a single-process GPTModel state dict written before training / a
 hybrid plan's starting weights), "settings" (TrainSettings fields, e.g. precision, attention_backend),
-"data_vocab_size" (mock tokens drawn from fewer ids than the padded vocabulary, so that training
+"softmax_scale_factor" (a broken run: MLA's softmax scale multiplied by it), "data_vocab_size" (mock tokens
+drawn from fewer ids than the padded vocabulary, so that training
 has something to learn), "drop_grad_sync" (a broken run: DDP's gradient reduction skipped), "fp32_only" (no
 bf16 twin; read by the test)}.
 The last rank writes {name: {"iterations", "losses", "grad_norms", "loss_scales", "skipped",
-"param_dtypes", "moe_losses", "router_gap", "expert_bias_max"} or {"error"}, with "seconds" the case took and
-"threads" the process held after it} to RESULTS.json;
+"param_dtypes", "moe_losses", "router_gap", "expert_bias_max", "attention"} or {"error"}, with "seconds" the
+case took and "threads" the process held after it} to RESULTS.json;
 router_gap is the smallest margin, over every token routed on this rank, between what its router picked and
 the best it left (selection_margin; MoE models); expert_bias_max the largest expert bias on this rank after
-the case (--moe-router-enable-expert-bias).
+the case (--moe-router-enable-expert-bias); attention the "attention/core" classes of its layers.
 """
 from __future__ import annotations
 
@@ -36,8 +37,8 @@ from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags
 from megatron_auto.runtime.settings import DataSettings, MoESettings, TrainSettings  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
 from worker_stats import thread_count  # noqa: E402
-from worker_models import (deepseek_style_moe_model, llama_model, mixed_moe_model, qwen3_model,  # noqa: E402
-                           swiglu_moe_model)
+from worker_models import (deepseek_style_moe_model, llama_model, mixed_moe_model, mla_model,  # noqa: E402
+                           qwen3_model, swiglu_moe_model)
 
 MODEL = uniform_model("equivalence-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
                       seq_length=32, vocab_size=256)
@@ -46,7 +47,8 @@ MODELS = {"gpt": MODEL, "gpt6": uniform_model("equivalence-gpt6", num_layers=6, 
           "llama": llama_model("equivalence-llama"), "qwen3": qwen3_model("equivalence-qwen3"),
           "swiglu_moe": swiglu_moe_model("equivalence-swiglu-moe"),
           "mixed_moe": mixed_moe_model("equivalence-mixed-moe"),
-          "deepseek_moe": deepseek_style_moe_model("equivalence-deepseek-moe")}
+          "deepseek_moe": deepseek_style_moe_model("equivalence-deepseek-moe"),
+          "mla": mla_model("equivalence-mla"), "mla_no_q_lora": mla_model("equivalence-mla-no-q-lora", None)}
 SETTINGS = TrainSettings(train_iters=5, lr=1e-3, hidden_dropout=0.0, attention_dropout=0.0, clip_grad=1.0,
                          weight_decay=0.01, seed=1234, timeout_s=90.0, data=DataSettings(vocab_size=256))
 
@@ -75,6 +77,8 @@ def run_case(case: dict, info) -> dict:
     if case.get("drop_grad_sync"):  # a negative control: data-parallel gradients never reduced
         for chunk in run.model:
             chunk.finish_grad_sync = lambda **_: None
+    if case.get("softmax_scale_factor"):  # a negative control: MLA's core attention on another softmax scale
+        _scale_softmax(run.model, case["softmax_scale_factor"])
     if case.get("save_initial"):
         from megatron_auto.runtime import checkpoint
         checkpoint.save_checkpoint(case["save_initial"], run.model, run.optimizer, run.scheduler, 0, 0)
@@ -94,7 +98,21 @@ def run_case(case: dict, info) -> dict:
             "moe_losses": [dict(r.moe_losses) for r in results], "router_gap": min(gaps, default=None),
             "expert_bias_max": max((float(m.expert_bias.abs().max()) for chunk in run.model for m in chunk.modules()
                                     if getattr(m, "expert_bias", None) is not None), default=None),
-            "cp_size": _context_parallel_size()}
+            "cp_size": _context_parallel_size(),
+            "attention": sorted({f"{type(m).__name__}/{type(m.core_attention).__name__}" for chunk in run.model
+                                 for m in chunk.modules() if hasattr(m, "core_attention")})}
+
+
+def _scale_softmax(model, factor: float) -> None:
+    """Multiply the softmax scale of every MLA layer's core attention (unfused: softmax_scale; SDPA: the
+    kernel's scale) by `factor`, as a core that took 1/sqrt(qk_head_dim) for MLA's scale would."""
+    from megatron.core.transformer.multi_latent_attention import MultiLatentAttention
+
+    for attention in (m for chunk in model for m in chunk.modules() if isinstance(m, MultiLatentAttention)):
+        core = attention.core_attention
+        core.softmax_scale *= factor
+        if hasattr(core, "kernel_scale"):
+            core.kernel_scale *= factor
 
 
 def _context_parallel_size() -> int:

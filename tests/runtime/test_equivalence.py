@@ -71,9 +71,24 @@ def _four_rank_cases(tmp) -> list[dict]:
         {"name": "llama_tp2_sp_cp2", "model": "llama",
          "flags": {**BATCH, "tensor_parallel": 2, "sequence_parallel": True, "context_parallel": 2},
          "settings": {"attention_backend": "flash"}, "load_weights": str(tmp / "init_llama")},
+        # Multi-latent attention (worker_models.mla_model, YaRN as DeepSeek-V2 sets it): TP2 with SP on the flash
+        # core, PP2 on the unfused MLA core, and without a query latent (DeepSeek-V2-Lite's form).
+        {"name": "mla_tp2_sp_dp2", "model": "mla", "flags": {**BATCH, "tensor_parallel": 2, "sequence_parallel": True},
+         "settings": {**MLA_SETTINGS, "attention_backend": "flash"}, "load_weights": str(tmp / "init_mla")},
+        {"name": "mla_pp2_dp2", "model": "mla", "flags": {**BATCH, "pipeline_parallel": 2}, "settings": MLA_SETTINGS,
+         "load_weights": str(tmp / "init_mla")},
+        {"name": "mla_no_q_lora_tp2_dp2", "model": "mla_no_q_lora", "flags": {**BATCH, "tensor_parallel": 2},
+         "settings": MLA_SETTINGS, "load_weights": str(tmp / "init_mla_no_q_lora")},
         {"name": "vpp_batched_p2p_refused", "flags": {**BATCH, "pipeline_parallel": 2, "layers_per_virtual_stage": 1},
          "force_batch_p2p": True, "expect_error": True, "steps": 1, **init},
     ]
+
+
+MLA_SETTINGS = {"rotary_scaling_factor": 40.0, "mscale": 0.707, "mscale_all_dim": 0.707}
+"""DeepSeek-V2's YaRN (its config.json's rope_scaling: factor 40, mscale and mscale_all_dim 0.707): the rotated
+channels carry YaRN's frequencies, and MLA's softmax scale is mscale(40, 0.707)^2 / sqrt(24) = 1.26^2 / sqrt(24)."""
+WRONG_MLA_SCALE = (24 / 16) ** 0.5
+"""A softmax scale of 1/sqrt(qk_head_dim), leaving out the 8 rotated channels of MLA's 24-wide query/key heads."""
 
 
 def _eight_rank_cases(tmp) -> list[dict]:
@@ -120,7 +135,9 @@ def references(workdir) -> dict:
               "save": str(workdir / "reference"), "save_interval": 3},
              # The LLaMA architecture (GQA, SwiGLU, RMSNorm, no biases, RoPE, untied head).
              {"name": "llama_reference", "model": "llama", "flags": flags, "save_initial": str(workdir / "init_llama")},
-             {"name": "gpt6_reference", "model": "gpt6", "flags": flags, "save_initial": str(workdir / "init_gpt6")}]
+             {"name": "gpt6_reference", "model": "gpt6", "flags": flags, "save_initial": str(workdir / "init_gpt6")},
+             *[{"name": f"{model}_reference", "model": model, "flags": flags, "settings": MLA_SETTINGS,
+                "save_initial": str(workdir / f"init_{model}")} for model in ("mla", "mla_no_q_lora")]]
     track = [{"name": f"track_{precision}", "flags": flags, "steps": TRACK_STEPS, "data_vocab_size": LEARNABLE_VOCAB,
               "settings": {"precision": precision, "lr": 1e-2}} for precision in ("fp32", "bf16")]
     return _run(workdir, 1, with_bf16(cases) + track, timeout_s=300)
@@ -135,8 +152,8 @@ def reference(references) -> dict:
 def four_rank(workdir, references) -> dict:
     fp16 = {"name": "fp16_pp2_dp2", "flags": {**BATCH, "pipeline_parallel": 2}, "steps": FP16_STEPS,
             "data_vocab_size": LEARNABLE_VOCAB, "settings": FP16_SETTINGS}
-    return _run(workdir, 4, with_bf16(_four_rank_cases(workdir)) + [_dropped_grad_sync_case(workdir), fp16],
-                timeout_s=900)
+    return _run(workdir, 4, with_bf16(_four_rank_cases(workdir)) + [_dropped_grad_sync_case(workdir), fp16,
+                                                                     _wrong_mla_scale_case(workdir)], timeout_s=900)
 
 
 @pytest.fixture(scope="module")
@@ -155,7 +172,8 @@ def assert_matches_reference(result: dict, reference: dict) -> None:
             f"iteration {iteration}: grad norm {grad_norm} != {ref_norm}"
 
 
-@pytest.mark.parametrize("which", ["reference", "llama_reference", "gpt6_reference"])
+@pytest.mark.parametrize("which", ["reference", "llama_reference", "gpt6_reference", "mla_reference",
+                                   "mla_no_q_lora_reference"])
 def test_reference_learns(references, which):
     reference = references[which]
     assert reference["iterations"] == list(range(1, STEPS + 1))
@@ -166,6 +184,30 @@ def test_reference_learns(references, which):
 
 def test_llama_architecture_differs_from_gpt(references):
     assert references["llama_reference"]["losses"][0] != references["reference"]["losses"][0]
+
+
+def test_mla_cases_run_multi_latent_attention_on_both_cores(references, four_rank):
+    """The MLA models' layers are Megatron-Core's MLASelfAttention, on the core each case asks for; the query
+    latent changes the model."""
+    assert references["mla_reference"]["attention"] == ["MLASelfAttention/MLADotProductAttention"]
+    assert four_rank["mla_tp2_sp_dp2"]["attention"] == ["MLASelfAttention/SDPAttention"]
+    assert four_rank["mla_pp2_dp2"]["attention"] == ["MLASelfAttention/MLADotProductAttention"]
+    assert references["mla_no_q_lora_reference"]["losses"] != references["mla_reference"]["losses"]
+
+
+def _wrong_mla_scale_case(tmp) -> dict:
+    """A broken MLA run (TP2 x DP2): its core attention's softmax scale leaves out the rotated channels."""
+    return {"name": "mla_tp2_dp2_wrong_softmax_scale", "model": "mla", "flags": {**BATCH, "tensor_parallel": 2},
+            "settings": MLA_SETTINGS, "load_weights": str(tmp / "init_mla"), "softmax_scale_factor": WRONG_MLA_SCALE}
+
+
+def test_mla_tolerance_rejects_a_wrong_softmax_scale(four_rank, references):
+    """The fp32 comparison the MLA layouts pass fails for the layout whose MLA softmax scale is 1/sqrt(16)
+    instead of mscale^2/sqrt(24): the check sees MLA's attention, not only its projections."""
+    result = four_rank["mla_tp2_dp2_wrong_softmax_scale"]
+    assert result["attention"] == ["MLASelfAttention/MLADotProductAttention"]
+    with pytest.raises(AssertionError):
+        assert_matches_reference(result, references["mla_reference"])
 
 
 @pytest.mark.parametrize("name", [c["name"] for c in _four_rank_cases(__import__("pathlib").Path("."))

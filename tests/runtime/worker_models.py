@@ -1,7 +1,9 @@
 """Test-size models the equivalence workers share."""
 from __future__ import annotations
 
-from megatron_auto.specs.model import ModelSpec, uniform_model
+from typing import Optional
+
+from megatron_auto.specs.model import MLASpec, ModelSpec, uniform_model
 
 
 def llama_model(name: str) -> ModelSpec:
@@ -54,3 +56,16 @@ def deepseek_style_moe_model(name: str) -> ModelSpec:
                          moe_ffn_hidden_size=48, moe_layer_freq=[0, 1, 1, 1],
                          moe_router_load_balancing_type="seq_aux_loss", moe_aux_loss_coeff=1e-2,
                          moe_z_loss_coeff=1e-3, moe_shared_expert_intermediate_size=32)
+
+
+def mla_model(name: str, q_lora_rank: Optional[int] = 24) -> ModelSpec:
+    """DeepSeek-V2's attention at test size (multi-latent attention, Megatron-Core's MLASelfAttention): keys and
+    values up-projected from a 32-wide latent, queries from a 24-wide one (or, with q_lora_rank None, from the
+    hidden state, as DeepSeek-V2-Lite), query/key heads of 16 + 8 rotated channels, values 12 wide (neither the
+    query width nor hidden / heads, so a core that mixed them up fails), latent RMSNorms (--qk-layernorm);
+    SwiGLU, RMSNorm, no biases, RoPE positions, untied head."""
+    return uniform_model(name, num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=256,
+                         ffn_hidden_size=176, swiglu=True, normalization="RMSNorm", add_bias_linear=False,
+                         position_embedding_type="rope", untie_embeddings_and_output_weights=True, qk_layernorm=True,
+                         mla=MLASpec(kv_lora_rank=32, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=12,
+                                     q_lora_rank=q_lora_rank))

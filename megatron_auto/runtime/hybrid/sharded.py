@@ -97,12 +97,14 @@ class ShardedPart(torch.nn.Module):
     def allreduce_sequence_parallel_grads(self) -> None:
         """Sum the TP-replicated parameters' gradient shards over the TP group, as Megatron's finalize
         (_allreduce_non_tensor_model_parallel_grads) does: the SP layernorms, and with --qk-layernorm the
-        q/k norms (each TP rank's heads give a part of their gradient)."""
+        q/k norms (each TP rank's heads give a part of their gradient), but not multi-latent attention's latent
+        norms, whose gradient every TP rank holds whole (patches/mla_latent_norm_grads.py)."""
         if torch.distributed.get_world_size(self.tp_group) <= 1:
             return
         for name, param in self.module.named_parameters():
             by_sp = self.config.sequence_parallel and getattr(param, "sequence_parallel", False)
-            by_qk = self.config.qk_layernorm and ("q_layernorm" in name or "k_layernorm" in name)
+            by_qk = (self.config.qk_layernorm and not self.config.multi_latent_attention
+                     and ("q_layernorm" in name or "k_layernorm" in name))
             if param.grad is not None and (by_sp or by_qk):
                 torch.distributed.all_reduce(param.grad._local_tensor, group=self.tp_group)
 
