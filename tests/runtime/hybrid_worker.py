@@ -1,7 +1,7 @@
 """One rank of a hybrid equivalence launch: run hybrid plans of a tiny GPT in turn.
 
 Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python hybrid_worker.py CASES.json RESULTS.json
-Each case: {"name", optional "model" ("gpt", "llama" or "qwen3"), "plan": plan.json path or
+Each case: {"name", optional "model" ("gpt", "llama", "qwen3" or "mla"), "plan": plan.json path or
 {"chunks": [[strategy, ...], ...], "embedding": strategy, "micro_batches": m, "virtual_stages": v},
 "init": state-dict path (optional for plans: else the seeded weights), optional "reference": true
 (stock single-process run that saves its initial state dict to "init"), optional "dropout": p
@@ -32,12 +32,13 @@ from megatron_auto.runtime import distributed, session  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
-from worker_models import llama_model, qwen3_model  # noqa: E402
+from worker_models import llama_model, mla_model, qwen3_model  # noqa: E402
 from worker_stats import thread_count  # noqa: E402
 
 MODEL = uniform_model("hybrid-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
                       seq_length=32, vocab_size=256)
-MODELS = {"gpt": MODEL, "llama": llama_model("hybrid-llama"), "qwen3": qwen3_model("hybrid-qwen3")}
+MODELS = {"gpt": MODEL, "llama": llama_model("hybrid-llama"), "qwen3": qwen3_model("hybrid-qwen3"),
+          "mla": mla_model("hybrid-mla")}
 SETTINGS = TrainSettings(train_iters=5, lr=1e-3, hidden_dropout=0.0, attention_dropout=0.0, clip_grad=1.0,
                          weight_decay=0.01, seed=1234, timeout_s=90.0, make_vocab_size_divisible_by=64,
                          data=DataSettings(vocab_size=256))

@@ -61,6 +61,11 @@ LLAMA_FOUR_RANK = {
                                           "embedding": TP2DP2},
     "llama_pp2_vpp2_tp2_and_dp2_chunks": FOUR_RANK["vpp2_pp2_tp2_and_dp2_chunks"],
 }
+MLA_PLAN = {"chunks": [[TP2DP2, {"tp": 2, "dp": 2, "zero": 3}, DP4, TP4]], "embedding": TP2DP2}
+"""Multi-latent attention (worker_models.mla_model) in layers of their own TP groups: TP2 with SP, ZeRO-3 at TP2
+(whose latent norms' gradients each TP rank holds whole), DP4 and TP4 (heads and latents split four ways)."""
+MLA_SETTINGS = {"rotary_scaling_factor": 40.0, "mscale": 0.707, "mscale_all_dim": 0.707}
+"""DeepSeek-V2's YaRN, as tests/runtime/test_equivalence.py's MLA cases."""
 DROPOUT_PLAN = {"chunks": [[{"tp": 4}, TP2DP2, DP4, TP4]], "embedding": TP2DP2}
 """TP4 without SP (attention dropout in the TP region), TP2xDP2 and TP4 with SP (hidden dropout too)."""
 EIGHT_RANK = {
@@ -102,8 +107,10 @@ def workdir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def references(workdir) -> dict:
     cases = [{"name": "reference", "reference": True, "init": str(workdir / "init.pt")},
-             {"name": "llama_reference", "model": "llama", "reference": True, "init": str(workdir / "init_llama.pt")}]
-    cases += [bf16_case(c) for c in cases]
+             {"name": "llama_reference", "model": "llama", "reference": True, "init": str(workdir / "init_llama.pt")},
+             {"name": "mla_reference", "model": "mla", "reference": True, "init": str(workdir / "init_mla.pt"),
+              "settings": MLA_SETTINGS}]
+    cases += [bf16_case(c) for c in cases if c["name"] != "mla_reference"]
     return _run(workdir, 1, cases, timeout_s=240)
 
 
@@ -123,6 +130,8 @@ def four_rank(workdir, reference) -> dict:
     cases += [{"name": name, "model": "llama", "plan": plan, "init": str(workdir / "init_llama.pt")}
               for name, plan in LLAMA_FOUR_RANK.items()]
     cases += [bf16_case(c) for c in cases if c["name"] in BF16_CASES]
+    cases.append({"name": "mla_tp2_zero3_dp4_tp4", "model": "mla", "plan": MLA_PLAN,
+                  "init": str(workdir / "init_mla.pt"), "settings": MLA_SETTINGS})
     cases.append({**bf16_case({"name": "dp4_then_tp4", "plan": FOUR_RANK["dp4_then_tp4"], "init": init}),
                   "name": "bf16_dropped_grad_sync", "drop_grad_sync": True})
     cases.append({"name": "fp16_zero3_mixed", "plan": FOUR_RANK["zero3_layers_mixed_with_ddp_layers"],
@@ -177,6 +186,12 @@ def test_tp_ranks_of_a_segment_draw_their_own_dropout_streams(four_rank):
 @pytest.mark.parametrize("name", list(LLAMA_FOUR_RANK))
 def test_llama_architecture_hybrid_plans_match_single_process(four_rank, references, name):
     assert_matches(four_rank[name], references["llama_reference"])
+
+
+def test_multi_latent_attention_hybrid_plan_matches_single_process(four_rank, references):
+    result = four_rank["mla_tp2_zero3_dp4_tp4"]
+    assert "MLADotProductAttention" in result["kernels"]["cores"]
+    assert_matches(result, references["mla_reference"])
 
 
 @pytest.mark.parametrize("name", list(EIGHT_RANK))
