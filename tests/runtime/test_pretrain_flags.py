@@ -171,12 +171,20 @@ def test_wsd_holds_the_rate_then_decays_over_its_window_while_the_weight_decay_m
      "--global-batch-size 8 differs from the last batch of --step-batch-size-schedule (16)"),
     (["--train-iters", "5", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--train-iters", "5", "--wandb-project", "p"], "--wandb-project needs --wandb-exp-name"),
-    (["--train-iters", "5", "--multi-latent-attention"], "--multi-latent-attention: multi-latent attention"),
     (["--train-iters", "5", "--mtp-num-layers", "1"], "--mtp-num-layers: multi-token prediction"),
-    (["--train-iters", "5", "--rope-type", "yarn"], "--rope-type yarn: RoPE variants"),
+    (["--train-iters", "5", "--rope-type", "yarn"], "--rope-type yarn needs --multi-latent-attention"),
+    (["--train-iters", "5", "--multi-latent-attention", "--group-query-attention", "--num-query-groups", "8"],
+     "--group-query-attention cannot go with --multi-latent-attention"),
+    (["--train-iters", "5", "--multi-latent-attention", "--cache-mla-latents"],
+     "--cache-mla-latents: caching MLA's latents serves Megatron-Core's dynamic inference backend"),
+    (["--train-iters", "5", "--multi-latent-attention", "--context-parallel-size", "2"],
+     "context parallelism with multi-latent attention is not run by this runtime yet"),
+    (["--train-iters", "5", "--recompute-modules", "mla_up_proj", "layernorm"],
+     "--recompute-modules mla_up_proj needs --multi-latent-attention"),
+    (["--train-iters", "5", "--rope-type", "ntk"], "argument --rope-type: invalid choice: 'ntk'"),
     (["--train-iters", "5", "--recompute-modules", "core_attn", "moe_act"],
      "--recompute-modules core_attn moe_act: moe_act not run by this runtime yet "
-     "(it runs core_attn, mlp, layernorm, moe, shared_experts)"),
+     "(it runs core_attn, mlp, layernorm, moe, shared_experts, mla_up_proj)"),
     (["--train-iters", "5", "--recompute-modules", "mlp", "mlp"], "--recompute-modules mlp mlp: a module named twice"),
     (["--train-iters", "5", "--optimizer", "sgd"], "--optimizer sgd: only Adam with decoupled weight decay"),
     # No abbreviations, as Megatron-LM's parser: a prefix of --optimizer-impl is not taken for it.
@@ -460,6 +468,58 @@ def test_rope_scaling_reaches_the_rotary_embedding():
     stretched = pretrain_gpt.parse_args(rope + ["--rotary-seq-len-interpolation-factor", "4"])
     arguments = position_embedding_args(model, pretrain_gpt.settings_from_args(stretched, 512))
     assert arguments["seq_len_interpolation_factor"] == 4
+
+
+DEEPSEEK_V2_LITE_MLA = ["--multi-latent-attention", "--kv-lora-rank", "512", "--qk-head-dim", "128",
+                        "--qk-pos-emb-head-dim", "64", "--v-head-dim", "128", "--rotary-scaling-factor", "40",
+                        "--mscale", "0.707", "--mscale-all-dim", "0.707", "--qk-layernorm"]
+"""DeepSeek-V2-Lite's attention flags as Megatron-LM's DeepSeek-V2-Lite.sh gives them (no --q-lora-rank)."""
+
+
+def _mla_config(flags: list[str]):
+    from megatron_auto.runtime import config as configs
+    from megatron_auto.runtime.layout import MegatronLayout
+
+    args = pretrain_gpt.parse_args(["--num-layers", "2", "--hidden-size", "2048", "--num-attention-heads", "16",
+                                    "--seq-length", "128", "--train-iters", "1", "--mock-data", *flags])
+    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
+                            num_micro_batches=1, global_batch_size=1)
+    model = pretrain_gpt.model_from_args(args, 512)
+    return model, configs.transformer_config(model, layout, pretrain_gpt.settings_from_args(args, 512), "gloo")
+
+
+def test_mla_flags_reach_the_model_spec_and_megatrons_mla_config():
+    from megatron.core.transformer import MLATransformerConfig
+
+    model, tconfig = _mla_config(DEEPSEEK_V2_LITE_MLA)
+    assert model.layers[0].mla == MODEL_PRESETS["deepseek-v2-lite"].layers[0].mla
+    assert type(tconfig) is MLATransformerConfig and tconfig.multi_latent_attention
+    assert (tconfig.q_lora_rank, tconfig.kv_lora_rank, tconfig.qk_head_dim, tconfig.qk_pos_emb_head_dim,
+            tconfig.v_head_dim) == (None, 512, 128, 64, 128)
+    # --rope-type not given: MLATransformerConfig's yarn (Megatron-LM pops rope_type); YaRN's flags as given.
+    assert (tconfig.rope_type, tconfig.rotary_scaling_factor, tconfig.mscale, tconfig.mscale_all_dim) == \
+        ("yarn", 40.0, 0.707, 0.707)
+    assert tconfig.num_query_groups == tconfig.num_attention_heads == 16
+    assert (tconfig.original_max_position_embeddings, tconfig.beta_fast, tconfig.beta_slow) == (4096, 32, 1)
+
+
+def test_mla_flags_take_megatron_lms_defaults_and_rope_type():
+    model, tconfig = _mla_config(["--multi-latent-attention", "--q-lora-rank", "64", "--rope-type", "rope"])
+    assert (tconfig.q_lora_rank, tconfig.kv_lora_rank, tconfig.qk_head_dim, tconfig.qk_pos_emb_head_dim,
+            tconfig.v_head_dim) == (64, 32, 128, 64, 128)
+    assert (tconfig.rope_type, tconfig.rotary_scaling_factor, tconfig.mscale, tconfig.mscale_all_dim) == \
+        ("rope", 1.0, 1.0, 0.0)
+    # Without --multi-latent-attention the shape flags change nothing, as in Megatron-LM.
+    plain, plain_config = _mla_config(["--kv-lora-rank", "64", "--rope-type", "rope"])
+    assert plain.layers[0].mla is None and not plain_config.multi_latent_attention
+    assert type(plain_config).__name__ == "TransformerConfig"
+
+
+def test_mla_up_proj_recompute_is_accepted_with_mla():
+    args = pretrain_gpt.parse_args(BASE + ["--multi-latent-attention", "--recompute-granularity", "selective",
+                                           "--recompute-modules", "mla_up_proj", "layernorm"])
+    settings = pretrain_gpt.settings_from_args(args, 512)
+    assert settings.recompute_modules == ("mla_up_proj", "layernorm")
 
 
 def test_newer_hugging_face_special_token_flag_is_the_default_here():
