@@ -120,3 +120,34 @@ def test_context_parallel_training_on_two_ranks_lowers_the_loss_and_resumes(data
                      log_dir=tmp_path / "resumed")
     assert resumed.ok, resumed.output[-4000:]
     assert re.findall(r"iteration +(\d+)/ +22 \|", resumed.output) == ["21", "22"]
+
+
+DEEPSEEK_STYLE = ["--multi-latent-attention", "--q-lora-rank", "32", "--kv-lora-rank", "32", "--qk-head-dim", "16",
+                  "--qk-pos-emb-head-dim", "8", "--v-head-dim", "16", "--qk-layernorm", "--rotary-scaling-factor", "40",
+                  "--mscale", "0.707", "--mscale-all-dim", "0.707", "--position-embedding-type", "rope",
+                  "--normalization", "RMSNorm", "--swiglu", "--disable-bias-linear",
+                  "--untie-embeddings-and-output-weights"]
+"""DeepSeek-V2's attention flags (Megatron-LM's names; YaRN as its config.json), shrunk to the tiny model."""
+
+
+def test_multi_latent_attention_trains_at_tp2_and_resumes(dataset, tmp_path):
+    """A DeepSeek-style launch line on 2 ranks at TP2 with SP, recomputing MLA's up projections: the loss falls
+    on the shipped corpus, and a resumed run continues from the saved iteration."""
+    argv = ["tools/pretrain_gpt.py", *TINY, *DEEPSEEK_STYLE, "--tensor-model-parallel-size", "2",
+            "--sequence-parallel", "--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj",
+            "core_attn", "--micro-batch-size", "4", "--global-batch-size", "8", "--lr", "3e-3", "--min-lr", "3e-4",
+            "--lr-decay-style", "cosine", "--lr-warmup-iters", "3", "--data-path", dataset,
+            "--tokenizer-type", "ByteTokenizer", "--log-interval", "1", "--eval-iters", "0",
+            "--save", str(tmp_path / "ckpt"), "--save-interval", "20"]
+    first = launch(2, [*argv, "--train-iters", "20"], timeout_s=300, log_dir=tmp_path / "first")
+    assert first.ok, first.output[-4000:]
+    assert "selective recompute re-runs: mla_up_proj core_attn" in first.output
+    losses = [float(x) for x in re.findall(r"iteration +\d+/ +\d+ \|.*\| lm loss: (\S+) \|", first.output)]
+    assert len(losses) == 20
+    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:3]) / 3
+    resumed = launch(2, [*argv, "--train-iters", "22", "--load", str(tmp_path / "ckpt")], timeout_s=300,
+                     log_dir=tmp_path / "resumed")
+    assert resumed.ok, resumed.output[-4000:]
+    assert re.findall(r"iteration +(\d+)/ +22 \|", resumed.output) == ["21", "22"]
+    resumed_losses = [float(x) for x in re.findall(r"iteration +\d+/ +22 \|.*\| lm loss: (\S+) \|", resumed.output)]
+    assert all(loss < 0.9 * sum(losses[:3]) / 3 for loss in resumed_losses)  # it resumed the trained weights
