@@ -503,8 +503,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # No abbreviations, as Megatron-LM's parser: `--optimizer adam` is not `--optimizer-impl adam`.
     parser = _OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                             allow_abbrev=False)
-    for add in (_model_args, _mla_args, _moe_args, _training_args, _kernel_args, _parallel_args, _data_args, _checkpoint_args,
-                compat_flags.add_arguments):
+    for add in (_model_args, _mla_args, _moe_args, _training_args, _kernel_args, _parallel_args, _data_args,
+                _checkpoint_args, compat_flags.add_arguments):
         add(parser)
     args, unknown = parser.parse_known_args(argv)
     refused = compat_flags.refusal(args, unknown)

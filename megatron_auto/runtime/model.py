@@ -98,8 +98,8 @@ def first_decoder_layer(model: ModelSpec, settings: TrainSettings, device: torch
                         layout: MegatronLayout | None = None) -> tuple[torch.nn.Module, dict]:
     """Layer 0 of the GPTModel this runtime builds for `model` (its spec, kernels and config), seeded alike for
     every build and in the settings' precision, and the keywords its GPTModel hands the layer besides the
-    hidden states (the RoPE table, gpt_rotary_table): one layer to measure on its own. At TP1/PP1 unless `layout` (one stage)
-    says otherwise, with Megatron's model-parallel state initialised to match: then it holds this rank's
+    hidden states (the RoPE table, gpt_rotary_table): one layer to measure on its own. At TP1/PP1 unless `layout`
+    (one stage) says otherwise, with Megatron's model-parallel state initialised to match: then it holds this rank's
     shard, and its experts' (a MoE model's)."""
     from .config import DTYPES, transformer_config
 

@@ -83,7 +83,8 @@ def run_core(case: dict) -> dict:
     heads, groups = unfused.num_attention_heads_per_partition, unfused.num_query_groups_per_partition
     torch.manual_seed(11 + torch.distributed.get_rank())
     k_width, v_width = case.get("k_width", HIDDEN // HEADS), case.get("v_width", HIDDEN // HEADS)
-    inputs = [torch.randn(SEQ, BATCH, n, width) for n, width in ((heads, k_width), (groups, k_width), (groups, v_width))]
+    shapes = ((heads, k_width), (groups, k_width), (groups, v_width))
+    inputs = [torch.randn(SEQ, BATCH, n, width) for n, width in shapes]
     mask = None
     if case.get("mask"):  # an arbitrary boolean mask, True = masked out; the diagonal always kept
         mask = (torch.rand(BATCH, 1, SEQ, SEQ) < 0.3) & ~torch.eye(SEQ, dtype=torch.bool)
