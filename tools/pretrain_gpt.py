@@ -38,8 +38,9 @@ schedules (`--train-samples`, `--lr-decay-samples`, `--lr-warmup-samples`), grow
 the validation split and a validation pass after the last iteration keep Megatron-LM's meaning; `--tensorboard-dir` and
 `--wandb-*` write scalars when their packages import; MoE models (`--num-experts`, `--moe-*`) train with
 Megatron-Core's MoE layer under `--expert-model-parallel-size` / `--expert-tensor-parallel-size` (chosen
-by the planner under --auto-parallel); fp8 and context parallelism are refused before any work with one
-line saying why; kernel, logging and I/O flags are accepted and named in the log as without effect, with
+by the planner under --auto-parallel); multi-latent attention (`--multi-latent-attention` and its shape and
+YaRN flags) runs Megatron-Core's MLASelfAttention; `--context-parallel-size` splits sequences on the flash core
+(dense layers without MLA); fp8 is refused before any work with one line saying why; kernel, logging and I/O flags are accepted and named in the log as without effect, with
 the reason (megatron_auto/runtime/compat_flags.py; README.md's table lists every flag).
 
 Parallelism flags given beside `--auto-parallel` become constraints on the search;
@@ -74,8 +75,7 @@ from megatron_auto.kernels import (ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMU
                                    OPTIMIZER_IMPLS, resolve_attention_backend, resolve_optimizer_impl)
 from megatron_auto.runtime import compat_flags  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
-from megatron_auto.runtime.settings import (EXIT_SIGNALS, UNPRICED_RECOMPUTE_MODULES, DataSettings,  # noqa: E402
-                                             MoESettings, TrainSettings, priced_recompute_modules)
+from megatron_auto.runtime.settings import EXIT_SIGNALS, DataSettings, MoESettings, TrainSettings  # noqa: E402
 from megatron_auto.runtime.tokenizers import add_tokenizer_flags, tokenizer_from_flags  # noqa: E402
 from megatron_auto.search.constraints import SearchConstraints  # noqa: E402
 from megatron_auto.specs.model import ModelSpec, uniform_model  # noqa: E402
@@ -83,7 +83,6 @@ from megatron_auto.specs.training import (DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_M
                                          recompute_modules_problem)
 
 logger = logging.getLogger("pretrain_gpt")
-RUN_RECOMPUTE_MODULES = RECOMPUTE_MODULES + UNPRICED_RECOMPUTE_MODULES
 """What --recompute-modules may name: the planner's modules and those it does not price yet."""
 
 
@@ -371,7 +370,7 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--recompute-num-layers", type=int)
     group.add_argument("--recompute-modules", nargs="+", metavar="MODULE",
                        help="what --recompute-granularity selective re-runs: "
-                            f"{', '.join(RUN_RECOMPUTE_MODULES)} (Megatron-LM's names; default: core_attn with manual "
+                            f"{', '.join(RECOMPUTE_MODULES)} (Megatron-LM's names; default: core_attn with manual "
                             "flags, the planner's choice under --auto-parallel, the plan's with a plan file)")
     group.add_argument("--recompute-activations", action="store_true",
                        help="Megatron-LM's older spelling of --recompute-granularity selective")
@@ -585,15 +584,11 @@ def size_flags_error(args: argparse.Namespace) -> Optional[str]:
                 f"(--attention-backend flash or auto), not {args.attention_backend}")
     if args.recompute_granularity == "selective" and args.recompute_method is not None:
         return "--recompute-method is not supported with --recompute-granularity selective (as in Megatron-LM)"
-    unknown = [m for m in args.recompute_modules or () if m not in RUN_RECOMPUTE_MODULES]
+    unknown = [m for m in args.recompute_modules or () if m not in RECOMPUTE_MODULES]
     if args.recompute_modules and (unknown or len(set(args.recompute_modules)) != len(args.recompute_modules)):
         what = f"{' '.join(unknown)} not run by this runtime yet" if unknown else "a module named twice"
         return (f"--recompute-modules {' '.join(args.recompute_modules)}: {what} "
-                f"(it runs {', '.join(RUN_RECOMPUTE_MODULES)})")
-    if args.recompute_modules and not priced_recompute_modules(tuple(args.recompute_modules)):
-        return (f"--recompute-modules {' '.join(args.recompute_modules)}: the planner does not price "
-                f"{' '.join(args.recompute_modules)} yet; name it beside a module it prices (e.g. "
-                f"{args.recompute_modules[0]} layernorm), whose memory it counts")
+                f"(it runs {', '.join(RECOMPUTE_MODULES)})")
     uneven = args.decoder_first_pipeline_num_layers is not None or args.decoder_last_pipeline_num_layers is not None
     if args.num_layers_per_virtual_pipeline_stage and uneven:
         return ("--num-layers-per-virtual-pipeline-stage cannot go with --decoder-first/last-pipeline-num-layers "
@@ -826,7 +821,7 @@ def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_si
                   optimizer_impl=resolve_optimizer_impl(settings.optimizer_impl, on_gpu),
                   memory_margin=args.auto_parallel_memory_margin,
                   moe_token_dispatcher=settings.moe.token_dispatcher, moe_grouped_gemm=settings.moe.grouped_gemm,
-                  recompute_modules=priced_recompute_modules(settings.recompute_modules),
+                  recompute_modules=settings.recompute_modules,
                   fused_norms=on_gpu and transformer_engine_available())
     return TrainingSpec.for_precision(settings.precision, global_batch, **common)
 
@@ -890,7 +885,7 @@ def check_plan_runs(plan, settings: TrainSettings, model: ModelSpec) -> None:
         from megatron_auto.runtime.hybrid.session import check_supported
 
         check_supported(plan, model)
-    run = priced_recompute_modules(settings.recompute_modules)
+    run = tuple(settings.recompute_modules)
     priced = plan.prediction.recompute_modules if plan.prediction is not None else run
     if tuple(priced) != run and plan.recomputes_selectively:
         raise UserError(f"the plan's selective recompute was priced re-running {' '.join(priced)}; this run's "

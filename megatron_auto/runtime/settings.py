@@ -8,22 +8,11 @@ import os
 from dataclasses import dataclass
 from typing import Optional
 
-from ..specs.training import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES
+from ..specs.training import DEFAULT_RECOMPUTE_MODULES
 from .batch_schedule import BatchRamp
 
 NON_PERSISTENT_SUBDIR = "non_persistent"
 """Megatron-LM's default folder of global non-persistent checkpoints inside --save and --load."""
-
-UNPRICED_RECOMPUTE_MODULES = tuple(m for m in ("mla_up_proj",) if m not in RECOMPUTE_MODULES)
-"""--recompute-modules this runtime runs but the planner does not price (specs.training.RECOMPUTE_MODULES): mla_up_proj,
-multi-latent attention's query/key/value up-projections and RoPE (megatron-core's MultiLatentAttention), whose
-outputs the planner counts as kept, an upper bound on the memory of a run that frees them."""
-
-
-def priced_recompute_modules(modules: tuple[str, ...]) -> tuple[str, ...]:
-    """The --recompute-modules the planner prices (TrainingSpec.recompute_modules): all but the unpriced ones."""
-    return tuple(m for m in modules if m not in UNPRICED_RECOMPUTE_MODULES)
-
 
 EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 """What --exit-signal may name."""
@@ -221,8 +210,7 @@ class TrainSettings:
     optimizer_impl: str = "auto"
     """--optimizer-impl: fused, foreach, or auto (fused on GPUs, foreach on CPU)."""
     recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
-    """--recompute-modules: what selective recomputation re-runs (specs.training.RECOMPUTE_MODULES, and
-    UNPRICED_RECOMPUTE_MODULES with multi-latent attention)."""
+    """--recompute-modules: what selective recomputation re-runs (specs.training.RECOMPUTE_MODULES)."""
     bias_fusions: str = "auto"
     """--bias-fusions: on runs Megatron's bias fusions on GPUs; auto and off keep them off (megatron_auto.kernels)."""
     grad_accumulation_fusion: str = "auto"
