@@ -40,7 +40,9 @@ def mla_tp_comm_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerSt
     parallel_region; its backward is a split); the up projections reduce their latent inputs' gradients.
     Under SP the gathered latents are scattered back to sequence shards (backward: all-gather) and each up
     projection all-gathers its input's sequence (backward: reduce-scatter), and every sequence-parallel input
-    is gathered again in backward for the weight gradient, exposed as in tp_comm_time. Full recompute
+    is gathered again in backward for the weight gradient, exposed as in tp_comm_time. The rotated key part
+    (d_r channels of the whole sequence, shared by every head) has its gradient all-reduced over TP, which
+    megatron-core 0.16.1 leaves out and patches/mla_tensor_parallel.py adds. Full recompute
     replays the forward's collectives; selective recompute of mla_up_proj (`up_recomputed`) the up
     projections' sequence gathers."""
     if layer.mla is None or strategy.tp == 1:
@@ -63,6 +65,7 @@ def mla_tp_comm_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerSt
         backward += regathers * (1.0 - comm.grad_overlap)
     else:
         backward = sum(collective("all_reduce", width) for width in (h, q_latent, kv_latent))
+    backward += collective("all_reduce", mla.qk_pos_emb_head_dim)
     replayed = forward if strategy.recompute == "full" else 0.0
     if up_recomputed and strategy.recompute == "selective" and strategy.sp:
         replayed = collective("all_gather", q_latent) + collective("all_gather", kv_latent)
