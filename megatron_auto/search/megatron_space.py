@@ -91,7 +91,8 @@ def context_parallel_choices(model: ModelSpec, cluster: ClusterSpec, training: T
     if constraints.context_parallel is not None:
         cp = constraints.context_parallel
         return [cp] if rest % cp == 0 and training.global_batch_size % (rest // cp) == 0 else []
-    if moe_layers(model) or any(layer.mla for layer in model.distinct_layers) or training.attention_backend != "flash":
+    mla = any(layer.mla is not None for layer in model.distinct_layers)
+    if moe_layers(model) or mla or training.attention_backend != "flash":
         return [1]
     choices = [1]
     for cp in CP_DEGREES:

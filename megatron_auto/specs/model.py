@@ -284,7 +284,8 @@ class LayerSpec(CachedHash):
                     f"({self.num_query_groups})")
         widths = self.mla.latent_widths() if self.mla is not None else ()
         if any(width % tp for width in widths):
-            return f"tp={tp} does not divide the multi-latent attention's latent widths ({', '.join(map(str, widths))})"
+            listed = ", ".join(map(str, widths))
+            return f"tp={tp} does not divide the multi-latent attention's latent widths ({listed})"
         return None
 
     @property
