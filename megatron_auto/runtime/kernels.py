@@ -83,14 +83,18 @@ class RunKernels:
     package); False: SequentialMLP, one GEMM per local expert (the same math)."""
     moe: bool = False
     """Whether the model has MoE layers (then describe() names the experts' kernel)."""
+    mla: bool = False
+    """Whether the layers are multi-latent attention (whose unfused core is runtime/attention.py's
+    MLADotProductAttention)."""
 
     def describe(self) -> str:
         """One log line naming every choice."""
         if self.layer_spec == "transformer_engine":
             attention = f"Transformer Engine ({_TE_BACKENDS[self.attention_request]})"
         else:
-            attention = ("torch SDPA (flash)" if self.attention == "flash"
-                         else "Megatron DotProductAttention (unfused)")
+            unfused = "MLADotProductAttention (unfused, MLA's head widths)" if self.mla else \
+                "Megatron DotProductAttention (unfused)"
+            attention = "torch SDPA (flash)" if self.attention == "flash" else unfused
         return (f"kernels: layer spec {self.layer_spec}, core attention {attention}, "
                 f"bias-activation fusion {_on(self.bias_activation_fusion)}, "
                 f"bias-dropout-add fusion {_on(self.bias_dropout_fusion)}, masked-softmax fusion off, "
@@ -159,6 +163,7 @@ def choose_kernels(layer: LayerSpec, attention_backend: str = "auto", optimizer_
                                                                           apex_wgrad_available()),
         grouped_gemm=moe and grouped_gemm and grouped_gemm_available(spec, on_gpu),
         moe=moe,
+        mla=layer.mla is not None,
     )
 
 

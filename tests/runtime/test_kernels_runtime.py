@@ -111,6 +111,17 @@ def test_the_log_line_names_every_kernel():
                                      "patches/wgrad_accumulation_torch.py)")
 
 
+def test_the_log_line_names_the_mla_core():
+    from megatron_auto.specs.presets import MODEL_PRESETS
+
+    mla = MODEL_PRESETS["tiny-mla"].layers[0]
+    line = kernels.choose_kernels(mla, "unfused", on_gpu=False).describe()
+    assert "core attention MLADotProductAttention (unfused, MLA's head widths)," in line
+    assert "core attention torch SDPA (flash)," in kernels.choose_kernels(mla, "flash", on_gpu=False).describe()
+    assert "core attention Megatron DotProductAttention (unfused)," in kernels.choose_kernels(
+        GPT, "unfused", on_gpu=False).describe()
+
+
 @pytest.mark.parametrize("requested, apex, fused", [("auto", False, False), ("auto", True, True), ("on", False, True),
                                                     ("off", True, False)])
 def test_grad_accumulation_fusion_follows_megatron_lm_where_apex_imports(monkeypatch, requested, apex, fused):
