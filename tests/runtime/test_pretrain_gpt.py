@@ -110,9 +110,16 @@ def test_context_parallel_training_on_two_ranks_lowers_the_loss_and_resumes(data
             "--lr", "3e-3", "--min-lr", "3e-4", "--lr-decay-style", "cosine", "--lr-warmup-iters", "3",
             "--data-path", dataset, "--tokenizer-type", "ByteTokenizer", "--log-interval", "1",
             "--save", str(tmp_path / "ckpt"), "--save-interval", "20"]
+    first, _, _ = train_20_then_resume_2(argv, tmp_path)
+    assert "core attention torch SDPA (flash)" in first.output
+
+
+def train_20_then_resume_2(argv: list[str], tmp_path):
+    """Run `argv` (which saves into tmp_path/ckpt at iteration 20) on 2 ranks for 20 iterations, then resume it
+    to 22: the first run's loss falls below 0.8x, the second runs iterations 21 and 22 only. Returns the
+    first launch, its losses and the resumed launch."""
     first = launch(2, [*argv, "--train-iters", "20"], timeout_s=300, log_dir=tmp_path / "first")
     assert first.ok, first.output[-4000:]
-    assert "core attention torch SDPA (flash)" in first.output
     losses = [float(x) for x in re.findall(r"iteration +\d+/ +\d+ \|.*\| lm loss: (\S+) \|", first.output)]
     assert len(losses) == 20
     assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:3]) / 3
@@ -120,6 +127,7 @@ def test_context_parallel_training_on_two_ranks_lowers_the_loss_and_resumes(data
                      log_dir=tmp_path / "resumed")
     assert resumed.ok, resumed.output[-4000:]
     assert re.findall(r"iteration +(\d+)/ +22 \|", resumed.output) == ["21", "22"]
+    return first, losses, resumed
 
 
 DEEPSEEK_STYLE = ["--multi-latent-attention", "--q-lora-rank", "32", "--kv-lora-rank", "32", "--qk-head-dim", "16",
@@ -139,15 +147,7 @@ def test_multi_latent_attention_trains_at_tp2_and_resumes(dataset, tmp_path):
             "--lr-decay-style", "cosine", "--lr-warmup-iters", "3", "--data-path", dataset,
             "--tokenizer-type", "ByteTokenizer", "--log-interval", "1", "--eval-iters", "0",
             "--save", str(tmp_path / "ckpt"), "--save-interval", "20"]
-    first = launch(2, [*argv, "--train-iters", "20"], timeout_s=300, log_dir=tmp_path / "first")
-    assert first.ok, first.output[-4000:]
+    first, losses, resumed = train_20_then_resume_2(argv, tmp_path)
     assert "selective recompute re-runs: mla_up_proj core_attn" in first.output
-    losses = [float(x) for x in re.findall(r"iteration +\d+/ +\d+ \|.*\| lm loss: (\S+) \|", first.output)]
-    assert len(losses) == 20
-    assert sum(losses[-5:]) / 5 < 0.8 * sum(losses[:3]) / 3
-    resumed = launch(2, [*argv, "--train-iters", "22", "--load", str(tmp_path / "ckpt")], timeout_s=300,
-                     log_dir=tmp_path / "resumed")
-    assert resumed.ok, resumed.output[-4000:]
-    assert re.findall(r"iteration +(\d+)/ +22 \|", resumed.output) == ["21", "22"]
     resumed_losses = [float(x) for x in re.findall(r"iteration +\d+/ +22 \|.*\| lm loss: (\S+) \|", resumed.output)]
     assert all(loss < 0.9 * sum(losses[:3]) / 3 for loss in resumed_losses)  # it resumed the trained weights
