@@ -40,8 +40,8 @@ the validation split and a validation pass after the last iteration keep Megatro
 Megatron-Core's MoE layer under `--expert-model-parallel-size` / `--expert-tensor-parallel-size` (chosen
 by the planner under --auto-parallel); multi-latent attention (`--multi-latent-attention` and its shape and
 YaRN flags) runs Megatron-Core's MLASelfAttention; `--context-parallel-size` splits sequences on the flash core
-(dense layers without MLA); fp8 is refused before any work with one line saying why; kernel, logging and I/O flags are accepted and named in the log as without effect, with
-the reason (megatron_auto/runtime/compat_flags.py; README.md's table lists every flag).
+(dense layers without MLA); fp8 is refused before any work with one line saying why; kernel, logging and I/O
+flags are accepted and named in the log as without effect, with the reason (megatron_auto/runtime/compat_flags.py; README.md's table lists every flag).
 
 Parallelism flags given beside `--auto-parallel` become constraints on the search;
 `--micro-batch-size` is then the planner's to choose. A user error (a plan for another
@@ -83,7 +83,6 @@ from megatron_auto.specs.training import (DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_M
                                          recompute_modules_problem)
 
 logger = logging.getLogger("pretrain_gpt")
-"""What --recompute-modules may name: the planner's modules and those it does not price yet."""
 
 
 def _model_args(parser: argparse.ArgumentParser) -> None:
@@ -885,9 +884,8 @@ def check_plan_runs(plan, settings: TrainSettings, model: ModelSpec) -> None:
         from megatron_auto.runtime.hybrid.session import check_supported
 
         check_supported(plan, model)
-    run = tuple(settings.recompute_modules)
-    priced = plan.prediction.recompute_modules if plan.prediction is not None else run
-    if tuple(priced) != run and plan.recomputes_selectively:
+    priced = plan.prediction.recompute_modules if plan.prediction is not None else settings.recompute_modules
+    if tuple(priced) != settings.recompute_modules and plan.recomputes_selectively:
         raise UserError(f"the plan's selective recompute was priced re-running {' '.join(priced)}; this run's "
                         f"--recompute-modules is {' '.join(settings.recompute_modules)}: give --recompute-modules "
                         f"{' '.join(priced)} to run the plan as priced")

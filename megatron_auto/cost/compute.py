@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from ..specs.cluster import ClusterSpec, ComputeEfficiency
 from ..specs.model import LayerSpec
-from .flops import CORE, MLP, Gemm, layer_gemms
-from .mla import mla_elementwise_widths, mla_up_projection_seconds
+from .flops import CORE, MLA_UP, MLP, Gemm, layer_gemms
+from .mla import mla_elementwise_widths
 
 # Element-wise kernels reach about this share of HBM bandwidth (typical of fused
 # Megatron kernels; STREAM-like copies reach 80-90%).
@@ -108,9 +108,24 @@ def module_forward_seconds(layer: LayerSpec, seq: int, samples: int, tp: int, sp
     return (mlp if f else 0.0), norms
 
 
+def mla_up_projection_seconds(layer: LayerSpec, seq: int, samples: int, tp: int, cluster: ClusterSpec,
+                              word: int) -> float:
+    """Forward seconds on one shard of what --recompute-modules mla_up_proj re-runs (0 for other layers):
+    MLASelfAttention's qkv_up_proj_and_rope_apply, i.e. the query and key/value up projections (cost/flops.py
+    role MLA_UP) and the query/key concatenations and the value copy (2 a d_q + 2 a d_q + 2 a d_v elements
+    per token, at the element-wise bandwidth); RoPE over d_r channels is left out."""
+    if layer.mla is None:
+        return 0.0
+    gemms = sum(gemm_compute_time(g, cluster) for g in layer_gemms(layer, seq, samples, tp) if g.role == MLA_UP)
+    heads = layer.num_attention_heads / tp
+    copies = heads * (4 * layer.query_head_width + 2 * layer.value_head_width)
+    bandwidth = cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
+    return gemms + seq * samples * word * copies / bandwidth
+
+
 def module_forward_shares(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool, cluster: ClusterSpec,
                           activation_bytes: int, attention_backend: str) -> tuple[float, float, float]:
-    """module_forward_seconds and cost/mla.py's mla_up_projection_seconds as shares of the analytic layer
+    """module_forward_seconds and mla_up_projection_seconds as shares of the analytic layer
     forward, to scale a profiled forward by: (MLP, norms, MLA up projections)."""
     forward = layer_compute_times(layer, seq, samples, tp, sp, cluster, activation_bytes, attention_backend).forward_s
     mlp, norms = module_forward_seconds(layer, seq, samples, tp, sp, cluster, activation_bytes)

@@ -117,21 +117,3 @@ def mla_latent_bytes(layer: LayerSpec, seq: int, samples: int, word: int, tp: in
     stats = (1 if layer.normalization == "RMSNorm" else 2) * len(mla.latent_norm_widths()) if norms else 0
     split = tp if sp else 1
     return seq * samples * (word * whole + (word * shards + FP32_BYTES * stats) / split)
-
-
-def mla_up_projection_seconds(layer: LayerSpec, seq: int, samples: int, tp: int, cluster: ClusterSpec,
-                              word: int) -> float:
-    """Forward seconds on one shard of what --recompute-modules mla_up_proj re-runs (0 for other layers):
-    MLASelfAttention's qkv_up_proj_and_rope_apply, i.e. the query and key/value up projections (cost/flops.py
-    role MLA_UP) and the query/key concatenations and the value copy (2 a d_q + 2 a d_q + 2 a d_v elements
-    per token, at the element-wise bandwidth of cost/compute.py); RoPE over d_r channels is left out."""
-    if layer.mla is None:
-        return 0.0
-    from .compute import ELEMENTWISE_BANDWIDTH_FRACTION, gemm_compute_time
-    from .flops import MLA_UP, layer_gemms
-
-    gemms = sum(gemm_compute_time(g, cluster) for g in layer_gemms(layer, seq, samples, tp) if g.role == MLA_UP)
-    heads = layer.num_attention_heads / tp
-    copies = heads * (4 * layer.query_head_width + 2 * layer.value_head_width)
-    bandwidth = cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
-    return gemms + seq * samples * word * copies / bandwidth

@@ -55,6 +55,14 @@ def megatron_softmax_scale(config: TransformerConfig, head_width: int, layer_num
     return scale / coeff, coeff
 
 
+def head_widths(config: TransformerConfig, tp: int, k_channels: Optional[int],
+                v_channels: Optional[int]) -> tuple[int, int]:
+    """(query/key channels per head, context channels on one of `tp` shards): kv_channels for both widths, or
+    MLA's k_channels and v_channels (the context is np x v_channels wide)."""
+    key = k_channels or config.kv_channels
+    return key, divide((v_channels or config.kv_channels) * config.num_attention_heads, tp)
+
+
 def check_supported(config: TransformerConfig) -> None:
     """ValueError for configurations this core does not run (DotProductAttention or TE does)."""
     if config.context_parallel_size > 1 and config.cp_comm_type not in (None, "p2p", "all_gather", "a2a"):
@@ -87,9 +95,8 @@ class SDPAttention(MegatronModule):
         self.tp_group = pg_collection.tp
         self.cp_group = getattr(pg_collection, "cp", None) if config.context_parallel_size > 1 else None
         tp = pg_collection.tp.size()
-        # Query/key and value head widths: kv_channels for both, or MLA's k_channels and v_channels.
-        self.hidden_size_per_attention_head = k_channels or config.kv_channels
-        self.hidden_size_per_partition = divide((v_channels or config.kv_channels) * config.num_attention_heads, tp)
+        self.hidden_size_per_attention_head, self.hidden_size_per_partition = head_widths(
+            config, tp, k_channels, v_channels)
         self.num_attention_heads_per_partition = divide(config.num_attention_heads, tp)
         self.num_query_groups_per_partition = divide(config.num_query_groups, tp)
         self.softmax_scale, coeff = megatron_softmax_scale(config, self.hidden_size_per_attention_head,
@@ -162,8 +169,7 @@ class MLADotProductAttention(DotProductAttention):
                  pg_collection: Optional[ProcessGroupCollection] = None):
         super().__init__(config, layer_number, attn_mask_type, attention_type, attention_dropout=attention_dropout,
                          softmax_scale=softmax_scale, cp_comm_type=cp_comm_type, pg_collection=pg_collection)
-        tp = self.pg_collection.tp.size()
-        self.hidden_size_per_attention_head = k_channels or config.kv_channels
-        self.hidden_size_per_partition = divide((v_channels or config.kv_channels) * config.num_attention_heads, tp)
+        self.hidden_size_per_attention_head, self.hidden_size_per_partition = head_widths(
+            config, self.pg_collection.tp.size(), k_channels, v_channels)
         self.softmax_scale, _ = megatron_softmax_scale(config, self.hidden_size_per_attention_head,
                                                        self.layer_number, softmax_scale)
