@@ -345,6 +345,11 @@ class ModelSpec(CachedHash):
     """learned_absolute (a learned s x h table), rope (rotary, no weights) or none; Megatron's flag."""
     rotary_base: int = 10000
     """RoPE's base (Megatron's --rotary-base; LLaMA-3 uses 500000)."""
+    mtp_num_layers: int = 0
+    """Multi-token prediction depths D [--mtp-num-layers] (DeepSeek-V3, arXiv 2412.19437, Sec. 2.2): after the
+    last layer, D modules each predict one token further; 0 = none."""
+    mtp_loss_scaling_factor: float = 0.1
+    """Weight of the mean MTP loss beside the main loss [--mtp-loss-scaling-factor]."""
     schema_version: int = MODEL_SCHEMA_VERSION
     """Version of this record's layout."""
 
@@ -358,6 +363,7 @@ class ModelSpec(CachedHash):
             raise ValueError(f"position_embedding_type must be one of {', '.join(POSITION_EMBEDDINGS)}, "
                              f"got {self.position_embedding_type!r}")
         _check_positive(self, "rotary_base")
+        _check_mtp(self.mtp_num_layers, self.mtp_loss_scaling_factor)
         rotary = self.position_embedding_type == "rope"
         if any(layer.rotary != rotary for layer in self.layers):
             object.__setattr__(self, "layers", tuple(replace(layer, rotary=rotary) for layer in self.layers))
@@ -380,7 +386,22 @@ class ModelSpec(CachedHash):
     def num_parameters(self) -> int:
         head = self.vocab_size * self.hidden_size if self.untie_embeddings_and_output_weights else 0
         final_norm = self.layers[-1].norm_parameters
-        return self.embedding_parameters + sum(l.num_parameters for l in self.layers) + final_norm + head
+        layers = sum(l.num_parameters for l in self.layers) + self.mtp_num_layers * self.mtp_module_parameters
+        return self.embedding_parameters + layers + final_norm + head
+
+    @property
+    def mtp_layer(self) -> LayerSpec:
+        """The transformer layer inside each MTP module: a copy of the last decoder layer's shape
+        (Megatron-Core gpt_layer_specs.get_gpt_mtp_block_spec_for_backend takes `layer_specs[-1]`)."""
+        return self.layers[-1]
+
+    @property
+    def mtp_module_parameters(self) -> int:
+        """One MTP module without the embedding and output head it shares with the model: its transformer layer,
+        the 2h -> h projection eh_proj (no bias) and three norms (enorm, hnorm, final_layernorm), as Megatron-Core
+        multi_token_prediction.MultiTokenPredictionLayer builds them."""
+        h = self.hidden_size
+        return self.mtp_layer.num_parameters + 2 * h * h + 3 * self.mtp_layer.norm_parameters
 
     @cached_property
     def distinct_layers(self) -> frozenset:
@@ -398,7 +419,7 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
                   add_bias_linear: bool = True, position_embedding_type: str = "learned_absolute",
                   rotary_base: int = 10000, kv_channels: Optional[int] = None, add_qkv_bias: bool = False,
                   qk_layernorm: bool = False, apply_layernorm_1p: bool = False, mla: Optional[MLASpec] = None,
-                  **moe_flags) -> ModelSpec:
+                  mtp_num_layers: int = 0, mtp_loss_scaling_factor: float = 0.1, **moe_flags) -> ModelSpec:
     """A model from Megatron's flag values: its layers alike, except that with `num_experts` (and the other
     MoE flags of `moe_from_flags`) the layers that --moe-layer-freq picks have a mixture-of-experts MLP;
     `mla`: every layer's attention is multi-latent."""
@@ -420,7 +441,8 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
     return ModelSpec(name=name, layers=layers, seq_length=seq_length,
                      vocab_size=vocab_size,
                      untie_embeddings_and_output_weights=untie_embeddings_and_output_weights,
-                     position_embedding_type=position_embedding_type, rotary_base=rotary_base)
+                     position_embedding_type=position_embedding_type, rotary_base=rotary_base,
+                     mtp_num_layers=mtp_num_layers, mtp_loss_scaling_factor=mtp_loss_scaling_factor)
 
 
 def _with_moe_layers(dense: LayerSpec, num_layers: int, *, num_experts: Optional[int] = None,
@@ -467,13 +489,14 @@ _COMPACT_KEYS = {
     "kv_channels", "add_qkv_bias", "qk_layernorm", "apply_layernorm_1p",
     "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
     "moe_layer_freq", "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff",
-    "multi_latent_attention", *MLA_KEYS,
+    "multi_latent_attention", *MLA_KEYS, "mtp_num_layers", "mtp_loss_scaling_factor",
 }
 _COMPACT_TYPES = {"swiglu": bool, "untie_embeddings_and_output_weights": bool, "add_bias_linear": bool,
                   "normalization": str, "position_embedding_type": str, "add_qkv_bias": bool,
                   "qk_layernorm": bool, "apply_layernorm_1p": bool, "name": str,
                   "moe_router_load_balancing_type": str, "moe_aux_loss_coeff": float, "moe_z_loss_coeff": float,
-                  "moe_layer_freq": (int, list, str), "multi_latent_attention": bool}
+                  "moe_layer_freq": (int, list, str), "multi_latent_attention": bool,
+                  "mtp_loss_scaling_factor": float}
 
 
 def model_from_dict(data: dict, name: str = "model", where: str = "") -> ModelSpec:
@@ -529,7 +552,8 @@ def _check_compact_value(key: str, value: object, label: str) -> None:
     if expected is float:
         serde.check_number(value, f"{label}.{key}")
         return
-    if expected is int and key not in ("schema_version", "num_layers") and value <= 0:  # those have their own checks
+    own_checks = ("schema_version", "num_layers", "mtp_num_layers")
+    if expected is int and key not in own_checks and value <= 0:
         raise UserError(f"{label}.{key}: must be a positive integer, got {value!r}")
     if expected is int:
         serde.check_number(value, f"{label}.{key}")
@@ -553,6 +577,14 @@ def _check_mla_layer(layer: LayerSpec) -> None:
                          f"{layer.num_query_groups} must equal num_attention_heads {layer.num_attention_heads}")
     if layer.add_qkv_bias:
         raise ValueError("multi-latent attention's projections have no bias: drop add_qkv_bias")
+
+
+def _check_mtp(depths: object, loss_scale: object) -> None:
+    """Megatron-LM's bounds: a non-negative depth count (0 = no MTP) and a finite non-negative loss weight."""
+    if not isinstance(depths, int) or isinstance(depths, bool) or depths < 0:
+        raise ValueError(f"mtp_num_layers must be a non-negative integer, got {depths!r}")
+    if not isinstance(loss_scale, (int, float)) or isinstance(loss_scale, bool) or not 0 <= loss_scale < float("inf"):
+        raise ValueError(f"mtp_loss_scaling_factor must be a finite non-negative number, got {loss_scale!r}")
 
 
 def _check_positive(record: object, *names: str) -> None:

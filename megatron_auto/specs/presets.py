@@ -82,9 +82,9 @@ def _moe_presets() -> dict[str, ModelSpec]:
     h 2048, 16 heads, no query latent, kv_lora_rank 512, qk_nope 128, qk_rope 64, v 128, first layer dense of
     10944, 64 experts of 1408 top-6, 2 shared (one MLP of 2816), vocab 102400; 15.7B in Liu et al. 2024,
     arXiv 2405.04434) and deepseek-ai/DeepSeek-V3 (61 layers, h 7168, 128 heads, q_lora_rank 1536,
-    kv_lora_rank 512, first 3 layers dense of 18432, 256 experts of 2048 top-8, 1 shared of 2048, vocab 129280;
-    671B without its multi-token-prediction module, DeepSeek-AI 2024, arXiv 2412.19437). Their latent norms
-    are --qk-layernorm; seq 4096 as both were pre-trained."""
+    kv_lora_rank 512, first 3 layers dense of 18432, 256 experts of 2048 top-8, 1 shared of 2048, vocab 129280,
+    num_nextn_predict_layers 1: one multi-token-prediction module; 671B plus that module's 14B, DeepSeek-AI
+    2024, arXiv 2412.19437). Their latent norms are --qk-layernorm; seq 4096 as both were pre-trained."""
     mixtral = uniform_model("mixtral-8x7b", 32, 4096, 32, 4096, 32000, ffn_hidden_size=14336, num_query_groups=8,
                             rotary_base=1000000, num_experts=8, moe_router_topk=2, **_LLAMA_ARCHITECTURE)
     deepseek = uniform_model("deepseek-moe-16b", 28, 2048, 16, 4096, 102400, ffn_hidden_size=10944,
@@ -98,7 +98,7 @@ def _moe_presets() -> dict[str, ModelSpec]:
     v3 = uniform_model("deepseek-v3", 61, 7168, 128, 4096, 129280, ffn_hidden_size=18432, qk_layernorm=True,
                        mla=MLASpec(kv_lora_rank=512, q_lora_rank=1536), num_experts=256, moe_router_topk=8,
                        moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
-                       moe_layer_freq=[0] * 3 + [1] * 58, **_LLAMA_ARCHITECTURE)
+                       moe_layer_freq=[0] * 3 + [1] * 58, mtp_num_layers=1, **_LLAMA_ARCHITECTURE)
     return {model.name: model for model in (mixtral, deepseek, v2_lite, v3)}
 
 
