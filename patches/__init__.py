@@ -53,6 +53,7 @@ PATCH_MODULES = (
     "mla_without_te",
     "mla_tensor_parallel",
     "mla_latent_norm_grads",
+    "mtp_tied_output_weight",
 )
 
 __all__ = ["PATCH_MODULES", "PatchTargetChanged", "apply_all", "check_all", "patch_modules"]

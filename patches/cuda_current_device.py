@@ -1,7 +1,7 @@
 """Patch: `torch.cuda.current_device()` as a buffer device, answered with the CPU.
 
 Why: tensor-parallel mappings and layers, pipeline p2p, the global memory
-buffer, GPTModel, attention and rotary embeddings (RoPE's and YaRN's) allocate their scratch
+buffer, GPTModel, attention, rotary embeddings (RoPE's and YaRN's) and multi-token prediction allocate their scratch
 buffers with `device=torch.cuda.current_device()`, which raises on a CPU-only
 torch. The patch swaps the `torch` name inside exactly these modules for a
 proxy (patches/_cpu_torch.py) whose `cuda.current_device()` is the CPU.
@@ -31,6 +31,8 @@ MODULES = (
     "megatron.core.models.common.embeddings.rotary_pos_embedding",
     # YaRN's table, which multi-latent attention builds in each layer (its inverse frequencies move to the device).
     "megatron.core.models.common.embeddings.yarn_rotary_pos_embedding",
+    # The MTP loss tracker (MTPLossLoggingHelper) and the context-parallel token roll of multi-token prediction.
+    "megatron.core.transformer.multi_token_prediction",
 )
 
 

@@ -146,6 +146,31 @@ def _mla_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--mscale-all-dim", type=float, default=0.0, help="YaRN's mscale_all_dim")
 
 
+def _mtp_args(parser: argparse.ArgumentParser) -> None:
+    """Megatron-LM 0.16.1's multi-token prediction flags, with its defaults (TransformerConfig's mtp_num_layers and
+    mtp_loss_scaling_factor, which its arguments.py turns into flags); it has no other --mtp-* flag."""
+    group = parser.add_argument_group("multi-token prediction (DeepSeek-V3; Megatron-LM's names)")
+    group.add_argument("--mtp-num-layers", type=int, default=None,
+                       help="MTP depths: modules after the decoder that each predict one more token (default: none)")
+    group.add_argument("--mtp-loss-scaling-factor", type=float, default=0.1,
+                       help="weight of the mean MTP loss beside the lm loss")
+
+
+def mtp_model_flags(args: argparse.Namespace) -> dict:
+    """uniform_model's MTP fields from the flags (Megatron-LM's None depth is no MTP: 0 here)."""
+    return dict(mtp_num_layers=args.mtp_num_layers or 0, mtp_loss_scaling_factor=args.mtp_loss_scaling_factor)
+
+
+def mtp_flags_error(args: argparse.Namespace) -> Optional[str]:
+    """What Megatron-LM asserts of the MTP flags, and what this runtime does not run with MTP, as one line."""
+    if not args.mtp_num_layers:
+        return None
+    from megatron_auto.runtime.config import mtp_error
+
+    return mtp_error(position_embedding_type(args), args.context_parallel_size, args.recompute_method,
+                     args.recompute_num_layers, args.pipeline_model_parallel_layout)
+
+
 def mla_flags_error(args: argparse.Namespace) -> Optional[str]:
     """What Megatron-LM asserts of the MLA flags (arguments.py: validate_args and
     core_transformer_config_from_args) and what this runtime does not run with MLA, as one line."""
@@ -501,7 +526,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     # No abbreviations, as Megatron-LM's parser: `--optimizer adam` is not `--optimizer-impl adam`.
     parser = _OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
                             allow_abbrev=False)
-    for add in (_model_args, _mla_args, _moe_args, _training_args, _kernel_args, _parallel_args, _data_args,
+    for add in (_model_args, _mla_args, _mtp_args, _moe_args, _training_args, _kernel_args, _parallel_args, _data_args,
                 _checkpoint_args, compat_flags.add_arguments):
         add(parser)
     args, unknown = parser.parse_known_args(argv)
@@ -516,7 +541,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.recompute_activations and args.recompute_granularity is None:
         args.recompute_granularity = "selective"
     flags_error = (schedule_flags_error(args) or batch_ramp_error(args) or size_flags_error(args)
-                   or checkpoint_flags_error(args) or moe_router_error(args) or mla_flags_error(args))
+                   or checkpoint_flags_error(args) or moe_router_error(args) or mla_flags_error(args)
+                   or mtp_flags_error(args))
     if flags_error:
         parser.error(flags_error)
     if not args.mock_data and not args.data_path and not any(per_split_paths(args)):
@@ -672,7 +698,7 @@ def model_from_args(args: argparse.Namespace, vocab_size: int) -> ModelSpec:
                              untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
                              normalization=args.normalization, add_bias_linear=not args.disable_bias_linear,
                              position_embedding_type=position_embedding_type(args), rotary_base=args.rotary_base,
-                             **moe_model_flags(args), **mla_model_flags(args))
+                             **moe_model_flags(args), **mla_model_flags(args), **mtp_model_flags(args))
     except ValueError as error:
         raise UserError(f"model flags: {error}") from None
 

@@ -88,8 +88,14 @@ class StockFormat:
         from megatron.core.dist_checkpointing.dict_utils import nested_values
         from megatron.core.dist_checkpointing.utils import extract_sharded_tensors_and_factories
 
-        metadata = {"non_homogeneous_layers": True} if self.per_layer_keys else None
-        state = {key: chunk.module.sharded_state_dict(metadata=metadata)
+        from megatron.core import parallel_state
+
+        # Megatron-LM's metadata carries the DP x CP group (checkpointing._build_sharded_state_dict_metadata):
+        # GPTModel reads it directly for the MTP stage's embedding copy.
+        metadata = {"dp_cp_group": parallel_state.get_data_parallel_group(with_context_parallel=True)}
+        if self.per_layer_keys:
+            metadata["non_homogeneous_layers"] = True
+        state = {key: chunk.module.sharded_state_dict(metadata=dict(metadata))
                  for key, chunk in zip(_chunk_keys(self.model), self.model)}
         tensors, _ = extract_sharded_tensors_and_factories(state)
         self.sharded_by_param = {id(sharded.data): sharded for sharded in nested_values(tensors)}

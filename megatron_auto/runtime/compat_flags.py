@@ -98,7 +98,8 @@ NO_EFFECT_LISTS = {
 REFUSED_PREFIXES = {
     "--fp8": "fp8 training needs Transformer Engine's fp8 recipes, which this runtime does not run yet",
     "--moe-": "this --moe-* option is not run by this runtime yet (the --moe-* flags it runs are listed in README.md)",
-    "--mtp-": "multi-token prediction layers are not built by this runtime yet",
+    "--mtp-": ("not a Megatron-LM 0.16.1 flag: its multi-token prediction flags, which run here, are --mtp-num-layers "
+               "and --mtp-loss-scaling-factor"),
 }
 _CONVERT = ("converting a checkpoint's format is not run here (checkpoints are Megatron-Core dist_checkpointing "
             "torch_dist, which every layout loads)")

@@ -20,6 +20,11 @@ MLA_CONTEXT_PARALLEL = ("context parallelism with multi-latent attention is not 
                         "split RoPE and latents are neither priced nor tested here): use --context-parallel-size 1")
 
 
+MTP_CONTEXT_PARALLEL = ("multi-token prediction with context parallelism is not run by this runtime yet (megatron-core "
+                        "0.16.1 rolls the MTP tokens across CP ranks with CUDA buffers; not tested here): use "
+                        "--context-parallel-size 1")
+
+
 def padded_vocab_size(vocab_size: int, settings: TrainSettings, tensor_parallel: int) -> int:
     """Megatron's padding: up to a multiple of make_vocab_size_divisible_by x TP, or --padded-vocab-size
     as given (Megatron-LM's _set_padded_vocab_size), which must hold the vocabulary and split over TP."""
@@ -126,6 +131,36 @@ def mla_rope_fields(model: ModelSpec, settings: TrainSettings) -> dict:
     return fields
 
 
+def mtp_error(position_embedding_type: str, context_parallel: int = 1, recompute_method: str | None = None,
+              recompute_num_layers: int | None = None, pipeline_layout: str | None = None) -> str | None:
+    """What Megatron asserts of multi-token prediction with these settings, or this runtime does not run with it,
+    as one line (None: it runs). The flag parser and the config builder both ask."""
+    if position_embedding_type not in ("rope", "none"):
+        return (f"--mtp-num-layers: multi-token prediction needs --position-embedding-type rope or none, not "
+                f"{position_embedding_type} (Megatron-LM's validate_args)")
+    if context_parallel > 1:
+        return MTP_CONTEXT_PARALLEL
+    if recompute_method == "uniform" and (recompute_num_layers or 1) > 1:
+        return (f"--mtp-num-layers with --recompute-method uniform needs --recompute-num-layers 1, not "
+                f"{recompute_num_layers} (megatron-core's MTP layer asserts it)")
+    if pipeline_layout is not None:
+        return ("--mtp-num-layers with --pipeline-model-parallel-layout is not run by this runtime yet (it places the "
+                "MTP module on the last pipeline stage): leave the layout out")
+    return None
+
+
+def mtp_fields(model: ModelSpec, layout: MegatronLayout) -> dict:
+    """TransformerConfig's multi-token prediction fields (Megatron-LM's --mtp-num-layers and
+    --mtp-loss-scaling-factor); none without MTP (Megatron's mtp_num_layers None)."""
+    if not model.mtp_num_layers:
+        return {}
+    problem = mtp_error(model.position_embedding_type, layout.context_parallel, layout.recompute_method,
+                        layout.recompute_num_layers, layout.pipeline_layout)
+    if problem:
+        raise UserError(problem)
+    return dict(mtp_num_layers=model.mtp_num_layers, mtp_loss_scaling_factor=model.mtp_loss_scaling_factor)
+
+
 def layer_fields(layer: LayerSpec) -> dict:
     """TransformerConfig's fields that shape one decoder layer, unsharded: the runtime's config and the
     layer profiler's (profiling/layer_bench.py) take them from here, so both build the same layer
@@ -208,6 +243,7 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
         # The run's fusions (and TE's attention backend): runtime/kernels.py.
         **kernels.config_flags(kernels.kernels_for_run(model, settings)),
         **moe_fields(model, layout, settings),
+        **mtp_fields(model, layout),
     )
 
 

@@ -44,6 +44,41 @@ def block_spec(model: ModelSpec, settings: TrainSettings, first: int, count: int
         layer_norm=transformer_block.LayerNormImpl)
 
 
+def mtp_block_spec(model: ModelSpec, settings: TrainSettings, config, vp_stage):
+    """GPTModel's multi-token prediction block for this chunk, or None (no MTP, or not its last stage):
+    Megatron-LM's gpt_builders builds it from the last decoder layer's spec (get_gpt_mtp_block_spec); here that
+    layer's spec runs this run's kernels, and the MTP norms are the decoder's own norm class (the local spec's
+    torch or apex norm; Transformer Engine's under its spec), its eh_proj the backend's column-parallel linear."""
+    if not model.mtp_num_layers:
+        return None
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    from . import kernels
+
+    run = kernels.kernels_for_run(model, settings)
+    last_layer = kernels.layer_spec(model.layers[-1], run)
+    return gpt_layer_specs.get_gpt_mtp_block_spec_for_backend(
+        config, last_layer, backend=_mtp_backend(last_layer, run), vp_stage=vp_stage)
+
+
+def _mtp_backend(last_layer, run):
+    """Megatron-Core's spec provider of the run's layer spec, its layer norm pinned to the decoder's."""
+    from megatron.core.models.backends import LocalSpecProvider
+
+    if run.layer_spec == "transformer_engine":
+        from megatron.core.extensions.transformer_engine_spec_provider import TESpecProvider
+
+        return TESpecProvider()
+    norm = last_layer.submodules.input_layernorm
+
+    class DecoderNormProvider(LocalSpecProvider):
+        # LocalSpecProvider.layer_norm() answers a module global that an RMSNorm spec rewrites (backends.py).
+        def layer_norm(self, rms_norm: bool = False, for_qk: bool = False) -> type:
+            return norm
+
+    return DecoderNormProvider()
+
+
 def set_random_seed(seed: int) -> None:
     """Megatron-LM's seeding: one seed per pipeline stage, plus the tensor-parallel RNG tracker."""
     from megatron.core import parallel_state, tensor_parallel
@@ -72,6 +107,7 @@ def build_chunks(model: ModelSpec, layout: MegatronLayout, settings: TrainSettin
             post_process=parallel_state.is_pipeline_last_stage(ignore_virtual=not virtual, vp_stage=stage),
             share_embeddings_and_output_weights=not model.untie_embeddings_and_output_weights,
             vp_stage=stage,
+            mtp_block_spec=mtp_block_spec(model, settings, config, stage),
             **position_embedding_args(model, settings),
         )
         for param in chunk.parameters():

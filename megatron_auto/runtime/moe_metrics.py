@@ -35,7 +35,10 @@ def collect_aux_losses(config, num_micro_batches: int, hybrid_layers=None) -> tu
     from megatron.core.transformer.moe.moe_utils import track_moe_metrics
 
     names = track_names(config)
-    groups, num_layers = None, config.num_layers
+    # An MTP module's layer routes too (as the last decoder layer): the routers size the tracker for it
+    # (router.py), and Megatron-LM's training_log counts it among the MoE layers (mtp_num_layers below).
+    mtp_layers = getattr(config, "mtp_num_layers", None)
+    groups, num_layers = None, config.num_layers + (mtp_layers or 0)
     if hybrid_layers is not None:  # (a hybrid chunk's config is its schedule's, one "layer" per stage)
         num_layers = len(hybrid_layers.data_parallel)
         reduce_per_layer(names, num_layers, hybrid_layers)
@@ -43,7 +46,7 @@ def collect_aux_losses(config, num_micro_batches: int, hybrid_layers=None) -> tu
     totals: dict = {}
     track_moe_metrics(loss_scale=1.0 / num_micro_batches, iteration=0, total_loss_dict=totals,
                       force_initialize=True, track_names=names, num_layers=num_layers,
-                      moe_layer_freq=config.moe_layer_freq, pg_collection=groups)
+                      moe_layer_freq=config.moe_layer_freq, mtp_num_layers=mtp_layers, pg_collection=groups)
     return tuple((name, float(totals[name])) for name in names if name in totals)
 
 

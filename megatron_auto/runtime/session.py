@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..plan import Plan
 from ..specs.model import ModelSpec
 from . import checkpoint, config as configs, data, distributed, faults, kernels, metrics, schedule, stopping
-from . import checkpoint_rotation, moe_metrics, tensorboard_log
+from . import checkpoint_rotation, moe_metrics, mtp_metrics, tensorboard_log
 from . import model as models
 from .batch_schedule import BatchSizer, check_divisible
 from .layout import MegatronLayout, layout_from_plan
@@ -118,6 +118,7 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
         raise UserError("--rampup-batch-size / --step-batch-size-schedule: a growing batch runs on megatron-space "
                         "plans only (not --auto-parallel-space hybrid)")
     moe_metrics.reset_aux_loss_tracker()
+    mtp_metrics.reset_mtp_loss_tracker()
     if plan.space == "hybrid":
         return _build_hybrid_session(plan, model_spec, settings, backend, device, initial_state)
     layout = layout_from_plan(plan)
@@ -268,7 +269,7 @@ def _log_iteration(session: Session, result: StepResult, elapsed_s: float, flops
         learning_rate=session.optimizer.param_groups[0]["lr"], global_batch_size=batch,
         loss=result.loss, grad_norm=result.grad_norm, tokens_per_s=tokens / elapsed_s,
         tflops_per_gpu=flops / elapsed_s / world / 1e12, skipped=int(result.skipped),
-        loss_scale=result.loss_scale, extra_losses=result.moe_losses))
+        loss_scale=result.loss_scale, extra_losses=result.extra_losses))
     logger.info(line)
     if session.scalars is not None:
         session.scalars.iteration(session.iteration, result, session.optimizer.param_groups[0]["lr"],

@@ -25,6 +25,13 @@ class StepResult:
     """Whether the optimizer measured the gradient norm (not with --clip-grad 0 or a skipped fp16 step)."""
     moe_losses: tuple[tuple[str, float], ...] = ()
     """MoE models: (name, value) of the routers' auxiliary losses (runtime/moe_metrics.py), logged as Megatron-LM."""
+    mtp_losses: tuple[tuple[str, float], ...] = ()
+    """Multi-token prediction: ("mtp_1 loss", value), ... per depth (runtime/mtp_metrics.py), on the last stage."""
+
+    @property
+    def extra_losses(self) -> tuple[tuple[str, float], ...]:
+        """The losses logged after the lm loss, in Megatron-LM's order: the MoE losses, then the MTP ones."""
+        return self.moe_losses + self.mtp_losses
 
 
 def loss_func(loss_mask: torch.Tensor, output_tensor: torch.Tensor):
@@ -46,7 +53,10 @@ def forward_step(data_iterator, model):
     batch = next(data_iterator)
     if parallel_state.get_context_parallel_world_size() > 1:
         batch = get_batch_on_this_cp_rank(dict(batch))
-    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    # Megatron-LM's forward step hands GPTModel the loss mask, which only the MTP losses read.
+    masks = {"loss_mask": batch["loss_mask"]} if getattr(getattr(model, "config", None), "mtp_num_layers", None) \
+        else {}
+    output = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"], **masks)
     return output, partial(loss_func, batch["loss_mask"])
 
 
@@ -97,13 +107,16 @@ def train_step(model: list, optimizer, scheduler, iterators, layout: MegatronLay
         scheduler.step(increment=layout.global_batch_size)
     group = hybrid.head_dp_group if hybrid else None
     from .moe_metrics import collect_aux_losses
+    from .mtp_metrics import collect_mtp_losses
 
+    config = getattr(model[0], "config", None)
     return StepResult(loss=reduce_reported_loss(losses, device, group),
                       grad_norm=float(grad_norm) if grad_norm is not None else float("nan"),
                       skipped=not update_successful, loss_scale=current_loss_scale(optimizer),
                       has_loss=bool(losses), has_grad_norm=grad_norm is not None,
-                      moe_losses=collect_aux_losses(getattr(model[0], "config", None), layout.num_micro_batches,
-                                                    hybrid.moe_layers if hybrid else None))
+                      moe_losses=collect_aux_losses(config, layout.num_micro_batches,
+                                                    hybrid.moe_layers if hybrid else None),
+                      mtp_losses=collect_mtp_losses(config, layout.num_micro_batches))
 
 
 def sync_parameters(model: list) -> None:

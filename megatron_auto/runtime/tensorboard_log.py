@@ -43,6 +43,8 @@ class ScalarSink:
         self.writer.add_scalar("throughput/tokens-per-second", tokens_per_s, iteration)
         if result.loss_scale is not None:
             self.writer.add_scalar("loss-scale", result.loss_scale, iteration)
+        for name, value in result.extra_losses:  # Megatron-LM's track_moe_metrics / track_mtp_metrics names
+            self.writer.add_scalar(name, value, iteration)
         if torch.cuda.is_available():
             self.writer.add_scalar("mem-max-allocated-bytes", torch.cuda.max_memory_allocated(), iteration)
         self.writer.flush()
@@ -72,6 +74,7 @@ class WandbSink:
                    "throughput/tokens-per-second": tokens_per_s}
         if result.loss_scale is not None:
             scalars["loss-scale"] = result.loss_scale
+        scalars.update(result.extra_losses)
         self.writer.log(scalars, iteration)
 
     def validation(self, iteration: int, loss: float) -> None:

@@ -57,7 +57,7 @@ def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
                                    "moe_router_gemm_without_te", "expert_bias_inplace", "glu_offset_copy",
                                    "expert_bias_sequence_parallel", "moe_per_token_aux_loss_tp",
                                    "checkpoint_without_output_te", "mla_without_te", "mla_tensor_parallel",
-                                   "mla_latent_norm_grads"]
+                                   "mla_latent_norm_grads", "mtp_tied_output_weight"]
     monkeypatch.setattr(optimizer, "USING_PYTORCH_OPTIMIZER", False)  # apex/TE FusedAdam and norms
     monkeypatch.setattr(gpt_layer_specs, "HAVE_APEX", True)
     for module, attribute in (("clip_grads", "l2_norm_impl"), ("clip_grads", "multi_tensor_scale_impl"),
@@ -77,7 +77,7 @@ def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
     assert patches.apply_all() == ["fully_reshardable_bucket_offsets", "expert_bias_inplace",  # on any device
                                    "glu_offset_copy",
                                    "expert_bias_sequence_parallel", "moe_per_token_aux_loss_tp",
-                                   "mla_tensor_parallel", "mla_latent_norm_grads"]
+                                   "mla_tensor_parallel", "mla_latent_norm_grads", "mtp_tied_output_weight"]
 
 
 def test_other_megatron_core_version_is_refused(monkeypatch):

@@ -171,7 +171,18 @@ def test_wsd_holds_the_rate_then_decays_over_its_window_while_the_weight_decay_m
      "--global-batch-size 8 differs from the last batch of --step-batch-size-schedule (16)"),
     (["--train-iters", "5", "--no-such-flag"], "unrecognized arguments: --no-such-flag"),
     (["--train-iters", "5", "--wandb-project", "p"], "--wandb-project needs --wandb-exp-name"),
-    (["--train-iters", "5", "--mtp-num-layers", "1"], "--mtp-num-layers: multi-token prediction"),
+    (["--train-iters", "5", "--mtp-num-layers", "1"],
+     "--mtp-num-layers: multi-token prediction needs --position-embedding-type rope or none, not learned_absolute"),
+    (["--train-iters", "5", "--position-embedding-type", "rope", "--mtp-num-layers", "1", "--context-parallel-size",
+      "2"], "multi-token prediction with context parallelism is not run by this runtime yet"),
+    (["--train-iters", "5", "--position-embedding-type", "rope", "--mtp-num-layers", "1", "--recompute-granularity",
+      "full", "--recompute-method", "uniform", "--recompute-num-layers", "2"],
+     "--mtp-num-layers with --recompute-method uniform needs --recompute-num-layers 1, not 2"),
+    (["--train-iters", "5", "--position-embedding-type", "rope", "--mtp-num-layers", "1",
+      "--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Et*16|t*16L"],
+     "--mtp-num-layers with --pipeline-model-parallel-layout is not run by this runtime yet"),
+    (["--train-iters", "5", "--mtp-use-repeated-layer"],
+     "--mtp-use-repeated-layer: not a Megatron-LM 0.16.1 flag: its multi-token prediction flags"),
     (["--train-iters", "5", "--rope-type", "yarn"], "--rope-type yarn needs --multi-latent-attention"),
     (["--train-iters", "5", "--multi-latent-attention", "--group-query-attention", "--num-query-groups", "8"],
      "--group-query-attention cannot go with --multi-latent-attention"),
@@ -300,6 +311,23 @@ def test_run_flags_reach_the_settings_and_megatrons_configs():
     tconfig = configs.transformer_config(model, layout, settings, "gloo")
     assert (tconfig.kv_channels, tconfig.qk_layernorm, tconfig.add_qkv_bias) == (64, True, True)
     assert tconfig.layernorm_zero_centered_gamma and tconfig.calculate_per_token_loss
+
+
+def test_mtp_flags_reach_the_model_spec_and_megatrons_config():
+    """Megatron-LM's defaults (no MTP; weight 0.1 when on) and its None for "no MTP" in TransformerConfig."""
+    from megatron_auto.runtime import config as configs
+    from megatron_auto.runtime.layout import MegatronLayout
+
+    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
+                            num_micro_batches=1, global_batch_size=1)
+    rope = BASE + ["--position-embedding-type", "rope"]
+    for flags, depths, weight in ((rope, 0, 0.1), (rope + ["--mtp-num-layers", "2"], 2, 0.1),
+                                  (rope + ["--mtp-num-layers", "1", "--mtp-loss-scaling-factor", "0.3"], 1, 0.3)):
+        args = pretrain_gpt.parse_args(flags)
+        model = pretrain_gpt.model_from_args(args, 512)
+        assert (model.mtp_num_layers, model.mtp_loss_scaling_factor) == (depths, weight)
+        tconfig = configs.transformer_config(model, layout, pretrain_gpt.settings_from_args(args, 512), "gloo")
+        assert (tconfig.mtp_num_layers, tconfig.mtp_loss_scaling_factor) == (depths or None, weight)
 
 
 def test_xavier_uniform_initialisation_reaches_every_init_method_of_the_config():

@@ -45,6 +45,9 @@ class HybridRuntime:
 
 def check_supported(plan: Plan, model: ModelSpec) -> None:
     """UserError for what the hybrid runtime does not run yet."""
+    if model.mtp_num_layers:
+        raise UserError("the hybrid runtime does not build multi-token prediction modules yet (--mtp-num-layers): "
+                        "run a megatron-space plan (--auto-parallel-space megatron, or the parallelism flags)")
     sharded_moe = next(((index, strategy.zero) for index, (layer, strategy)
                         in enumerate(zip(model.layers, plan.layer_strategies))
                         if layer.moe is not None and strategy.zero >= 2), None)
