@@ -434,7 +434,7 @@ def _check_megatron_space(plan: Plan) -> None:
 def context_parallel_problem(cp: int, model: ModelSpec) -> Optional[str]:
     """Why `model` cannot run context parallelism `cp`, or None: Megatron-Core needs a sequence that splits
     into 2 x cp chunks (get_batch_on_this_cp_rank), and the cost model prices no MoE or multi-latent
-    attention layer under CP yet."""
+    attention layer, nor multi-token prediction, under CP yet."""
     if cp == 1:
         return None
     if model.seq_length % (2 * cp):
@@ -444,7 +444,15 @@ def context_parallel_problem(cp: int, model: ModelSpec) -> Optional[str]:
         return f"context parallelism with MoE layers is not priced yet (model '{model.name}')"
     if any(layer.mla is not None for layer in model.distinct_layers):
         return f"context parallelism with multi-latent attention is not priced yet (model '{model.name}')"
+    if model.mtp_num_layers:
+        return f"context parallelism with multi-token prediction is not priced yet (model '{model.name}')"
     return None
+
+
+def _check_multi_token_prediction(plan: Plan) -> None:
+    if plan.space != "megatron" and plan.model is not None and plan.model.mtp_num_layers:
+        raise ValueError("multi-token prediction is for megatron-space plans (the hybrid runtime builds no MTP "
+                         "modules yet)")
 
 
 def _check_context_parallel(plan: Plan) -> None:
@@ -472,6 +480,7 @@ def _check_one_expert_layout(plan: Plan) -> None:
 PLAN_VALIDATORS = (
     _check_space_and_schedule, _check_chunk_count, _check_limits, _check_world_size,
     _check_batch_split, _check_model_match, _check_megatron_space, _check_context_parallel,
+    _check_multi_token_prediction,
 )
 
 

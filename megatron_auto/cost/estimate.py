@@ -11,13 +11,14 @@ from ..specs.model import ModelSpec
 from ..specs.training import GIB, TrainingSpec
 from .communication import pipeline_p2p_time, transition_time
 from .context_parallel import gradient_strategy, local_model
-from .embedding import EmbeddingCost, embedding_cost
+from .embedding import EmbeddingCost, PartCost, embedding_cost
 from .flops import model_flops_per_iteration
 from .layer_cost import LayerCost, layer_cost
 from .memory import in_flight_micro_batches, tied_embedding_grad_bytes
 from .peak_memory import (StageMemory, communicator_count, device_budget_bytes, device_bytes, memory_breakdown,
                           reserved_bytes)
 from .models import comm_model, compute_model, core_share, profiled_cpu_cores, runtime_overhead
+from .mtp import NO_MTP, mtp_cost, mtp_layer_strategy
 from .pipeline import bubble_time, exposed_dp_time, pipeline_time
 from .timeslice import StageLoad, simulate_iteration
 
@@ -59,6 +60,8 @@ class StageCost:
     """Layers (and embedding/head parts) added so far."""
     parts: EmbeddingCost | None = None
     """The plan's embedding and LM-head costs (for the memory of the first and last stages)."""
+    mtp: PartCost = NO_MTP
+    """The multi-token prediction modules beside their layers (cost/mtp.py), on the stage of the LM head."""
     grad_overlap: float = 1.0
     """Share of the gradient traffic's overlap window that is really hidden (cost.models.CommModel)."""
 
@@ -152,10 +155,24 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
         layer_index += len(chunk.layers)
         if chunk_index < last:
             stage.add_seconds(p2p, "pp_comm_s")
-    _add_part(stages[(len(plan.chunks) - 1) % plan.pipeline_parallel], embedding.head)
+    head_stage = stages[(len(plan.chunks) - 1) % plan.pipeline_parallel]
+    _add_part(head_stage, embedding.head)
+    if model.mtp_num_layers:
+        _add_mtp(head_stage, plan, model, cluster, training)
     for stage in stages:
         stage.optimizer_s = optimizer_step_time(stage.state_bytes, cluster, training.optimizer_impl)
     return stages
+
+
+def _add_mtp(stage: StageCost, plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> None:
+    """The multi-token prediction modules after the last layer (Megatron-Core puts them on the last
+    stage's last chunk): their transformer layers as layers, the rest as a part (cost/mtp.py)."""
+    strategy = mtp_layer_strategy(plan)
+    stage.add_layer(layer_cost(model.mtp_layer, strategy, plan.local_micro_batch(strategy), model.seq_length,
+                               cluster, training), model.mtp_num_layers)
+    stage.mtp = mtp_cost(local_model(model, plan.embedding), gradient_strategy(plan.embedding),
+                         plan.local_micro_batch(plan.embedding), cluster, training, plan.pipeline_parallel)
+    _add_part(stage, stage.mtp)
 
 
 def _chunk_runs(model: ModelSpec, first_layer: int, chunk: Chunk):
@@ -211,7 +228,7 @@ def stage_memory(plan: Plan, stage_index: int, stage: StageCost, model: ModelSpe
     """The allocated terms of one stage's GPU (cost.peak_memory: the peak is their largest moment)."""
     in_flight = in_flight_micro_batches(stage_index, plan.pipeline_parallel, plan.num_micro_batches,
                                         plan.virtual_stages, plan.schedule)
-    activations = stage.activation_bytes
+    activations = stage.activation_bytes + stage.mtp.activation_bytes
     costs = stage.parts
     head_stage = (len(plan.chunks) - 1) % plan.pipeline_parallel
     if stage_index == 0:
@@ -219,9 +236,10 @@ def stage_memory(plan: Plan, stage_index: int, stage: StageCost, model: ModelSpe
     activations *= in_flight
     logits = waiting = 0.0
     if stage_index == head_stage:
-        logits = costs.head.activation_bytes + costs.head.loss_bytes
+        softmax = costs.head.activation_bytes + stage.mtp.loss_bytes  # the MTP depths' are kept beside the main one
+        logits = softmax + costs.head.loss_bytes
         if plan.schedule == "gpipe":  # the other micro-batches' softmax waits for their backward
-            activations += (plan.num_micro_batches - 1) * costs.head.activation_bytes
+            activations += (plan.num_micro_batches - 1) * softmax
         if plan.pipeline_parallel == 1 and not model.untie_embeddings_and_output_weights:
             waiting = tied_embedding_grad_bytes(model, plan.embedding, training.activation_bytes)
     return StageMemory(states=stage.state_bytes, activations=activations, layer_transient=stage.transient_bytes,

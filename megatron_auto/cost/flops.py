@@ -108,7 +108,13 @@ def logits_forward_flops(model: ModelSpec, samples: int = 1) -> float:
 def model_flops_per_iteration(model: ModelSpec, global_batch_size: int) -> float:
     """Model FLOPs of one iteration, forward plus backward (3x forward), without recompute.
 
-    For GPT this equals 72Bslh^2(1 + s/6h + V/12lh), SC21 eq. (3) less the recompute pass.
+    For GPT this equals 72Bslh^2(1 + s/6h + V/12lh), SC21 eq. (3) less the recompute pass. Each
+    multi-token prediction depth adds its layer, its 2h -> h projection and one more pass through the
+    output layer, as Megatron-LM's num_floating_point_operations counts them (less its norms' 3h).
     """
     layers = sum(layer_forward_flops(l, model.seq_length, global_batch_size) for l in model.layers)
-    return 3.0 * (layers + logits_forward_flops(model, global_batch_size))
+    logits = logits_forward_flops(model, global_batch_size)
+    tokens, h = model.seq_length * global_batch_size, model.hidden_size
+    mtp_depth = (layer_forward_flops(model.mtp_layer, model.seq_length, global_batch_size)
+                 + 2 * tokens * 2 * h * h + logits)
+    return 3.0 * (layers + logits + model.mtp_num_layers * mtp_depth)

@@ -33,6 +33,9 @@ def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     `choose_recompute_modules`: also choose what selective recomputation re-runs (search.module_sets);
     otherwise it re-runs `training.recompute_modules`.
     """
+    if space == "hybrid" and model.mtp_num_layers:
+        raise UserError(f"model '{model.name}' has multi-token prediction, which the hybrid space does not plan "
+                        f"yet (its runtime builds no MTP modules): search the megatron space")
     if choose_recompute_modules:
         return search_module_sets(_module_set_searcher(model, cluster, space, constraints), model, training,
                                   constraints, progress)

@@ -84,15 +84,17 @@ def parallel_degrees(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
 
 def context_parallel_choices(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                              constraints: SearchConstraints, tp: int, pp: int, stats: SpaceStats) -> list[int]:
-    """CP degrees searched with (tp, pp): 1, and the decision tree's CP rules on the others: dense layers
-    without multi-latent attention (what the cost model prices under CP) on the flash core (what the runtime runs CP with), sequences long enough (MIN_CP_TOKENS), tp x cp ranks
-    within a node (the K/V exchange on NVLink), a data-parallel degree that splits the batch."""
+    """CP degrees searched with (tp, pp): 1, and the decision tree's CP rules on the others: what the cost
+    model prices under CP (plan.context_parallel_problem: dense layers without multi-latent attention, no
+    multi-token prediction) on the flash core (what the runtime runs CP with), sequences long enough
+    (MIN_CP_TOKENS), tp x cp ranks within a node (the K/V exchange on NVLink), a data-parallel degree
+    that splits the batch."""
     rest = cluster.world_size // (tp * pp)
     if constraints.context_parallel is not None:
         cp = constraints.context_parallel
         return [cp] if rest % cp == 0 and training.global_batch_size % (rest // cp) == 0 else []
     mla = any(layer.mla is not None for layer in model.distinct_layers)
-    if moe_layers(model) or mla or training.attention_backend != "flash":
+    if moe_layers(model) or mla or model.mtp_num_layers or training.attention_backend != "flash":
         return [1]
     choices = [1]
     for cp in CP_DEGREES:

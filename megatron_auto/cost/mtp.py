@@ -1,0 +1,132 @@
+"""Multi-token prediction (DeepSeek-V3, arXiv 2412.19437, Sec. 2.2) as Megatron-Core 0.16.1 runs it.
+
+After the decoder's last layer, on the last pipeline stage, each of the D depths
+(megatron/core/transformer/multi_token_prediction.py, MultiTokenPredictionLayer) embeds the input
+tokens shifted by one more position, normalises them (enorm) and the previous depth's hidden states
+(hnorm), concatenates the two (2h wide) and projects them back to h (eh_proj, a column-parallel
+linear whose h/t output is all-gathered over TP and, under SP, split along the sequence again), runs
+one transformer layer shaped like the decoder's last, normalises, and passes the shared output layer
+and the vocab-parallel cross entropy (gpt_model.py, _postprocess). Its loss joins the main one
+through MTPLossAutoScaler, which adds nothing to the step's time.
+
+Here: everything of the D modules but their transformer layers, which estimate.stage_costs prices as
+layers (layer_cost of ModelSpec.mtp_layer, with the strategy `mtp_layer_strategy` gives).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from functools import lru_cache
+
+from ..plan import LayerStrategy, Plan
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.training import TrainingSpec
+from .communication import dp_comm_time
+from .embedding import PartCost, embedding_cost
+from .flops import Gemm
+from .memory import (FP32_BYTES, embedding_activation_bytes, logits_activation_bytes, model_state_bytes,
+                     optimizer_temporary_bytes)
+from .models import comm_model, compute_model, layer_kernels_bandwidth
+
+NO_MTP = PartCost(micro_batch_s=0.0, backward_s=0.0, tp_comm_s=0.0, dp_comm_per_iteration_s=0.0,
+                  state_bytes=0.0, activation_bytes=0.0)
+
+
+def mtp_layer_strategy(plan: Plan) -> LayerStrategy:
+    """The strategy the MTP modules' transformer layers run with: the last layer's layout. Full
+    recomputation reaches them only through --recompute-method uniform (every layer full, what
+    megatron_flags writes then); the block method skips them (MultiTokenPredictionLayer._checkpointed_forward)."""
+    last = plan.layer_strategies[-1]
+    if last.recompute == "full" and any(s.recompute != "full" for s in plan.layer_strategies):
+        return replace(last, recompute="none")
+    return last
+
+
+def mtp_parameters_beside_layers(model: ModelSpec, pipeline_parallel: int) -> int:
+    """Weights of the D modules outside their transformer layers (eh_proj and three norms each), plus
+    the word (and position) embedding the MTP stage builds for itself when the embedding lives on
+    another stage (GPTModel builds `embedding` wherever `pre_process or mtp_process`)."""
+    per_module = model.mtp_module_parameters - model.mtp_layer.num_parameters
+    copy = model.embedding_parameters if pipeline_parallel > 1 else 0
+    return model.mtp_num_layers * per_module + copy
+
+
+@lru_cache(maxsize=4096)
+def mtp_cost(model: ModelSpec, strategy: LayerStrategy, samples: int, cluster: ClusterSpec,
+             training: TrainingSpec, pipeline_parallel: int) -> PartCost:
+    """The D modules beside their transformer layers, on one GPU of the last stage, per micro-batch of
+    `samples` sequences; `strategy` is the embedding and LM head's (they share the output layer).
+    `loss_bytes` holds the D fp32 softmaxes the cross entropies keep until the backward, alive beside the
+    main loss's (`activation_bytes` is what the modules keep per micro-batch in flight)."""
+    depths = model.mtp_num_layers
+    if depths == 0:
+        return NO_MTP
+    parts = embedding_cost(model, strategy, samples, cluster, training, pipeline_parallel)
+    forward, backward = _projection_times(model, strategy, samples, cluster, training.activation_bytes)
+    comm = projection_comm_time(model, strategy, samples, cluster, training.activation_bytes)
+    params = mtp_parameters_beside_layers(model, pipeline_parallel)
+    embed, head = parts.embedding, parts.head
+    return PartCost(
+        micro_batch_s=depths * (embed.micro_batch_s + head.micro_batch_s + forward + backward + comm),
+        backward_s=depths * (embed.backward_s + head.backward_s + backward),
+        tp_comm_s=depths * (embed.tp_comm_s + head.tp_comm_s + comm),
+        dp_comm_per_iteration_s=dp_comm_time(params, strategy, cluster, training),
+        state_bytes=model_state_bytes(params, strategy, training),
+        activation_bytes=depths * mtp_kept_bytes(model, samples, strategy, training.activation_bytes,
+                                                 cluster.dropout_mask_bytes),
+        optimizer_temporary_bytes=optimizer_temporary_bytes(params, strategy, training),
+        loss_bytes=depths * logits_activation_bytes(model, samples, strategy),
+    )
+
+
+def mtp_kept_bytes(model: ModelSpec, samples: int, strategy: LayerStrategy, word: int, mask_bytes: int) -> float:
+    """What one depth keeps for its backward beside its transformer layer and its softmax: the shifted
+    tokens' embedding and dropout mask (as the first stage's), hnorm's input, eh_proj's 2h-wide input
+    (the concatenation; under SP its sequence shard, re-gathered in backward), the final norm's input,
+    the depth's share of the hidden states the output layer reads, and the three norms' fp32 statistics;
+    all split over TP only under SP."""
+    s, b, h = model.seq_length, samples, model.hidden_size
+    split = strategy.tp if strategy.sp else 1
+    stats = 1 if model.mtp_layer.normalization == "RMSNorm" else 2
+    hidden = (1 + 2 + 1 + 1) * word * s * b * h + 3 * stats * FP32_BYTES * s * b
+    return embedding_activation_bytes(model, samples, strategy, word, mask_bytes) + hidden / split
+
+
+def projection_comm_time(model: ModelSpec, strategy: LayerStrategy, samples: int, cluster: ClusterSpec,
+                         word: int) -> float:
+    """One depth's TP traffic around eh_proj, forward plus backward (tensor_parallel/layers.py and
+    mappings.py): without SP, the h/t outputs' all-gather and the 2h-wide input gradient's all-reduce;
+    with SP, the 2h-wide input's all-gather (and its re-gather for the weight gradient, exposed as
+    communication.tp_comm_time's are), the outputs' all-gather, and in backward the sequence split's
+    all-gather and the input gradient's reduce-scatter."""
+    t = strategy.tp
+    if t == 1:
+        return 0.0
+    comm = comm_model(cluster)
+    one = model.seq_length * samples * model.hidden_size * word
+
+    def collective(op: str, bytes_: float) -> float:
+        return comm.collective_time(op, bytes_, t, 1, cluster)
+
+    if not strategy.sp:
+        return collective("all_gather", one) + collective("all_reduce", 2 * one)
+    wide_gather = collective("all_gather", 2 * one)
+    return (wide_gather * (2 - comm.grad_overlap) + 2 * collective("all_gather", one)
+            + collective("reduce_scatter", 2 * one))
+
+
+def _projection_times(model: ModelSpec, strategy: LayerStrategy, samples: int, cluster: ClusterSpec,
+                      word: int) -> tuple[float, float]:
+    """(forward, backward) seconds of one depth's eh_proj GEMMs (tokens x 2h x h/t; backward twice the
+    forward) and, on kernel-level clusters, its element-wise work: enorm and hnorm (read and write h,
+    backward 3h, as cost/layer_kernels.head_memory_times prices the final norm) and the concatenation's
+    copy (read and write 2h)."""
+    tokens, h = model.seq_length * samples, model.hidden_size
+    gemm = compute_model(cluster).gemm_time(Gemm(tokens, 2 * h, h // strategy.tp), cluster)
+    if not cluster.compute.kernel_level or cluster.measured is not None:
+        return gemm, 2 * gemm
+    split = strategy.tp if strategy.sp else 1
+    forward_bytes = (2 * 2 + 4) * tokens * h * word / split
+    backward_bytes = 2 * 3 * tokens * h * word / split
+    bandwidth = layer_kernels_bandwidth(cluster)
+    return gemm + forward_bytes / bandwidth, 2 * gemm + backward_bytes / bandwidth
