@@ -2,18 +2,20 @@
 
 Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python equivalence_worker.py CASES.json RESULTS.json
 Each case: {"name", "flags": ManualParallelism fields, "steps", optional "model" ("gpt", "gpt6", "llama", "qwen3",
-"swiglu_moe", "mixed_moe", "deepseek_moe", "mla" or "mla_no_q_lora"), "moe" (MoESettings fields, e.g. token_dispatcher),
+"swiglu_moe", "mixed_moe", "deepseek_moe", "mla", "mla_no_q_lora", "mtp" or "mtp_untied"), "moe" (MoESettings fields, e.g. token_dispatcher),
 optional "load_weights" (checkpoint dir, weights only), "resume" (checkpoint dir, full state),
 "save" + "save_interval", "force_batch_p2p", "hybrid" (a hybrid plan instead of the flags' layout:
 {"chunks": [[LayerStrategy fields, ...], ...], "embedding": {...}, "micro_batches"}, at the flags' global
 batch), "save_state" / "init_state" (a single-process GPTModel state dict written before training / a
 hybrid plan's starting weights), "settings" (TrainSettings fields, e.g. precision, attention_backend),
-"softmax_scale_factor" (a broken run: MLA's softmax scale multiplied by it), "data_vocab_size" (mock tokens
+"softmax_scale_factor" (a broken run: MLA's softmax scale multiplied by it), "mtp_scale_factor" (a broken run: the
+MTP loss's backward scale multiplied by it), "data_vocab_size" (mock tokens
 drawn from fewer ids than the padded vocabulary, so that training
 has something to learn), "drop_grad_sync" (a broken run: DDP's gradient reduction skipped), "fp32_only" (no
 bf16 twin; read by the test)}.
 The last rank writes {name: {"iterations", "losses", "grad_norms", "loss_scales", "skipped",
-"param_dtypes", "moe_losses", "router_gap", "expert_bias_max", "attention"} or {"error"}, with "seconds" the
+"param_dtypes", "moe_losses", "router_gap", "expert_bias_max", "attention", "mtp_losses", "mtp_backward_scales",
+"params_without_grad", "mtp_params_with_grad"} or {"error"}, with "seconds" the
 case took and "threads" the process held after it} to RESULTS.json;
 router_gap is the smallest margin, over every token routed on this rank, between what its router picked and
 the best it left (selection_margin; MoE models); expert_bias_max the largest expert bias on this rank after
@@ -21,6 +23,7 @@ the case (--moe-router-enable-expert-bias); attention the "attention/core" class
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -38,7 +41,7 @@ from megatron_auto.runtime.settings import DataSettings, MoESettings, TrainSetti
 from megatron_auto.specs.model import uniform_model  # noqa: E402
 from worker_stats import thread_count  # noqa: E402
 from worker_models import (deepseek_style_moe_model, llama_model, mixed_moe_model, mla_model,  # noqa: E402
-                           qwen3_model, swiglu_moe_model)
+                           mtp_model, qwen3_model, swiglu_moe_model)
 
 MODEL = uniform_model("equivalence-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
                       seq_length=32, vocab_size=256)
@@ -48,7 +51,8 @@ MODELS = {"gpt": MODEL, "gpt6": uniform_model("equivalence-gpt6", num_layers=6, 
           "swiglu_moe": swiglu_moe_model("equivalence-swiglu-moe"),
           "mixed_moe": mixed_moe_model("equivalence-mixed-moe"),
           "deepseek_moe": deepseek_style_moe_model("equivalence-deepseek-moe"),
-          "mla": mla_model("equivalence-mla"), "mla_no_q_lora": mla_model("equivalence-mla-no-q-lora", None)}
+          "mla": mla_model("equivalence-mla"), "mla_no_q_lora": mla_model("equivalence-mla-no-q-lora", None),
+          "mtp": mtp_model("equivalence-mtp"), "mtp_untied": mtp_model("equivalence-mtp-untied", untie=True)}
 SETTINGS = TrainSettings(train_iters=5, lr=1e-3, hidden_dropout=0.0, attention_dropout=0.0, clip_grad=1.0,
                          weight_decay=0.01, seed=1234, timeout_s=90.0, data=DataSettings(vocab_size=256))
 
@@ -88,8 +92,9 @@ def run_case(case: dict, info) -> dict:
         session.resume(run, case["resume"], case.get("resume_step"))
     first = run.iteration
     gaps = _record_router_gaps(run.model)
-    results = session.train(run)
-    return {"iterations": list(range(first + 1, run.iteration + 1)),
+    with _mtp_loss_scales(case.get("mtp_scale_factor", 1.0)) as mtp_scales:
+        results = session.train(run)
+    return {**_mtp_report(run.model, results, mtp_scales),"iterations": list(range(first + 1, run.iteration + 1)),
             "losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results],
             "loss_scales": [r.loss_scale for r in results], "skipped": [r.skipped for r in results],
             "param_dtypes": sorted({str(p.dtype) for chunk in run.model for p in chunk.parameters()}),
@@ -113,6 +118,36 @@ def _scale_softmax(model, factor: float) -> None:
         core.softmax_scale *= factor
         if hasattr(core, "kernel_scale"):
             core.kernel_scale *= factor
+
+
+@contextlib.contextmanager
+def _mtp_loss_scales(factor: float):
+    """Record every MTP loss backward scale the schedule sets (MTPLossAutoScaler.set_loss_scale), multiplied by
+    `factor` (a negative control: a wrong MTP scale); upstream's setter is back afterwards."""
+    from megatron.core.transformer.multi_token_prediction import MTPLossAutoScaler
+
+    upstream, scales = MTPLossAutoScaler.set_loss_scale, []
+
+    def set_loss_scale(scale):
+        scales.append(float(scale))
+        upstream(scale * factor)
+    MTPLossAutoScaler.set_loss_scale = staticmethod(set_loss_scale)
+    try:
+        yield scales
+    finally:
+        MTPLossAutoScaler.set_loss_scale = staticmethod(upstream)
+
+
+def _mtp_report(model, results, scales: list) -> dict:
+    """The MTP losses per step, the backward scales set (consecutive repeats dropped), and on this rank the
+    parameters that take gradients and got none in the last step (zero main_grad; the last rank holds the MTP
+    module) and how many MTP parameters got one."""
+    grads = {name: param.main_grad for chunk in model for name, param in chunk.named_parameters()
+             if param.requires_grad}
+    return {"mtp_losses": [dict(r.mtp_losses) for r in results],
+            "mtp_backward_scales": [s for i, s in enumerate(scales) if i == 0 or s != scales[i - 1]],
+            "params_without_grad": sorted(name for name, grad in grads.items() if not bool(grad.abs().sum() > 0)),
+            "mtp_params_with_grad": sum(".mtp." in name and bool(grad.abs().sum() > 0) for name, grad in grads.items())}
 
 
 def _context_parallel_size() -> int:

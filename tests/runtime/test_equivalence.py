@@ -79,6 +79,16 @@ def _four_rank_cases(tmp) -> list[dict]:
          "load_weights": str(tmp / "init_mla")},
         {"name": "mla_no_q_lora_tp2_dp2", "model": "mla_no_q_lora", "flags": {**BATCH, "tensor_parallel": 2},
          "settings": MLA_SETTINGS, "load_weights": str(tmp / "init_mla_no_q_lora")},
+        # Multi-token prediction (worker_models.mtp_model, one MTP module): TP2, TP2 with SP, and PP2 with the word
+        # embedding tied to the head and untied (the MTP stage then holds its own copy of the embedding).
+        {"name": "mtp_tp2_dp2", "model": "mtp", "fp32_only": True, "flags": {**BATCH, "tensor_parallel": 2},
+         "load_weights": str(tmp / "init_mtp")},
+        {"name": "mtp_tp2_sp_dp2", "model": "mtp", "flags": {**BATCH, "tensor_parallel": 2, "sequence_parallel": True},
+         "load_weights": str(tmp / "init_mtp")},
+        {"name": "mtp_pp2_dp2", "model": "mtp", "flags": {**BATCH, "pipeline_parallel": 2},
+         "load_weights": str(tmp / "init_mtp")},
+        {"name": "mtp_untied_pp2_dp2", "model": "mtp_untied", "fp32_only": True,
+         "flags": {**BATCH, "pipeline_parallel": 2}, "load_weights": str(tmp / "init_mtp_untied")},
         {"name": "vpp_batched_p2p_refused", "flags": {**BATCH, "pipeline_parallel": 2, "layers_per_virtual_stage": 1},
          "force_batch_p2p": True, "expect_error": True, "steps": 1, **init},
     ]
@@ -137,7 +147,10 @@ def references(workdir) -> dict:
              {"name": "llama_reference", "model": "llama", "flags": flags, "save_initial": str(workdir / "init_llama")},
              {"name": "gpt6_reference", "model": "gpt6", "flags": flags, "save_initial": str(workdir / "init_gpt6")},
              *[{"name": f"{model}_reference", "model": model, "flags": flags, "settings": MLA_SETTINGS,
-                "save_initial": str(workdir / f"init_{model}")} for model in ("mla", "mla_no_q_lora")]]
+                "save_initial": str(workdir / f"init_{model}")} for model in ("mla", "mla_no_q_lora")],
+             {"name": "mtp_reference", "model": "mtp", "flags": flags, "save_initial": str(workdir / "init_mtp")},
+             {"name": "mtp_untied_reference", "model": "mtp_untied", "flags": flags, "fp32_only": True,
+              "save_initial": str(workdir / "init_mtp_untied")}]
     track = [{"name": f"track_{precision}", "flags": flags, "steps": TRACK_STEPS, "data_vocab_size": LEARNABLE_VOCAB,
               "settings": {"precision": precision, "lr": 1e-2}} for precision in ("fp32", "bf16")]
     return _run(workdir, 1, with_bf16(cases) + track, timeout_s=300)
@@ -153,7 +166,8 @@ def four_rank(workdir, references) -> dict:
     fp16 = {"name": "fp16_pp2_dp2", "flags": {**BATCH, "pipeline_parallel": 2}, "steps": FP16_STEPS,
             "data_vocab_size": LEARNABLE_VOCAB, "settings": FP16_SETTINGS}
     return _run(workdir, 4, with_bf16(_four_rank_cases(workdir)) + [_dropped_grad_sync_case(workdir), fp16,
-                                                                     _wrong_mla_scale_case(workdir)], timeout_s=900)
+                                                                     _wrong_mla_scale_case(workdir),
+                                                                     *_mtp_scale_cases(workdir)], timeout_s=1000)
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +187,7 @@ def assert_matches_reference(result: dict, reference: dict) -> None:
 
 
 @pytest.mark.parametrize("which", ["reference", "llama_reference", "gpt6_reference", "mla_reference",
-                                   "mla_no_q_lora_reference"])
+                                   "mla_no_q_lora_reference", "mtp_reference", "mtp_untied_reference"])
 def test_reference_learns(references, which):
     reference = references[which]
     assert reference["iterations"] == list(range(1, STEPS + 1))
@@ -298,3 +312,59 @@ def test_bf16_run_tracks_the_fp32_run_over_20_steps(references):
 
 def test_fp16_with_dynamic_loss_scaling_trains_on_four_ranks(four_rank):
     precision_checks.assert_fp16_run_trains(four_rank["fp16_pp2_dp2"], FP16_SETTINGS)
+
+
+MTP_CASES = ("mtp_tp2_dp2", "mtp_tp2_sp_dp2", "mtp_pp2_dp2", "mtp_untied_pp2_dp2")
+MICRO_BATCHES = 4
+"""The four-rank cases' micro-batches per step: a global batch of 8 at micro-batch 1 over 2 data-parallel ranks."""
+
+
+def _mtp_scale_cases(tmp) -> list[dict]:
+    """A broken MTP run (TP2 x DP2) whose MTP loss gradient is twice its weight (the schedule's 1 / micro-batches
+    scale doubled), and an fp16 run whose dynamic loss scale backs off (FP16_SETTINGS)."""
+    return [{"name": "mtp_tp2_dp2_wrong_mtp_scale", "model": "mtp", "flags": {**BATCH, "tensor_parallel": 2},
+             "load_weights": str(tmp / "init_mtp"), "mtp_scale_factor": 2.0},
+            {"name": "mtp_fp16_pp2_dp2", "model": "mtp", "flags": {**BATCH, "pipeline_parallel": 2}, "steps": 6,
+             "data_vocab_size": LEARNABLE_VOCAB, "settings": FP16_SETTINGS}]
+
+
+@pytest.mark.parametrize("name", MTP_CASES)
+def test_mtp_layouts_log_the_reference_mtp_loss_and_train_every_parameter(four_rank, references, name):
+    """Beside the lm loss and gradient norm (test_four_ranks_match_single_process): each step's "mtp_1 loss" is
+    the single process's, the schedule scales the MTP loss by 1 / micro-batches, and on the MTP stage (the last
+    rank's) every parameter that takes a gradient got one, the MTP module's included (a tied head's unused
+    weight would not: patches/mtp_tied_output_weight.py)."""
+    result, reference = four_rank[name], references[reference_of(name)]
+    assert [list(step) for step in result["mtp_losses"]] == [["mtp_1 loss"]] * STEPS
+    for step, (ours, ref) in enumerate(zip(result["mtp_losses"], reference["mtp_losses"]), 1):
+        assert math.isclose(ours["mtp_1 loss"], ref["mtp_1 loss"], rel_tol=RTOL), f"step {step}: {ours} != {ref}"
+    assert result["mtp_backward_scales"] == [1 / MICRO_BATCHES]
+    assert result["params_without_grad"] == [] and result["mtp_params_with_grad"] > 0
+
+
+@pytest.mark.parametrize("name", ["mtp_tp2_sp_dp2", "mtp_pp2_dp2"])
+def test_mtp_layouts_log_the_reference_mtp_loss_in_bf16(four_rank, references, name):
+    ours, ref = four_rank[name + "_bf16"]["mtp_losses"], references["mtp_reference_bf16"]["mtp_losses"]
+    assert len(ours) == len(ref) == STEPS
+    for step, (mine, theirs) in enumerate(zip(ours, ref), 1):
+        assert math.isclose(mine["mtp_1 loss"], theirs["mtp_1 loss"], rel_tol=precision_checks.LOSS_RTOL), step
+
+
+def test_mtp_tolerance_rejects_a_wrong_mtp_loss_scale(four_rank, references):
+    """The fp32 comparison the MTP layouts pass fails for the run whose MTP loss gradient is doubled: the check
+    sees the MTP loss's weight in the gradients. Its first step's lm loss still matches (the forward is the same)."""
+    result = four_rank["mtp_tp2_dp2_wrong_mtp_scale"]
+    assert math.isclose(result["losses"][0], references["mtp_reference"]["losses"][0], rel_tol=RTOL)
+    with pytest.raises(AssertionError):
+        assert_matches_reference(result, references["mtp_reference"])
+
+
+def test_mtp_loss_scale_follows_the_fp16_dynamic_loss_scale(four_rank):
+    """fp16: the schedule scales each step's MTP loss gradient by the loss scale in effect in that step / micro-batches
+    (config.grad_scale_func, set from the optimizer), through the scale's back-offs."""
+    result = four_rank["mtp_fp16_pp2_dp2"]
+    assert "error" not in result, result.get("error")
+    in_effect = [FP16_SETTINGS["initial_loss_scale"], *result["loss_scales"][:-1]]
+    expected = [scale / MICRO_BATCHES for i, scale in enumerate(in_effect) if i == 0 or scale != in_effect[i - 1]]
+    assert len(expected) > 1 and any(result["skipped"]), result["loss_scales"]  # the scale moved
+    assert result["mtp_backward_scales"] == expected

@@ -69,3 +69,14 @@ def mla_model(name: str, q_lora_rank: Optional[int] = 24) -> ModelSpec:
                          position_embedding_type="rope", untie_embeddings_and_output_weights=True, qk_layernorm=True,
                          mla=MLASpec(kv_lora_rank=32, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=12,
                                      q_lora_rank=q_lora_rank))
+
+
+def mtp_model(name: str, untie: bool = False) -> ModelSpec:
+    """DeepSeek-V3's multi-token prediction at test size: one MTP module (--mtp-num-layers 1) after four LLaMA-style
+    layers (GQA, SwiGLU, RMSNorm, no biases, RoPE, which MTP needs), its loss weighted 0.3 (V3's first phase), and
+    the word embedding tied to the output head unless `untie` (with pipeline parallelism the MTP stage then holds
+    its own copy of the embedding beside the first stage's)."""
+    return uniform_model(name, num_layers=4, hidden_size=64, num_attention_heads=4, seq_length=32, vocab_size=256,
+                         num_query_groups=2, ffn_hidden_size=176, swiglu=True, normalization="RMSNorm",
+                         add_bias_linear=False, position_embedding_type="rope", rotary_base=10000,
+                         untie_embeddings_and_output_weights=untie, mtp_num_layers=1, mtp_loss_scaling_factor=0.3)
