@@ -3,8 +3,8 @@
 Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python equivalence_worker.py CASES.json RESULTS.json
 Each case: {"name", "flags": ManualParallelism fields, "steps", optional "model" ("gpt", "gpt6", "llama", "qwen3",
 "swiglu_moe", "mixed_moe", "deepseek_moe", "mla", "mla_no_q_lora", "mtp" or "mtp_untied"), "moe" (MoESettings
-fields, e.g. token_dispatcher), optional "load_weights" (checkpoint dir, weights only), "resume" (checkpoint dir, full state),
-"save" + "save_interval", "force_batch_p2p", "hybrid" (a hybrid plan instead of the flags' layout:
+fields, e.g. token_dispatcher), optional "load_weights" (checkpoint dir, weights only), "resume" (checkpoint dir,
+full state), "save" + "save_interval", "force_batch_p2p", "hybrid" (a hybrid plan instead of the flags' layout:
 {"chunks": [[LayerStrategy fields, ...], ...], "embedding": {...}, "micro_batches"}, at the flags' global
 batch), "save_state" / "init_state" (a single-process GPTModel state dict written before training / a
 hybrid plan's starting weights), "settings" (TrainSettings fields, e.g. precision, attention_backend),
