@@ -36,7 +36,8 @@ def chunk_layers_of_layout(text: str, pipeline_parallel: int, num_layers: int) -
     if stray:
         raise UserError(f"{where}: unknown layer character(s) {' '.join(stray)} (E, t, L and m are Megatron's)")
     if "m" in "".join(chunks):
-        raise UserError(f"{where}: multi-token-prediction layers (m) are not built by this runtime")
+        raise UserError(f"{where}: multi-token-prediction layers (m) are not placed by a layout in this runtime "
+                        "(--mtp-num-layers puts them on the last stage; leave the layout out)")
     if len(chunks) % pipeline_parallel:
         raise UserError(f"{where}: {len(chunks)} chunks do not divide over {pipeline_parallel} pipeline stages")
     flat = "".join(chunks)

@@ -19,7 +19,8 @@ def test_repeats_and_commas_unroll_as_megatron_core_unrolls_them(text, chunks):
 
 
 def test_deepseek_v3s_layout_counts_its_61_layers_until_the_mtp_layer_is_refused():
-    # DeepSeek-V3 (61 layers, PP16 x VP2): 3 + 29 x 2 decoder layers; its MTP layer is what this runtime refuses.
+    # DeepSeek-V3 (61 layers, PP16 x VP2): 3 + 29 x 2 decoder layers; its MTP layer placed by the layout is what this
+    # runtime refuses (--mtp-num-layers without a layout puts it on the last stage).
     chunks = unrolled_chunks("Et*3|(tt|)*29,m|L")
     assert len(chunks) == 32 and sum(chunk.count("t") for chunk in chunks) == 61
     with pytest.raises(UserError, match="multi-token-prediction"):

@@ -138,10 +138,13 @@ DEEPSEEK_STYLE = ["--multi-latent-attention", "--q-lora-rank", "32", "--kv-lora-
 """DeepSeek-V2's attention flags (Megatron-LM's names; YaRN as its config.json), shrunk to the tiny model."""
 
 
-def test_multi_latent_attention_trains_at_tp2_and_resumes(dataset, tmp_path):
-    """A DeepSeek-style launch line on 2 ranks at TP2 with SP, recomputing MLA's up projections: the loss falls
-    on the shipped corpus, and a resumed run continues from the saved iteration."""
-    argv = ["tools/pretrain_gpt.py", *TINY, *DEEPSEEK_STYLE, "--tensor-model-parallel-size", "2",
+def test_multi_latent_attention_with_mtp_trains_at_tp2_and_resumes(dataset, tmp_path):
+    """A DeepSeek-V3-style launch line on 2 ranks at TP2 with SP, recomputing MLA's up projections, with one
+    multi-token prediction module (--mtp-num-layers 1, weight 0.3): the loss falls on the shipped corpus, every
+    iteration logs its "mtp_1 loss" after the lm loss (Megatron-LM's name), and a resumed run continues from the
+    saved iteration, MTP module included."""
+    argv = ["tools/pretrain_gpt.py", *TINY, *DEEPSEEK_STYLE, "--mtp-num-layers", "1", "--mtp-loss-scaling-factor",
+            "0.3", "--tensor-model-parallel-size", "2",
             "--sequence-parallel", "--recompute-granularity", "selective", "--recompute-modules", "mla_up_proj",
             "core_attn", "--micro-batch-size", "4", "--global-batch-size", "8", "--lr", "3e-3", "--min-lr", "3e-4",
             "--lr-decay-style", "cosine", "--lr-warmup-iters", "3", "--data-path", dataset,
@@ -151,3 +154,8 @@ def test_multi_latent_attention_trains_at_tp2_and_resumes(dataset, tmp_path):
     assert "selective recompute re-runs: mla_up_proj core_attn" in first.output
     resumed_losses = [float(x) for x in re.findall(r"iteration +\d+/ +22 \|.*\| lm loss: (\S+) \|", resumed.output)]
     assert all(loss < 0.9 * sum(losses[:3]) / 3 for loss in resumed_losses)  # it resumed the trained weights
+    mtp = [float(x) for x in re.findall(r"\| lm loss: \S+ \| mtp_1 loss: (\S+) \|", first.output)]
+    resumed_mtp = [float(x) for x in re.findall(r"\| lm loss: \S+ \| mtp_1 loss: (\S+) \|", resumed.output)]
+    assert len(mtp) == 20 and len(resumed_mtp) == 2
+    assert sum(mtp[-5:]) / 5 < 0.8 * sum(mtp[:3]) / 3  # the MTP module learns to predict the token after next
+    assert all(loss < 0.9 * sum(mtp[:3]) / 3 for loss in resumed_mtp)  # and resumes trained

@@ -34,6 +34,20 @@ def test_sink_writes_loss_learning_rate_throughput_and_validation(monkeypatch, t
     assert ("lm loss validation", 2.25, 3) in sink.writer.scalars
 
 
+def test_sink_writes_moe_and_mtp_losses_under_megatron_lms_names(monkeypatch, tmp_path):
+    """track_moe_metrics' and MTPLossLoggingHelper.track_mtp_metrics' tags: the loss names of the log line."""
+    module = types.ModuleType("torch.utils.tensorboard")
+    module.SummaryWriter = _Writer
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
+    monkeypatch.setattr(tensorboard_log, "tensorboard_available", lambda: True)
+    sink = tensorboard_log.open_sink(str(tmp_path))
+    result = StepResult(loss=2.5, grad_norm=0.5, moe_losses=(("load_balancing_loss", 1.25),),
+                        mtp_losses=(("mtp_1 loss", 2.75), ("mtp_2 loss", 3.0)))
+    sink.iteration(4, result, learning_rate=1e-3, tokens_per_s=100.0)
+    for tag, value in (("load_balancing_loss", 1.25), ("mtp_1 loss", 2.75), ("mtp_2 loss", 3.0)):
+        assert (tag, value, 4) in sink.writer.scalars
+
+
 def test_no_sink_without_a_directory_or_the_package(monkeypatch, tmp_path):
     assert tensorboard_log.open_sink(None) is None
     monkeypatch.setattr(tensorboard_log, "tensorboard_available", lambda: False)
