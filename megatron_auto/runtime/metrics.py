@@ -13,16 +13,20 @@ def model_flops_per_iteration(model: ModelSpec, global_batch_size: int, padded_v
     Narayanan et al. SC21, eq. (3) without the recompute pass: per layer and
     token, 2 FLOPs per matmul weight plus 4*s*h for the attention scores and
     values; 2*h*V for the logits; backward is twice the forward. For GPT this is
-    72*B*s*l*h^2 * (1 + s/(6h) + V/(12*l*h)).
+    72*B*s*l*h^2 * (1 + s/(6h) + V/(12*l*h)). Multi-token prediction depths add what Megatron-LM adds.
     """
-    s = model.seq_length
+    s, h, depths = model.seq_length, model.hidden_size, model.mtp_num_layers
     forward_per_token = 0.0
-    for layer in model.layers:
-        h, kv = layer.hidden_size, layer.kv_channels
+    for layer in (*model.layers, *(model.mtp_layer,) * depths):
+        kv = layer.kv_channels
         qkv_out = (layer.num_attention_heads + 2 * layer.num_query_groups) * kv
-        matmul_weights = h * qkv_out + layer.attention_width * h + mlp_weights_per_token(layer)
+        matmul_weights = layer.hidden_size * qkv_out + layer.attention_width * layer.hidden_size \
+            + mlp_weights_per_token(layer)
         forward_per_token += 2 * matmul_weights + 4 * s * layer.attention_width  # a*d = h unless --kv-channels
-    forward_per_token += 2 * model.hidden_size * padded_vocab
+    # Multi-token prediction as Megatron-LM's num_floating_point_operations counts it: each depth's layer (above),
+    # its three norms and 2h -> h projection, and one more pass through the output layer.
+    forward_per_token += depths * 2 * (3 * h + 2 * h * h)
+    forward_per_token += 2 * h * padded_vocab * (1 + depths)
     return 3.0 * forward_per_token * s * global_batch_size
 
 

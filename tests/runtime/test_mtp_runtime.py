@@ -1,4 +1,5 @@
-"""Multi-token prediction where this runtime does not run it: one clear UserError, before any process group."""
+"""Multi-token prediction in the stock runtime, without a launch: where it is refused (one clear UserError,
+before any process group) and the FLOPs its throughput line counts."""
 from __future__ import annotations
 
 import dataclasses
@@ -38,3 +39,18 @@ def test_the_config_refuses_what_megatron_asserts_or_this_runtime_does_not_run(l
     with pytest.raises(UserError, match=words):
         configs.transformer_config(mtp_model("mtp"), dataclasses.replace(base, **layout), settings, "gloo")
     assert configs.transformer_config(mtp_model("mtp"), base, settings, "gloo").mtp_num_layers == 1
+
+
+def test_throughput_counts_mtp_flops_as_megatron_lm_does():
+    """Megatron-LM's num_floating_point_operations: each MTP depth adds one layer like the last, its norms (3h) and
+    eh_proj (2h x h), and one more pass through the output layer; x 3 (forward and backward) x 2 (FMA)."""
+    from megatron_auto.runtime.metrics import model_flops_per_iteration
+
+    with_mtp = mtp_model("mtp")
+    without = dataclasses.replace(with_mtp, mtp_num_layers=0)
+    layer_flops = (model_flops_per_iteration(dataclasses.replace(without, layers=without.layers[:2]), 8, 256)
+                   - model_flops_per_iteration(dataclasses.replace(without, layers=without.layers[:1]), 8, 256))
+    h, tokens = with_mtp.hidden_size, 8 * with_mtp.seq_length
+    expected = layer_flops + 3 * 2 * tokens * (3 * h + 2 * h * h + h * 256)
+    extra = model_flops_per_iteration(with_mtp, 8, 256) - model_flops_per_iteration(without, 8, 256)
+    assert extra == pytest.approx(expected, rel=1e-12)
