@@ -25,7 +25,10 @@ def dataset(tmp_path_factory) -> str:
 
 
 def test_auto_parallel_training_on_four_ranks_lowers_the_loss(dataset, tmp_path):
-    argv = ["tools/pretrain_gpt.py", *TINY, "--micro-batch-size", "2", "--global-batch-size", "16",
+    # With RoPE and one multi-token prediction module (--mtp-num-layers 1): the planner prices it on the last
+    # stage, and every iteration logs its mtp_1 loss.
+    argv = ["tools/pretrain_gpt.py", *TINY, "--position-embedding-type", "rope", "--mtp-num-layers", "1",
+            "--micro-batch-size", "2", "--global-batch-size", "16",
             "--train-iters", "30", "--lr", "3e-3", "--min-lr", "3e-4", "--lr-decay-style", "cosine",
             "--lr-warmup-iters", "3", "--data-path", dataset, "--tokenizer-type", "ByteTokenizer",
             "--log-interval", "1", "--auto-parallel"]
@@ -40,6 +43,8 @@ def test_auto_parallel_training_on_four_ranks_lowers_the_loss(dataset, tmp_path)
     assert "optimizer Adam step foreach" in result.output
     assert "throughput per GPU (TFLOP/s/GPU)" in result.output and "tokens per second" in result.output
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:3]) / 3
+    mtp = [float(x) for x in re.findall(r"iteration +\d+/ +30 \|.*\| mtp_1 loss: (\S+) \|", result.output)]
+    assert len(mtp) == 30 and sum(mtp[-5:]) / 5 < 0.8 * sum(mtp[:3]) / 3
 
 
 def _pretrain(args: list[str], world_size: int = 1, fresh: bool = False) -> subprocess.CompletedProcess:
