@@ -26,7 +26,7 @@ from megatron_auto.specs.training import TrainingSpec
 A100 = CLUSTER_PRESETS["dgx-a100-80gb"]   # analytic compute: GEMMs, no element-wise kernels
 H100 = CLUSTER_PRESETS["dgx-h100-80gb"]   # kernel-level compute
 TRAINING = TrainingSpec(global_batch_size=32)
-GPT = uniform_model("gpt-mtp", 8, 2048, 16, 2048, 50304)
+GPT = uniform_model("gpt-mtp", 8, 2048, 16, 2048, 50304, position_embedding_type="rope")
 LLAMA = uniform_model("llama-mtp", 8, 4096, 32, 4096, 128000, ffn_hidden_size=14336, swiglu=True,
                       normalization="RMSNorm", add_bias_linear=False, position_embedding_type="rope",
                       untie_embeddings_and_output_weights=True)
@@ -59,7 +59,7 @@ def test_the_mtp_stage_keeps_its_own_embedding_only_under_pipeline_parallelism()
     model = replace(GPT, mtp_num_layers=1)
     per_module = 2 * 2048 * 2048 + 3 * 2 * 2048  # eh_proj, three LayerNorms (scale and shift)
     assert mtp_parameters_beside_layers(model, 1) == per_module
-    assert mtp_parameters_beside_layers(model, 2) == per_module + (50304 + 2048) * 2048  # words and positions
+    assert mtp_parameters_beside_layers(model, 2) == per_module + 50304 * 2048  # the word embedding (RoPE)
 
 
 def test_one_depth_by_hand_without_tensor_parallelism():

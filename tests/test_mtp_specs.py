@@ -67,6 +67,11 @@ def test_the_record_checks_its_mtp_fields():
         ModelSpec(name="m", layers=model.layers, seq_length=32, vocab_size=128, mtp_loss_scaling_factor=float("inf"))
 
 
+def test_mtp_needs_rope_or_no_positions_as_megatron_lm_asserts():
+    with pytest.raises(UserError, match="learned_absolute"):
+        model_from_dict({**TINY, "position_embedding_type": "learned_absolute", "mtp_num_layers": 1}, "m")
+
+
 def test_zero_depths_is_no_mtp():
     assert model_from_dict({**TINY, "mtp_num_layers": 0}) == model_from_dict(TINY)
     assert ModelSpec.__dataclass_fields__["mtp_num_layers"].default == 0

@@ -44,8 +44,8 @@ def mtp_layer_strategy(plan: Plan) -> LayerStrategy:
 
 def mtp_parameters_beside_layers(model: ModelSpec, pipeline_parallel: int) -> int:
     """Weights of the D modules outside their transformer layers (eh_proj and three norms each), plus
-    the word (and position) embedding the MTP stage builds for itself when the embedding lives on
-    another stage (GPTModel builds `embedding` wherever `pre_process or mtp_process`)."""
+    the word embedding the MTP stage builds for itself when the embedding lives on another stage
+    (GPTModel builds `embedding` wherever `pre_process or mtp_process`; MTP takes no learned positions)."""
     per_module = model.mtp_module_parameters - model.mtp_layer.num_parameters
     copy = model.embedding_parameters if pipeline_parallel > 1 else 0
     return model.mtp_num_layers * per_module + copy

@@ -364,6 +364,9 @@ class ModelSpec(CachedHash):
                              f"got {self.position_embedding_type!r}")
         _check_positive(self, "rotary_base")
         _check_mtp(self.mtp_num_layers, self.mtp_loss_scaling_factor)
+        if self.mtp_num_layers and self.position_embedding_type == "learned_absolute":
+            raise ValueError("multi-token prediction needs rope or no position embeddings, not learned_absolute "
+                             "(Megatron-LM's validate_args)")
         rotary = self.position_embedding_type == "rope"
         if any(layer.rotary != rotary for layer in self.layers):
             object.__setattr__(self, "layers", tuple(replace(layer, rotary=rotary) for layer in self.layers))
