@@ -28,6 +28,11 @@ from .memory import (FP32_BYTES, embedding_activation_bytes, logits_activation_b
                      optimizer_temporary_bytes)
 from .models import comm_model, compute_model, layer_kernels_bandwidth
 
+PER_TOKEN_BYTES = 8 + 8 + 1 + 4 + 4
+"""Per token and depth, whole on every TP rank: the shifted ids the embedding keeps (int64), the cross
+entropy's targets (int64) and target mask (bool), the shifted loss mask and the per-token MTP loss
+MTPLossAutoScaler keeps (fp32 each); measured with the rest (tests/runtime/test_mtp_saved.py)."""
+
 NO_MTP = PartCost(micro_batch_s=0.0, backward_s=0.0, tp_comm_s=0.0, dp_comm_per_iteration_s=0.0,
                   state_bytes=0.0, activation_bytes=0.0)
 
@@ -83,13 +88,15 @@ def mtp_kept_bytes(model: ModelSpec, samples: int, strategy: LayerStrategy, word
     """What one depth keeps for its backward beside its transformer layer and its softmax: the shifted
     tokens' embedding and dropout mask (as the first stage's), hnorm's input, eh_proj's 2h-wide input
     (the concatenation; under SP its sequence shard, re-gathered in backward), the final norm's input,
-    the depth's share of the hidden states the output layer reads, and the three norms' fp32 statistics;
-    all split over TP only under SP."""
+    the depth's share of the (1 + D) x s hidden states the block concatenates for the output layer, and the
+    three norms' fp32 statistics, all split over TP only under SP; the per-token integer and loss tensors
+    (PER_TOKEN_BYTES) and the token count (one fp32 scalar)."""
     s, b, h = model.seq_length, samples, model.hidden_size
     split = strategy.tp if strategy.sp else 1
     stats = 1 if model.mtp_layer.normalization == "RMSNorm" else 2
     hidden = (1 + 2 + 1 + 1) * word * s * b * h + 3 * stats * FP32_BYTES * s * b
-    return embedding_activation_bytes(model, samples, strategy, word, mask_bytes) + hidden / split
+    small = PER_TOKEN_BYTES * s * b + FP32_BYTES
+    return embedding_activation_bytes(model, samples, strategy, word, mask_bytes) + hidden / split + small
 
 
 def projection_comm_time(model: ModelSpec, strategy: LayerStrategy, samples: int, cluster: ClusterSpec,

@@ -1,0 +1,56 @@
+"""Multi-token prediction's kept activations: what the runtime's GPTModel saves for backward with D MTP depths
+beyond what it saves without them is what the cost model counts for them (cost.mtp: D transformer layers,
+mtp_kept_bytes per depth and the depths' fp32 softmaxes), measured at TP1 in fp32 on CPU."""
+from __future__ import annotations
+
+import pytest
+
+from launcher import run_cases
+from megatron_auto.cost.layer_cost import layer_cost
+from megatron_auto.cost.mtp import mtp_cost
+from megatron_auto.plan import LayerStrategy
+from megatron_auto.specs.model import MLASpec, uniform_model
+from megatron_auto.specs.presets import CLUSTER_PRESETS
+from megatron_auto.specs.training import TrainingSpec
+
+BATCH = 2  # mtp_saved_worker.py's
+ROPE_GPT = dict(num_layers=2, hidden_size=64, num_attention_heads=4, seq_length=16, vocab_size=128,
+                position_embedding_type="rope")
+# LayerNorm throughout: torch's eager RMSNorm keeps its normalized input too on CPU, which no formula counts yet.
+SWIGLU_UNTIED = dict(ROPE_GPT, swiglu=True, add_bias_linear=False, num_query_groups=2, ffn_hidden_size=128,
+                     untie_embeddings_and_output_weights=True)
+DEEPSEEK_LIKE = dict(ROPE_GPT, swiglu=True, add_bias_linear=False, ffn_hidden_size=128, qk_layernorm=True,
+                     mla=dict(kv_lora_rank=32, qk_head_dim=16, qk_pos_emb_head_dim=8, v_head_dim=12, q_lora_rank=24),
+                     num_experts=4, moe_router_topk=2, moe_ffn_hidden_size=48, moe_shared_expert_intermediate_size=32,
+                     moe_layer_freq=[0, 1])
+CASES = [{"name": "gpt-tied-d1", "model": dict(ROPE_GPT, mtp_num_layers=1)},
+         {"name": "swiglu-untied-d2", "model": dict(SWIGLU_UNTIED, mtp_num_layers=2)},
+         {"name": "mla-moe-d1", "model": dict(DEEPSEEK_LIKE, mtp_num_layers=1)}]
+CPU = CLUSTER_PRESETS["cpu-gloo"]
+
+
+def case_model(case: dict):
+    keywords = dict(case["model"])
+    if "mla" in keywords:
+        keywords["mla"] = MLASpec(**keywords["mla"])
+    return uniform_model(case["name"], **keywords)
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory) -> dict:
+    return run_cases(tmp_path_factory.mktemp("mtp_saved"), 1, "mtp_saved_worker.py", CASES, 300)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
+def test_mtp_keeps_what_the_cost_model_counts(measured, case):
+    """Exact but for one s x s bool causal mask per MTP layer, which the unfused core keeps and the layer
+    formula leaves out on purpose for every layer (tests/runtime/test_recompute_modules.py; the flash core
+    that GPUs run keeps none)."""
+    model = case_model(case)
+    training = TrainingSpec(BATCH, precision="fp32", param_bytes=4, attention_backend="unfused")
+    strategy = LayerStrategy(tp=1, dp=1)
+    layer = layer_cost(model.mtp_layer, strategy, BATCH, model.seq_length, CPU, training).activation_bytes
+    part = mtp_cost(model, strategy, BATCH, CPU, training, 1)
+    depths, seq = model.mtp_num_layers, model.seq_length
+    result = measured[case["name"]]
+    assert result["mtp"] - result["plain"] == depths * (layer + seq * seq) + part.activation_bytes + part.loss_bytes
