@@ -55,11 +55,15 @@ def test_mtp_lands_on_the_last_stage_as_layers_and_a_part(depths, sp):
     assert deep[1].activation_bytes - plain[1].activation_bytes == pytest.approx(depths * layer.activation_bytes)
 
 
-def test_the_mtp_stage_keeps_its_own_embedding_only_under_pipeline_parallelism():
+def test_the_mtp_stage_adds_an_embedding_copy_only_beside_an_untied_head_on_another_stage():
+    """Tied, the MTP stage's embedding copy is the output layer's weight, which the LM head's part counts."""
     model = replace(GPT, mtp_num_layers=1)
     per_module = 2 * 2048 * 2048 + 3 * 2 * 2048  # eh_proj, three LayerNorms (scale and shift)
     assert mtp_parameters_beside_layers(model, 1) == per_module
-    assert mtp_parameters_beside_layers(model, 2) == per_module + 50304 * 2048  # the word embedding (RoPE)
+    assert mtp_parameters_beside_layers(model, 2) == per_module
+    untied = replace(model, untie_embeddings_and_output_weights=True)
+    assert mtp_parameters_beside_layers(untied, 1) == per_module
+    assert mtp_parameters_beside_layers(untied, 2) == per_module + 50304 * 2048  # the word embedding (RoPE)
 
 
 def test_one_depth_by_hand_without_tensor_parallelism():

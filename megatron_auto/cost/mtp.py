@@ -50,9 +50,12 @@ def mtp_layer_strategy(plan: Plan) -> LayerStrategy:
 def mtp_parameters_beside_layers(model: ModelSpec, pipeline_parallel: int) -> int:
     """Weights of the D modules outside their transformer layers (eh_proj and three norms each), plus
     the word embedding the MTP stage builds for itself when the embedding lives on another stage
-    (GPTModel builds `embedding` wherever `pre_process or mtp_process`; MTP takes no learned positions)."""
+    (GPTModel builds `embedding` wherever `pre_process or mtp_process`; MTP takes no learned positions)
+    beside an untied output layer. Tied, that copy is the output layer's weight, which the LM head's
+    part already holds (patches/mtp_tied_output_weight.py drops the unused second one)."""
     per_module = model.mtp_module_parameters - model.mtp_layer.num_parameters
-    copy = model.embedding_parameters if pipeline_parallel > 1 else 0
+    untied = model.untie_embeddings_and_output_weights
+    copy = model.embedding_parameters if pipeline_parallel > 1 and untied else 0
     return model.mtp_num_layers * per_module + copy
 
 
