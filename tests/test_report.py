@@ -43,6 +43,15 @@ def test_interleaved_stage_lists_its_chunks_and_layers():
     assert "prediction" not in table  # no prediction recorded, none shown
 
 
+def test_the_stage_that_runs_the_mtp_modules_says_so():
+    model = replace(MODEL, position_embedding_type="rope", mtp_num_layers=2)
+    plan = build_uniform_plan(model, CLUSTER, TRAINING, UniformConfig(tp=2, pp=2, micro_batch_size=2,
+                                                                      virtual_stages=2))
+    table = plan_table(plan)
+    assert "stage 1: 4 layers in chunks 1, 3 + 2 MTP modules\n" in table
+    assert table.count("MTP module") == 1
+
+
 def test_hybrid_plan_table_shows_per_layer_runs_and_no_megatron_flags():
     a, b = LayerStrategy(tp=4, dp=1, sp=True), LayerStrategy(tp=1, dp=4, zero=3, recompute="full")
     plan = Plan(space="hybrid", world_size=8, pipeline_parallel=2, global_batch_size=16, num_micro_batches=4,
