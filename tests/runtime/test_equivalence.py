@@ -89,6 +89,10 @@ def _four_rank_cases(tmp) -> list[dict]:
          "load_weights": str(tmp / "init_mtp")},
         {"name": "mtp_untied_pp2_dp2", "model": "mtp_untied", "fp32_only": True,
          "flags": {**BATCH, "pipeline_parallel": 2}, "load_weights": str(tmp / "init_mtp_untied")},
+        # Interleaved: the MTP module runs in the last rank's last chunk (megatron-core's mtp_on_this_rank).
+        {"name": "mtp_pp2_vp2", "model": "mtp", "fp32_only": True,
+         "flags": {**BATCH, "pipeline_parallel": 2, "layers_per_virtual_stage": 1},
+         "load_weights": str(tmp / "init_mtp")},
         {"name": "vpp_batched_p2p_refused", "flags": {**BATCH, "pipeline_parallel": 2, "layers_per_virtual_stage": 1},
          "force_batch_p2p": True, "expect_error": True, "steps": 1, **init},
     ]
@@ -314,7 +318,7 @@ def test_fp16_with_dynamic_loss_scaling_trains_on_four_ranks(four_rank):
     precision_checks.assert_fp16_run_trains(four_rank["fp16_pp2_dp2"], FP16_SETTINGS)
 
 
-MTP_CASES = ("mtp_tp2_dp2", "mtp_tp2_sp_dp2", "mtp_pp2_dp2", "mtp_untied_pp2_dp2")
+MTP_CASES = ("mtp_tp2_dp2", "mtp_tp2_sp_dp2", "mtp_pp2_dp2", "mtp_untied_pp2_dp2", "mtp_pp2_vp2")
 MICRO_BATCHES = 4
 """The four-rank cases' micro-batches per step: a global batch of 8 at micro-batch 1 over 2 data-parallel ranks."""
 
