@@ -93,13 +93,18 @@ def mtp_kept_bytes(model: ModelSpec, samples: int, strategy: LayerStrategy, word
     (the concatenation; under SP its sequence shard, re-gathered in backward), the final norm's input,
     the depth's share of the (1 + D) x s hidden states the block concatenates for the output layer, and the
     three norms' fp32 statistics, all split over TP only under SP; the per-token integer and loss tensors
-    (PER_TOKEN_BYTES) and the token count (one fp32 scalar)."""
+    (PER_TOKEN_BYTES, and at TP > 1 the vocab-parallel embedding's bool mask of ids outside its shard) and the
+    token count (one fp32 scalar). Under SP the layer's input is a sequence slice of eh_proj's all-gathered
+    output, a view (a dim-0 slice is contiguous, so mappings._split_along_first_dim copies nothing) that keeps
+    the whole gathered tensor alive where the layer's formula counts its shard: (1 - 1/t) of it more."""
     s, b, h = model.seq_length, samples, model.hidden_size
     split = strategy.tp if strategy.sp else 1
     stats = 1 if model.mtp_layer.normalization == "RMSNorm" else 2
     hidden = (1 + 2 + 1 + 1) * word * s * b * h + 3 * stats * FP32_BYTES * s * b
-    small = PER_TOKEN_BYTES * s * b + FP32_BYTES
-    return embedding_activation_bytes(model, samples, strategy, word, mask_bytes) + hidden / split + small
+    gathered_input = word * s * b * h * (1 - 1 / split)
+    small = (PER_TOKEN_BYTES + (1 if strategy.tp > 1 else 0)) * s * b + FP32_BYTES
+    return (embedding_activation_bytes(model, samples, strategy, word, mask_bytes) + hidden / split
+            + gathered_input + small)
 
 
 def projection_comm_time(model: ModelSpec, strategy: LayerStrategy, samples: int, cluster: ClusterSpec,

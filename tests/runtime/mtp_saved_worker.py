@@ -1,11 +1,12 @@
 """One process: the bytes the runtime's whole GPTModel saves for backward with and without multi-token prediction.
 
-Usage (RANK/WORLD_SIZE/MASTER_* set, one rank): python mtp_saved_worker.py CASES.json RESULTS.json
-Each case: {"name", "model": uniform_model keywords (with "mtp_num_layers"; "mla" as MLASpec keywords)}. The model is built twice by
-runtime.model.build_chunks at TP1/PP1 (fp32, unfused attention, dropout 0.1), with the case's MTP depths and
-with none, and runs one training forward on the same tokens (labels and loss mask given, as forward_step passes
-them); the results hold the distinct non-parameter storages saved for backward in each, counted once the
-forward has returned.
+Usage (RANK/WORLD_SIZE/MASTER_* set): python mtp_saved_worker.py CASES.json RESULTS.json
+Each case: {"name", "model": uniform_model keywords (with "mtp_num_layers"; "mla" as MLASpec keywords)}; on
+more than one rank, every rank is one tensor-parallel shard with sequence parallelism (TP = WORLD_SIZE). The
+model is built twice by runtime.model.build_chunks (PP1, fp32, unfused attention, dropout 0.1), with the case's
+MTP depths and with none, and runs one training forward on the same tokens (labels and loss mask given, as
+forward_step passes them); the results hold rank 0's distinct non-parameter storages saved for backward in each,
+counted once the forward has returned.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ patches.apply_all()
 
 import torch  # noqa: E402
 
-from megatron_auto.profiling.model_profile import _setup_megatron  # noqa: E402
+from megatron_auto.profiling.cluster_profile import init_from_env  # noqa: E402
 from megatron_auto.runtime.config import transformer_config  # noqa: E402
 from megatron_auto.runtime.layout import MegatronLayout  # noqa: E402
 from megatron_auto.runtime.model import build_chunks  # noqa: E402
@@ -30,11 +31,12 @@ from megatron_auto.specs.model import MLASpec, uniform_model  # noqa: E402
 BATCH = 2
 
 
-def whole_model(model):
-    """The runtime's GPTModel of `model` at TP1/PP1, in fp32 with the unfused core, seeded alike every build."""
+def whole_model(model, tp: int):
+    """The runtime's GPTModel of `model` at TP `tp` (with SP above 1), PP1, in fp32 with the unfused core,
+    seeded alike every build."""
     settings = TrainSettings(precision="fp32", attention_backend="unfused")
-    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=BATCH,
-                            num_micro_batches=1, global_batch_size=BATCH)
+    layout = MegatronLayout(tensor_parallel=tp, pipeline_parallel=1, data_parallel=1, micro_batch_size=BATCH,
+                            num_micro_batches=1, global_batch_size=BATCH, sequence_parallel=tp > 1)
     config = transformer_config(model, layout, settings, "gloo")
     torch.manual_seed(0)
     return build_chunks(model, layout, settings, config, model.vocab_size, torch.device("cpu"))[0]
@@ -65,21 +67,27 @@ def saved_bytes(chunk, seq: int, vocab: int) -> int:
     return saved
 
 
-def run_case(case: dict) -> dict:
+def run_case(case: dict, tp: int) -> dict:
     keywords = dict(case["model"])
     if "mla" in keywords:
         keywords["mla"] = MLASpec(**keywords["mla"])
     model = uniform_model(case["name"], **keywords)
     plain = replace(model, mtp_num_layers=0)
-    return {"mtp": saved_bytes(whole_model(model), model.seq_length, model.vocab_size),
-            "plain": saved_bytes(whole_model(plain), model.seq_length, model.vocab_size)}
+    return {"mtp": saved_bytes(whole_model(model, tp), model.seq_length, model.vocab_size),
+            "plain": saved_bytes(whole_model(plain, tp), model.seq_length, model.vocab_size)}
 
 
 def main(cases_path: str, results_path: str) -> None:
-    _setup_megatron()
+    from megatron.core import parallel_state
+
+    init_from_env()
+    tp = torch.distributed.get_world_size()
+    parallel_state.initialize_model_parallel(tp, 1)
     cases = json.loads(open(cases_path).read())
-    with open(results_path, "w") as out:
-        json.dump({case["name"]: run_case(case) for case in cases}, out)
+    results = {case["name"]: run_case(case, tp) for case in cases}
+    if torch.distributed.get_rank() == 0:
+        with open(results_path, "w") as out:
+            json.dump(results, out)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Multi-token prediction's kept activations: what the runtime's GPTModel saves for backward with D MTP depths
 beyond what it saves without them is what the cost model counts for them (cost.mtp: D transformer layers,
-mtp_kept_bytes per depth and the depths' fp32 softmaxes), measured at TP1 in fp32 on CPU."""
+mtp_kept_bytes per depth and the depths' fp32 softmaxes), measured in fp32 on CPU at TP1 and at TP2 with SP."""
 from __future__ import annotations
 
 import pytest
@@ -38,19 +38,23 @@ def case_model(case: dict):
 
 @pytest.fixture(scope="module")
 def measured(tmp_path_factory) -> dict:
-    return run_cases(tmp_path_factory.mktemp("mtp_saved"), 1, "mtp_saved_worker.py", CASES, 300)
+    """{tp: results}: one launch on one rank (TP1), one on two (TP2 with SP)."""
+    tmp = tmp_path_factory.mktemp("mtp_saved")
+    return {tp: run_cases(tmp, tp, "mtp_saved_worker.py", CASES, 300) for tp in (1, 2)}
 
 
+@pytest.mark.parametrize("tp", [1, 2])
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c["name"])
-def test_mtp_keeps_what_the_cost_model_counts(measured, case):
+def test_mtp_keeps_what_the_cost_model_counts(measured, case, tp):
     """Exact but for one s x s bool causal mask per MTP layer, which the unfused core keeps and the layer
     formula leaves out on purpose for every layer (tests/runtime/test_recompute_modules.py; the flash core
-    that GPUs run keeps none)."""
+    that GPUs run keeps none). At TP2 with SP this also checks the shards, the whole gathered input the MTP
+    layer's slice keeps alive and the vocab-parallel embedding's mask."""
     model = case_model(case)
     training = TrainingSpec(BATCH, precision="fp32", param_bytes=4, attention_backend="unfused")
-    strategy = LayerStrategy(tp=1, dp=1)
+    strategy = LayerStrategy(tp=tp, dp=1, sp=tp > 1)
     layer = layer_cost(model.mtp_layer, strategy, BATCH, model.seq_length, CPU, training).activation_bytes
     part = mtp_cost(model, strategy, BATCH, CPU, training, 1)
     depths, seq = model.mtp_num_layers, model.seq_length
-    result = measured[case["name"]]
+    result = measured[tp][case["name"]]
     assert result["mtp"] - result["plain"] == depths * (layer + seq * seq) + part.activation_bytes + part.loss_bytes
