@@ -79,6 +79,14 @@ def _four_rank_cases(tmp) -> list[dict]:
          "load_weights": str(tmp / "init_mla")},
         {"name": "mla_no_q_lora_tp2_dp2", "model": "mla_no_q_lora", "flags": {**BATCH, "tensor_parallel": 2},
          "settings": MLA_SETTINGS, "load_weights": str(tmp / "init_mla_no_q_lora")},
+        *_mtp_four_rank_cases(tmp),
+        {"name": "vpp_batched_p2p_refused", "flags": {**BATCH, "pipeline_parallel": 2, "layers_per_virtual_stage": 1},
+         "force_batch_p2p": True, "expect_error": True, "steps": 1, **init},
+    ]
+
+
+def _mtp_four_rank_cases(tmp) -> list[dict]:
+    return [
         # Multi-token prediction (worker_models.mtp_model, one MTP module): TP2, TP2 with SP, and PP2 with the word
         # embedding tied to the head and untied (the MTP stage then holds its own copy of the embedding).
         {"name": "mtp_tp2_dp2", "model": "mtp", "fp32_only": True, "flags": {**BATCH, "tensor_parallel": 2},
@@ -93,8 +101,6 @@ def _four_rank_cases(tmp) -> list[dict]:
         {"name": "mtp_pp2_vp2", "model": "mtp", "fp32_only": True,
          "flags": {**BATCH, "pipeline_parallel": 2, "layers_per_virtual_stage": 1},
          "load_weights": str(tmp / "init_mtp")},
-        {"name": "vpp_batched_p2p_refused", "flags": {**BATCH, "pipeline_parallel": 2, "layers_per_virtual_stage": 1},
-         "force_batch_p2p": True, "expect_error": True, "steps": 1, **init},
     ]
 
 
