@@ -111,6 +111,14 @@ def rotary_table(layer: LayerSpec, seq: int, settings: LayerBenchSettings, devic
 def saved_activation_bytes(module: torch.nn.Module, hidden: torch.Tensor, **rope) -> int:
     """Bytes of the distinct non-parameter storages the forward pass saves for backward, counted when the
     forward has returned (selective recompute of `layernorm` frees a saved norm output's storage then)."""
+    output, saved = saved_bytes_of(lambda: module(hidden, attention_mask=None, **rope), module)
+    del output
+    return saved
+
+
+def saved_bytes_of(forward: Callable[[], object], module: torch.nn.Module) -> tuple[object, int]:
+    """`forward()`'s result and the bytes of the distinct storages it saved for backward, other than
+    `module`'s parameters, counted once it has returned."""
     params = {p.untyped_storage().data_ptr() for p in module.parameters()}
     seen: dict[int, torch.UntypedStorage] = {}
 
@@ -121,10 +129,8 @@ def saved_activation_bytes(module: torch.nn.Module, hidden: torch.Tensor, **rope
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        output = module(hidden, attention_mask=None, **rope)
-    saved = sum(storage.nbytes() for storage in seen.values())
-    del output
-    return saved
+        output = forward()
+    return output, sum(storage.nbytes() for storage in seen.values())
 
 
 def _core_attention_seconds(module, seq: int, micro_batch: int, iters: int, device, dtype, barrier) -> float:

@@ -21,6 +21,7 @@ patches.apply_all()
 import torch  # noqa: E402
 
 from megatron_auto.profiling.cluster_profile import init_from_env  # noqa: E402
+from megatron_auto.profiling.layer_bench import saved_bytes_of  # noqa: E402
 from megatron_auto.runtime.config import transformer_config  # noqa: E402
 from megatron_auto.runtime.layout import MegatronLayout  # noqa: E402
 from megatron_auto.runtime.model import build_chunks  # noqa: E402
@@ -51,18 +52,8 @@ def saved_bytes(chunk, seq: int, vocab: int) -> int:
     tensor_parallel.model_parallel_cuda_manual_seed(1)
     tokens = torch.randint(0, vocab, (BATCH, seq + 1))
     positions = torch.arange(seq).unsqueeze(0).expand(BATCH, seq)
-    params = {p.untyped_storage().data_ptr() for p in chunk.parameters()}
-    seen: dict[int, torch.UntypedStorage] = {}
-
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in params:
-            seen[storage.data_ptr()] = storage
-        return tensor
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        loss = chunk(tokens[:, :-1], positions, None, labels=tokens[:, 1:], loss_mask=torch.ones(BATCH, seq))
-    saved = sum(storage.nbytes() for storage in seen.values())
+    labels, mask = tokens[:, 1:], torch.ones(BATCH, seq)
+    loss, saved = saved_bytes_of(lambda: chunk(tokens[:, :-1], positions, None, labels=labels, loss_mask=mask), chunk)
     loss.sum().backward()
     return saved
 

@@ -19,13 +19,19 @@ class _Writer:
         pass
 
 
-def test_sink_writes_loss_learning_rate_throughput_and_validation(monkeypatch, tmp_path):
-    # torch.utils.tensorboard needs the tensorboard package (absent here): a recording stand-in.
+def _recording_sink(monkeypatch, tmp_path):
+    """The TensorBoard sink over a recording stand-in: torch.utils.tensorboard needs the tensorboard package,
+    absent here."""
     module = types.ModuleType("torch.utils.tensorboard")
     module.SummaryWriter = _Writer
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
     monkeypatch.setattr(tensorboard_log, "tensorboard_available", lambda: True)
     sink = tensorboard_log.open_sink(str(tmp_path))
+    return sink
+
+
+def test_sink_writes_loss_learning_rate_throughput_and_validation(monkeypatch, tmp_path):
+    sink = _recording_sink(monkeypatch, tmp_path)
     sink.iteration(3, StepResult(loss=2.5, grad_norm=0.5), learning_rate=1e-3, tokens_per_s=100.0)
     sink.validation(3, 2.25)
     assert sink.writer.log_dir == str(tmp_path)
@@ -36,11 +42,7 @@ def test_sink_writes_loss_learning_rate_throughput_and_validation(monkeypatch, t
 
 def test_sink_writes_moe_and_mtp_losses_under_megatron_lms_names(monkeypatch, tmp_path):
     """track_moe_metrics' and MTPLossLoggingHelper.track_mtp_metrics' tags: the loss names of the log line."""
-    module = types.ModuleType("torch.utils.tensorboard")
-    module.SummaryWriter = _Writer
-    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", module)
-    monkeypatch.setattr(tensorboard_log, "tensorboard_available", lambda: True)
-    sink = tensorboard_log.open_sink(str(tmp_path))
+    sink = _recording_sink(monkeypatch, tmp_path)
     result = StepResult(loss=2.5, grad_norm=0.5, moe_losses=(("load_balancing_loss", 1.25),),
                         mtp_losses=(("mtp_1 loss", 2.75), ("mtp_2 loss", 3.0)))
     sink.iteration(4, result, learning_rate=1e-3, tokens_per_s=100.0)
