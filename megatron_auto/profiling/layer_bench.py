@@ -10,8 +10,9 @@ hooks, each storage counted once, parameters excluded); on GPUs also the growth
 of torch.cuda.memory_allocated across the forward.
 Times are per call of back-to-back blocks that all ranks start together and
 that end when the last rank is done (timing.block_seconds), so they include the
-share of the cores a rank gets beside the other ranks; the backward is a block
-of forward+backward pairs less a block of forwards.
+share of the cores a rank gets beside the other ranks; the backward is timed
+alone, each call after an untimed forward (a difference of two blocks came out
+at zero under load).
 """
 from __future__ import annotations
 
@@ -166,8 +167,7 @@ def measure_layer(layer: LayerSpec, tp: int, micro_batch: int, seq: int, setting
         state["out"].backward(grad)
 
     forward_s = block_seconds(forward, settings.iters, barrier=barrier)
-    pair_s = block_seconds(lambda: (forward(), backward()), settings.iters, barrier=barrier)
-    backward_s = max(0.0, pair_s - forward_s)
+    backward_s = block_seconds(backward, settings.iters, barrier=barrier, untimed=forward)
     core_s = _core_attention_seconds(module, seq, micro_batch, settings.iters, device, dtype, barrier)
     param_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
     activations = saved_activation_bytes(module, hidden, **rope)

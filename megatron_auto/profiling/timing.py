@@ -38,7 +38,8 @@ def median_seconds(run: Callable[[], object], iters: int, warmup: int = 1,
 
 
 def block_seconds(run: Callable[[], object], iters: int, warmup: int = 1,
-                  barrier: Callable[[], object] = lambda: None, repeats: int = 3) -> float:
+                  barrier: Callable[[], object] = lambda: None, repeats: int = 3,
+                  untimed: Callable[[], object] | None = None) -> float:
     """Seconds per call of `iters` back-to-back calls, from one `barrier()` to the next, after
     `warmup` untimed ones: the pace of every rank running the same block at once (the median
     over `repeats` such blocks, against other load on the machine).
@@ -48,17 +49,30 @@ def block_seconds(run: Callable[[], object], iters: int, warmup: int = 1,
     reports the uncontended speed while the rank waits, unseen, between calls.
     A block that every rank starts together and that ends when the last rank
     is done counts that wait, as a synchronous training step does.
+
+    `untimed` runs before every call and is left out of the time (a backward's
+    forward): the block then counts the calls themselves and the wait at its
+    closing barrier, so the time stays positive however loaded the machine is.
     """
     for _ in range(warmup):
+        if untimed is not None:
+            untimed()
         run()
     synchronize()
     blocks = []
     for _ in range(repeats):
         barrier()
         start = time.perf_counter()
+        skipped = 0.0
         for _ in range(iters):
+            if untimed is not None:
+                synchronize()
+                skip_start = time.perf_counter()
+                untimed()
+                synchronize()
+                skipped += time.perf_counter() - skip_start
             run()
         synchronize()
         barrier()
-        blocks.append((time.perf_counter() - start) / iters)
+        blocks.append((time.perf_counter() - start - skipped) / iters)
     return statistics.median(blocks)
