@@ -243,6 +243,11 @@ def _moe_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--moe-router-bias-update-rate", type=float, default=1e-3)
     group.add_argument("--moe-router-num-groups", type=int, help="expert groups for group-limited routing")
     group.add_argument("--moe-router-group-topk", type=int, help="groups a token's experts may come from")
+    group.add_argument("--moe-shared-expert-overlap", action="store_true",
+                       help="run the shared expert on its own CUDA stream beside the alltoall dispatch")
+    group.add_argument("--moe-layer-recompute", action="store_true",
+                       help="Megatron-LM's older spelling of --recompute-granularity selective with `moe` added "
+                            "to --recompute-modules")
     group.add_argument("--expert-model-parallel-size", type=int, help="EP degree (a constraint under --auto-parallel)")
     group.add_argument("--expert-tensor-parallel-size", type=int,
                        help="expert TP degree (default --tensor-model-parallel-size)")
@@ -260,7 +265,7 @@ def moe_settings(args: argparse.Namespace) -> MoESettings:
         token_drop_policy=args.moe_token_drop_policy, input_jitter_eps=args.moe_input_jitter_eps,
         per_layer_logging=args.moe_per_layer_logging, router_expert_bias=args.moe_router_enable_expert_bias,
         router_bias_update_rate=args.moe_router_bias_update_rate, router_num_groups=args.moe_router_num_groups,
-        router_group_topk=args.moe_router_group_topk)
+        router_group_topk=args.moe_router_group_topk, shared_expert_overlap=args.moe_shared_expert_overlap)
 
 
 def moe_router_error(args: argparse.Namespace) -> Optional[str]:
@@ -278,6 +283,31 @@ def moe_router_error(args: argparse.Namespace) -> Optional[str]:
         return (f"--moe-router-num-groups {groups} --moe-router-group-topk {picked}: the groups must split the "
                 f"{experts} experts evenly, and the chosen groups must hold --moe-router-topk {topk} experts, "
                 "at least one from each")
+    return None
+
+
+def moe_layer_recompute_error(args: argparse.Namespace) -> Optional[str]:
+    """--moe-layer-recompute as megatron-core 0.16.1's TransformerConfig reads it: selective recomputation with
+    `moe` added to the modules (the default's core_attn kept); full granularity is refused. Edits `args`."""
+    if not args.moe_layer_recompute:
+        return None
+    if args.recompute_granularity == "full":
+        return "do not set --moe-layer-recompute with full recompute granularity (as in Megatron-Core)"
+    args.recompute_granularity = "selective"
+    modules = list(args.recompute_modules or DEFAULT_RECOMPUTE_MODULES)
+    args.recompute_modules = modules + ["moe"] * ("moe" not in modules)
+    return None
+
+
+def shared_expert_overlap_error(args: argparse.Namespace) -> Optional[str]:
+    """--moe-shared-expert-overlap's constraints that megatron-core 0.16.1's TransformerConfig raises on."""
+    if not (args.moe_shared_expert_overlap and args.moe_shared_expert_intermediate_size):
+        return None
+    if args.moe_token_dispatcher_type != "alltoall":
+        return ("--moe-shared-expert-overlap only works with --moe-token-dispatcher-type alltoall "
+                f"(as in Megatron-Core), not {args.moe_token_dispatcher_type}")
+    if "shared_experts" in (args.recompute_modules or ()):
+        return "--recompute-modules shared_experts cannot go with --moe-shared-expert-overlap (as in Megatron-Core)"
     return None
 
 
@@ -542,8 +572,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                      "experiment name!')")
     if args.recompute_activations and args.recompute_granularity is None:
         args.recompute_granularity = "selective"
-    flags_error = (schedule_flags_error(args) or batch_ramp_error(args) or size_flags_error(args)
-                   or checkpoint_flags_error(args) or moe_router_error(args) or mla_flags_error(args)
+    flags_error = (moe_layer_recompute_error(args) or schedule_flags_error(args) or batch_ramp_error(args)
+                   or size_flags_error(args)
+                   or checkpoint_flags_error(args) or moe_router_error(args) or shared_expert_overlap_error(args) or mla_flags_error(args)
                    or mtp_flags_error(args))
     if flags_error:
         parser.error(flags_error)
@@ -848,6 +879,7 @@ def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_si
                   optimizer_impl=resolve_optimizer_impl(settings.optimizer_impl, on_gpu),
                   memory_margin=args.auto_parallel_memory_margin,
                   moe_token_dispatcher=settings.moe.token_dispatcher, moe_grouped_gemm=settings.moe.grouped_gemm,
+                  moe_shared_expert_overlap=settings.moe.shared_expert_overlap,
                   recompute_modules=settings.recompute_modules,
                   fused_norms=on_gpu and transformer_engine_available())
     return TrainingSpec.for_precision(settings.precision, global_batch, **common)

@@ -63,7 +63,8 @@ def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size
                                 ("transformer_engine" if on_gpu else "local")) == "transformer_engine")
     moe = dict(moe_token_dispatcher=getattr(args, "moe_token_dispatcher_type", "alltoall"),
                moe_load_imbalance=getattr(args, "moe_load_imbalance", DEFAULT_MOE_LOAD_IMBALANCE),
-               moe_grouped_gemm=getattr(args, "moe_grouped_gemm", False))
+               moe_grouped_gemm=getattr(args, "moe_grouped_gemm", False),
+               moe_shared_expert_overlap=getattr(args, "moe_shared_expert_overlap", False))
     try:
         return TrainingSpec.for_precision(precision, global_batch_size, memory_budget_bytes=budget, **kernels, **moe)
     except ValueError as error:

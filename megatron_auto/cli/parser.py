@@ -70,6 +70,9 @@ def add_moe_arguments(parser: argparse.ArgumentParser) -> None:
                                           f"(default {DEFAULT_MOE_LOAD_IMBALANCE}: balanced; docs/cost_model.md)")
     parser.add_argument("--moe-grouped-gemm", action="store_true",
                         help="price the experts as one grouped GEMM (Megatron's --moe-grouped-gemm)")
+    parser.add_argument("--moe-shared-expert-overlap", action="store_true",
+                        help="price the shared expert on its own stream beside the alltoall dispatch "
+                             "(Megatron's --moe-shared-expert-overlap)")
 
 
 def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:

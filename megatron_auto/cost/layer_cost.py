@@ -21,6 +21,7 @@ from .compute import module_forward_shares, recompute_time
 from .models import compute_model
 from .mla import mla_tp_comm_time
 from .moe import ExpertCost, expert_cost
+from .shared_expert import hidden_dispatch_seconds
 from .memory import (attention_backward_extra_bytes, attention_workspace_bytes, layer_activation_bytes,
                      model_state_bytes, optimizer_temporary_bytes, qkv_kept_width, zero3_gathered_bytes)
 
@@ -82,12 +83,17 @@ def _layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: in
     dense = dense_part_cost(layer, strategy, samples, seq, cluster, training)
     if layer.moe is None:
         return dense
-    return with_experts(dense, expert_cost(layer, strategy, samples, seq, cluster, training), cluster)
+    experts = expert_cost(layer, strategy, samples, seq, cluster, training)
+    hidden = hidden_dispatch_seconds(layer, strategy, samples, seq, cluster, training,
+                                     dense.forward_s + dense.backward_s + dense.recompute_s, experts.comm_s)
+    return with_experts(dense, experts, cluster, hidden)
 
 
-def with_experts(dense: LayerCost, experts: ExpertCost, cluster: ClusterSpec) -> LayerCost:
+def with_experts(dense: LayerCost, experts: ExpertCost, cluster: ClusterSpec, hidden_dispatch_s: float = 0.0
+                 ) -> LayerCost:
     """A MoE layer: its dense part plus its routed experts, each term added (the expert ZeRO-3 traffic
-    hidden behind the layer's compute as the dense part's is)."""
+    hidden behind the layer's compute as the dense part's is), less the dispatch time the shared expert's
+    stream hides (`hidden_dispatch_s`, cost/shared_expert.py)."""
     compute = experts.forward_s + experts.backward_s + experts.recompute_s
     return replace(
         dense,
@@ -100,7 +106,7 @@ def with_experts(dense: LayerCost, experts: ExpertCost, cluster: ClusterSpec) ->
         activation_bytes=dense.activation_bytes + experts.activation_bytes,
         transient_bytes=dense.transient_bytes + experts.rematerialised_bytes,
         optimizer_temporary_bytes=dense.optimizer_temporary_bytes + experts.optimizer_temporary_bytes,
-        ep_comm_s=experts.comm_s,
+        ep_comm_s=experts.comm_s - hidden_dispatch_s,
     )
 
 

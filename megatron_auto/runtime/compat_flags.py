@@ -83,7 +83,6 @@ NO_EFFECT_VALUES = {
 MOE_NO_EFFECT_SWITCHES = {
     "--moe-permute-fusion": KERNEL + " (the fused permutation needs Transformer Engine; the tokens are the same)",
     "--moe-router-fusion": KERNEL + " (the fused router needs Transformer Engine; the scores are the same)",
-    "--moe-shared-expert-overlap": LAYOUT + " (the shared expert runs in the layer's stream)",
     "--moe-use-legacy-grouped-gemm": KERNEL + " (--moe-grouped-gemm picks TE's or Megatron's grouped GEMM)",
     "--overlap-moe-expert-parallel-comm": LAYOUT,
     "--moe-enable-deepep": KERNEL + " (DeepEP's dispatcher needs its CUDA kernels; alltoall moves the same tokens)",

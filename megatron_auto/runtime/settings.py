@@ -87,6 +87,10 @@ class MoESettings:
     device- and node-limited routing)."""
     router_group_topk: Optional[int] = None
     """--moe-router-group-topk: groups a token's experts may come from."""
+    shared_expert_overlap: bool = False
+    """--moe-shared-expert-overlap: the shared expert runs on its own CUDA stream beside the alltoall
+    dispatcher's communication (megatron/core/transformer/moe/shared_experts.py), with its TP collectives
+    issued by itself; on CPU the streams are no-ops (patches/moe_cuda_device.py) and the math is the same."""
 
     def config_fields(self) -> dict:
         """TransformerConfig's fields for these settings (megatron/core/transformer/transformer_config.py)."""
@@ -100,7 +104,8 @@ class MoESettings:
                     moe_per_layer_logging=self.per_layer_logging,
                     moe_router_enable_expert_bias=self.router_expert_bias,
                     moe_router_bias_update_rate=self.router_bias_update_rate,
-                    moe_router_num_groups=self.router_num_groups, moe_router_group_topk=self.router_group_topk)
+                    moe_router_num_groups=self.router_num_groups, moe_router_group_topk=self.router_group_topk,
+                    moe_shared_expert_overlap=self.shared_expert_overlap)
 
 
 @dataclass(frozen=True)

@@ -59,6 +59,9 @@ class TrainingSpec(CachedHash):
     """Routed tokens on the busiest expert-parallel rank over the mean (>= 1); scales expert time and memory."""
     moe_grouped_gemm: bool = False
     """The experts' GEMMs batched into one grouped GEMM [--moe-grouped-gemm]."""
+    moe_shared_expert_overlap: bool = False
+    """The shared expert runs on its own stream beside the alltoall dispatch [--moe-shared-expert-overlap]
+    (cost/shared_expert.py)."""
     recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     """What `selective` recomputation re-runs in backward [--recompute-modules]: core_attn (the attention
     core), mlp (a dense layer's MLP; Megatron-Core leaves a MoE layer's alone), layernorm (both norms,
@@ -119,6 +122,9 @@ class TrainingSpec(CachedHash):
         if self.moe_token_dispatcher not in MOE_TOKEN_DISPATCHERS:
             raise ValueError(f"MoE token dispatcher must be one of {', '.join(MOE_TOKEN_DISPATCHERS)}, "
                              f"got {self.moe_token_dispatcher!r}")
+        if self.moe_shared_expert_overlap and self.moe_token_dispatcher != "alltoall":
+            raise ValueError("--moe-shared-expert-overlap only works with the alltoall token dispatcher "
+                             f"(as in Megatron-Core), not {self.moe_token_dispatcher}")
         if not 1.0 <= self.moe_load_imbalance < float("inf"):
             raise ValueError(f"MoE load imbalance must be a finite number >= 1, got {self.moe_load_imbalance}")
 

@@ -15,7 +15,7 @@ has something to learn), "drop_grad_sync" (a broken run: DDP's gradient reductio
 bf16 twin; read by the test)}.
 The last rank writes {name: {"iterations", "losses", "grad_norms", "loss_scales", "skipped",
 "param_dtypes", "moe_losses", "router_gap", "expert_bias_max", "attention", "mtp_losses", "mtp_backward_scales",
-"params_without_grad", "mtp_params_with_grad"} or {"error"}, with "seconds" the
+"params_without_grad", "mtp_params_with_grad", "shared_expert_overlap_layers"} or {"error"}, with "seconds" the
 case took and "threads" the process held after it} to RESULTS.json;
 router_gap is the smallest margin, over every token routed on this rank, between what its router picked and
 the best it left (selection_margin; MoE models); expert_bias_max the largest expert bias on this rank after
@@ -104,6 +104,8 @@ def run_case(case: dict, info) -> dict:
             "expert_bias_max": max((float(m.expert_bias.abs().max()) for chunk in run.model for m in chunk.modules()
                                     if getattr(m, "expert_bias", None) is not None), default=None),
             "cp_size": _context_parallel_size(),
+            "shared_expert_overlap_layers": sum(bool(getattr(m, "shared_expert_overlap", False))
+                                                for chunk in run.model for m in chunk.modules()),
             "attention": sorted({f"{type(m).__name__}/{type(m.core_attention).__name__}" for chunk in run.model
                                  for m in chunk.modules() if hasattr(m, "core_attention")})}
 

@@ -9,7 +9,10 @@ which reshards the experts over EP), trains the same 5 global batches and must m
 - EP2 with TP2 + sequence parallel (expert TP defaults to TP: EP2 x ETP2), alltoall;
 - EP2 with PP2, alltoall;
 - the mixed dense/MoE model at EP2 x DP4 with the allgather dispatcher, and at TP2 + SP with EP2 and
-  expert TP 1 (biases need it) and the allgather dispatcher.
+  expert TP 1 (biases need it) and the allgather dispatcher;
+- the DeepSeek-style model at EP2 x TP2 + SP with --moe-shared-expert-overlap (the shared expert's own
+  sequence-parallel gather and reduce-scatter, run beside the dispatcher; the SwiGLU model's ep2_tp2_sp runs
+  it in the layer).
 
 Every case starts from the single process's weights (EP1), resharded onto its EP degree; a full
 checkpoint (weights, optimizer, schedule) saved at iteration 3 under EP2 resumes under EP4, and
@@ -133,6 +136,7 @@ def _four_rank_cases(tmp) -> list[dict]:
          "settings": SWIGLU_SEED, "resume": str(tmp / "swiglu_ep2"), "resume_step": 3},
         {"name": "deepseek_ep2_tp2_sp", "flags": {**BATCH, "expert_parallel": 2, "tensor_parallel": 2,
                                                    "sequence_parallel": True}, **deepseek,
+         "moe": {**DEEPSEEK_ROUTER, "shared_expert_overlap": True},
          "save": str(tmp / "deepseek_ep2"), "save_interval": 3},
         {"name": "resume_deepseek_ep2_ckpt_as_ep4", **DEEPSEEK, "flags": {**BATCH, "expert_parallel": 4},
          "moe": DEEPSEEK_ROUTER, "resume": str(tmp / "deepseek_ep2"), "resume_step": 3},
@@ -218,6 +222,13 @@ def test_hybrid_plan_logs_the_z_loss_of_one_process(four_rank, references):
     ours = [step["z_loss"] for step in result["moe_losses"]]
     theirs = [step["z_loss"] for step in references["deepseek_reference"]["moe_losses"]]
     assert ours == pytest.approx(theirs, rel=HYBRID_RTOL)
+
+
+def test_shared_expert_overlap_runs_where_asked(four_rank):
+    """--moe-shared-expert-overlap reached every MoE layer of its case (and its match is checked above) and no
+    other case's."""
+    assert four_rank["deepseek_ep2_tp2_sp"]["shared_expert_overlap_layers"] == 3
+    assert four_rank["ep2_tp2_sp"]["shared_expert_overlap_layers"] == 0
 
 
 def test_checkpoint_of_ep2_resumes_under_ep4(four_rank, references):

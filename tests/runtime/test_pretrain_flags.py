@@ -221,6 +221,15 @@ def test_wsd_holds_the_rate_then_decays_over_its_window_while_the_weight_decay_m
      "--ckpt-convert-format: converting a checkpoint's format is not run here"),
     (["--train-iters", "5", "--no-load-optim", "--load-main-params-from-ckpt"],
      "--load-main-params-from-ckpt: copying the fp32 main parameters alone"),
+    (["--train-iters", "5", "--moe-layer-recompute", "--recompute-granularity", "full", "--recompute-method",
+      "uniform"], "do not set --moe-layer-recompute with full recompute granularity"),
+    (["--train-iters", "5", "--num-experts", "4", "--moe-shared-expert-intermediate-size", "64",
+      "--moe-shared-expert-overlap"], "--moe-shared-expert-overlap only works with --moe-token-dispatcher-type "
+                                      "alltoall (as in Megatron-Core), not allgather"),
+    (["--train-iters", "5", "--num-experts", "4", "--moe-shared-expert-intermediate-size", "64",
+      "--moe-shared-expert-overlap", "--moe-token-dispatcher-type", "alltoall", "--recompute-granularity",
+      "selective", "--recompute-modules", "shared_experts"],
+     "--recompute-modules shared_experts cannot go with --moe-shared-expert-overlap"),
 ])
 def test_bad_schedule_and_refused_flags_exit_2_with_one_line(capsys, flags, message):
     base = [f for f in BASE if f not in ("--train-iters", "10")]
@@ -686,3 +695,26 @@ def test_deepseek_v3_router_flags_reach_transformer_config():
             fields["moe_router_num_groups"], fields["moe_router_group_topk"]) == (True, 0.002, 4, 2)
     plain = pretrain_gpt.moe_settings(pretrain_gpt.parse_args(BASE + ["--num-experts", "8"])).config_fields()
     assert (plain["moe_router_enable_expert_bias"], plain["moe_router_bias_update_rate"]) == (False, 1e-3)
+
+
+@pytest.mark.parametrize("flags, granularity, modules", [
+    (["--moe-layer-recompute"], "selective", ("core_attn", "moe")),
+    (["--recompute-activations", "--moe-layer-recompute"], "selective", ("core_attn", "moe")),
+    (["--moe-layer-recompute", "--recompute-modules", "mlp"], "selective", ("mlp", "moe")),
+    (["--moe-layer-recompute", "--recompute-modules", "moe", "core_attn"], "selective", ("moe", "core_attn")),
+])
+def test_moe_layer_recompute_is_selective_recompute_of_moe(flags, granularity, modules):
+    """Megatron-Core's TransformerConfig turns --moe-layer-recompute into selective recomputation with `moe`
+    appended to the modules (core_attn, its default, kept)."""
+    args = pretrain_gpt.parse_args(BASE + ["--num-experts", "8"] + flags)
+    assert (args.recompute_granularity, tuple(args.recompute_modules)) == (granularity, modules)
+
+
+def test_shared_expert_overlap_reaches_transformer_config_and_the_priced_spec():
+    flags = ["--num-experts", "8", "--moe-shared-expert-intermediate-size", "64", "--moe-token-dispatcher-type",
+             "alltoall"]
+    for extra, expected in (([], False), (["--moe-shared-expert-overlap"], True)):
+        args = pretrain_gpt.parse_args(BASE + flags + extra)
+        settings = pretrain_gpt.settings_from_args(args, 1024)
+        assert settings.moe.config_fields()["moe_shared_expert_overlap"] is expected
+        assert pretrain_gpt.training_for_job(args, settings, 8).moe_shared_expert_overlap is expected
