@@ -13,14 +13,16 @@ venv: $(STAMP)
 
 # torch first: pip finds the CPU build on local disk; then the package, editable, with the runtime extra.
 # (Never add the PyPI package `apex`: megatron-core works without it.)
-$(STAMP): pyproject.toml setup.py
+$(STAMP): pyproject.toml setup.py Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e '.[runtime]' pytest
+	$(BIN)/python -m pip install --quiet -e '.[runtime]' pytest pytest-xdist
 	touch $(STAMP)
 
+# Two pytest workers, one test file each at a time (--dist loadfile: a file's launched ranks and module
+# fixtures stay in one worker): the launches' process start-up and waits overlap the other worker's compute.
 test: venv
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
 
 demo: demo-plan demo-train
 

@@ -5,8 +5,8 @@
 #   bash tools/gpu_session.sh smoke        # 3 minutes: the distributed optimizer with its weight all-gather in the
 #                                          # next forward (on by default with CUDA): trains, saves masters equal to
 #                                          # its weights over several gradient buckets, resumes exactly; then a
-#                                          # DeepSeek-style model (MLA, MoE with a shared expert, one MTP module)
-#                                          # trains in bf16 on CUDA
+#                                          # DeepSeek-style model (MLA, MoE with an overlapped shared expert,
+#                                          # one MTP module) trains in bf16 on CUDA
 #   bash tools/gpu_session.sh speed        # bench_gpu_vs_torch (auto, then --grad-accumulation-fusion on) and
 #                                          # profile_gpu_step --time-grad-accumulation-fusion
 #   bash tools/gpu_session.sh host         # 2 minutes: measure_host_floor, the host seconds per layer pass of the
@@ -51,14 +51,16 @@ SMOKE_JOB="--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-lengt
     --micro-batch-size 2 --global-batch-size 8 --train-iters 6 --lr 1e-3 --mock-data --tokenizer-type NullTokenizer
     --vocab-size 1024 --log-interval 1 --bf16 --use-distributed-optimizer --save-interval 3"
 # DeepSeek-V3's kinds of layer at a small width: multi-latent attention with both latents and their norms,
-# every MLP a MoE of 8 experts (top-2) with a shared expert, one multi-token-prediction module.
+# every MLP a MoE of 8 experts (top-2) with a shared expert on its own CUDA stream (--moe-shared-expert-overlap),
+# the MoE layers recomputed (--moe-layer-recompute), one multi-token-prediction module.
 DEEPSEEK_JOB="--num-layers 4 --hidden-size 1024 --num-attention-heads 8 --seq-length 256 --max-position-embeddings 256
     --micro-batch-size 2 --global-batch-size 8 --train-iters 6 --lr 1e-3 --mock-data --tokenizer-type NullTokenizer
     --vocab-size 1024 --log-interval 1 --bf16 --position-embedding-type rope --normalization RMSNorm --swiglu
     --disable-bias-linear --untie-embeddings-and-output-weights --ffn-hidden-size 2816 --multi-latent-attention
     --q-lora-rank 384 --kv-lora-rank 256 --qk-head-dim 64 --qk-pos-emb-head-dim 32 --v-head-dim 64 --qk-layernorm
     --num-experts 8 --moe-router-topk 2 --moe-ffn-hidden-size 512 --moe-shared-expert-intermediate-size 512
-    --moe-token-dispatcher-type alltoall --mtp-num-layers 1 --use-distributed-optimizer"
+    --moe-token-dispatcher-type alltoall --moe-shared-expert-overlap --moe-layer-recompute --mtp-num-layers 1
+    --use-distributed-optimizer"
 
 case "$STEP" in
     smoke)

@@ -574,8 +574,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.recompute_granularity = "selective"
     flags_error = (moe_layer_recompute_error(args) or schedule_flags_error(args) or batch_ramp_error(args)
                    or size_flags_error(args)
-                   or checkpoint_flags_error(args) or moe_router_error(args) or shared_expert_overlap_error(args) or mla_flags_error(args)
-                   or mtp_flags_error(args))
+                   or checkpoint_flags_error(args) or moe_router_error(args) or shared_expert_overlap_error(args)
+                   or mla_flags_error(args) or mtp_flags_error(args))
     if flags_error:
         parser.error(flags_error)
     if not args.mock_data and not args.data_path and not any(per_split_paths(args)):

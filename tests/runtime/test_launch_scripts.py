@@ -50,7 +50,8 @@ def script_arguments(script: str, tmp: Path, files: dict) -> list[str]:
             "mixtral_8x7b_distributed": [ckpt, tb, files["sp_model"], files["sp_data"]],
             "llama3_8b_fsdp": [ckpt, tb, files["hf_dir"], files["hf_data"]],
             "qwen3_0p6b": [ckpt, files["hf_dir"], files["hf_data"]],
-            "deepseek_v2_lite": [ckpt, files["hf_dir"], files["hf_data"]]}[script]
+            "deepseek_v2_lite": [ckpt, files["hf_dir"], files["hf_data"]],
+            "deepseek_v3": [ckpt, files["hf_dir"], files["hf_data"]]}[script]
 
 
 def recorded_line(script: str, tmp: Path, files: dict) -> list[str]:
