@@ -433,15 +433,13 @@ def _check_megatron_space(plan: Plan) -> None:
 
 def context_parallel_problem(cp: int, model: ModelSpec) -> Optional[str]:
     """Why `model` cannot run context parallelism `cp`, or None: Megatron-Core needs a sequence that splits
-    into 2 x cp chunks (get_batch_on_this_cp_rank), and the cost model prices no MoE or multi-latent
-    attention layer, nor multi-token prediction, under CP yet."""
+    into 2 x cp chunks (get_batch_on_this_cp_rank), and the cost model prices no multi-latent attention
+    layer, nor multi-token prediction, under CP yet."""
     if cp == 1:
         return None
     if model.seq_length % (2 * cp):
         return (f"context parallelism {cp} splits each sequence into {2 * cp} chunks, which "
                 f"{model.seq_length} tokens do not divide into")
-    if any(layer.moe is not None for layer in model.distinct_layers):
-        return f"context parallelism with MoE layers is not priced yet (model '{model.name}')"
     if any(layer.mla is not None for layer in model.distinct_layers):
         return f"context parallelism with multi-latent attention is not priced yet (model '{model.name}')"
     if model.mtp_num_layers:

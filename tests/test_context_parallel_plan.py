@@ -50,8 +50,33 @@ def test_plans_refuse_context_parallelism_where_megatron_core_or_the_pricing_can
         _plan(4, seq=8196)
     with pytest.raises(ValueError, match="megatron-space"):
         _plan(2, space="hybrid")
-    with pytest.raises(ValueError, match="MoE"):
-        _plan(2, model=MODEL_PRESETS["tiny-mixtral"], tp=1)
+    assert _plan(2, model=MODEL_PRESETS["tiny-mixtral"], tp=1).embedding.cp == 2  # MoE layers run under CP
+
+
+MIXTRAL = MODEL_PRESETS["mixtral-8x7b"]
+MOE_LAYER = MIXTRAL.layers[0]
+
+
+@pytest.mark.parametrize("ep, etp", [(4, 1), (8, 1), (2, 2)])
+def test_a_moe_layer_under_cp_is_its_dense_part_under_cp_plus_experts_on_the_local_tokens(ep, etp):
+    """The router and experts see the rank's s / cp tokens, and CP folds into the experts' data parallelism
+    (Megatron-Core's expert groups span tp x cp x dp): priced as the experts at the local sequence with
+    dp x cp. The attention's CP terms are the dense part's."""
+    from megatron_auto.cost.layer_cost import dense_part_cost
+    from megatron_auto.cost.moe import expert_cost
+
+    strategy = LayerStrategy(tp=2, dp=2, cp=2, zero=1, sp=True, ep=ep, etp=etp)
+    folded = LayerStrategy(tp=2, dp=4, zero=1, sp=True, ep=ep, etp=etp)
+    cost = layer_cost(MOE_LAYER, strategy, 1, 8192, H100, BF16)
+    experts = expert_cost(MOE_LAYER, folded, 1, 4096, H100, BF16)
+    dense_cp = layer_cost(replace(MOE_LAYER, moe=None), replace(strategy, ep=1, etp=None), 1, 8192, H100, BF16)
+    assert cost.ep_comm_s == pytest.approx(experts.comm_s, rel=1e-12) and cost.ep_comm_s > 0
+    assert cost.cp_comm_s > 0 and cost.state_bytes == pytest.approx(
+        dense_part_cost(MOE_LAYER, folded, 1, 4096, H100, BF16).state_bytes + experts.state_bytes, rel=1e-12)
+    assert cost.forward_s - experts.forward_s == pytest.approx(
+        dense_cp.forward_s - dense_part_cost(replace(MOE_LAYER, moe=None), replace(folded, ep=1, etp=None), 1,
+                                             4096, H100, BF16).forward_s
+        + dense_part_cost(MOE_LAYER, folded, 1, 4096, H100, BF16).forward_s, rel=1e-9)
 
 
 def test_the_weights_are_priced_as_data_parallel_over_dp_times_cp():
@@ -140,10 +165,19 @@ def test_estimate_cp_errors_are_one_line(extra, fragment):
     assert_user_error(run_cli(*ESTIMATE, *extra), fragment)
 
 
-def test_estimate_cp_on_a_moe_model_is_one_line():
-    assert_user_error(run_cli("estimate", "--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--num-nodes",
-                              "8", "--global-batch-size", "256", "--tp", "2", "--pp", "4", "--ep", "4", "--cp", "2",
-                              "--sequence-parallel"), "MoE")
+MIXTRAL_ESTIMATE = ["estimate", "--model", "mixtral-8x7b", "--cluster", "dgx-h100-80gb", "--num-nodes", "8",
+                    "--global-batch-size", "256", "--tp", "2", "--pp", "4", "--sequence-parallel",
+                    "--distributed-optimizer", "--etp", "1", "--micro-batch-size", "1"]
+
+
+def test_estimate_prices_a_moe_model_under_cp_with_experts_over_tp_cp_dp():
+    # 64 GPUs, TP2 x PP4 x CP2 leaves dp 4; the 8 experts' groups span tp x cp x dp = 16 ranks of a stage.
+    under_cp = ok_json(*MIXTRAL_ESTIMATE, "--cp", "2", "--ep", "8")
+    without = ok_json(*MIXTRAL_ESTIMATE, "--ep", "8")
+    assert under_cp["megatron_flags"][under_cp["megatron_flags"].index("--context-parallel-size") + 1] == "2"
+    assert under_cp["breakdown"]["cp_comm_s"] > 0 and "--context-parallel-size" not in without["megatron_flags"]
+    # Each rank keeps half of each sequence's activations (and the experts' states are sharded the same).
+    assert under_cp["memory_breakdown"]["activations_gib"] < 0.6 * without["memory_breakdown"]["activations_gib"]
 
 
 PLAN = ["plan", "--model", "llama3-70b", "--cluster", "dgx-h100-80gb", "--num-nodes", "16",
@@ -164,7 +198,7 @@ def test_the_search_picks_context_parallelism_for_llama3_70b_and_beats_every_pla
     assert pinned["iteration_time_s"] >= best["iteration_time_s"]
 
 
-def test_the_search_keeps_short_sequences_moe_and_the_unfused_core_at_cp_1():
+def test_the_search_keeps_short_sequences_mla_and_the_unfused_core_at_cp_1_and_searches_moe_under_cp():
     from megatron_auto.search import search_plan
     from megatron_auto.search.constraints import SearchConstraints
     from megatron_auto.search.megatron_space import SpaceStats, context_parallel_choices
@@ -177,7 +211,8 @@ def test_the_search_keeps_short_sequences_moe_and_the_unfused_core_at_cp_1():
     assert context_parallel_choices(gpt3, cluster, BF16, constraints, 1, 1, stats) == [1]
     assert context_parallel_choices(LLAMA, cluster, replace(BF16, attention_backend="unfused"), constraints,
                                     4, 4, stats) == [1]
-    assert context_parallel_choices(MODEL_PRESETS["mixtral-8x7b"], cluster, BF16, constraints, 4, 4, stats) == [1]
+    assert context_parallel_choices(MODEL_PRESETS["mixtral-8x7b"], cluster, BF16, constraints, 4, 4, stats) == [1, 2]
+    assert context_parallel_choices(MODEL_PRESETS["deepseek-v2-lite"], cluster, BF16, constraints, 4, 4, stats) == [1]
     found = search_plan(gpt3, load_cluster("dgx-a100-80gb", 128), TrainingSpec(global_batch_size=1536),
                         "megatron").plan
     assert found.embedding.cp == 1

@@ -83,10 +83,7 @@ def _layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: in
     dense = dense_part_cost(layer, strategy, samples, seq, cluster, training)
     if layer.moe is None:
         return dense
-    experts = expert_cost(layer, strategy, samples, seq, cluster, training)
-    hidden = hidden_dispatch_seconds(layer, strategy, samples, seq, cluster, training,
-                                     dense.forward_s + dense.backward_s + dense.recompute_s, experts.comm_s)
-    return with_experts(dense, experts, cluster, hidden)
+    return _with_priced_experts(dense, layer, strategy, samples, seq, cluster, training)
 
 
 def with_experts(dense: LayerCost, experts: ExpertCost, cluster: ClusterSpec, hidden_dispatch_s: float = 0.0
@@ -112,11 +109,14 @@ def with_experts(dense: LayerCost, experts: ExpertCost, cluster: ClusterSpec, hi
 
 def context_parallel_layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,
                                cluster: ClusterSpec, training: TrainingSpec) -> LayerCost:
-    """A dense layer under context parallelism (cost/context_parallel.py): priced at the local sequence with
-    CP folded into DP, plus the attention core's extra work, the K/V exchange and the whole sequence's K and V
-    that the attention keeps (rebuilt instead where the core is recomputed, whose checkpoint keeps local ones)."""
-    if layer.moe is not None or layer.mla is not None:
-        raise ValueError("context parallelism with MoE or multi-latent attention layers is not priced yet")
+    """A layer under context parallelism (cost/context_parallel.py): its dense part priced at the local sequence
+    with CP folded into DP, plus the attention core's extra work, the K/V exchange and the whole sequence's K
+    and V that the attention keeps (rebuilt instead where the core is recomputed, whose checkpoint keeps local
+    ones). A MoE layer's router and experts see only the rank's own tokens, so they are priced at the local
+    sequence too, with CP folded into expert DP: Megatron-Core forms the expert groups (etp-ep-edp) over the
+    stage's tp x cp x dp ranks (parallel_state.py, the expert RankGenerator)."""
+    if layer.mla is not None:
+        raise ValueError("context parallelism with multi-latent attention layers is not priced yet")
     if training.attention_backend != "flash":
         raise ValueError("context parallelism runs on the flash (SDPA) core attention, not "
                          f"{training.attention_backend!r}")
@@ -127,7 +127,7 @@ def context_parallel_layer_cost(layer: LayerSpec, strategy: LayerStrategy, sampl
     forward, backward = attention_core_extra_times(layer, seq, samples, strategy, cluster, training)
     whole_kv = (training.activation_bytes * local * samples / strategy.tp
                 * (cp_qkv_kept_width(layer, strategy.cp) - qkv_kept_width(layer, True)))
-    return replace(
+    dense = replace(
         base,
         forward_s=base.forward_s + forward, backward_s=base.backward_s + backward,
         recompute_s=base.recompute_s + (forward if core_recomputed else 0.0),
@@ -136,6 +136,19 @@ def context_parallel_layer_cost(layer: LayerSpec, strategy: LayerStrategy, sampl
         activation_bytes=base.activation_bytes + (0.0 if core_recomputed else whole_kv),
         transient_bytes=base.transient_bytes + (whole_kv if core_recomputed else 0.0),
     )
+    if layer.moe is None:
+        return dense
+    return _with_priced_experts(dense, layer, gradient_strategy(strategy), samples, local, cluster, training)
+
+
+def _with_priced_experts(dense: LayerCost, layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,
+                         cluster: ClusterSpec, training: TrainingSpec) -> LayerCost:
+    """`dense`, a MoE layer's dense part, with its experts priced under `strategy`, less the dispatch the shared
+    expert's stream hides."""
+    experts = expert_cost(layer, strategy, samples, seq, cluster, training)
+    hidden = hidden_dispatch_seconds(layer, strategy, samples, seq, cluster, training,
+                                     dense.forward_s + dense.backward_s + dense.recompute_s, experts.comm_s)
+    return with_experts(dense, experts, cluster, hidden)
 
 
 def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,

@@ -112,15 +112,16 @@ def _recompute_kinds(flags: ManualParallelism, chunk_sizes: list[int]) -> list[l
 
 def check_expert_flags(model: ModelSpec, tp: int, dp: int, flags: ManualParallelism) -> None:
     """UserError unless Megatron-Core can form the expert groups: a MoE model, and ep x etp dividing
-    tp x dp (the expert groups partition the tp x dp ranks of a pipeline stage)."""
+    tp x cp x dp (the expert groups partition the tp x cp x dp ranks of a pipeline stage)."""
     if flags.expert_parallel == 1 and flags.expert_tensor_parallel is None:
         return
     if not any(layer.moe is not None for layer in model.layers):
         raise UserError("--expert-model-parallel-size/--expert-tensor-parallel-size need a MoE model (--num-experts)")
-    etp = flags.expert_tensor_parallel or tp
-    if (tp * dp) % (flags.expert_parallel * etp):
-        raise UserError(f"world size {tp * dp * flags.pipeline_parallel} does not fit expert parallelism: "
-                        f"EP x expert TP = {flags.expert_parallel} x {etp} must divide TP x DP = {tp} x {dp}")
+    etp, cp = flags.expert_tensor_parallel or tp, flags.context_parallel
+    if (tp * cp * dp) % (flags.expert_parallel * etp):
+        named, sizes = ("TP x CP x DP", f"{tp} x {cp} x {dp}") if cp > 1 else ("TP x DP", f"{tp} x {dp}")
+        raise UserError(f"world size {tp * cp * dp * flags.pipeline_parallel} does not fit expert parallelism: "
+                        f"EP x expert TP = {flags.expert_parallel} x {etp} must divide {named} = {sizes}")
 
 
 def _layer_strategy(layer, tp: int, dp: int, zero: int, flags: ManualParallelism, recompute: str) -> LayerStrategy:

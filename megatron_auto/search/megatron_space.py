@@ -85,7 +85,7 @@ def parallel_degrees(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
 def context_parallel_choices(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                              constraints: SearchConstraints, tp: int, pp: int, stats: SpaceStats) -> list[int]:
     """CP degrees searched with (tp, pp): 1, and the decision tree's CP rules on the others: what the cost
-    model prices under CP (plan.context_parallel_problem: dense layers without multi-latent attention, no
+    model prices under CP (plan.context_parallel_problem: layers without multi-latent attention, no
     multi-token prediction) on the flash core (what the runtime runs CP with), sequences long enough
     (MIN_CP_TOKENS), tp x cp ranks within a node (the K/V exchange on NVLink), a data-parallel degree
     that splits the batch."""
@@ -94,7 +94,7 @@ def context_parallel_choices(model: ModelSpec, cluster: ClusterSpec, training: T
         cp = constraints.context_parallel
         return [cp] if rest % cp == 0 and training.global_batch_size % (rest // cp) == 0 else []
     mla = any(layer.mla is not None for layer in model.distinct_layers)
-    if moe_layers(model) or mla or model.mtp_num_layers or training.attention_backend != "flash":
+    if mla or model.mtp_num_layers or training.attention_backend != "flash":
         return [1]
     choices = [1]
     for cp in CP_DEGREES:
@@ -228,7 +228,7 @@ def _base_configs(model, cluster, training, constraints, degrees, stats) -> list
     computes it once an incumbent makes it useful). `degrees`: (tp, pp, cp)."""
     tp, pp, cp = degrees
     dp = cluster.world_size // (tp * pp * cp)
-    experts = expert_degree_choices(model, tp, tp * dp, cluster.gpus_per_node, constraints.expert_parallel,
+    experts = expert_degree_choices(model, tp, tp * cp * dp, cluster.gpus_per_node, constraints.expert_parallel,
                                     constraints.expert_tensor_parallel)
     if not experts:
         stats.drop("expert-degrees")

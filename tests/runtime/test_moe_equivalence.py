@@ -10,6 +10,9 @@ which reshards the experts over EP), trains the same 5 global batches and must m
 - EP2 with PP2, alltoall;
 - the mixed dense/MoE model at EP2 x DP4 with the allgather dispatcher, and at TP2 + SP with EP2 and
   expert TP 1 (biases need it) and the allgather dispatcher;
+- under context parallelism 2 (flash core attention): the SwiGLU model at EP2 x DP2 (aux_loss) and the
+  DeepSeek-style model at EP2 x TP2 + SP (seq_aux_loss, expert bias), the experts' groups spanning the
+  tp x cp x dp ranks and the router's losses reduced over the tp-cp group;
 - the DeepSeek-style model at EP2 x TP2 + SP with --moe-shared-expert-overlap (the shared expert's own
   sequence-parallel gather and reduce-scatter, run beside the dispatcher; the SwiGLU model's ep2_tp2_sp runs
   it in the layer).
@@ -77,6 +80,7 @@ DEEPSEEK_SEED = {"seed": 1}
 over seeds 1-8 the reference's smallest margin was 1.1e-6 to 3.6e-5 (seed 1: 3.6e-5, the widest; the others
 fall below or near ROUTER_GAP_MIN, which the reference's check would report)."""
 DEEPSEEK = {"model": "deepseek_moe", "settings": DEEPSEEK_SEED}
+FLASH = {"attention_backend": "flash"}
 
 
 def _reference_cases(tmp) -> list[dict]:
@@ -142,6 +146,12 @@ def _four_rank_cases(tmp) -> list[dict]:
          "moe": DEEPSEEK_ROUTER, "resume": str(tmp / "deepseek_ep2"), "resume_step": 3},
         {**deepseek, "name": DEEPSEEK_OTHER_RATE, "flags": {**BATCH, "expert_parallel": 2},
          "moe": {**DEEPSEEK_ROUTER, "router_bias_update_rate": 2e-2}},
+        # Context parallelism (the flash core, which CP runs on): each rank routes its half of every sequence.
+        {"name": "ep2_cp2_dp2", "flags": {**BATCH, "expert_parallel": 2, "context_parallel": 2}, "moe": ROUTER,
+         **swiglu, "settings": {**SWIGLU_SEED, **FLASH}},
+        {"name": "deepseek_ep2_cp2_tp2_sp", "flags": {**BATCH, "expert_parallel": 2, "context_parallel": 2,
+                                                       "tensor_parallel": 2, "sequence_parallel": True},
+         **deepseek, "settings": {**DEEPSEEK_SEED, **FLASH}},
     ]
 
 
@@ -229,6 +239,12 @@ def test_shared_expert_overlap_runs_where_asked(four_rank):
     other case's."""
     assert four_rank["deepseek_ep2_tp2_sp"]["shared_expert_overlap_layers"] == 3
     assert four_rank["ep2_tp2_sp"]["shared_expert_overlap_layers"] == 0
+
+
+def test_context_parallel_cases_split_every_sequence(four_rank):
+    for name in ("ep2_cp2_dp2", "deepseek_ep2_cp2_tp2_sp"):
+        assert four_rank[name]["cp_size"] == 2, name
+        assert four_rank[name]["router_gap"] > ROUTER_GAP_MIN, name
 
 
 def test_checkpoint_of_ep2_resumes_under_ep4(four_rank, references):
