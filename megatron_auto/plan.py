@@ -62,7 +62,7 @@ class LayerStrategy(CachedHash):
         self._check_experts()
 
     def _check_experts(self) -> None:
-        """Megatron-Core's expert groups partition the tp*dp ranks of a stage: etp * ep * expert_dp = tp * dp."""
+        """Megatron-Core's expert groups partition the tp*cp*dp ranks of a stage: etp*ep*expert_dp = tp*cp*dp."""
         if not isinstance(self.ep, int) or self.ep < 1:
             raise ValueError(f"ep must be at least 1, got {self.ep!r}")
         if self.etp is not None and (not isinstance(self.etp, int) or self.etp < 1):
@@ -87,7 +87,8 @@ class LayerStrategy(CachedHash):
 
     @property
     def expert_dp(self) -> int:
-        """Data-parallel degree of the experts: tp * dp / (ep * etp) (Megatron-Core's expert data parallel group)."""
+        """Data-parallel degree of the experts: tp * cp * dp / (ep * etp) (Megatron-Core's expert data parallel
+        group)."""
         return self.gpus // (self.ep * self.expert_tp)
 
     def layout(self) -> tuple[int, int, int, bool, int]:

@@ -1,6 +1,6 @@
 """Expert-parallel degrees: which (ep, etp) Megatron-Core accepts for a model's MoE layers.
 
-Megatron-Core partitions a stage's tp*dp ranks into expert groups, etp * ep * expert_dp = tp * dp
+Megatron-Core partitions a stage's tp*cp*dp ranks into expert groups, etp * ep * expert_dp = tp * cp * dp
 (parallel_state.initialize_model_parallel's expert RankGenerator); ep must divide the experts
 (--num-experts % --expert-model-parallel-size, TransformerConfig) and MoE layers with biases need
 etp 1 (TransformerConfig). Like Megatron's flags, one (ep, etp) serves every MoE layer of a plan
