@@ -58,6 +58,36 @@ TORCH_WGRAD = SimpleNamespace(wgrad_gemm_accum_fp32=wgrad_gemm_accum_fp32,
                               wgrad_gemm_accum_fp16=wgrad_gemm_accum_fp16, __name__=NAME)
 """What the layers call as `fused_weight_gradient_mlp_cuda` once the patch is applied."""
 
+CHECK_SHAPE = (256, 64, 48)
+"""Tokens, input and output features of the start-up check: 256 products per sum."""
+CHECK_ATOL = 2e-3
+"""fp32 sums of 256 exact products of 16-bit normal samples (sums up to ~60) differ from float64 by at most
+256 * 2^-24 * 64 ~ 1e-3 in the worst order (measured on this repository's CPU: 1.1e-5 bf16, 1.7e-5 fp16).
+A GEMM whose output is rounded to 16 bits is off by 1.6e-2 (fp16) or 0.12 (bf16) on the same data, and one
+that overwrites main_grad instead of adding into it by O(1)."""
+
+
+def accumulation_error(device: torch.device) -> str | None:
+    """None when `wgrad_gemm_accum_fp32`, as the layers call it, adds grad_output^T @ total_input into an
+    fp32 main_grad on `device` for bf16 and fp16 inputs, within CHECK_ATOL of float64 arithmetic; else
+    what went wrong, in one line. Run once per run before `auto` turns the fusion on with this stand-in:
+    its CUDA branch (torch.addmm with out_dtype into main_grad) cannot run in the CPU tests."""
+    tokens, features_in, features_out = CHECK_SHAPE
+    generator = torch.Generator().manual_seed(0)
+    start = torch.randn(features_out, features_in, generator=generator)
+    for dtype in (torch.bfloat16, torch.float16):
+        total_input = torch.randn(tokens, features_in, generator=generator).to(dtype)
+        grad_output = torch.randn(tokens, features_out, generator=generator).to(dtype)
+        main_grad = start.to(device, copy=True)
+        TORCH_WGRAD.wgrad_gemm_accum_fp32(total_input.to(device), grad_output.to(device), main_grad)
+        expected = start.double() + grad_output.double().t() @ total_input.double()
+        worst = (main_grad.double().cpu() - expected).abs().max().item() if main_grad.dtype == torch.float32 \
+            else float("inf")
+        if not worst <= CHECK_ATOL:
+            return (f"{NAME}: the {dtype} weight-gradient GEMM on {device} left main_grad {worst:.3g} from "
+                    f"main_grad + dY^T X (at most {CHECK_ATOL:g} allowed)")
+    return None
+
 
 def _layers():
     return importlib.import_module(LAYERS)

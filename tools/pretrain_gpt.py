@@ -395,7 +395,8 @@ def _kernel_args(parser: argparse.ArgumentParser) -> None:
         group.add_argument(flag, action="store_true", help="keep this Megatron fusion off (with --bias-fusions on)")
     group.add_argument("--grad-accumulation-fusion", choices=GRAD_ACCUMULATION_FUSIONS, default="auto",
                        help="Megatron's gradient_accumulation_fusion: weight gradients added into the fp32 "
-                            "main_grad by the GEMM (auto: on with apex's extension, else off; megatron_auto.kernels)")
+                            "main_grad by the GEMM (auto: on with apex's extension, or on GPUs with the torch "
+                            "stand-in once it passed its start-up check; off on CPU; megatron_auto.kernels)")
     group.add_argument("--no-gradient-accumulation-fusion", dest="grad_accumulation_fusion", action="store_const",
                        const="off", help="Megatron-LM's flag: --grad-accumulation-fusion off")
 

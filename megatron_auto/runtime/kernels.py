@@ -21,7 +21,8 @@ here, so the kernels measured, priced and run are the same. The choice of
 - Optimizer step: torch AdamW with `fused=True` (one kernel per step, no
   per-parameter temporaries) or its `foreach` default; see use_optimizer_impl.
 - Weight-gradient accumulation: Megatron's `gradient_accumulation_fusion` with
-  `--grad-accumulation-fusion on` (or `auto` where apex's extension imports): the
+  `--grad-accumulation-fusion on`, or `auto` on GPUs (apex's extension, else the torch
+  stand-in once its start-up check passed on this GPU: torch_wgrad_checked): the
   linear layers add each weight gradient into its fp32 main_grad inside their
   backward; without apex through patches/wgrad_accumulation_torch.py. Only parts that
   Megatron DDP wraps have a main_grad: ZeRO-3 segments of the hybrid runtime run without.
@@ -128,6 +129,21 @@ def apex_wgrad_available() -> bool:
     return True
 
 
+@functools.lru_cache(maxsize=None)
+def torch_wgrad_checked() -> bool:
+    """True when CUDA is present and the torch stand-in for apex's weight-gradient GEMM
+    (patches/wgrad_accumulation_torch.py) adds into an fp32 main_grad on this process's GPU as apex's
+    kernel does (its accumulation_error check, run once); a failed check is logged and leaves `auto` off."""
+    if apex_wgrad_available() or not torch.cuda.is_available():
+        return False
+    from patches import wgrad_accumulation_torch
+
+    problem = wgrad_accumulation_torch.accumulation_error(torch.device("cuda", torch.cuda.current_device()))
+    if problem:
+        logger.warning("weight-gradient accumulation fusion stays off under auto: %s", problem)
+    return problem is None
+
+
 def grouped_gemm_available(spec: str, on_gpu: bool) -> bool:
     """Whether the experts' grouped GEMM runs: TE's TEGroupedMLP under its spec, else Megatron's
     GroupedMLP on the grouped_gemm package (CUDA kernels)."""
@@ -159,8 +175,9 @@ def choose_kernels(layer: LayerSpec, attention_backend: str = "auto", optimizer_
         bias_activation_fusion=fused and fusions[0] and (layer.swiglu or layer.add_bias_linear),
         bias_dropout_fusion=fused and fusions[1],
         optimizer_impl=choices.resolve_optimizer_impl(optimizer_impl, on_gpu),
-        grad_accumulation_fusion=choices.resolve_grad_accumulation_fusion(grad_accumulation_fusion,
-                                                                          apex_wgrad_available()),
+        grad_accumulation_fusion=choices.resolve_grad_accumulation_fusion(
+            grad_accumulation_fusion, apex_wgrad_available(),
+            grad_accumulation_fusion == "auto" and on_gpu and torch_wgrad_checked()),
         grouped_gemm=moe and grouped_gemm and grouped_gemm_available(spec, on_gpu),
         moe=moe,
         mla=layer.mla is not None,

@@ -122,15 +122,48 @@ def test_the_log_line_names_the_mla_core():
         GPT, "unfused", on_gpu=False).describe()
 
 
-@pytest.mark.parametrize("requested, apex, fused", [("auto", False, False), ("auto", True, True), ("on", False, True),
-                                                    ("off", True, False)])
-def test_grad_accumulation_fusion_follows_megatron_lm_where_apex_imports(monkeypatch, requested, apex, fused):
+@pytest.mark.parametrize("requested, apex, checked, fused", [
+    ("auto", False, False, False), ("auto", True, False, True), ("auto", False, True, True),
+    ("on", False, False, True), ("off", True, True, False)])
+def test_grad_accumulation_fusion_follows_megatron_lm_where_apex_imports(monkeypatch, requested, apex, checked,
+                                                                        fused):
+    """`auto` fuses with apex's extension, or with the torch stand-in once its check passed on this GPU."""
     monkeypatch.setattr(kernels, "apex_wgrad_available", lambda: apex)
+    monkeypatch.setattr(kernels, "torch_wgrad_checked", lambda: checked)
     chosen = kernels.choose_kernels(GPT, on_gpu=True, grad_accumulation_fusion=requested)
     assert chosen.grad_accumulation_fusion is fused
     assert kernels.config_flags(chosen)["gradient_accumulation_fusion"] is fused
     with pytest.raises(ValueError, match="grad accumulation fusion"):
         kernels.choose_kernels(GPT, on_gpu=True, grad_accumulation_fusion="yes")
+
+
+def test_grad_accumulation_fusion_auto_stays_off_on_cpu(monkeypatch):
+    monkeypatch.setattr(kernels, "torch_wgrad_checked", lambda: True)
+    assert not kernels.choose_kernels(GPT, on_gpu=False).grad_accumulation_fusion
+    assert kernels.choose_kernels(GPT, on_gpu=False, grad_accumulation_fusion="on").grad_accumulation_fusion
+
+
+@pytest.mark.parametrize("cuda, problem, checked", [(False, None, False), (True, None, True),
+                                                    (True, "left main_grad 57 off", False)])
+def test_torch_wgrad_checked_runs_the_stand_ins_check_on_the_gpu(monkeypatch, caplog, cuda, problem, checked):
+    """No CUDA: nothing to check, off. With CUDA the stand-in's accumulation_error decides, once per process,
+    and a failed check is logged (`auto` then leaves the fusion off)."""
+    from patches import wgrad_accumulation_torch
+
+    devices = []
+    monkeypatch.setattr(kernels, "apex_wgrad_available", lambda: False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: cuda)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(wgrad_accumulation_torch, "accumulation_error",
+                        lambda device: devices.append(device) or problem)
+    kernels.torch_wgrad_checked.cache_clear()
+    try:
+        assert kernels.torch_wgrad_checked() is checked
+        assert kernels.torch_wgrad_checked() is checked
+    finally:
+        kernels.torch_wgrad_checked.cache_clear()
+    assert devices == ([torch.device("cuda", 0)] if cuda else [])
+    assert ("stays off under auto" in caplog.text) is bool(problem)
 
 
 def test_sdpa_core_refuses_what_it_does_not_run():

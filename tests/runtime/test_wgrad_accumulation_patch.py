@@ -43,6 +43,24 @@ def test_fp32_main_grad_gets_the_product_summed_in_fp32(dtype):
     assert torch.allclose(main_grad.double(), start.double() + _exact(total_input, grad_output), rtol=0, atol=FP32_ATOL)
 
 
+def test_start_up_check_passes_the_stand_in_and_fails_wrong_accumulations(monkeypatch):
+    """accumulation_error (what `auto` runs once on a GPU before fusing with the stand-in) passes the stand-in
+    here, and names a GEMM that overwrites main_grad or rounds its output to 16 bits."""
+    cpu = torch.device("cpu")
+    assert patch.accumulation_error(cpu) is None
+
+    def overwrites(total_input, grad_output, main_grad):
+        main_grad.copy_(grad_output.t().float() @ total_input.float())
+
+    def rounds_to_16_bits(total_input, grad_output, main_grad):
+        main_grad.add_((grad_output.t().float() @ total_input.float()).to(total_input.dtype).float())
+
+    for wrong in (overwrites, rounds_to_16_bits):
+        monkeypatch.setattr(patch.TORCH_WGRAD, "wgrad_gemm_accum_fp32", wrong)
+        problem = patch.accumulation_error(cpu)
+        assert problem is not None and "weight-gradient GEMM on cpu left main_grad" in problem
+
+
 def test_16bit_main_grad_accumulates_in_its_own_type():
     total_input, grad_output = _pair(2, torch.bfloat16)
     main_grad = torch.zeros(OUT, IN, dtype=torch.bfloat16)
