@@ -7,7 +7,7 @@
 #                                          # its weights over several gradient buckets, resumes exactly; then a
 #                                          # DeepSeek-style model (MLA, MoE with an overlapped shared expert,
 #                                          # one MTP module) trains in bf16 on CUDA
-#   bash tools/gpu_session.sh speed        # bench_gpu_vs_torch (auto, then --grad-accumulation-fusion on) and
+#   bash tools/gpu_session.sh speed        # bench_gpu_vs_torch (auto, then --grad-accumulation-fusion off) and
 #                                          # profile_gpu_step --time-grad-accumulation-fusion
 #   bash tools/gpu_session.sh host         # 2 minutes: measure_host_floor, the host seconds per layer pass of the
 #                                          # runtime's step per structure, core attention and recompute (all 12 cases)
@@ -76,13 +76,15 @@ case "$STEP" in
             echo "$log: $(grep -c "all-gathered during the next forward" "$OUT/$log") overlap line(s)"
             grep -oE "iteration +[0-9]+/|lm loss: [^ |]+" "$OUT/$log" | paste - -
         done
+        # auto turns the torch weight-gradient stand-in on once its start-up check passes on this GPU
+        grep -ho "weight-gradient accumulation fusion [^,]*" "$OUT/smoke_full.log"
         # shellcheck disable=SC2086
         run 200 smoke_deepseek.log python3 tools/pretrain_gpt.py $DEEPSEEK_JOB
         grep -oE "iteration +[0-9]+/|lm loss: [^ |]+|mtp_1 loss: [^ |]+" "$OUT/smoke_deepseek.log" | paste - - -
         ;;
     speed)
         run 170 bench_auto.log python3 tools/bench_gpu_vs_torch.py --benchmarks "$OUT/benchmarks.md"
-        run 170 bench_wgrad_on.log python3 tools/bench_gpu_vs_torch.py --grad-accumulation-fusion on
+        run 170 bench_wgrad_off.log python3 tools/bench_gpu_vs_torch.py --grad-accumulation-fusion off
         run 220 profile.log python3 tools/profile_gpu_step.py --time-grad-accumulation-fusion --iters 4
         grep -h -A4 "^| model\|accumulation fusion |" "$OUT"/bench_*.log "$OUT/profile.log"
         ;;
