@@ -34,15 +34,18 @@ def test_estimate_json_names_the_kernels_and_the_memory_terms():
     breakdown = data["memory_breakdown"]
     assert breakdown["peak_moment"] in ("backward", "loss", "optimizer step")
     assert breakdown["states_gib"] > 0 and breakdown["workspace_gib"] > 0 and breakdown["nccl_communicators"] == 1
-    # allocated < reserved < device, and the reserve is the breakdown's
-    assert data["peak_memory_gib"] < data["peak_reserved_gib"] < data["device_memory_gib"]
+    # allocated < reserved and allocated < device (the reserve is reported, not required: cost/peak_memory.py),
+    # and the reserve is the breakdown's
+    assert data["peak_memory_gib"] < data["peak_reserved_gib"]
+    outside = breakdown["cuda_context_gib"] + breakdown["nccl_gib"]
+    assert data["device_memory_gib"] == pytest.approx(data["peak_memory_gib"] + outside)
     assert data["peak_reserved_gib"] - data["peak_memory_gib"] == pytest.approx(breakdown["allocator_reserve_gib"])
 
 
 def test_memory_margin_sets_the_budget():
     default, none = estimate(), estimate("--memory-margin", "0")
     assert none["memory_budget_gib"] == pytest.approx(79.18)
-    assert default["memory_budget_gib"] == pytest.approx(79.18 * 0.95)
+    assert default["memory_budget_gib"] == pytest.approx(79.18 * 0.99)
     # A margin that leaves less than the plan's device memory makes it not fit.
     squeeze = 1 - default["device_memory_gib"] / 79.18 + 0.01
     assert not estimate("--memory-margin", f"{squeeze:.4f}")["fits"]

@@ -175,9 +175,20 @@ def test_tp_comm_full_recompute_replays_the_forward_two():
 
 
 def test_tp_across_nodes_uses_the_inter_node_link():
-    # t=16 over 2 nodes: 2*15/16 * 2,097,152 / 10e9 + 30 x 20 us.
-    one = 2 * 15 / 16 * 2_097_152 / 10e9 + 30 * 2e-5
+    # t=16 over 2 nodes: the ring crosses the network, with 8 ranks (8 NICs) of the group in each node:
+    # min(8 x 10e9, NVLink's 50e9) = 50e9 B/s; the inter-node latency: 2*15/16 * 2,097,152 / 50e9 + 30 x 20 us.
+    one = 2 * 15 / 16 * 2_097_152 / 50e9 + 30 * 2e-5
     assert tp_comm_time(H, S, B, LayerStrategy(tp=16, dp=1), TOY, 2) == approx(4 * one)
+
+
+def test_ring_across_nodes_runs_at_the_nics_of_the_groups_ranks_in_a_node():
+    # One rank of the group per node (stride 8): one NIC, 10e9. Two per node (stride 4): 20e9. Eight: capped
+    # by NVLink's 50e9. Inside a node: NVLink.
+    assert TOY.ring_link_for_group(2, 8).effective_bandwidth == approx(10e9)
+    assert TOY.ring_link_for_group(4, 4).effective_bandwidth == approx(20e9)
+    assert TOY.ring_link_for_group(16, 1).effective_bandwidth == approx(50e9)
+    assert TOY.ring_link_for_group(8, 1) is TOY.intra_node
+    assert TOY.ring_link_for_group(4, 4).latency_s == INTER.latency_s
 
 
 # --- data-parallel and ZeRO communication ------------------------------------------
@@ -195,8 +206,9 @@ def test_dp_comm_zero0_all_reduce_vs_zero1_reduce_scatter_plus_all_gather():
 
 
 def test_dp_comm_spanning_nodes_is_inter_node():
-    # dp=8 ranks 2 apart span 15 GPUs: inter-node. 2*7/8 * 1e9 / 10e9 = 0.175 s + 14 x 20 us.
-    assert dp_comm_time(1e9, LayerStrategy(tp=2, dp=8), TOY, GRAD16) == approx(0.175 + 2.8e-4)
+    # dp=8 ranks 2 apart span 15 GPUs: inter-node, 4 of the group's ranks (4 NICs) in each node:
+    # 2*7/8 * 1e9 / (4 x 10e9) = 0.04375 s + 14 x 20 us.
+    assert dp_comm_time(1e9, LayerStrategy(tp=2, dp=8), TOY, GRAD16) == approx(0.04375 + 2.8e-4)
 
 
 def test_zero3_per_micro_batch_traffic():

@@ -1,10 +1,7 @@
-"""tools/docs_sections.py: the benchmark tools replace only their own section of docs/benchmarks.md."""
-import sys
+"""benchmarks/docs_sections.py: the benchmark tools replace only their own section of docs/benchmarks.md."""
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-
-from docs_sections import replace_section  # noqa: E402
+from benchmarks.docs_sections import replace_section
 
 DOC = "# Benchmarks\n\n## First\nold\n\n## Second\nkept\n"
 
@@ -19,7 +16,7 @@ def test_last_section_and_missing_heading():
 
 
 def test_write_section_creates_the_file_and_ends_it_in_one_newline(tmp_path):
-    from docs_sections import write_section
+    from benchmarks.docs_sections import write_section
 
     path = tmp_path / "benchmarks.md"
     write_section(path, "## First", "## First\nnew\n\n\n")

@@ -206,5 +206,10 @@ def test_training_spec_validation_and_bytes():
     with pytest.raises(ValueError):
         TrainingSpec(0)
     with pytest.raises(ValueError):
-        TrainingSpec(8, precision="fp8")
+        TrainingSpec(8, precision="fp4")
+    assert TrainingSpec(8, precision="fp8").fp8 and TrainingSpec(8, precision="fp8").activation_bytes == 2
+    with pytest.raises(ValueError):
+        TrainingSpec(8, fp8_param_gather=True)  # FP8 weights need FP8 training
+    with pytest.raises(ValueError):
+        TrainingSpec(8, precision="fp8", fp8_recipe="nvfp4")
     assert isinstance(CLUSTER_PRESETS["cpu-gloo"], ClusterSpec)

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 import ab_steps
-from docs_sections import write_section
+from benchmarks.docs_sections import write_section
 from heavy_lock import held_lock_fds, hold_lock_or_relaunch
 from paired_ratio import load_average, pair_order, paired_ratio
 

@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 import torch  # noqa: E402
 
 import torch_reference_gpt as reference  # noqa: E402
-from docs_sections import write_section  # noqa: E402
+from benchmarks.docs_sections import write_section  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
 from megatron_auto.specs.training import GIB  # noqa: E402
 

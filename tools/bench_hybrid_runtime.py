@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tools"))
 
 import ab_steps  # noqa: E402
-from docs_sections import write_section  # noqa: E402
+from benchmarks.docs_sections import write_section  # noqa: E402
 from heavy_lock import held_lock_fds, hold_lock_or_relaunch, lock_prefix  # noqa: E402
 from paired_ratio import load_average, paired_ratio  # noqa: E402
 

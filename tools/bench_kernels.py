@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "tools"))
 
 import torch  # noqa: E402
 
-from docs_sections import write_section  # noqa: E402
+from benchmarks.docs_sections import write_section  # noqa: E402
 from megatron_auto.profiling.layer_bench import LayerBenchSettings, build_layer, measure_layer  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
 

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench_search import SPACES, sweep  # noqa: E402
-from docs_sections import write_section  # noqa: E402
+from benchmarks.docs_sections import write_section  # noqa: E402
 from megatron_auto.limits import MAX_GPUS, MAX_LAYERS  # noqa: E402
 
 COMMAND = "`.venv/bin/python tools/bench_limits.py`"

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from docs_sections import write_section  # noqa: E402
+from benchmarks.docs_sections import write_section  # noqa: E402
 
 COMMAND = "`.venv/bin/python tools/bench_moe_plan.py`"
 HEADING = "## MoE planning: Mixtral 8x7B and DeepSeekMoE 16B"

@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from docs_sections import write_section  # noqa: E402
+from benchmarks.docs_sections import write_section  # noqa: E402
 
 from megatron_auto.megatron_flags import megatron_flags  # noqa: E402
 from megatron_auto.search import megatron_space, search_plan  # noqa: E402

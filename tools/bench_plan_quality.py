@@ -27,7 +27,7 @@ from typing import Optional
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from docs_sections import write_section  # noqa: E402
+from benchmarks.docs_sections import write_section  # noqa: E402
 from megatron_auto.calibration import load_rows  # noqa: E402
 from megatron_auto.plan import Plan  # noqa: E402
 from megatron_auto.search import search_plan  # noqa: E402

@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from docs_sections import replace_section  # noqa: E402
+from benchmarks.docs_sections import replace_section  # noqa: E402
 from megatron_auto.calibration import load_rows, predict_row  # noqa: E402
 from megatron_auto.search import search_plan  # noqa: E402
 from megatron_auto.specs import load_cluster, load_model, TrainingSpec  # noqa: E402

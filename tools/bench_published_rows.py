@@ -27,7 +27,7 @@ sys.path.insert(0, str(REPO / "tools"))
 
 from megatron_auto.calibration import load_rows, predict_row  # noqa: E402
 from megatron_auto.specs.presets import CLUSTER_PRESETS  # noqa: E402
-from docs_sections import write_section  # noqa: E402
+from benchmarks.docs_sections import write_section  # noqa: E402
 
 HEADING = "## Published rows (SC21 Table 1)"
 COMMAND = ".venv/bin/python tools/bench_published_rows.py"

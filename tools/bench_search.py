@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from docs_sections import write_section  # noqa: E402
+from benchmarks.docs_sections import write_section  # noqa: E402
 from megatron_auto.errors import UserError  # noqa: E402
 from megatron_auto.search import search_plan  # noqa: E402
 from megatron_auto.specs import TrainingSpec, load_cluster  # noqa: E402

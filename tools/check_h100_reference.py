@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tools"))
 
-from docs_sections import write_section  # noqa: E402
+from benchmarks.docs_sections import write_section  # noqa: E402
 from megatron_auto.h100_reference import (PROFILES, flash_reference_errors, gemm_errors, layer_points,  # noqa: E402
                                           mape, run_points)
 from megatron_auto.specs.presets import H100_COMPUTE  # noqa: E402

@@ -44,7 +44,7 @@ from megatron_auto.specs.model import ModelSpec, uniform_model  # noqa: E402
 from megatron_auto.specs.presets import CLUSTER_PRESETS  # noqa: E402
 from megatron_auto.specs.profiles import measured_costs  # noqa: E402
 from megatron_auto.specs.training import GIB, TrainingSpec  # noqa: E402
-from docs_sections import write_section  # noqa: E402
+from benchmarks.docs_sections import write_section  # noqa: E402
 from heavy_lock import held_lock_fds, lock_prefix  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]

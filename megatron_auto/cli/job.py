@@ -53,7 +53,7 @@ def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size
     """Batch, precision, memory budget and margin, and kernels; fp32 and the CPU's kernels are the defaults on
     the CPU cluster."""
     on_gpu = cluster_name != CPU_CLUSTER_PRESET
-    precision = args.precision or ("bf16" if on_gpu else "fp32")
+    precision = precision_of(args, on_gpu)
     budget = max(1, int(args.memory_budget_gib * GIB)) if args.memory_budget_gib else 0  # 0 would mean "all"
     kernels = dict(attention_backend=resolve_attention_backend(getattr(args, "attention_backend", "auto"), on_gpu),
                    optimizer_impl=resolve_optimizer_impl(getattr(args, "optimizer_impl", "auto"), on_gpu),
@@ -66,9 +66,41 @@ def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size
                moe_grouped_gemm=getattr(args, "moe_grouped_gemm", False),
                moe_shared_expert_overlap=getattr(args, "moe_shared_expert_overlap", False))
     try:
-        return TrainingSpec.for_precision(precision, global_batch_size, memory_budget_bytes=budget, **kernels, **moe)
+        return TrainingSpec.for_precision(precision, global_batch_size, memory_budget_bytes=budget, **kernels, **moe,
+                                          **fp8_options(args, precision), **recipe_options(args, precision))
     except ValueError as error:
         raise UserError(str(error)) from None
+
+
+def precision_of(args: argparse.Namespace, on_gpu: bool) -> str:
+    """--precision, or fp8 where --fp8-format asks for it (as Megatron-LM's flag turns FP8 on)."""
+    fp8_format = getattr(args, "fp8_format", None)
+    if fp8_format and args.precision not in (None, "fp8"):
+        raise UserError(f"--fp8-format {fp8_format} asks for FP8 training, not --precision {args.precision}")
+    if fp8_format:
+        return "fp8"
+    return args.precision or ("bf16" if on_gpu else "fp32")
+
+
+def fp8_options(args: argparse.Namespace, precision: str) -> dict:
+    """TrainingSpec's fp8 fields from Megatron-LM's flags (only under fp8: they mean nothing otherwise)."""
+    if precision != "fp8":
+        if getattr(args, "fp8_param_gather", False):
+            raise UserError("--fp8-param-gather needs FP8 training (--precision fp8 or --fp8-format)")
+        return {}
+    return dict(fp8_format=getattr(args, "fp8_format", None) or "hybrid",
+                fp8_recipe=getattr(args, "fp8_recipe", "delayed"),
+                fp8_param_gather=getattr(args, "fp8_param_gather", False))
+
+
+def recipe_options(args: argparse.Namespace, precision: str) -> dict:
+    """--tp-comm-overlap and --grad-reduce-in-bf16 as TrainingSpec fields."""
+    options = dict(tp_comm_overlap=bool(getattr(args, "tp_comm_overlap", False)))
+    if getattr(args, "grad_reduce_in_bf16", False):
+        if precision == "fp32":
+            raise UserError("--grad-reduce-in-bf16 needs 16-bit or fp8 training, not fp32")
+        options["grad_bytes"] = 2
+    return options
 
 
 def sequence_parallel_flag(args: argparse.Namespace) -> Optional[bool]:

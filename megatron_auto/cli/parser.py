@@ -5,11 +5,15 @@ import argparse
 import sys
 from typing import NoReturn, Optional
 
+from ..cost.fp8 import FP8_FORMATS, FP8_RECIPES
 from ..kernels import ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMULATION_FUSIONS, OPTIMIZER_IMPLS
 from ..plan import RECOMPUTE_KINDS, SPACES
 from ..specs.training import DEFAULT_MOE_LOAD_IMBALANCE, MOE_TOKEN_DISPATCHERS, RECOMPUTE_MODULES
 
 PRECISIONS = ("bf16", "fp16", "fp32")
+"""What a profile measures in."""
+PRICED_PRECISIONS = (*PRECISIONS, "fp8")
+"""What plan and estimate price (fp8: cost/fp8.py)."""
 
 
 class OneLineParser(argparse.ArgumentParser):
@@ -75,6 +79,28 @@ def add_moe_arguments(parser: argparse.ArgumentParser) -> None:
                              "(Megatron's --moe-shared-expert-overlap)")
 
 
+def add_fp8_arguments(parser: argparse.ArgumentParser) -> None:
+    """Megatron-LM's FP8 flags (arguments.py, _add_mixed_precision_args / transformer-engine group)."""
+    parser.add_argument("--fp8-format", choices=FP8_FORMATS,
+                        help="FP8 training with this format, Megatron-LM's flag (implies --precision fp8; "
+                             "default with --precision fp8: hybrid)")
+    parser.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="delayed",
+                        help="FP8 scaling recipe, Megatron-LM's names (default delayed; mxfp8 needs Blackwell)")
+    parser.add_argument("--fp8-param-gather", action="store_true",
+                        help="keep the linear weights in FP8 and all-gather them as such (Megatron-LM's flag)")
+
+
+
+def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
+    """The knobs NVIDIA's performance recipes turn, Megatron-LM's names (docs/cost_model.md, "Recipe knobs")."""
+    parser.add_argument("--tp-comm-overlap", action="store_true",
+                        help="price Transformer Engine's overlap of the TP all-gathers and reduce-scatters with "
+                             "the GEMMs (needs --sequence-parallel; layers with tp 1 are unaffected)")
+    parser.add_argument("--grad-reduce-in-bf16", action="store_true",
+                        help="gradients accumulated and reduced in bf16 (2 bytes) instead of fp32, Megatron-LM's "
+                             "flag (NeMo's performance recipes: grad_reduce_in_fp32=False)")
+
+
 def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """--model, --cluster, --num-nodes, --global-batch-size and the memory/precision knobs."""
     parser.add_argument("--model", required=required, metavar="PRESET|FILE.json",
@@ -93,8 +119,12 @@ def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) ->
                         help="safety margin: a plan fits when its predicted device memory (allocated peak, "
                              "allocator reserve, CUDA context, NCCL) is at most budget x (1 - FRACTION) "
                              "(default: the cluster's, 0.05 on the GPU presets, 0 on cpu-gloo; docs/cost_model.md)")
-    parser.add_argument("--precision", choices=PRECISIONS,
-                        help="training precision (default: fp32 on the cpu-gloo cluster, else bf16)")
+    parser.add_argument("--precision", choices=PRICED_PRECISIONS,
+                        help="training precision (default: fp32 on the cpu-gloo cluster, else bf16; fp8 when "
+                             "--fp8-format is given): fp8 runs the decoder's linear layers in FP8 through "
+                             "Transformer Engine, the rest in bf16")
+    add_fp8_arguments(parser)
+    add_recipe_arguments(parser)
     parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
                         help="core attention to price, Megatron-LM's names (auto: what the runtime runs on "
                              "that cluster: flash on GPUs, unfused on cpu-gloo)")

@@ -13,6 +13,7 @@ from .communication import pipeline_p2p_time, transition_time
 from .context_parallel import gradient_strategy, local_model
 from .embedding import EmbeddingCost, PartCost, embedding_cost
 from .flops import model_flops_per_iteration
+from .fp8 import fp8_problem
 from .layer_cost import LayerCost, layer_cost
 from .memory import in_flight_micro_batches, tied_embedding_grad_bytes
 from .peak_memory import (StageMemory, communicator_count, device_budget_bytes, device_bytes, memory_breakdown,
@@ -112,7 +113,8 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
             check_expert_strategy(layer, strategy)
         except ValueError as error:
             raise UserError(f"model '{model.name}': {error}") from None
-    problem = context_parallel_problem(plan.embedding.cp, model)
+    problem = context_parallel_problem(plan.embedding.cp, model) or (
+        fp8_problem(cluster, training.fp8_recipe) if training.fp8 else None)
     if problem:
         raise UserError(problem)
     if plan.embedding.cp > 1 and training.attention_backend != "flash":

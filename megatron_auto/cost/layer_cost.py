@@ -17,7 +17,9 @@ from ..specs.training import DEFAULT_RECOMPUTE_MODULES, TrainingSpec
 from .communication import dp_comm_time, tp_comm_time, zero3_comm_time
 from .context_parallel import (attention_core_extra_times, cp_qkv_kept_width, gradient_strategy, kv_exchange_time,
                                local_sequence)
-from .compute import module_forward_shares, recompute_time
+from .compute import ComputeTimes, module_forward_shares, recompute_time
+from .tp_overlap import exposed_tp_seconds, linear_gemm_seconds, tp_overlap_applies
+from .fp8 import fp8_layer_delta, fp8_saved_input_savings, fp8_weight_copy_bytes
 from .models import compute_model
 from .mla import mla_tp_comm_time
 from .moe import ExpertCost, expert_cost
@@ -158,6 +160,8 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
     word = training.activation_bytes
     times = compute_model(cluster).layer_times(layer, seq, samples, strategy.tp, strategy.sp, cluster, word,
                                                training.attention_backend)
+    if training.fp8:
+        times = _in_fp8(times, layer, seq, samples, strategy, cluster, training)
     selective = training.selective_modules(layer)
     recompute = recompute_time(times, strategy.recompute, selective, _module_shares(layer, strategy, samples, seq,
                                                                                    cluster, training, selective))
@@ -172,22 +176,54 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
         kept_without = layer_activation_bytes(layer, seq, samples, _no_recompute(strategy), word,
                                               cluster.dropout_mask_bytes, backend)
         rematerialised += kept_without - activations
+    states = model_state_bytes(params, strategy, training)
+    if training.fp8:
+        activations -= _fp8_saved_savings(layer, seq, samples, strategy, training, selective)
+        states += fp8_weight_copy_bytes(layer.dense_parameters, strategy.tp, training.fp8_param_gather)
     return LayerCost(
         forward_s=times.forward_s,
         backward_s=times.backward_s,
         recompute_s=recompute,
-        tp_comm_s=(tp_comm_time(layer.hidden_size, seq, samples, strategy, cluster, word) * _tp_share(layer)
-                   + mla_tp_comm_time(layer, seq, samples, strategy, cluster, word, "mla_up_proj" in selective)),
+        tp_comm_s=_tp_comm_seconds(layer, seq, samples, strategy, cluster, training, selective),
         # FSDP prefetches the next gathers while this layer computes; on a cluster whose
         # runtime hides no communication behind compute (grad_overlap 0, cpu-gloo) it all shows.
         zero3_exposed_s=zero3 - cluster.grad_overlap * min(zero3, compute),
         dp_comm_per_iteration_s=dp_comm_time(params, strategy, cluster, training),
-        state_bytes=model_state_bytes(params, strategy, training),
+        state_bytes=states,
         activation_bytes=activations,
         transient_bytes=zero3_gathered_bytes(params, strategy, training) + rematerialised,
         workspace_bytes=attention_workspace_bytes(layer, seq, samples, strategy, word, backend),
         optimizer_temporary_bytes=optimizer_temporary_bytes(params, strategy, training),
     )
+
+
+def _tp_comm_seconds(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy, cluster: ClusterSpec,
+                     training: TrainingSpec, selective: frozenset) -> float:
+    """The layer's TP collectives per micro-batch, less what --tp-comm-overlap hides (cost/tp_overlap.py)."""
+    word = training.activation_bytes
+    seconds = (tp_comm_time(layer.hidden_size, seq, samples, strategy, cluster, word) * _tp_share(layer)
+               + mla_tp_comm_time(layer, seq, samples, strategy, cluster, word, "mla_up_proj" in selective))
+    if not tp_overlap_applies(strategy, training):
+        return seconds
+    gemms = linear_gemm_seconds(layer, seq, samples, strategy.tp, cluster, training)
+    return exposed_tp_seconds(seconds, gemms, strategy.tp)
+
+
+def _in_fp8(times: ComputeTimes, layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
+            cluster: ClusterSpec, training: TrainingSpec) -> ComputeTimes:
+    """The layer's times with its linear GEMMs in FP8 and the casts that needs (cost/fp8.py)."""
+    delta = fp8_layer_delta(layer, seq, samples, strategy.tp, strategy.sp, cluster, training.fp8_recipe)
+    return replace(times, forward_s=times.forward_s + delta.forward_s, backward_s=times.backward_s + delta.backward_s)
+
+
+def _fp8_saved_savings(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy, training: TrainingSpec,
+                       selective: frozenset) -> float:
+    """Saved bytes FP8 removes (cost/fp8.py): none under full recompute (only the layer input is kept)."""
+    if strategy.recompute == "full":
+        return 0.0
+    recomputed = selective if strategy.recompute == "selective" else frozenset()
+    return fp8_saved_input_savings(layer, seq, samples, strategy.tp, strategy.sp,
+                                   norms_kept="layernorm" not in recomputed, mlp_inner_kept="mlp" not in recomputed)
 
 
 def _module_shares(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int, cluster: ClusterSpec,

@@ -85,7 +85,7 @@ class AnalyticComm:
         """From ClusterSpec.grad_overlap: what the runtime's DDP hides behind the backward."""
 
     def collective_time(self, op, bytes_, group_size, stride, cluster) -> float:
-        return _RING[op](bytes_, group_size, cluster.link_for_group(group_size, stride))
+        return _RING[op](bytes_, group_size, cluster.ring_link_for_group(group_size, stride))
 
     def p2p_time(self, bytes_, inter_node, cluster) -> float:
         link = cluster.inter_node if inter_node else cluster.intra_node

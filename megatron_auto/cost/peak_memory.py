@@ -85,8 +85,14 @@ def reserved_bytes(allocated: float, cluster: ClusterSpec) -> float:
 
 
 def device_bytes(allocated: float, cluster: ClusterSpec, communicators: int) -> float:
-    """Device memory in use at the allocated peak: reserved plus everything outside the allocator."""
-    return reserved_bytes(allocated, cluster) + device_overhead_bytes(cluster, communicators)
+    """Device memory a run needs at its allocated peak: that peak plus everything outside the allocator.
+
+    The allocator's reserve above the peak (reserved_bytes) is not needed: when a cudaMalloc fails, PyTorch's
+    caching allocator frees its cached blocks and tries again before it raises out-of-memory
+    (c10/cuda/CUDACachingAllocator.cpp, release_cached_blocks on the malloc retry path), so a run near the
+    capacity trains with a smaller reserve than one with room to spare; what fragmentation it cannot
+    return is the margin's to cover (docs/cost_model.md, "Memory margin")."""
+    return allocated + device_overhead_bytes(cluster, communicators)
 
 
 def device_budget_bytes(cluster: ClusterSpec, training: TrainingSpec) -> float:
@@ -97,8 +103,7 @@ def device_budget_bytes(cluster: ClusterSpec, training: TrainingSpec) -> float:
 
 def allocated_limit_bytes(cluster: ClusterSpec, training: TrainingSpec, communicators: int) -> float:
     """The largest allocated peak that fits: device_bytes(x) <= device_budget_bytes, solved for x."""
-    room = device_budget_bytes(cluster, training) - device_overhead_bytes(cluster, communicators)
-    return room / (1.0 + cluster.allocator_reserve_fraction)
+    return device_budget_bytes(cluster, training) - device_overhead_bytes(cluster, communicators)
 
 
 def memory_breakdown(terms: StageMemory, cluster: ClusterSpec, communicators: int) -> MemoryBreakdown:

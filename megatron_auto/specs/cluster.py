@@ -1,7 +1,7 @@
 """ClusterSpec: nodes of identical accelerators joined by two tiers of links."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Optional
 
@@ -32,6 +32,10 @@ class GpuSpec:
     waits on the host and a layer takes at least ops x this (cost/layer_kernels.py); 0: not modelled."""
     usable_memory_bytes: int = 0
     """Device memory that processes can use (torch.cuda.mem_get_info's total); 0: memory_bytes."""
+    fp8_peak_flops: float = 0.0
+    """Dense FP8 tensor FLOP/s from the datasheet; 0: no FP8 tensor cores (cost/fp8.py)."""
+    mxfp8: bool = False
+    """Tensor cores for MXFP8 microscaling (Blackwell and later): --fp8-recipe mxfp8 runs."""
 
     @property
     def capacity_bytes(self) -> int:
@@ -137,8 +141,6 @@ class ClusterSpec(CachedHash):
         return self.num_nodes * self.gpus_per_node
 
     def with_nodes(self, num_nodes: int) -> "ClusterSpec":
-        from dataclasses import replace
-
         if num_nodes <= 0:
             raise UserError(f"--num-nodes must be positive, got {num_nodes}")
         try:
@@ -157,6 +159,22 @@ class ClusterSpec(CachedHash):
         block = group_size * stride
         inside = self.num_nodes == 1 or (block <= self.gpus_per_node and self.gpus_per_node % block == 0)
         return self.intra_node if inside else self.inter_node
+
+    def ring_link_for_group(self, group_size: int, stride: int = 1) -> LinkSpec:
+        """The link a ring collective (all-reduce, all-gather, reduce-scatter) of such groups runs at.
+
+        Inside a node, the NVLink tier. Across nodes, NCCL's rings pass the data between a node's ranks over
+        NVLink and cross each node boundary once per channel, with the channels spread over the node's NICs:
+        a group with k ranks in each node moves its bytes through k NICs at once, so the ring runs at k times
+        one GPU's inter-node bandwidth, and never faster than NVLink (NCCL's ring algorithm, S. Jeaugey, "NCCL
+        2.0", GTC 2017: bus bandwidth across nodes is the per-node network bandwidth over the ranks that share
+        it; nccl-tests' busbw reaches ~8 x 50 GB/s on 8-GPU DGX H100 nodes without SHARP)."""
+        link = self.link_for_group(group_size, stride)
+        if link is self.intra_node:
+            return link
+        per_node = max(1, min(group_size, self.gpus_per_node // stride))
+        bandwidth = min(per_node * link.effective_bandwidth, self.intra_node.effective_bandwidth)
+        return replace(link, bandwidth_bytes_per_s=bandwidth / link.efficiency)
 
 
 def load_cluster(name_or_path: str, num_nodes: int | None = None) -> ClusterSpec:

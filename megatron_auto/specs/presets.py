@@ -126,9 +126,10 @@ NCCL_COMMUNICATOR_BYTES = round(0.55 * GIB)
 # The caching allocator's reserve above the allocated peak: the mean of max_memory_reserved /
 # max_memory_allocated - 1 over the five completed runs of data/reference/h100/runs_gpt_1.7b.json.
 ALLOCATOR_RESERVE_FRACTION = 0.059
-# The safety margin: the largest shortfall of the predicted device memory below the measured one
-# over those runs, rounded up (docs/cost_model.md, "Memory margin").
-GPU_MEMORY_MARGIN = 0.05
+# The safety margin: the largest shortfall of the predicted allocated peak below the measured one over
+# those runs (0.5%), rounded up to the next whole percent (docs/cost_model.md, "Memory margin"); the
+# allocator's reserve is not counted against the capacity (cost/peak_memory.py, device_bytes).
+GPU_MEMORY_MARGIN = 0.01
 _CUDA_MEMORY = dict(framework_overhead_bytes=0, cuda_context_bytes=CUDA_CONTEXT_BYTES,
                     nccl_communicator_bytes=NCCL_COMMUNICATOR_BYTES,
                     allocator_reserve_fraction=ALLOCATOR_RESERVE_FRACTION, memory_margin=GPU_MEMORY_MARGIN)
@@ -144,7 +145,7 @@ CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     "dgx-h100-80gb": ClusterSpec(
         name="dgx-h100-80gb", num_nodes=1, gpus_per_node=8,
         gpu=GpuSpec("H100-SXM5-80GB", 80 * GIB, 989e12, 3.35e12, kernel_launch_s=H100_KERNEL_LAUNCH_S,
-                    usable_memory_bytes=H100_USABLE_BYTES),
+                    usable_memory_bytes=H100_USABLE_BYTES, fp8_peak_flops=1979e12),  # FP8: datasheet, dense
         intra_node=LinkSpec(450e9, 5e-6, efficiency=0.78),   # NVLink 4, 450 GB/s each way
         inter_node=LinkSpec(50e9, 10e-6, efficiency=0.85),   # 1x NDR 400 Gb/s per GPU
         compute=H100_COMPUTE, **_CUDA_MEMORY,

@@ -22,6 +22,8 @@ MOE_RECOMPUTE_MODULES = ("moe", "shared_experts")
 """The ones that act on MoE layers alone: the whole MoELayer (router, dispatch, experts, combine and the
 shared expert) and the shared expert (megatron/core/transformer/moe/moe_layer.py)."""
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
+"""What TrainingSpec.precision may be."""
 """Megatron-LM's default --recompute-modules."""
 
 
@@ -34,7 +36,8 @@ class TrainingSpec(CachedHash):
     global_batch_size: int
     """Samples per iteration, B."""
     precision: str = "bf16"
-    """bf16, fp16 or fp32: the type of weights and activations in the forward pass."""
+    """bf16, fp16, fp32, or fp8 (BF16 weights and activations, the decoder's linear layers in FP8 through
+    Transformer Engine: cost/fp8.py): the type of weights and activations in the forward pass."""
     param_bytes: int = 2
     """Bytes per model weight as the forward pass reads it."""
     grad_bytes: int = 4
@@ -67,6 +70,15 @@ class TrainingSpec(CachedHash):
     core), mlp (a dense layer's MLP; Megatron-Core leaves a MoE layer's alone), layernorm (both norms,
     whose outputs are then not kept), moe (a MoE layer's whole MoELayer) and shared_experts (its shared
     expert). `selective_modules` says what that means in each layer."""
+    fp8_format: str = "hybrid"
+    """With fp8: Megatron-LM's --fp8-format, e4m3 or hybrid (E4M3 forward, E5M2 gradients)."""
+    fp8_recipe: str = "delayed"
+    """With fp8: Megatron-LM's --fp8-recipe, delayed, tensorwise, blockwise or mxfp8 (cost/fp8.py)."""
+    fp8_param_gather: bool = False
+    """With fp8: the linear weights are kept in FP8 and gathered as such [--fp8-param-gather]."""
+    tp_comm_overlap: bool = False
+    """Transformer Engine overlaps the SP all-gathers and reduce-scatters with the GEMMs [--tp-comm-overlap]
+    (cost/tp_overlap.py)."""
     fused_norms: bool = False
     """The layers run Transformer Engine's spec, whose norms are fused into the next GEMM
     (TELayerNormColumnParallelLinear): megatron-core then leaves `layernorm` recomputation undone
@@ -77,8 +89,9 @@ class TrainingSpec(CachedHash):
         if not 0 < self.global_batch_size <= MAX_GLOBAL_BATCH:
             raise ValueError(f"global batch size must be positive and at most {MAX_GLOBAL_BATCH} "
                              f"(megatron_auto/limits.py), got {self.global_batch_size}")
-        if self.precision not in ("bf16", "fp16", "fp32"):
-            raise ValueError(f"precision must be bf16, fp16 or fp32, got {self.precision!r}")
+        if self.precision not in PRECISIONS:
+            raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        self._check_fp8()
         if self.memory_budget_bytes < 0:
             raise ValueError("memory budget must not be negative")
         if self.attention_backend not in PRICED_ATTENTION:
@@ -90,6 +103,21 @@ class TrainingSpec(CachedHash):
                              f"got {self.optimizer_impl!r}")
         self._check_moe()
         self._check_recompute_modules()
+
+    def _check_fp8(self) -> None:
+        from ..cost.fp8 import FP8_FORMATS, FP8_RECIPES
+
+        if self.fp8_format not in FP8_FORMATS:
+            raise ValueError(f"fp8 format must be one of {', '.join(FP8_FORMATS)}, got {self.fp8_format!r}")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise ValueError(f"fp8 recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
+        if self.fp8_param_gather and not self.fp8:
+            raise ValueError("--fp8-param-gather needs fp8 training (--precision fp8)")
+
+    @property
+    def fp8(self) -> bool:
+        """The decoder's linear layers run in FP8 (cost/fp8.py)."""
+        return self.precision == "fp8"
 
     def _check_recompute_modules(self) -> None:
         modules = self.recompute_modules

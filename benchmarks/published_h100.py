@@ -1,0 +1,106 @@
+"""Benchmark: NVIDIA's published H100 runs, each priced at its own configuration, against their measured step time.
+
+Run from the repository root:
+
+    .venv/bin/python -m benchmarks.published_h100            # every row, with the planner's own plan
+    .venv/bin/python -m benchmarks.published_h100 --no-plan --no-write
+
+Rows: ../shared/reference/published_h100/runs.json and data/published_h100/*.json (each row cites its
+source). Each is priced as `megatron-auto estimate` prices the row's flags (megatron_auto/published_runs.py):
+its TP, PP, CP, EP, virtual stages and micro-batch where the source gives them (else the fastest that
+fits, as estimate picks), SP with TP, the distributed optimizer, and the knobs its recipe turns. The
+planner's own plan for the same job (`megatron-auto plan`, megatron space) is priced beside it. The table
+goes into docs/benchmarks.md under "Published H100 runs"; every other section is left alone.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from benchmarks.docs_sections import write_section
+from megatron_auto.published_runs import PricedRun, load_runs, price_run
+
+REPO = Path(__file__).resolve().parents[1]
+HEADING = "## Published H100 runs: predicted vs measured step time"
+COMMAND = ".venv/bin/python -m benchmarks.published_h100"
+
+
+def default_row_files() -> list[Path]:
+    shared = REPO.parent / "shared" / "reference" / "published_h100" / "runs.json"
+    return [path for path in (shared, *sorted((REPO / "data" / "published_h100").glob("*.json"))) if path.exists()]
+
+
+def _layout(priced: PricedRun) -> str:
+    plan = priced.estimate
+    if plan is None:
+        return " ".join(priced.run.flags)
+    s = plan.embedding
+    return (f"tp{s.tp} pp{plan.pipeline_parallel} cp{s.cp} v{plan.virtual_stages} "
+            f"mbs{plan.local_micro_batch(s)}")
+
+
+def _planned_cell(priced: PricedRun) -> str:
+    plan = priced.planned
+    if plan is None or priced.estimate is None:
+        return "-"
+    speedup = priced.estimate.prediction.iteration_time_s / plan.prediction.iteration_time_s
+    s = plan.embedding
+    return f"tp{s.tp} pp{plan.pipeline_parallel} cp{s.cp} v{plan.virtual_stages} ({speedup:.2f}x)"
+
+
+def row_line(priced: PricedRun) -> str:
+    run = priced.run
+    if priced.error:
+        return f"| {run.id} | {run.precision} | {run.num_gpus} | {_layout(priced)} | {run.measured_step_s:.2f} | " \
+               f"not priced: {priced.error} | | | | |"
+    prediction = priced.estimate.prediction
+    return (f"| {run.id} | {run.precision} | {run.num_gpus} | {_layout(priced)} | {run.measured_step_s:.2f} | "
+            f"{prediction.iteration_time_s:.2f} | {priced.step_error:+.1%} | {'yes' if prediction.fits else 'no'} | "
+            f"{prediction.device_memory_gib:.1f} | {_planned_cell(priced)} |")
+
+
+def summary_lines(results: list[PricedRun]) -> list[str]:
+    lines = []
+    for precision in ("bf16", "fp8"):
+        errors = [abs(r.step_error) for r in results if r.run.precision == precision and r.step_error is not None]
+        if errors:
+            lines.append(f"- {precision}: {len(errors)} rows, mean |error| {sum(errors) / len(errors):.1%}, "
+                         f"worst {max(errors):.1%}")
+    priced = [r for r in results if r.estimate is not None]
+    fits = sum(r.estimate.prediction.fits for r in priced)
+    lines.append(f"- predicted to fit: {fits} of {len(results)} ({len(results) - len(priced)} not priced)")
+    return lines
+
+
+def render(results: list[PricedRun]) -> str:
+    lines = [HEADING, "",
+             f"Command: `{COMMAND}` (preset `dgx-h100-80gb`). Measured step time: the source's tokens/s "
+             "(global batch x sequence / (tokens/s/GPU x GPUs)), or for the Megatron-LM README rows its TFLOP/s "
+             "under Megatron-LM's FLOP count. Layout: the row's own (v and mbs: estimate's pick where the source "
+             "is silent); NeMo's rows also reduce gradients in bf16 and overlap TP communication (their "
+             "recipes, megatron_auto/published_runs.py). Planner: `megatron-auto plan` for the same job, with "
+             "its predicted speed-up over the row's layout.", "",
+             "| run | precision | GPUs | layout | measured s | predicted s | error | fits | device GiB | planner |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines += [row_line(r) for r in results]
+    return "\n".join(lines + ["", *summary_lines(results), ""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", nargs="+", type=Path, help="runs.json files (default: the shared and the added)")
+    parser.add_argument("--no-plan", action="store_true", help="skip the planner's own plan for each row")
+    parser.add_argument("--no-write", action="store_true", help="print only; leave docs/benchmarks.md alone")
+    args = parser.parse_args(argv)
+    runs = load_runs(*(args.rows or default_row_files()))
+    results = [price_run(run, with_plan=not args.no_plan) for run in runs]
+    text = render(results)
+    sys.stdout.write(text)
+    if not args.no_write:
+        write_section(REPO / "docs" / "benchmarks.md", HEADING, text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

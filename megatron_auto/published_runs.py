@@ -1,0 +1,189 @@
+"""NVIDIA's published H100 pre-training runs, each priced at its own configuration.
+
+Rows: shared/reference/published_h100/runs.json (its README says what they are) and the rows added here
+with their citations (data/published_h100/). Each row is priced with exactly what `megatron-auto estimate`
+does for the row's flags (cli.estimate_command.estimate_flags on the argv of `estimate_argv`), and the
+planner's own plan for the same job with what `megatron-auto plan` does. A row's measured step time is
+the source's own (derived from its tokens per second), or, where a source gives only TFLOP/s, the step
+time those TFLOP/s imply under the source's FLOP count (`megatron_lm_flops`).
+"""
+from __future__ import annotations
+
+import json
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+GPU_CLUSTER = "dgx-h100-80gb"
+MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size", "ffn_hidden_size",
+              "num_query_groups", "kv_channels", "swiglu", "num_experts", "moe_router_topk", "moe_ffn_hidden_size")
+
+
+@dataclass(frozen=True)
+class PublishedRun:
+    """One published run: its model in Megatron's names, its flags, and its measured step time."""
+
+    id: str
+    model: dict
+    """The compact model form (specs.model.model_from_dict)."""
+    num_gpus: int
+    gpus_per_node: int
+    global_batch_size: int
+    precision: str
+    """bf16 or fp8."""
+    flags: tuple[str, ...]
+    """The layout flags the source states, as `megatron-auto estimate` takes them."""
+    measured_step_s: float
+    source: str
+
+    @property
+    def num_nodes(self) -> int:
+        return max(1, self.num_gpus // self.gpus_per_node)
+
+    @property
+    def gpus_per_node_used(self) -> int:
+        """A run on part of one node (4 of its 8 GPUs) is a node of that many GPUs."""
+        return min(self.num_gpus, self.gpus_per_node)
+
+
+def megatron_lm_flops(model: dict, batch: int) -> float:
+    """Megatron-LM's num_floating_point_operations (megatron/training/training.py, 2024): 12 B s l h^2 x
+    [(1 + g/a + s/h) x q/h + f/h x topk x (3/2 if swiglu) + V / (2 l h)], with q the query width a x kv
+    channels; the count behind the TFLOP/s of the Megatron-LM README and its MoE README."""
+    h, l, s, a = model["hidden_size"], model["num_layers"], model["seq_length"], model["num_attention_heads"]
+    g = model.get("num_query_groups") or a
+    query = (model.get("kv_channels") or h // a) * a
+    ffn = model.get("moe_ffn_hidden_size") if model.get("num_experts") else model.get("ffn_hidden_size")
+    ffn = ffn or 4 * h
+    topk = model.get("moe_router_topk") or 1 if model.get("num_experts") else 1
+    gated = 1.5 if model.get("swiglu") else 1.0
+    bracket = (1 + g / a + s / h) * query / h + ffn / h * topk * gated + model["vocab_size"] / (2 * l * h)
+    return 12 * batch * s * l * h * h * bracket
+
+
+def _model_of(row: dict) -> dict:
+    """The row's architecture in the compact model form: Llama-style (RMSNorm, RoPE, no biases) where the
+    MLP is gated, GPT-style (LayerNorm, learned positions, biases) otherwise."""
+    model = {key: row[key] for key in MODEL_KEYS if row.get(key) is not None}
+    model["name"] = row["id"]
+    model["untie_embeddings_and_output_weights"] = bool(row.get("untied_embeddings"))
+    if row.get("swiglu"):
+        model.update(normalization="RMSNorm", add_bias_linear=False, position_embedding_type="rope")
+    return model
+
+
+def _flags_of(row: dict) -> tuple[str, ...]:
+    """The row's own layout as estimate flags: what the source does not state is left to estimate's choice."""
+    flags = ["--tp", str(row["tp"]), "--pp", str(row["pp"])]
+    for name, key in (("--cp", "cp"), ("--ep", "ep"), ("--etp", "etp"), ("--micro-batch-size", "micro_batch_size")):
+        if row.get(key):
+            flags += [name, str(row[key])]
+    if row.get("vp"):
+        flags += ["--virtual-stages", str(row["vp"])]
+    if row["tp"] > 1:
+        flags.append("--sequence-parallel")  # NVIDIA's recipes turn SP on with TP (and the MoE README requires it)
+    flags.append("--distributed-optimizer")  # NeMo's and Megatron-LM's performance recipes use it
+    flags += _recipe_flags(row)
+    if row.get("recompute"):
+        flags += ["--recompute", str(row["recompute"])]
+    return tuple(flags)
+
+
+NEMO_RECIPE_SOURCE = ("NVIDIA/NeMo-Framework-Launcher examples/training/*/h100/*.sh (+training.model.optim."
+                      "grad_sync_dtype=bf16) and launcher_scripts/conf/training/* (ub_tp_comm_overlap)")
+"""Where the knobs of NeMo's published runs come from: gradients reduced in bf16, and TE's TP communication
+overlap on every model with tp > 1."""
+
+
+def _recipe_flags(row: dict) -> list[str]:
+    """The knobs the row's recipe turns beyond its table (NEMO_RECIPE_SOURCE for NeMo's rows; Megatron-LM's
+    defaults, none of them, for the Megatron-LM README's)."""
+    if "NeMo" not in row["framework"]:
+        return []
+    return ["--grad-reduce-in-bf16"] + (["--tp-comm-overlap"] if row["tp"] > 1 else [])
+
+
+def _measured_step_s(row: dict, model: dict) -> float:
+    derived = row.get("derived") or {}
+    if derived.get("step_time_s_from_tokens"):
+        return float(derived["step_time_s_from_tokens"])
+    tflops = row["measured"]["model_tflops_per_gpu"]
+    return megatron_lm_flops(model, row["global_batch_size"]) / (row["num_gpus"] * tflops * 1e12)
+
+
+def run_from_row(row: dict) -> PublishedRun:
+    model = _model_of(row)
+    source = row["source"]
+    return PublishedRun(
+        id=row["id"], model=model, num_gpus=row["num_gpus"], gpus_per_node=row["gpus_per_node"],
+        global_batch_size=row["global_batch_size"], precision=row["precision_class"].lower(),
+        flags=_flags_of(row), measured_step_s=_measured_step_s(row, model),
+        source=f"{source['repo']}/{source['path']}@{source['commit'][:7]}")
+
+
+def load_runs(*paths: Path) -> list[PublishedRun]:
+    """Every row of the given runs.json files."""
+    return [run_from_row(row) for path in paths for row in json.loads(Path(path).read_text())["rows"]]
+
+
+def job_argv(run: PublishedRun, model_path: str) -> list[str]:
+    """The job flags shared by `estimate` and `plan`."""
+    return ["--model", model_path, "--cluster", GPU_CLUSTER, "--num-nodes", str(run.num_nodes),
+            "--gpus-per-node", str(run.gpus_per_node_used), "--global-batch-size", str(run.global_batch_size),
+            "--precision", run.precision]
+
+
+@dataclass(frozen=True)
+class PricedRun:
+    run: PublishedRun
+    estimate: object
+    """The Plan (with its prediction) of the run's own flags, or None."""
+    picked: tuple[str, ...]
+    """What estimate chose where the source is silent."""
+    error: Optional[str]
+    """Why the run's flags could not be priced."""
+    planned: object = None
+    """The planner's own plan for the same job, or None."""
+
+    @property
+    def predicted_step_s(self) -> Optional[float]:
+        return self.estimate.prediction.iteration_time_s if self.estimate is not None else None
+
+    @property
+    def step_error(self) -> Optional[float]:
+        predicted = self.predicted_step_s
+        return None if predicted is None else predicted / self.run.measured_step_s - 1
+
+
+def price_run(run: PublishedRun, with_plan: bool = False) -> PricedRun:
+    """The run at its own flags (as `megatron-auto estimate`), and with `with_plan` the planner's plan."""
+    from .cli.estimate_command import estimate_flags
+    from .cli.parser import parse_args
+    from .errors import UserError
+
+    with tempfile.TemporaryDirectory() as folder:
+        model_path = str(Path(folder) / f"{run.id}.json")
+        Path(model_path).write_text(json.dumps(run.model))
+        job = job_argv(run, model_path)
+        try:
+            plan, picked = estimate_flags(parse_args(["estimate", *job, *run.flags]))
+        except UserError as error:
+            return PricedRun(run, None, (), str(error))
+        planned = _planner_plan(job) if with_plan else None
+    return PricedRun(run, plan, tuple(picked), None, planned)
+
+
+def _planner_plan(job: list[str]):
+    """`megatron-auto plan` for the job (the megatron space, default flags), or None when nothing fits."""
+    from .cli.job import load_job
+    from .cli.parser import parse_args
+    from .errors import UserError
+    from .search import search_plan
+
+    args = parse_args(["plan", *job])
+    model, cluster, training = load_job(args)
+    try:
+        return search_plan(model, cluster, training, space="megatron").plan
+    except UserError:
+        return None
