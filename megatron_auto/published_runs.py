@@ -34,6 +34,8 @@ class PublishedRun:
     """bf16 or fp8."""
     flags: tuple[str, ...]
     """The layout flags the source states, as `megatron-auto estimate` takes them."""
+    recipe: tuple[str, ...]
+    """The knobs the run's recipe turns (_recipe_flags), priced for the row's layout and the planner's alike."""
     measured_step_s: float
     source: str
 
@@ -84,7 +86,6 @@ def _flags_of(row: dict) -> tuple[str, ...]:
     if row["tp"] > 1:
         flags.append("--sequence-parallel")  # NVIDIA's recipes turn SP on with TP (and the MoE README requires it)
     flags.append("--distributed-optimizer")  # NeMo's and Megatron-LM's performance recipes use it
-    flags += _recipe_flags(row)
     if row.get("recompute"):
         flags += ["--recompute", str(row["recompute"])]
     return tuple(flags)
@@ -118,7 +119,7 @@ def run_from_row(row: dict) -> PublishedRun:
     return PublishedRun(
         id=row["id"], model=model, num_gpus=row["num_gpus"], gpus_per_node=row["gpus_per_node"],
         global_batch_size=row["global_batch_size"], precision=row["precision_class"].lower(),
-        flags=_flags_of(row), measured_step_s=_measured_step_s(row, model),
+        flags=_flags_of(row), recipe=tuple(_recipe_flags(row)), measured_step_s=_measured_step_s(row, model),
         source=f"{source['repo']}/{source['path']}@{source['commit'][:7]}")
 
 
@@ -131,7 +132,7 @@ def job_argv(run: PublishedRun, model_path: str) -> list[str]:
     """The job flags shared by `estimate` and `plan`."""
     return ["--model", model_path, "--cluster", GPU_CLUSTER, "--num-nodes", str(run.num_nodes),
             "--gpus-per-node", str(run.gpus_per_node_used), "--global-batch-size", str(run.global_batch_size),
-            "--precision", run.precision]
+            "--precision", run.precision, *run.recipe]
 
 
 @dataclass(frozen=True)

@@ -118,7 +118,7 @@ def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) ->
     parser.add_argument("--memory-margin", type=margin_fraction, metavar="FRACTION",
                         help="safety margin: a plan fits when its predicted device memory (allocated peak, "
                              "allocator reserve, CUDA context, NCCL) is at most budget x (1 - FRACTION) "
-                             "(default: the cluster's, 0.05 on the GPU presets, 0 on cpu-gloo; docs/cost_model.md)")
+                             "(default: the cluster's, 0.01 on the GPU presets, 0 on cpu-gloo; docs/cost_model.md)")
     parser.add_argument("--precision", choices=PRICED_PRECISIONS,
                         help="training precision (default: fp32 on the cpu-gloo cluster, else bf16; fp8 when "
                              "--fp8-format is given): fp8 runs the decoder's linear layers in FP8 through "

@@ -116,7 +116,10 @@ def context_parallel_layer_cost(layer: LayerSpec, strategy: LayerStrategy, sampl
     and V that the attention keeps (rebuilt instead where the core is recomputed, whose checkpoint keeps local
     ones). A MoE layer's router and experts see only the rank's own tokens, so they are priced at the local
     sequence too, with CP folded into expert DP: Megatron-Core forms the expert groups (etp-ep-edp) over the
-    stage's tp x cp x dp ranks (parallel_state.py, the expert RankGenerator)."""
+    stage's tp x cp x dp ranks (parallel_state.py, the expert RankGenerator). Transformer Engine's spec
+    (TrainingSpec.fused_norms) runs CP as TE's ring (AttnFuncWithCPAndKVP2P): it keeps the local Q, K and V
+    and each step's softmax statistics and passes the K/V chunks around again in the backward, so no whole
+    sequence's K and V is kept."""
     if layer.mla is not None:
         raise ValueError("context parallelism with multi-latent attention layers is not priced yet")
     if training.attention_backend != "flash":
@@ -127,8 +130,8 @@ def context_parallel_layer_cost(layer: LayerSpec, strategy: LayerStrategy, sampl
     core_recomputed = strategy.recompute == "full" or (
         strategy.recompute == "selective" and "core_attn" in training.selective_modules(layer))
     forward, backward = attention_core_extra_times(layer, seq, samples, strategy, cluster, training)
-    whole_kv = (training.activation_bytes * local * samples / strategy.tp
-                * (cp_qkv_kept_width(layer, strategy.cp) - qkv_kept_width(layer, True)))
+    whole_kv = 0.0 if training.fused_norms else (training.activation_bytes * local * samples / strategy.tp
+                                                 * (cp_qkv_kept_width(layer, strategy.cp) - qkv_kept_width(layer, True)))
     dense = replace(
         base,
         forward_s=base.forward_s + forward, backward_s=base.backward_s + backward,

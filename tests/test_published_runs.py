@@ -1,0 +1,61 @@
+"""megatron_auto/published_runs.py and benchmarks/published_h100.py: NVIDIA's published H100 runs, priced at
+their own flags as `megatron-auto estimate` prices them."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from benchmarks.published_h100 import default_row_files, render
+from megatron_auto.cost.flops import model_flops_per_iteration
+from megatron_auto.published_runs import load_runs, megatron_lm_flops, price_run, run_from_row
+from megatron_auto.specs.model import model_from_dict
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "reference" / "published_h100" / "runs.json"
+ROW = {
+    "id": "toy", "framework": "NeMo / Megatron-Core", "precision_class": "FP8", "num_layers": 32,
+    "hidden_size": 4096, "num_attention_heads": 32, "num_query_groups": 8, "kv_channels": None,
+    "ffn_hidden_size": 14336, "vocab_size": 128256, "swiglu": True, "untied_embeddings": True,
+    "num_experts": None, "moe_router_topk": None, "moe_ffn_hidden_size": None, "seq_length": 8192,
+    "num_gpus": 8, "gpus_per_node": 8, "global_batch_size": 128, "micro_batch_size": 1, "tp": 1, "pp": 1,
+    "cp": 2, "vp": 1, "ep": None, "etp": None, "recompute": None,
+    "measured": {"tokens_per_sec_per_gpu": 12273}, "derived": {"step_time_s_from_tokens": 10.68},
+    "source": {"repo": "NVIDIA/NeMo", "path": "docs/x.md", "commit": "8e3d65dcfe"},
+}
+
+
+def test_megatron_lm_flops_is_our_count_for_a_gpt():
+    gpt = {"num_layers": 24, "hidden_size": 2048, "num_attention_heads": 16, "seq_length": 4096,
+           "vocab_size": 131072}
+    assert megatron_lm_flops(gpt, 192) == pytest.approx(model_flops_per_iteration(model_from_dict(gpt), 192))
+
+
+def test_a_row_becomes_estimate_flags_with_its_recipe_knobs():
+    run = run_from_row(ROW)
+    assert run.precision == "fp8" and run.measured_step_s == 10.68
+    assert run.model["normalization"] == "RMSNorm" and run.model["untie_embeddings_and_output_weights"]
+    flags = " ".join(run.flags)
+    assert "--tp 1 --pp 1 --cp 2 --micro-batch-size 1 --virtual-stages 1" in flags
+    assert run.recipe == ("--grad-reduce-in-bf16",)  # tp 1: no TP traffic to overlap
+    assert "--tp-comm-overlap" in run_from_row({**ROW, "tp": 2}).recipe
+    assert "--sequence-parallel" not in flags and "--distributed-optimizer" in flags
+
+
+def test_a_row_is_priced_as_estimate_prices_it():
+    priced = price_run(run_from_row(ROW))
+    assert priced.error is None and priced.estimate.embedding.cp == 2
+    assert priced.step_error == pytest.approx(priced.predicted_step_s / 10.68 - 1)
+    half_node = run_from_row({**ROW, "num_gpus": 4, "global_batch_size": 64})
+    assert half_node.num_nodes == 1 and half_node.gpus_per_node_used == 4
+    assert price_run(half_node).estimate.world_size == 4
+
+
+def test_every_shared_row_is_priced_and_the_table_says_so():
+    runs = load_runs(*default_row_files())
+    assert len(runs) >= 27
+    results = [price_run(run) for run in runs]
+    assert all(r.error is None for r in results), [r.error for r in results if r.error]
+    text = render(results)
+    assert text.count("\n| ") == len(results) + 1 and "mean |error|" in text
+    assert all(json.loads(SHARED.read_text())["rows"])
