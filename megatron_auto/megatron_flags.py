@@ -36,7 +36,8 @@ def megatron_flags(plan: Plan) -> list[str]:
         flags.append("--sequence-parallel")
     if layout.zero >= 1:
         flags.append("--use-distributed-optimizer")
-    return flags + _overlap_flags(plan) + _expert_flags(plan)
+    recipe = list(plan.prediction.recipe_flags) if plan.prediction is not None else []
+    return flags + _overlap_flags(plan) + _expert_flags(plan) + recipe
 
 
 def expert_degrees(plan: Plan) -> tuple[int, int] | None:

@@ -221,7 +221,8 @@ class Prediction:
     peak_reserved_gib: float = 0.0
     """The caching allocator's reserve at the peak stage (torch.cuda.max_memory_reserved)."""
     device_memory_gib: float = 0.0
-    """Device memory at the peak: reserved plus CUDA context and NCCL; `fits` compares it to the budget."""
+    """Device memory the plan needs at the peak: the allocated peak plus CUDA context and NCCL (the reserve
+    above the peak is not needed: cost/peak_memory.py); `fits` compares it to the budget."""
     memory_breakdown: Optional[MemoryBreakdown] = None
     """The peak stage's memory by term."""
     attention_backend: str = ""
@@ -233,6 +234,9 @@ class Prediction:
     grad_overlap: float = 0.0
     """Share of the data-parallel traffic's overlap window priced as hidden (ClusterSpec.grad_overlap):
     above 0, the plan assumes Megatron's DDP reduces (and gathers) while the backward (forward) runs."""
+    recipe_flags: tuple[str, ...] = ()
+    """Megatron-LM flags of the precision and recipe knobs the plan was priced with (FP8, TP communication
+    overlap, gradients in bf16: cost/fp8.py, cost/tp_overlap.py); the plan's flags carry them."""
 
 
 @dataclass(frozen=True)

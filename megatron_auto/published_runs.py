@@ -95,14 +95,21 @@ NEMO_RECIPE_SOURCE = ("NVIDIA/NeMo-Framework-Launcher examples/training/*/h100/*
                       "grad_sync_dtype=bf16) and launcher_scripts/conf/training/* (ub_tp_comm_overlap)")
 """Where the knobs of NeMo's published runs come from: gradients reduced in bf16, and TE's TP communication
 overlap on every model with tp > 1."""
+MEGATRON_README_RECIPE = ("Megatron-LM README, 'Training Speed and Scalability' (commit f2e5db4): fine-grained overlap "
+                          "of DP (--overlap-grad-reduce --overlap-param-gather), TP (--tp-comm-overlap) and PP")
+"""What the Megatron-LM README says its scaling runs turned on; gradients stay in fp32 (Megatron-LM's default
+under bf16)."""
 
 
 def _recipe_flags(row: dict) -> list[str]:
-    """The knobs the row's recipe turns beyond its table (NEMO_RECIPE_SOURCE for NeMo's rows; Megatron-LM's
-    defaults, none of them, for the Megatron-LM README's)."""
-    if "NeMo" not in row["framework"]:
-        return []
-    return ["--grad-reduce-in-bf16"] + (["--tp-comm-overlap"] if row["tp"] > 1 else [])
+    """The knobs the row's recipe turns beyond its table (NEMO_RECIPE_SOURCE, MEGATRON_README_RECIPE; the
+    Megatron-Core MoE README states none)."""
+    overlap = ["--tp-comm-overlap"] if row["tp"] > 1 else []
+    if "NeMo" in row["framework"]:
+        return ["--grad-reduce-in-bf16", *overlap]
+    if row["id"].startswith("mlm_readme"):
+        return overlap
+    return []
 
 
 def _measured_step_s(row: dict, model: dict) -> float:

@@ -94,3 +94,16 @@ def test_fp8_refusals_are_one_line_and_exit_2(capsys, flags, message):
     assert main([*ESTIMATE, *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_the_plans_flags_carry_the_knobs_it_was_priced_with(capsys):
+    plain = estimate(capsys)["megatron_flags"]
+    assert not {"--fp8-format", "--tp-comm-overlap", "--grad-reduce-in-bf16"} & set(plain)
+    flags = estimate(capsys, "--fp8-format", "e4m3", "--fp8-recipe", "tensorwise", "--tp-comm-overlap",
+                     "--grad-reduce-in-bf16")["megatron_flags"]
+    assert flags[-6:] == ["--fp8-format", "e4m3", "--fp8-recipe", "tensorwise", "--tp-comm-overlap",
+                          "--grad-reduce-in-bf16"]
+    # TP overlap needs layers with tp > 1 under SP: at tp 1 there is nothing to overlap and no flag.
+    tp1 = ["estimate", "--model", "gpt3-1.7b", "--cluster", "dgx-h100-80gb", "--global-batch-size", "64",
+           "--tp", "1", "--pp", "1", "--tp-comm-overlap", "--json"]
+    assert main(tp1) == 0 and "--tp-comm-overlap" not in json.loads(capsys.readouterr().out)["megatron_flags"]

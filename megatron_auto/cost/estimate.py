@@ -295,7 +295,22 @@ def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: 
         optimizer_impl=training.optimizer_impl,
         recompute_modules=training.recompute_modules,
         grad_overlap=comm_model(cluster).grad_overlap,
+        recipe_flags=recipe_flags(plan, training),
     )
+
+
+def recipe_flags(plan: Plan, training: TrainingSpec) -> tuple[str, ...]:
+    """The Megatron-LM flags that run what `training` prices beyond the layout: FP8 through Transformer Engine,
+    TP communication overlap where a layer has tp > 1 with SP, and gradients reduced in bf16."""
+    flags: list[str] = []
+    if training.fp8:
+        flags += ["--fp8-format", training.fp8_format, "--fp8-recipe", training.fp8_recipe]
+        flags += ["--fp8-param-gather"] if training.fp8_param_gather else []
+    if training.tp_comm_overlap and any(s.tp > 1 and s.sp for s in plan.distinct_strategies):
+        flags.append("--tp-comm-overlap")
+    if training.grad_bytes == 2 and training.precision != "fp32":
+        flags.append("--grad-reduce-in-bf16")
+    return tuple(flags)
 
 
 def stage_loads(plan: Plan, stages: list[StageCost], share: float) -> list[StageLoad]:
