@@ -16,9 +16,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from benchmarks.docs_sections import write_section
+from megatron_auto.plan import TimeBreakdown
 from megatron_auto.published_runs import PricedRun, load_runs, price_run
 
 REPO = Path(__file__).resolve().parents[1]
@@ -62,15 +64,40 @@ def row_line(priced: PricedRun) -> str:
 
 def summary_lines(results: list[PricedRun]) -> list[str]:
     lines = []
-    for precision in ("bf16", "fp8"):
-        errors = [abs(r.step_error) for r in results if r.run.precision == precision and r.step_error is not None]
-        if errors:
-            lines.append(f"- {precision}: {len(errors)} rows, mean |error| {sum(errors) / len(errors):.1%}, "
-                         f"worst {max(errors):.1%}")
+    collections = sorted({r.run.collection for r in results})
+    for collection in (*collections, "all") if len(collections) > 1 else collections:
+        for precision in ("bf16", "fp8"):
+            errors = [abs(r.step_error) for r in results if r.run.precision == precision and r.step_error is not None
+                      and collection in ("all", r.run.collection)]
+            if errors:
+                lines.append(f"- {collection}, {precision}: {len(errors)} rows, mean |error| "
+                             f"{sum(errors) / len(errors):.1%}, worst {max(errors):.1%}")
     priced = [r for r in results if r.estimate is not None]
     fits = sum(r.estimate.prediction.fits for r in priced)
     lines.append(f"- predicted to fit: {fits} of {len(results)} ({len(results) - len(priced)} not priced)")
     return lines
+
+
+GAIN_WORTH_EXPLAINING = 1.10
+"""Where the planner predicts more than 10% over NVIDIA's configuration, the table says what of."""
+
+
+def difference_line(priced: PricedRun) -> str | None:
+    """What the planner's plan saves over the row's layout, term by term (TimeBreakdown, critical stage),
+    when it predicts more than GAIN_WORTH_EXPLAINING of a speed-up; None otherwise."""
+    if priced.planned is None or priced.estimate is None:
+        return None
+    ours, theirs = priced.planned.prediction, priced.estimate.prediction
+    if theirs.iteration_time_s < GAIN_WORTH_EXPLAINING * ours.iteration_time_s:
+        return None
+    terms = []
+    for field in fields(TimeBreakdown):
+        saved = getattr(theirs.breakdown, field.name) - getattr(ours.breakdown, field.name)
+        if abs(saved) >= 0.01 * theirs.iteration_time_s:
+            terms.append(f"{field.name[:-2]} {saved:+.2f} s")
+    fit_note = "" if theirs.fits else " (NVIDIA's layout is predicted not to fit)"
+    return (f"- {priced.run.id}: {theirs.iteration_time_s:.2f} s -> {ours.iteration_time_s:.2f} s{fit_note}; "
+            f"saved by term: {', '.join(terms) or 'none above 1%'}")
 
 
 def render(results: list[PricedRun]) -> str:
@@ -84,6 +111,10 @@ def render(results: list[PricedRun]) -> str:
              "| run | precision | GPUs | layout | measured s | predicted s | error | fits | device GiB | planner |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [row_line(r) for r in results]
+    differences = [line for line in map(difference_line, results) if line]
+    if differences:
+        lines += ["", f"Where the planner predicts more than {GAIN_WORTH_EXPLAINING - 1:.0%} over NVIDIA's layout "
+                      "(critical stage's terms, NVIDIA's minus the planner's):", "", *differences]
     return "\n".join(lines + ["", *summary_lines(results), ""])
 
 

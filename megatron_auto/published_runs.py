@@ -17,7 +17,11 @@ from typing import Optional
 
 GPU_CLUSTER = "dgx-h100-80gb"
 MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size", "ffn_hidden_size",
-              "num_query_groups", "kv_channels", "swiglu", "num_experts", "moe_router_topk", "moe_ffn_hidden_size")
+              "num_query_groups", "kv_channels", "swiglu", "num_experts", "moe_router_topk", "moe_ffn_hidden_size",
+              "qk_layernorm")
+"""Row keys that are the compact model form's keys. Beyond the shared schema a row may carry `model_preset`
+(a preset that is its architecture, e.g. deepseek-v3's multi-latent attention) and `estimate_flags` (flags
+its source or recipe states that the table's columns cannot: the pipeline split, the FP8 recipe)."""
 
 
 @dataclass(frozen=True)
@@ -26,7 +30,7 @@ class PublishedRun:
 
     id: str
     model: dict
-    """The compact model form (specs.model.model_from_dict)."""
+    """The compact model form (specs.model.model_from_dict), or {"preset": NAME}."""
     num_gpus: int
     gpus_per_node: int
     global_batch_size: int
@@ -38,6 +42,8 @@ class PublishedRun:
     """The knobs the run's recipe turns (_recipe_flags), priced for the row's layout and the planner's alike."""
     measured_step_s: float
     source: str
+    collection: str = ""
+    """The rows file it came from (its folder and name), to summarise each collection apart."""
 
     @property
     def num_nodes(self) -> int:
@@ -66,8 +72,12 @@ def megatron_lm_flops(model: dict, batch: int) -> float:
 
 def _model_of(row: dict) -> dict:
     """The row's architecture in the compact model form: Llama-style (RMSNorm, RoPE, no biases) where the
-    MLP is gated, GPT-style (LayerNorm, learned positions, biases) otherwise."""
+    MLP is gated, GPT-style (LayerNorm, learned positions, biases) otherwise; or the row's preset."""
+    if row.get("model_preset"):
+        return {"preset": row["model_preset"]}
     model = {key: row[key] for key in MODEL_KEYS if row.get(key) is not None}
+    if row.get("moe_shared_expert_ffn_hidden_size"):
+        model["moe_shared_expert_intermediate_size"] = row["moe_shared_expert_ffn_hidden_size"]
     model["name"] = row["id"]
     model["untie_embeddings_and_output_weights"] = bool(row.get("untied_embeddings"))
     if row.get("swiglu"):
@@ -81,14 +91,14 @@ def _flags_of(row: dict) -> tuple[str, ...]:
     for name, key in (("--cp", "cp"), ("--ep", "ep"), ("--etp", "etp"), ("--micro-batch-size", "micro_batch_size")):
         if row.get(key):
             flags += [name, str(row[key])]
-    if row.get("vp"):
-        flags += ["--virtual-stages", str(row["vp"])]
+    if row.get("vp") and "--pipeline-model-parallel-layout" not in row.get("estimate_flags", ()):
+        flags += ["--virtual-stages", str(row["vp"])]  # a layout fixes the chunks itself
     if row["tp"] > 1:
         flags.append("--sequence-parallel")  # NVIDIA's recipes turn SP on with TP (and the MoE README requires it)
     flags.append("--distributed-optimizer")  # NeMo's and Megatron-LM's performance recipes use it
     if row.get("recompute"):
         flags += ["--recompute", str(row["recompute"])]
-    return tuple(flags)
+    return tuple(flags) + tuple(row.get("estimate_flags", ()))
 
 
 NEMO_RECIPE_SOURCE = ("NVIDIA/NeMo-Framework-Launcher examples/training/*/h100/*.sh (+training.model.optim."
@@ -102,11 +112,13 @@ under bf16)."""
 
 
 def _recipe_flags(row: dict) -> list[str]:
-    """The knobs the row's recipe turns beyond its table (NEMO_RECIPE_SOURCE, MEGATRON_README_RECIPE; the
-    Megatron-Core MoE README states none)."""
+    """The knobs the row's recipe turns beyond its table (NEMO_RECIPE_SOURCE, MEGATRON_README_RECIPE; NeMo's
+    and Megatron-Bridge's MoE recipes also batch the experts' GEMMs, moe_grouped_gemm; the Megatron-Core MoE
+    README states none)."""
     overlap = ["--tp-comm-overlap"] if row["tp"] > 1 else []
+    grouped = ["--moe-grouped-gemm"] if row.get("num_experts") or row.get("model_preset") else []
     if "NeMo" in row["framework"]:
-        return ["--grad-reduce-in-bf16", *overlap]
+        return ["--grad-reduce-in-bf16", *overlap, *grouped]
     if row["id"].startswith("mlm_readme"):
         return overlap
     return []
@@ -132,7 +144,10 @@ def run_from_row(row: dict) -> PublishedRun:
 
 def load_runs(*paths: Path) -> list[PublishedRun]:
     """Every row of the given runs.json files."""
-    return [run_from_row(row) for path in paths for row in json.loads(Path(path).read_text())["rows"]]
+    from dataclasses import replace
+
+    return [replace(run_from_row(row), collection="/".join(Path(path).parts[-3:]))
+            for path in paths for row in json.loads(Path(path).read_text())["rows"]]
 
 
 def job_argv(run: PublishedRun, model_path: str) -> list[str]:
@@ -171,8 +186,9 @@ def price_run(run: PublishedRun, with_plan: bool = False) -> PricedRun:
     from .errors import UserError
 
     with tempfile.TemporaryDirectory() as folder:
-        model_path = str(Path(folder) / f"{run.id}.json")
-        Path(model_path).write_text(json.dumps(run.model))
+        model_path = run.model.get("preset") or str(Path(folder) / f"{run.id}.json")
+        if "preset" not in run.model:
+            Path(model_path).write_text(json.dumps(run.model))
         job = job_argv(run, model_path)
         try:
             plan, picked = estimate_flags(parse_args(["estimate", *job, *run.flags]))

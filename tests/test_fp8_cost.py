@@ -107,3 +107,12 @@ def test_the_plans_flags_carry_the_knobs_it_was_priced_with(capsys):
     tp1 = ["estimate", "--model", "gpt3-1.7b", "--cluster", "dgx-h100-80gb", "--global-batch-size", "64",
            "--tp", "1", "--pp", "1", "--tp-comm-overlap", "--json"]
     assert main(tp1) == 0 and "--tp-comm-overlap" not in json.loads(capsys.readouterr().out)["megatron_flags"]
+
+
+def test_interleaved_p2p_runs_beside_the_next_chunk_and_plain_1f1b_waits():
+    from megatron_auto.cost.pipeline import exposed_p2p_time
+
+    assert exposed_p2p_time(0.01, 0.5, virtual_stages=1) == 0.01
+    assert exposed_p2p_time(0.01, 0.5, virtual_stages=4) == 0.0
+    assert exposed_p2p_time(0.01, 0.004, virtual_stages=4) == pytest.approx(0.006)
+    assert exposed_p2p_time(0.01, 0.5, virtual_stages=4, overlap=0.0) == 0.01  # cpu-gloo hides nothing

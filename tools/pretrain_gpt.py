@@ -23,7 +23,8 @@ weights; `--auto-parallel-profile cluster.json model.json` prices the search fro
 `megatron-auto profile-cluster` and `profile-model` wrote (the analytic model otherwise);
 `--save DIR --save-interval N` / `--load DIR` checkpoint through Megatron-Core's
 dist_checkpointing, and a run may resume under another plan or world size. On GPUs, the
-same command under torchrun uses NCCL and detects the cluster preset from the GPU name.
+same command under torchrun uses NCCL, detects the cluster preset from the GPU name and prices
+WORLD_SIZE / LOCAL_WORLD_SIZE nodes of LOCAL_WORLD_SIZE GPUs (torchrun's node shape).
 
 Kernels: `--attention-backend` (Megatron-LM's flash/fused/unfused/local/auto) and
 `--optimizer-impl fused|foreach|auto` choose the core attention and torch Adam's step
@@ -437,8 +438,9 @@ def _parallel_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--auto-parallel-dry-run", action="store_true",
                        help="print the plan, its prediction and (with --auto-parallel or a plan file) the line's own "
                             "parallelism flags priced alike, then exit: no process group, no data, no training. "
-                            "The world size is WORLD_SIZE's; on a machine without the job's GPUs, name the cluster "
-                            "with --auto-parallel-cluster")
+                            "The world size is WORLD_SIZE's and a node LOCAL_WORLD_SIZE GPUs (unset: the cluster's "
+                            "own node size); on a machine without the job's GPUs, name the cluster with "
+                            "--auto-parallel-cluster")
     group.add_argument("--auto-parallel-profile", nargs="+", metavar="FILE", default=[],
                        help="cluster and/or model profile JSON (megatron-auto profile-cluster / profile-model):"
                             " the search prices plans from these measurements")
@@ -882,11 +884,17 @@ def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_si
                   moe_token_dispatcher=settings.moe.token_dispatcher, moe_grouped_gemm=settings.moe.grouped_gemm,
                   moe_shared_expert_overlap=settings.moe.shared_expert_overlap,
                   recompute_modules=settings.recompute_modules,
-                  fused_norms=on_gpu and transformer_engine_available())
+                  fused_norms=on_gpu and transformer_engine_available(),
+                  # `auto` fuses on a GPU (once the stand-in's start-up check passes): cli.job prices the same.
+                  grad_accumulation_fusion=settings.grad_accumulation_fusion == "on"
+                  or (settings.grad_accumulation_fusion == "auto" and on_gpu))
     return TrainingSpec.for_precision(settings.precision, global_batch, **common)
 
 
-def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, settings: TrainSettings):
+def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, settings: TrainSettings,
+                gpus_per_node: Optional[int] = None):
+    """The plan this run uses: the plan file's, the search's (on nodes of `gpus_per_node` GPUs when given,
+    LOCAL_WORLD_SIZE) or the launch line's flags'."""
     from megatron_auto.runtime import planning
 
     if args.auto_parallel_plan:
@@ -896,7 +904,8 @@ def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, set
     constraints = search_constraints(args, model)
     search = lambda constraints: planning.search_for_job(  # noqa: E731
         model, world_size, args.auto_parallel_cluster, training_for_job(args, settings, world_size), constraints,
-        args.auto_parallel_space, args.auto_parallel_profile, choose_recompute_modules=args.recompute_modules is None)
+        args.auto_parallel_space, args.auto_parallel_profile, choose_recompute_modules=args.recompute_modules is None,
+        gpus_per_node=gpus_per_node)
     plan = search(constraints)
     if args.batch_ramp is None or _ramp_splits(args, plan):
         return plan
@@ -952,16 +961,18 @@ def check_plan_runs(plan, settings: TrainSettings, model: ModelSpec) -> None:
                         f"{' '.join(priced)} to run the plan as priced")
 
 
-def plan_basis(args: argparse.Namespace, plan, model: ModelSpec, world_size: int, settings: TrainSettings):
-    """The cluster and training spec the plan is priced under (runtime.memory_check.PlanBasis);
-    None when no cluster preset matches the device of a run that did not search."""
+def plan_basis(args: argparse.Namespace, plan, model: ModelSpec, world_size: int, settings: TrainSettings,
+               gpus_per_node: Optional[int] = None):
+    """The cluster (in nodes of `gpus_per_node` GPUs when given) and training spec the plan is priced under
+    (runtime.memory_check.PlanBasis); None when no cluster preset matches the device of a run that did not search."""
     from dataclasses import replace
 
     from megatron_auto.runtime import planning
     from megatron_auto.runtime.memory_check import PlanBasis
 
     try:
-        cluster = planning.job_cluster(world_size, args.auto_parallel_cluster, args.auto_parallel_profile)
+        cluster = planning.job_cluster(world_size, args.auto_parallel_cluster, args.auto_parallel_profile,
+                                       gpus_per_node)
     except UserError:
         if args.auto_parallel:
             raise
@@ -971,7 +982,7 @@ def plan_basis(args: argparse.Namespace, plan, model: ModelSpec, world_size: int
     return PlanBasis(plan.model or model, cluster, training)
 
 
-def replanner(args: argparse.Namespace, basis, world_size: int):
+def replanner(args: argparse.Namespace, basis, world_size: int, gpus_per_node: Optional[int] = None):
     """The search's plan under a lowered memory budget, with --auto-parallel's constraints
     (none when the plan came from flags or a file: the planner's free choice is the suggestion)."""
     from dataclasses import replace
@@ -981,7 +992,7 @@ def replanner(args: argparse.Namespace, basis, world_size: int):
     constraints = search_constraints(args, basis.model) if args.auto_parallel else SearchConstraints()
     return lambda budget: planning.search_for_job(
         basis.model, world_size, args.auto_parallel_cluster, replace(basis.training, memory_budget_bytes=budget),
-        constraints, args.auto_parallel_space, args.auto_parallel_profile)
+        constraints, args.auto_parallel_space, args.auto_parallel_profile, gpus_per_node=gpus_per_node)
 
 
 def own_flags_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, basis):
@@ -1000,20 +1011,22 @@ def own_flags_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, 
 
 
 def dry_run(args: argparse.Namespace, adjustments: list[str], plan, model: ModelSpec, world_size: int,
-            settings: TrainSettings) -> None:
+            settings: TrainSettings, gpus_per_node: Optional[int] = None) -> None:
     """--auto-parallel-dry-run: the plan and its prediction on stdout, and under --auto-parallel (or a plan file)
-    the line's own flags priced on the same cluster; rank 0 only."""
+    the line's own flags priced on the same cluster (in nodes of `gpus_per_node` GPUs when given); rank 0 only."""
     from megatron_auto.cost.estimate import estimate_plan
     from megatron_auto.report import comparison_lines, plan_table
+    from megatron_auto.runtime.planning import describe_job_cluster
 
     if int(os.environ.get("RANK", "0")) != 0:
         return
     for line in adjustments:
         logger.warning("%s", line)
-    basis = plan_basis(args, plan, model, world_size, settings)
+    basis = plan_basis(args, plan, model, world_size, settings, gpus_per_node)
     if basis is None:
         raise UserError("--auto-parallel-dry-run: no cluster preset for this device; name one with "
                         "--auto-parallel-cluster PRESET|FILE.json")
+    logger.info("%s", describe_job_cluster(basis.cluster, world_size, gpus_per_node))
     if plan.prediction is None or args.auto_parallel_plan:  # a plan file's prediction was priced elsewhere
         plan = dataclasses.replace(plan, prediction=estimate_plan(plan, basis.model, basis.cluster, basis.training))
     text = plan_table(plan)
@@ -1094,7 +1107,7 @@ def _log_run_header(args: argparse.Namespace, adjustments: list[str], settings: 
 
 def run(args: argparse.Namespace) -> None:
     import patches
-    from megatron_auto.runtime import checkpoint, distributed, fit, session
+    from megatron_auto.runtime import checkpoint, distributed, fit, planning, session
 
     adjustments = megatron_lm_adjustments(args)
     _use_matmul_flags(args)
@@ -1103,25 +1116,28 @@ def run(args: argparse.Namespace) -> None:
     model = model_from_args(args, args.padded_vocab_size or tokenizer.vocab_size)  # the rows the planner prices
     patches.apply_all()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    plan = choose_plan(args, model, world_size, settings)
+    gpus_per_node = planning.gpus_per_node_from_env(world_size)
+    plan = choose_plan(args, model, world_size, settings, gpus_per_node)
     settings = with_plan_recompute_modules(args, settings, plan)
     check_plan_runs(plan, settings, model)
     if args.auto_parallel_dry_run:
-        return dry_run(args, adjustments, plan, model, world_size, settings)
+        return dry_run(args, adjustments, plan, model, world_size, settings, gpus_per_node)
     info = distributed.init_distributed(settings.timeout_s)
     try:
         checkpoint.check_paths(settings.save, settings.load, settings.non_persistent_save_dir)
         if session.is_logging_rank():
             _log_run_header(args, adjustments, settings, model, plan)
             log_tokenizer_and_data(args, tokenizer)
-        basis = plan_basis(args, plan, model, world_size, settings)
+        basis = plan_basis(args, plan, model, world_size, settings, gpus_per_node)
         if basis is None:
             job = session.build_session(plan, model, settings, info.backend, info.device)
             if settings.starts_from_checkpoint:
                 session.resume(job)
             session.train(job)
         else:
-            fit.train_fitting(plan, basis, settings, info, replanner(args, basis, world_size),
+            if session.is_logging_rank():
+                logger.info("%s", planning.describe_job_cluster(basis.cluster, world_size, gpus_per_node))
+            fit.train_fitting(plan, basis, settings, info, replanner(args, basis, world_size, gpus_per_node),
                               restart=args.auto_parallel)
     finally:
         distributed.shutdown()

@@ -67,7 +67,7 @@ def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size
                moe_shared_expert_overlap=getattr(args, "moe_shared_expert_overlap", False))
     try:
         return TrainingSpec.for_precision(precision, global_batch_size, memory_budget_bytes=budget, **kernels, **moe,
-                                          **fp8_options(args, precision), **recipe_options(args, precision))
+                                          **fp8_options(args, precision), **recipe_options(args, precision, on_gpu))
     except ValueError as error:
         raise UserError(str(error)) from None
 
@@ -93,9 +93,11 @@ def fp8_options(args: argparse.Namespace, precision: str) -> dict:
                 fp8_param_gather=getattr(args, "fp8_param_gather", False))
 
 
-def recipe_options(args: argparse.Namespace, precision: str) -> dict:
+def recipe_options(args: argparse.Namespace, precision: str, on_gpu: bool) -> dict:
     """--tp-comm-overlap and --grad-reduce-in-bf16 as TrainingSpec fields."""
-    options = dict(tp_comm_overlap=bool(getattr(args, "tp_comm_overlap", False)))
+    fusion = getattr(args, "grad_accumulation_fusion", "auto")
+    options = dict(tp_comm_overlap=bool(getattr(args, "tp_comm_overlap", False)),
+                   grad_accumulation_fusion=fusion == "on" or (fusion == "auto" and on_gpu))
     if getattr(args, "grad_reduce_in_bf16", False):
         if precision == "fp32":
             raise UserError("--grad-reduce-in-bf16 needs 16-bit or fp8 training, not fp32")

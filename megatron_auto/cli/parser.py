@@ -96,6 +96,10 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tp-comm-overlap", action="store_true",
                         help="price Transformer Engine's overlap of the TP all-gathers and reduce-scatters with "
                              "the GEMMs (needs --sequence-parallel; layers with tp 1 are unaffected)")
+    parser.add_argument("--grad-accumulation-fusion", choices=GRAD_ACCUMULATION_FUSIONS, default="auto",
+                        help="price weight gradients accumulated inside the wgrad GEMM (Megatron-LM's "
+                             "--gradient-accumulation-fusion; auto: on GPU clusters, where TE, apex or the "
+                             "runtime's checked stand-in runs it, off on cpu-gloo)")
     parser.add_argument("--grad-reduce-in-bf16", action="store_true",
                         help="gradients accumulated and reduced in bf16 (2 bytes) instead of fp32, Megatron-LM's "
                              "flag (NeMo's performance recipes: grad_reduce_in_fp32=False)")

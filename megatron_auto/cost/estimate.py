@@ -20,7 +20,7 @@ from .peak_memory import (StageMemory, communicator_count, device_budget_bytes, 
                           reserved_bytes)
 from .models import comm_model, compute_model, core_share, profiled_cpu_cores, runtime_overhead
 from .mtp import NO_MTP, mtp_cost, mtp_layer_strategy
-from .pipeline import bubble_time, exposed_dp_time, pipeline_time
+from .pipeline import bubble_time, exposed_dp_time, exposed_p2p_time, pipeline_time
 from .timeslice import StageLoad, simulate_iteration
 
 __all__ = ["estimate_plan", "model_flops_per_iteration", "StageCost", "stage_costs"]
@@ -147,6 +147,7 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
     for chunk_index, chunk in enumerate(plan.chunks):
         stage = stages[chunk_index % plan.pipeline_parallel]
         previous = plan.embedding if chunk_index == 0 else boundary
+        compute_before = stage.compute_s
         for spec, strategy, count in _chunk_runs(model, layer_index, chunk):
             stage.add_layer(layer_cost(spec, strategy, plan.local_micro_batch(strategy), model.seq_length,
                                        cluster, training), count)
@@ -156,7 +157,8 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
         stage.add_seconds(per_chunk, "runtime_s")
         layer_index += len(chunk.layers)
         if chunk_index < last:
-            stage.add_seconds(p2p, "pp_comm_s")
+            chunk_compute = stage.compute_s - compute_before
+            stage.add_seconds(exposed_p2p_time(p2p, chunk_compute, plan.virtual_stages, overlap), "pp_comm_s")
     head_stage = stages[(len(plan.chunks) - 1) % plan.pipeline_parallel]
     _add_part(head_stage, embedding.head)
     if model.mtp_num_layers:

@@ -19,6 +19,7 @@ from .context_parallel import (attention_core_extra_times, cp_qkv_kept_width, gr
                                local_sequence)
 from .compute import ComputeTimes, module_forward_shares, recompute_time
 from .tp_overlap import exposed_tp_seconds, linear_gemm_seconds, tp_overlap_applies
+from .layer_kernels import fused_accumulation_saving
 from .fp8 import fp8_layer_delta, fp8_saved_input_savings, fp8_weight_copy_bytes
 from .models import compute_model
 from .mla import mla_tp_comm_time
@@ -163,6 +164,9 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
     word = training.activation_bytes
     times = compute_model(cluster).layer_times(layer, seq, samples, strategy.tp, strategy.sp, cluster, word,
                                                training.attention_backend)
+    if training.grad_accumulation_fusion:
+        saved = fused_accumulation_saving(layer, seq, samples, strategy.tp, cluster, word, times.backward_s)
+        times = replace(times, backward_s=times.backward_s - saved)
     if training.fp8:
         times = _in_fp8(times, layer, seq, samples, strategy, cluster, training)
     selective = training.selective_modules(layer)

@@ -112,6 +112,18 @@ def weight_grad_accumulation_bytes(layer: LayerSpec, tp: int, word: int) -> floa
     return layer.dense_parameters / tp * (word + 2 * MAIN_GRAD_BYTES)
 
 
+def fused_accumulation_saving(layer: LayerSpec, seq: int, samples: int, tp: int, cluster: ClusterSpec,
+                              word: int, backward_s: float) -> float:
+    """Backward seconds the weight-gradient accumulation fusion removes from a kernel-level layer: the separate
+    accumulation pass (weight_grad_accumulation_bytes); the GEMM's fp32 epilogue that replaces it runs beside its
+    math. Never below the host's floor of the backward's ops."""
+    if not cluster.compute.kernel_level:
+        return 0.0
+    saved = weight_grad_accumulation_bytes(layer, tp, word) / _bandwidth(cluster)
+    floor = HOST_OPS_BACKWARD * cluster.gpu.kernel_launch_s
+    return max(0.0, min(saved, backward_s - floor))
+
+
 def kernel_level_times(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool, cluster: ClusterSpec,
                        word: int, backend: str) -> tuple[float, float, float]:
     """(forward, backward, attention-core forward) seconds of one micro-batch on one shard."""

@@ -93,13 +93,17 @@ def router_gemm(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrateg
     return Gemm(local_tokens(seq, samples, strategy), layer.hidden_size, layer.moe.num_experts)
 
 
-def expert_gemm_time(gemms: tuple[Gemm, ...], grouped: bool, cluster: ClusterSpec) -> float:
+def expert_gemm_time(gemms: tuple[Gemm, ...], grouped: bool, cluster: ClusterSpec, fp8: bool = False) -> float:
     """Forward seconds of the expert GEMMs: one kernel per local expert (SequentialMLP), each at least the
-    GEMM law's latency_s, or one grouped kernel (--moe-grouped-gemm) for all of them."""
+    GEMM law's latency_s, or one grouped kernel (--moe-grouped-gemm) for all of them; under FP8 at its rates
+    (TE's grouped linear layers run FP8 like the dense ones: cost/fp8.py)."""
+    from .fp8 import fp8_gemm_time
+
+    time_of = fp8_gemm_time if fp8 else gemm_compute_time
     total = 0.0
     for gemm in gemms:
         kernels = 1 if grouped else gemm.batch
-        one = gemm_compute_time(gemm, cluster) / kernels
+        one = time_of(gemm, cluster) / kernels
         total += kernels * max(cluster.compute.latency_s, one)
     return total
 
@@ -137,12 +141,26 @@ def expert_compute_times(layer: LayerSpec, seq: int, samples: int, strategy: Lay
     (cost/compute.py), backward 2x the forward GEMMs (dgrad + wgrad, SC21 Sec. 5.1), and the memory-bound
     passes at ELEMENTWISE_BANDWIDTH_FRACTION of HBM bandwidth."""
     tokens = expert_tokens(layer, seq, samples, strategy, training.moe_load_imbalance)
-    gemms = expert_gemm_time(expert_gemms(layer, tokens, strategy), training.moe_grouped_gemm, cluster)
+    gemms = expert_gemm_time(expert_gemms(layer, tokens, strategy), training.moe_grouped_gemm, cluster, training.fp8)
     gemms += gemm_compute_time(router_gemm(layer, seq, samples, strategy), cluster)
     forward_bytes, backward_bytes = expert_memory_bytes(layer, seq, samples, strategy, training.activation_bytes,
                                                         training.moe_load_imbalance)
+    if training.fp8:
+        forward_cast, backward_cast = expert_cast_bytes(layer, tokens, strategy)
+        forward_bytes, backward_bytes = forward_bytes + forward_cast, backward_bytes + backward_cast
     bandwidth = cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
     return gemms + forward_bytes / bandwidth, 2 * gemms + backward_bytes / bandwidth
+
+
+def expert_cast_bytes(layer: LayerSpec, tokens: float, strategy: LayerStrategy) -> tuple[float, float]:
+    """(forward, backward) bytes of casting the expert GEMMs' inputs and output gradients to FP8 with their
+    transposes (cost/fp8.py CAST_BYTES): per processed token the fc1 input h and fc2 input f/etp forward, the
+    fc1 output gradient (2)f/etp and the fc2 output gradient h backward."""
+    from .fp8 import CAST_BYTES
+
+    f = layer.moe.expert_ffn_hidden_size / strategy.expert_tp
+    fc1_out = f * (2 if layer.swiglu else 1)
+    return tokens * CAST_BYTES * (layer.hidden_size + f), tokens * CAST_BYTES * (fc1_out + layer.hidden_size)
 
 
 def ep_all_to_all_time(bytes_: float, ep: int, stride: int, cluster: ClusterSpec) -> float:

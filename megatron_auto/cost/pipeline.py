@@ -37,6 +37,19 @@ def exposed_dp_time(dp_comm_s: float, backward_s: float, overlap: float = 1.0) -
     return dp_comm_s - overlap * min(dp_comm_s, backward_s)
 
 
+def exposed_p2p_time(p2p_s: float, chunk_compute_s: float, virtual_stages: int, overlap: float = 1.0) -> float:
+    """One chunk boundary's sends and receives left after overlapping with compute.
+
+    With virtual stages Megatron-LM turns on --overlap-p2p-communication (arguments.py: on by default with
+    the interleaved schedule): Megatron-Core's interleaved schedule posts each chunk's sends and receives
+    asynchronously and waits for them only before the chunk that needs them, so they run beside the next
+    chunk's forward and backward (pipeline_parallel/schedules.py, overlap_p2p_comm). The plain 1F1B schedule
+    waits on each. `overlap`: the share the machine hides (CommModel.grad_overlap: 0 on cpu-gloo)."""
+    if virtual_stages == 1:
+        return p2p_s
+    return p2p_s - overlap * min(p2p_s, chunk_compute_s)
+
+
 def warmup_chunk_forwards(stages: int, chunks: int, stage: int) -> int:
     """Chunk forwards stage `stage` runs before its first backward under 1F1B, before
     capping at the m x v it has: p - s - 1, or (p - s - 1) 2 + (v - 1) p when interleaved

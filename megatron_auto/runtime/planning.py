@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Sequence
+import os
+from typing import Mapping, Sequence
 
 from ..errors import UserError
 from ..plan import Plan, load_plan
@@ -30,8 +31,30 @@ def detect_cluster_name() -> str:
     raise UserError(f"no cluster preset for GPU '{name}'; pass --auto-parallel-cluster PRESET|FILE.json")
 
 
-def cluster_for_world(cluster: ClusterSpec, world_size: int) -> ClusterSpec:
-    """The cluster shaped to the job: one partial node, or whole nodes."""
+def gpus_per_node_from_env(world_size: int, environ: Mapping[str, str] = os.environ) -> int | None:
+    """torchrun's node shape: LOCAL_WORLD_SIZE, the ranks (GPUs) on each node of this job; None when unset.
+
+    UserError unless it is a positive integer that divides `world_size`."""
+    text = environ.get("LOCAL_WORLD_SIZE")
+    if text is None:
+        return None
+    try:
+        per_node = int(text)
+    except ValueError:
+        per_node = 0
+    if per_node <= 0:
+        raise UserError(f"LOCAL_WORLD_SIZE must be a positive integer (the ranks on each node), got '{text}'")
+    if world_size % per_node:
+        raise UserError(f"LOCAL_WORLD_SIZE {per_node} does not divide WORLD_SIZE {world_size}: "
+                        "every node of the job must run the same number of ranks")
+    return per_node
+
+
+def cluster_for_world(cluster: ClusterSpec, world_size: int, gpus_per_node: int | None = None) -> ClusterSpec:
+    """The cluster shaped to the job: `world_size / gpus_per_node` nodes of `gpus_per_node` GPUs when given
+    (LOCAL_WORLD_SIZE); otherwise one partial node, or whole nodes of the cluster's own size."""
+    if gpus_per_node is not None:
+        return _nodes_of(cluster, world_size, gpus_per_node)
     if world_size <= cluster.gpus_per_node:
         return dataclasses.replace(cluster, num_nodes=1, gpus_per_node=world_size)
     if world_size % cluster.gpus_per_node:
@@ -40,14 +63,35 @@ def cluster_for_world(cluster: ClusterSpec, world_size: int) -> ClusterSpec:
     return cluster.with_nodes(world_size // cluster.gpus_per_node)
 
 
-def job_cluster(world_size: int, cluster_name: str | None = None, profiles: Sequence[str] = ()) -> ClusterSpec:
+def _nodes_of(cluster: ClusterSpec, world_size: int, gpus_per_node: int) -> ClusterSpec:
+    """`cluster`'s GPUs and links as `world_size / gpus_per_node` nodes of `gpus_per_node` GPUs."""
+    if gpus_per_node <= 0 or world_size % gpus_per_node:
+        raise UserError(f"{gpus_per_node} GPUs per node do not divide world size {world_size}")
+    try:
+        return dataclasses.replace(cluster, num_nodes=world_size // gpus_per_node, gpus_per_node=gpus_per_node)
+    except ValueError as error:
+        raise UserError(f"world size {world_size}: {error}") from None
+
+
+def job_cluster(world_size: int, cluster_name: str | None = None, profiles: Sequence[str] = (),
+                gpus_per_node: int | None = None) -> ClusterSpec:
     """The cluster the search prices a job under: the preset (detected when not named) shaped
-    to `world_size`, with this device's usable memory and the measured `profiles` attached."""
-    cluster = cluster_for_world(load_cluster(cluster_name or detect_cluster_name()), world_size)
+    to `world_size` (in nodes of `gpus_per_node` GPUs when given: cluster_for_world), with this
+    device's usable memory and the measured `profiles` attached."""
+    cluster = cluster_for_world(load_cluster(cluster_name or detect_cluster_name()), world_size, gpus_per_node)
     cluster = with_device_capacity(cluster, device_total_bytes())
     if profiles:
         cluster = dataclasses.replace(cluster, measured=measured_costs(list(profiles)))
     return cluster
+
+
+def describe_job_cluster(cluster: ClusterSpec, world_size: int, gpus_per_node: int | None) -> str:
+    """One log line: the node shape priced and where it came from."""
+    nodes = f"{cluster.num_nodes} node{'s' if cluster.num_nodes > 1 else ''}"
+    gpus = f"{cluster.gpus_per_node} GPU{'s' if cluster.gpus_per_node > 1 else ''}"
+    source = (f"LOCAL_WORLD_SIZE {gpus_per_node}" if gpus_per_node is not None
+              else "LOCAL_WORLD_SIZE unset: the cluster's own node size")
+    return f"priced {nodes} x {gpus} of {cluster.name} (WORLD_SIZE {world_size}, {source})"
 
 
 def device_total_bytes() -> int | None:
@@ -71,17 +115,18 @@ def with_device_capacity(cluster: ClusterSpec, total_bytes: int | None) -> Clust
 
 def search_for_job(model: ModelSpec, world_size: int, cluster_name: str | None, training: TrainingSpec,
                    constraints: SearchConstraints, space: str = "megatron", profiles: Sequence[str] = (),
-                   choose_recompute_modules: bool = False) -> Plan:
-    """The planner's best plan of `space` for this model on `world_size` ranks, priced from the
-    measured `profiles` (specs.profiles.measured_costs) when given, else analytically; with
-    `choose_recompute_modules` it also chooses what selective recomputation re-runs.
+                   choose_recompute_modules: bool = False, gpus_per_node: int | None = None) -> Plan:
+    """The planner's best plan of `space` for this model on `world_size` ranks (in nodes of `gpus_per_node`
+    GPUs when given: cluster_for_world), priced from the measured `profiles` (specs.profiles.measured_costs)
+    when given, else analytically; with `choose_recompute_modules` it also chooses what selective
+    recomputation re-runs.
 
     The hybrid runtime runs ZeRO 0, 1 and 3 per layer (ZeRO-3 through FSDP2), so
     the hybrid search is not held to the distributed optimizer.
     """
     from ..search import search_plan
 
-    cluster = job_cluster(world_size, cluster_name, profiles)
+    cluster = job_cluster(world_size, cluster_name, profiles, gpus_per_node)
     result = search_plan(model, cluster, training, space, constraints,
                          choose_recompute_modules=choose_recompute_modules)
     logger.debug("search took %.2fs over %d candidates", result.search_time_s, result.candidates_evaluated)

@@ -76,6 +76,10 @@ class TrainingSpec(CachedHash):
     """With fp8: Megatron-LM's --fp8-recipe, delayed, tensorwise, blockwise or mxfp8 (cost/fp8.py)."""
     fp8_param_gather: bool = False
     """With fp8: the linear weights are kept in FP8 and gathered as such [--fp8-param-gather]."""
+    grad_accumulation_fusion: bool = False
+    """Weight gradients accumulated into fp32 main_grad inside the wgrad GEMM (Megatron-LM's
+    --gradient-accumulation-fusion, on by default with TE or apex; the runtime's `auto` on GPUs): no separate
+    accumulation pass (cost/layer_kernels.py, weight_grad_accumulation_bytes)."""
     tp_comm_overlap: bool = False
     """Transformer Engine overlaps the SP all-gathers and reduce-scatters with the GEMMs [--tp-comm-overlap]
     (cost/tp_overlap.py)."""
