@@ -8,20 +8,24 @@ from typing import Optional
 
 from ..cost.estimate import estimate_plan
 from ..errors import UserError
+from ..megatron_flags import flag_groups
 from ..pipeline_layout import LAYOUT_FLAG, chunk_layers_of_layout
 from ..plan import Plan, load_plan
 from ..report import plan_table
 from ..search.uniform import (UniformConfig, best_uniform_plan, build_uniform_plan, stage_layer_counts,
                               virtual_stage_choices)
+from ..search.uneven_split import best_split_plan, splits_as_given
 from ..specs import ClusterSpec, load_model
 from ..specs.training import recompute_modules_problem
 from .job import (attach_profiles, fit_cluster_to_world, load_cluster_arg, load_job, sequence_parallel_flag,
                   training_spec)
-from .output import print_json, summary, write_plan
+from .output import flags_or_none, print_json, summary, write_plan
 
 SPLIT_FLAGS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
                "account_for_embedding_in_pipeline_split", "account_for_loss_in_pipeline_split",
                "pipeline_model_parallel_layout")
+SPLIT_FLAG_SPELLINGS = (*(f"--{name.replace('_', '-')}" for name in SPLIT_FLAGS[:-1]), LAYOUT_FLAG)
+"""Megatron-LM's spelling of each of SPLIT_FLAGS."""
 LAYOUT_FLAGS = ("tp", "pp", "dp", "cp", "micro_batch_size", "virtual_stages", "recompute",
                 "sequence_parallel", "distributed_optimizer", "ep", "etp", *SPLIT_FLAGS)
 
@@ -78,16 +82,21 @@ def config_from_args(args: argparse.Namespace, num_layers: int) -> UniformConfig
 
 
 def estimate_flags(args: argparse.Namespace) -> tuple[Plan, list[str]]:
-    """The plan Megatron runs for --tp/--pp/...; picks micro-batch and virtual stages when absent."""
+    """The plan Megatron runs for --tp/--pp/...; picks micro-batch and virtual stages when absent, and, when no
+    split flag is given and the layers do not split evenly, the pipeline split (best_split_plan)."""
     if args.tp is None or args.pp is None:
         raise UserError("estimate needs --tp and --pp (or --plan FILE)")
     model, cluster, training = load_job(args)
     check_dp(args, cluster)
     config = config_from_args(args, model.num_layers)
-    plan = build_uniform_plan(model, cluster, training, config)  # surfaces the specific reason it cannot work
     fixed_virtual = args.virtual_stages or config.chunk_layers
     picked = [name for name, value in (("micro_batch_size", args.micro_batch_size),
                                        ("virtual_stages", fixed_virtual)) if not value]
+    if all(getattr(args, name) is None for name in SPLIT_FLAGS) and not splits_as_given(model, config):
+        plan = best_split_plan(model, cluster, training, config, choose_micro_batch="micro_batch_size" in picked,
+                               choose_virtual_stages="virtual_stages" in picked)
+        return plan, ["pipeline_split", *picked]
+    plan = build_uniform_plan(model, cluster, training, config)  # surfaces the specific reason it cannot work
     if picked:
         # The split flags hold with one chunk per stage too (then the first and last stage hold one layer fewer).
         virtual = [1, *virtual_stage_choices(model, config)] if any(config.account_for) else None
@@ -127,10 +136,26 @@ def estimate_file(args: argparse.Namespace) -> Plan:
     return replace(plan, prediction=estimate_plan(plan, model, cluster, training))
 
 
+def pipeline_split_flags(plan: Plan) -> list[str]:
+    """The Megatron-LM flags of the plan's pipeline split, as its megatron_flags spell them ([] for an even split;
+    the chunk size of --num-layers-per-virtual-pipeline-stage belongs to the virtual stages)."""
+    groups = flag_groups(flags_or_none(plan) or [])
+    return [token for group in groups if group[0] in SPLIT_FLAG_SPELLINGS for token in group]
+
+
+def picked_values(plan: Plan, picked: list[str]) -> dict:
+    """What `estimate` picked, by name: the split as its Megatron-LM flags, the other values as the summary has them."""
+    data = summary(plan)
+    return {name: pipeline_split_flags(plan) if name == "pipeline_split" else data[name] for name in picked}
+
+
 def _picked_line(plan: Plan, picked: list[str]) -> str:
     values = {"micro_batch_size": f"micro-batch size {plan.local_micro_batch(plan.embedding)}",
-              "virtual_stages": f"virtual stages {plan.virtual_stages}"}
-    return "picked " + " and ".join(values[name] for name in picked) + " (the fastest that fits)\n"
+              "virtual_stages": f"virtual stages {plan.virtual_stages}",
+              "pipeline_split": f"pipeline split {' '.join(pipeline_split_flags(plan))}"}
+    named = [values[name] for name in picked]
+    listed = ", ".join(named[:-1]) + " and " + named[-1] if len(named) > 1 else named[0]
+    return f"picked {listed} (the fastest that fits)\n"
 
 
 def run_estimate(args: argparse.Namespace) -> int:
@@ -140,7 +165,7 @@ def run_estimate(args: argparse.Namespace) -> int:
         plan, picked = estimate_flags(args)
     write_plan(plan, args.out)
     if args.json:
-        print_json({**summary(plan), "picked": {name: summary(plan)[name] for name in picked}})
+        print_json({**summary(plan), "picked": picked_values(plan, picked)})
     else:
         sys.stdout.write((_picked_line(plan, picked) + "\n" if picked else "") + plan_table(plan))
     return 0
