@@ -44,10 +44,45 @@ class LaunchResult:
         return all(code == 0 for code in self.returncodes)
 
 
+PORTS_PER_WORKER, FIRST_PORT = 2000, 20000  # four workers' blocks end at 28000: clear of 29400/29500 defaults
+
+
+def _ephemeral_floor() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default range starts here
+
+
+def _port_candidates():
+    """This process's ports: a block per pytest-xdist worker below the ephemeral range, walked from a
+    pid-dependent start so that two test sessions on one machine rarely meet; where the kernel's
+    ephemeral range reaches that low there is no quiet block, and the kernel picks."""
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0)
+    first = FIRST_PORT + PORTS_PER_WORKER * (worker % 4)
+    offset = os.getpid() * 7919
+    while True:
+        offset += 1
+        yield first + offset % PORTS_PER_WORKER if _ephemeral_floor() > FIRST_PORT + 4 * PORTS_PER_WORKER else 0
+
+
+_PORTS = _port_candidates()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port for a job's MASTER_PORT that nothing else takes before rank 0 listens on it.
+
+    A port from bind(port 0) lies in the kernel's ephemeral range, where every connect() and every gloo
+    pair of the other pytest worker draw theirs; one drawn there in the seconds before rank 0 bound it left
+    the ranks connecting to a port no store listened on (CI, 8 ranks: "timed out ... trying to connect").
+    Ports below that range are only ever taken by an explicit bind."""
+    for port in _PORTS:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return sock.getsockname()[1]
 
 
 def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:

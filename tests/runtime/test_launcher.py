@@ -72,3 +72,12 @@ def test_a_run_script_past_its_timeout_raises_as_subprocess_run_does(tmp_path, m
     script.write_text(SCRIPT)
     with pytest.raises(subprocess.TimeoutExpired):
         launcher.run_script([str(script), "hang"], launcher.rank_env(0, 1, 0), 2)
+
+
+def test_master_ports_come_from_outside_the_kernels_ephemeral_range():
+    """The ports connect() and bind(0) hand out (gloo's pairs, the other worker's stores) never collide
+    with a launch's MASTER_PORT; a port picked twice in a row is never the same."""
+    floor, ceiling = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    ports = [launcher.free_port() for _ in range(50)]
+    assert len(set(ports)) == len(ports)
+    assert not any(floor <= port <= ceiling for port in ports), ports
