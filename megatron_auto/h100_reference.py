@@ -1,7 +1,7 @@
 """The H100 measurements (data/reference/h100/) against the cost model: GEMMs, layers, whole runs.
 
-Used by tools/calibrate_compute.py --gemms (the fit of the H100 GEMM law), by
-tools/check_h100_reference.py (the figures in docs/benchmarks.md) and by
+Used by validation/calibrate_compute.py --gemms (the fit of the H100 GEMM law), by
+validation/check_h100_reference.py (the figures in docs/benchmarks.md) and by
 tests/test_h100_reference.py (the same figures as regression tests).
 Every run and profile was taken with unfused attention and torch's foreach Adam in bf16
 on one H100 (data/reference/h100/README.md), so they are priced that way.

@@ -4,7 +4,7 @@ The caps sit well above real models and clusters: GPT-3 175B has 96 layers, the
 largest preset (gpt3-1t) 128, and the deepest published Transformers a few hundred
 (DeepNet trained 1,000); the largest training clusters reported hold about 100k GPUs.
 Below the caps the search's work grows about linearly in the layers
-(tools/bench_limits.py, docs/benchmarks.md "Planning limits").
+(benchmarks/bench_search.py, docs/benchmarks.md "Planning limits").
 """
 
 MAX_LAYERS = 1024

@@ -4,8 +4,9 @@ One patch per module; each states why it exists, which megatron-core versions
 it targets and when it can be removed, and offers `check()` (raise
 `PatchTargetChanged` when upstream no longer looks as expected), `apply()`
 (idempotent) and `is_applied()`. `apply_all()` applies every patch when CUDA is
-absent; on a GPU host it applies only the patches whose `applies_on_cuda()` says the fault
-they fix is there too (a fallback that apex or Transformer Engine would otherwise replace).
+absent; on a GPU host only those whose row in `registry.PATCHES` (the one table of every patch: its kind,
+whether it applies on CUDA, the versions it targets, when it can go) says so: the fixes of faults that bite
+on GPUs too, and the torch fallbacks where apex or Transformer Engine does not import (`applies_on_cuda()`).
 
 Importing this package imports megatron-core, with torch.compile deferred (see `deferred_compile`).
 """
@@ -15,6 +16,7 @@ import importlib
 import logging
 from types import ModuleType
 
+from . import registry
 from ._source import PatchTargetChanged
 from .deferred_compile import import_megatron_core
 
@@ -22,41 +24,10 @@ import_megatron_core()
 
 logger = logging.getLogger(__name__)
 
-PATCH_MODULES = (
-    "cuda_current_device",
-    "cuda_rng_tracker",
-    "ddp_grad_buffer_streams",
-    "hardcoded_cuda_device",
-    "clip_grads_type_dispatch",
-    "torch_norm_sequence_parallel",
-    "torch_norm_zero_centered_gamma",
-    "embedding_weight_sync",
-    "vpp_batched_p2p_guard",
-    "dist_checkpointing_cuda",
-    "distrib_optimizer_gather",
-    "fully_reshardable_bucket_offsets",
-    "distrib_optimizer_torch_adam_step",
-    "grad_scaler_cuda",
-    "multi_tensor_on_device",
-    "wgrad_accumulation_torch",
-    "moe_cuda_device",
-    "moe_split_sizes_cpu",
-    "moe_router_gemm_without_te",
-    "expert_bias_inplace",
-    "glu_offset_copy",
-    "expert_bias_sequence_parallel",
-    "gloo_uneven_gather",
-    "moe_aux_loss_avg_gloo",
-    "moe_per_token_aux_loss_tp",
-    "checkpoint_without_output_te",
-    "rope_cp_rank_cpu",
-    "mla_without_te",
-    "mla_tensor_parallel",
-    "mla_latent_norm_grads",
-    "mtp_tied_output_weight",
-)
+PATCH_MODULES = registry.applied_names()
+"""The patches apply_all applies, in order (patches/registry.py's table)."""
 
-__all__ = ["PATCH_MODULES", "PatchTargetChanged", "apply_all", "check_all", "patch_modules"]
+__all__ = ["PATCH_MODULES", "PatchTargetChanged", "apply_all", "check_all", "patch_modules", "registry"]
 
 
 def patch_modules() -> list[ModuleType]:
@@ -71,11 +42,14 @@ def check_all() -> None:
 
 
 def needed(patch: ModuleType, on_cuda: bool) -> bool:
-    """Whether `patch` applies here: every patch on CPU; on CUDA those whose `applies_on_cuda()` holds."""
+    """Whether `patch` applies here: every patch on CPU; on CUDA as its registry row says (`applies_on_cuda()`
+    deciding for the rows that leave it to the module)."""
     if not on_cuda:
         return True
-    applies_on_cuda = getattr(patch, "applies_on_cuda", None)
-    return bool(applies_on_cuda and applies_on_cuda())
+    on_cuda_rule = registry.RECORDS[patch.NAME].on_cuda
+    if on_cuda_rule == "when-needed":
+        return bool(patch.applies_on_cuda())
+    return on_cuda_rule == "yes"
 
 
 def apply_all(force: bool = False) -> list[str]:

@@ -5,10 +5,13 @@ import importlib
 import inspect
 from types import ModuleType
 
-from ._source import PatchTargetChanged
+
+class PatchTargetChanged(RuntimeError):
+    """The megatron-core code a patch rewrites no longer looks as the patch expects."""
 
 
 def megatron_core_version() -> str:
+    """The installed megatron-core's version string (imported only when a patch is checked)."""
     import megatron.core
 
     return megatron.core.__version__

@@ -8,14 +8,16 @@ running the unpatched code.
 """
 from __future__ import annotations
 
+import importlib
 import inspect
 import textwrap
 from dataclasses import dataclass
 from typing import Any
 
+from ._checks import PatchTargetChanged, require_version
 
-class PatchTargetChanged(RuntimeError):
-    """The megatron-core code a patch rewrites no longer looks as the patch expects."""
+__all__ = ["PatchTargetChanged", "Replacement", "has_replacements", "patched_source", "rewrite_function",
+           "source_rewrite_patch"]
 
 
 @dataclass(frozen=True)
@@ -85,9 +87,6 @@ def source_rewrite_patch(name: str, versions: tuple[str, ...], module: str, owne
                          targets: tuple[tuple[str, tuple[Replacement, ...]], ...]):
     """check, apply and is_applied for a patch that rewrites lines of `owner`'s methods
     (class `owner` in `module`), after checking each line still reads as expected."""
-    import importlib
-
-    from ._checks import require_version
 
     def owner_class():
         return getattr(importlib.import_module(module), owner)

@@ -8,7 +8,7 @@ model without --disable-bias-linear). The rewrite adds the same product out of p
 are identical.
 Targets: megatron-core 0.16.1.
 Removable when: MLP.forward adds the expert bias out of place.
-Applied on every host (applies_on_cuda): the error is autograd's, not the device's.
+Applied on every host (its row in patches/registry.py): the error is autograd's, not the device's.
 """
 from __future__ import annotations
 
@@ -21,10 +21,6 @@ NAME = "expert_bias_inplace"
 TARGET_VERSIONS = ("0.16.1",)
 REPLACEMENTS = (Replacement("output += output_bias.unsqueeze(0) * per_token_scale.unsqueeze(-1)",
                             "output = output + output_bias.unsqueeze(0) * per_token_scale.unsqueeze(-1)"),)
-
-
-def applies_on_cuda() -> bool:
-    return True
 
 
 def _mlp():

@@ -10,7 +10,7 @@ biases at TP2 + SP, ETP1 was 1.35% above one process's (tests/runtime/test_moe_e
 rewrite marks expert biases as not sequence-parallel; dense layers are unchanged.
 Targets: megatron-core 0.16.1.
 Removable when: RowParallelLinear leaves expert biases out of the sequence-parallel gradient sum.
-Applied on every host (applies_on_cuda): the gradient is wrong on GPUs too.
+Applied on every host (its row in patches/registry.py): the gradient is wrong on GPUs too.
 """
 from __future__ import annotations
 
@@ -23,10 +23,6 @@ NAME = "expert_bias_sequence_parallel"
 TARGET_VERSIONS = ("0.16.1",)
 REPLACEMENTS = (Replacement('setattr(self.bias, "sequence_parallel", self.sequence_parallel)',
                             'setattr(self.bias, "sequence_parallel", self.sequence_parallel and not self.is_expert)'),)
-
-
-def applies_on_cuda() -> bool:
-    return True
 
 
 def _row_parallel_linear():

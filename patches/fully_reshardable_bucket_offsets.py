@@ -9,14 +9,14 @@ last ones, running off the end, are zero-filled with a warning). One bucket has 
 which is why it passes on CPU with one bucket per buffer; on GPUs the runtime overlaps the gradient
 reduction (runtime/config.ddp_config), which splits each buffer into 40M-parameter buckets, and
 Megatron puts a pipeline's shared word embedding in a bucket of its own. Seen here: without this
-patch, `tools/check_checkpoint_masters.py` on the fp32 checkpoint of a tied-embedding model at PP2 with
+patch, `validation/check_checkpoint_masters.py` on the fp32 checkpoint of a tied-embedding model at PP2 with
 two virtual stages finds 15 of 16 masters equal to their weights, the embedding's not
 (tests/runtime/test_hybrid_checkpoints.py, the virtual-pipeline test). The rewrite moves each parameter's window back by
 the end padding of the buckets before its own; values inside a first bucket are unchanged.
 Upstream fixed the same in NVIDIA/Megatron-LM pull request 5077.
 Targets: megatron-core 0.16.1.
 Removable when: the megatron-core in use contains that fix.
-Applied on every host (applies_on_cuda): the save is wrong on GPUs too.
+Applied on every host (its row in patches/registry.py): the save is wrong on GPUs too.
 """
 from __future__ import annotations
 
@@ -36,10 +36,6 @@ REPLACEMENTS = (Replacement(  # the method's source, dedented by its class's ind
                 param_world_start -= padding_before
                 param_world_end -= padding_before
 """),)
-
-
-def applies_on_cuda() -> bool:
-    return True
 
 
 check, apply, is_applied = source_rewrite_patch(NAME, TARGET_VERSIONS, "megatron.core.optimizer.distrib_optimizer",

@@ -11,7 +11,7 @@ the offset only when it is not zero; values and gradients are the same (x + 0.0 
 of a zero, and the add's gradient is the identity).
 Targets: megatron-core 0.16.1.
 Removable when: MLP.forward skips the add at offset zero.
-Applied on every host (applies_on_cuda): the memory is kept on GPUs too.
+Applied on every host (its row in patches/registry.py): the memory is kept on GPUs too.
 """
 from __future__ import annotations
 
@@ -22,10 +22,6 @@ TARGET_VERSIONS = ("0.16.1",)
 REPLACEMENTS = (Replacement("x_linear + self.config.glu_linear_offset",
                             "(x_linear + self.config.glu_linear_offset if self.config.glu_linear_offset "
                             "else x_linear)"),)
-
-
-def applies_on_cuda() -> bool:
-    return True
 
 
 check, apply, is_applied = source_rewrite_patch(NAME, TARGET_VERSIONS, "megatron.core.transformer.mlp", "MLP",

@@ -9,7 +9,7 @@ latent norms run on each rank's share of the tokens and are summed as sequence-p
 `sequence_parallel` mark), as they must be. The rewrite leaves MLA configs out of the name rule.
 Targets: megatron-core 0.16.1.
 Removable when: finalize_model_grads sums only per-head q/k norm gradients.
-Applied on every host (applies_on_cuda): the local spec's MLA names its latent norm q_layernorm on GPUs too.
+Applied on every host (its row in patches/registry.py): the local spec's MLA names its latent norm q_layernorm on GPUs too.
 """
 from __future__ import annotations
 
@@ -25,10 +25,6 @@ FUNCTION = "_allreduce_non_tensor_model_parallel_grads"
 REPLACEMENTS = (Replacement(
     'config.qk_layernorm and ("q_layernorm" in name or "k_layernorm" in name)',
     'config.qk_layernorm and not config.multi_latent_attention and ("q_layernorm" in name or "k_layernorm" in name)'),)
-
-
-def applies_on_cuda() -> bool:
-    return True
 
 
 def check() -> None:

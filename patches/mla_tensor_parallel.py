@@ -14,7 +14,7 @@ attention a TP group of its own (pg_collection) while parallel_state's is of siz
 Targets: megatron-core 0.16.1.
 Removable when: MLASelfAttention reduces the RoPE key's gradient over TP and uses self.tp_group in its
 mappings.
-Applied on every host (applies_on_cuda): the local spec's column-parallel down projection runs on GPUs too
+Applied on every host (its row in patches/registry.py): the local spec's column-parallel down projection runs on GPUs too
 (Transformer Engine's spec duplicates the down projection instead, which this rewrite leaves alone).
 """
 from __future__ import annotations
@@ -39,10 +39,6 @@ REPLACEMENTS = (
         if self.config.sequence_parallel:
             kv_compressed = scatter_to_sequence_parallel_region(kv_compressed, group=self.tp_group)"""),
 )
-
-
-def applies_on_cuda() -> bool:
-    return True
 
 
 check, apply, is_applied = source_rewrite_patch(NAME, TARGET_VERSIONS, MODULE, "MLASelfAttention",

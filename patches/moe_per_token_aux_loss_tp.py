@@ -17,7 +17,7 @@ matches within 1e-6 (tests/runtime/test_moe_equivalence.py, hybrid cases).
 Targets: megatron-core 0.16.1.
 Removable when: router.py scales the attached losses by the token count of the TP group's whole
 micro-batch under per-token loss.
-Applied on every host (applies_on_cuda): the gradient is wrong on GPUs too.
+Applied on every host (its row in patches/registry.py): the gradient is wrong on GPUs too.
 """
 from __future__ import annotations
 
@@ -40,10 +40,6 @@ REWRITES = {
         "num_tokens = ((~padding_mask).sum() if padding_mask is not None else logits.shape[0]) "
         "* self.tp_cp_group.size()"),),
 }
-
-
-def applies_on_cuda() -> bool:
-    return True
 
 
 def _router():

@@ -13,7 +13,7 @@ The rewrite skips that allocation on the MTP stage as on the first stage, as the
 Targets: megatron-core 0.16.1.
 Removable when: GPTModel skips the output weight when `mtp_process` shares the embedding (or the tie no longer
 asserts).
-Applied on every host (applies_on_cuda): the fault is the model's, not the device's.
+Applied on every host (its row in patches/registry.py): the fault is the model's, not the device's.
 """
 from __future__ import annotations
 
@@ -26,10 +26,6 @@ REPLACEMENTS = (Replacement(
     "skip_weight_param_allocation=self.pre_process\n            and self.share_embeddings_and_output_weights,",
     "skip_weight_param_allocation=(self.pre_process or self.mtp_process)\n"
     "            and self.share_embeddings_and_output_weights,"),)
-
-
-def applies_on_cuda() -> bool:
-    return True
 
 
 check, apply, is_applied = source_rewrite_patch(NAME, TARGET_VERSIONS, MODULE, "GPTModel",

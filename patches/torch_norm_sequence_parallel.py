@@ -1,14 +1,17 @@
 """Patch: let `WrappedTorchNorm` (the norm of the local layer spec) run with sequence parallelism.
 
-Why: without apex the local spec builds its LayerNorm through `WrappedTorchNorm`,
-which asserts `not config.sequence_parallel`. Sequence parallelism only needs
-the norm's weight and bias gradients to be summed over the tensor-parallel
-group, which `finalize_model_grads` already does for parameters marked
-`sequence_parallel = True` (exactly what apex's FusedLayerNorm wrapper marks).
-The patch builds the same torch norm, then marks its parameters.
+Why: without apex the local spec builds its LayerNorm through `WrappedTorchNorm`, and its RMSNorm always
+(with apex too: LocalSpecProvider.layer_norm); `WrappedTorchNorm` asserts `not config.sequence_parallel`.
+Sequence parallelism only needs the norm's weight and bias gradients to be summed over the tensor-parallel
+group, which `finalize_model_grads` already does for parameters marked `sequence_parallel = True` (exactly
+what apex's FusedLayerNorm wrapper and Transformer Engine's norms mark). The patch builds the same torch
+norm, then marks its parameters.
 Targets: megatron-core 0.16.1.
 Removable when: megatron-core's WrappedTorchNorm marks its parameters for sequence parallelism itself.
-Applied only when CUDA is absent (patches.apply_all).
+Applied on CPU, and on GPU hosts where Transformer Engine does not import (applies_on_cuda): the runtime
+then builds the local spec, whose norms are WrappedTorchNorm (all of them without apex, RMSNorm with it),
+and TP > 1 with --sequence-parallel stops at the first norm's assertion without the patch. Nothing in it is
+CPU-only.
 """
 from __future__ import annotations
 
@@ -38,6 +41,20 @@ def _sequence_parallel_new(original_new):
     __new__.__megatron_auto_patched__ = True
     __new__.__wrapped_original__ = original_new
     return __new__
+
+
+def local_spec_builds_torch_norm() -> bool:
+    """On a GPU host: whether the runtime's layer spec may build WrappedTorchNorm, i.e. whether it runs
+    Megatron-Core's local spec (Transformer Engine absent: megatron_auto/runtime/kernels.py), whose RMSNorm is
+    always WrappedTorchNorm and whose LayerNorm is where apex is absent."""
+    from megatron.core.models.gpt import gpt_layer_specs
+
+    return not gpt_layer_specs.HAVE_TE
+
+
+def applies_on_cuda() -> bool:
+    """Wherever the local spec's norms may be WrappedTorchNorm (local_spec_builds_torch_norm)."""
+    return local_spec_builds_torch_norm()
 
 
 def check():

@@ -8,8 +8,9 @@ The patch builds the same torch LayerNorm/RMSNorm, zeroes its weight and gives i
 scales by (1 + weight) (the formula of apex's FusedLayerNorm with zero_centered_gamma).
 Targets: megatron-core 0.16.1.
 Removable when: megatron-core's WrappedTorchNorm supports zero_centered_gamma itself.
-Applied on CPU, and on CUDA hosts without apex and Transformer Engine (where the local spec's norm
-is WrappedTorchNorm too).
+Applied on CPU, and on CUDA hosts without Transformer Engine (applies_on_cuda): the runtime then builds the
+local spec, whose norms are WrappedTorchNorm too (all of them without apex, RMSNorm with it:
+LocalSpecProvider.layer_norm).
 """
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from ._checks import require_text, require_version
+from .torch_norm_sequence_parallel import local_spec_builds_torch_norm
 
 NAME = "torch_norm_zero_centered_gamma"
 TARGET_VERSIONS = ("0.16.1",)
@@ -76,10 +78,8 @@ def check():
 
 
 def applies_on_cuda() -> bool:
-    """On a GPU host the local spec's norm is WrappedTorchNorm only without apex and TE."""
-    from megatron.core.models.gpt import gpt_layer_specs
-
-    return not gpt_layer_specs.HAVE_APEX and not gpt_layer_specs.HAVE_TE
+    """Wherever the local spec's norms may be WrappedTorchNorm (as for the sequence-parallel patch)."""
+    return local_spec_builds_torch_norm()
 
 
 def apply() -> None:

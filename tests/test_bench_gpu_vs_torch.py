@@ -1,4 +1,4 @@
-"""tools/bench_gpu_vs_torch.py end to end on CPU (--tiny, fp32) and its table arithmetic."""
+"""validation/bench_gpu_vs_torch.py end to end on CPU (--tiny, fp32) and its table arithmetic."""
 from __future__ import annotations
 
 import re
@@ -6,12 +6,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+from megatron_auto.specs.training import GIB
+from validation import bench_gpu_vs_torch as bench
+from validation import torch_reference_gpt as reference
 
-import bench_gpu_vs_torch as bench  # noqa: E402
-import torch_reference_gpt as reference  # noqa: E402
-from megatron_auto.specs.training import GIB  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_reference_has_megatron_gpt_parameter_count():
@@ -31,8 +30,8 @@ def test_table_ratios_are_ours_over_torch():
 
 def test_tiny_benchmark_runs_both_models_end_to_end(tmp_path):
     docs = tmp_path / "benchmarks.md"
-    done = subprocess.run([sys.executable, "tools/bench_gpu_vs_torch.py", "--tiny", "--rounds", "2", "--iters", "1",
-                           "--warmup", "1", "--benchmarks", str(docs)], cwd=ROOT, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "validation.bench_gpu_vs_torch", "--tiny", "--rounds", "2", "--iters",
+                           "1", "--warmup", "1", "--benchmarks", str(docs)], cwd=ROOT, capture_output=True, text=True,
                           timeout=300, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]
     text = docs.read_text()

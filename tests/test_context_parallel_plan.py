@@ -14,7 +14,7 @@ from megatron_auto.megatron_flags import megatron_flags
 from megatron_auto.plan import Chunk, LayerStrategy, Plan
 from megatron_auto.runtime.layout import layout_from_plan
 from megatron_auto.search.uniform import UniformConfig, build_uniform_plan
-from megatron_auto.specs.cluster import load_cluster
+from megatron_auto.specs.loaders import load_cluster
 from megatron_auto.specs.presets import MODEL_PRESETS
 from megatron_auto.specs.training import TrainingSpec
 from test_cli import assert_user_error, ok_json, run_cli

@@ -96,6 +96,14 @@ def test_fp8_refusals_are_one_line_and_exit_2(capsys, flags, message):
     assert message in err and "\n" not in err
 
 
+def test_plan_refuses_fp8_on_a_gpu_without_fp8_tensor_cores_before_searching(capsys):
+    """The search prices FP8 GEMMs at the GPU's FP8 peak, zero on an A100: it must refuse, not divide by it."""
+    job = ["plan", "--model", "llama2-7b", "--cluster", "dgx-a100-80gb", "--global-batch-size", "8"]
+    assert main([*job, "--precision", "fp8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "no FP8 tensor cores" in err and "\n" not in err
+
+
 def test_the_plans_flags_carry_the_knobs_it_was_priced_with(capsys):
     plain = estimate(capsys)["megatron_flags"]
     assert not {"--fp8-format", "--tp-comm-overlap", "--grad-reduce-in-bf16"} & set(plain)

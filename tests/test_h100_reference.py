@@ -1,7 +1,7 @@
 """The H100 calibration against the measurements shipped in data/reference/h100/, and the
 kernel-level terms it rests on (cost/layer_kernels.py). Regression tests of the calibration:
 the bounds are the targets of issue 12, which the shipped constants meet with margin
-(tools/check_h100_reference.py prints the figures)."""
+(validation/check_h100_reference.py prints the figures)."""
 from dataclasses import replace
 
 import numpy as np

@@ -1,19 +1,18 @@
-"""tools/heavy_lock.py: a launcher under an `flock` ancestor must not lock again."""
+"""validation/heavy_lock.py: a launcher under an `flock` ancestor must not lock again."""
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
 
-TOOLS = Path(__file__).resolve().parents[1] / "tools"
-PROBE = ("import sys; sys.path.insert(0, {tools!r}); import heavy_lock; heavy_lock.LOCK = {lock!r}; "
-         "print(heavy_lock.lock_prefix())")
+ROOT = Path(__file__).resolve().parents[1]
+PROBE = "from validation import heavy_lock; heavy_lock.LOCK = {lock!r}; print(heavy_lock.lock_prefix())"
 
 
 def _prefix(lock: Path, under_flock: bool) -> str:
-    code = PROBE.format(tools=str(TOOLS), lock=str(lock))
+    code = PROBE.format(lock=str(lock))
     command = (["flock", "-n", str(lock)] if under_flock else []) + [sys.executable, "-c", code]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     return done.stdout.strip()
 

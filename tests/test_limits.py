@@ -1,5 +1,5 @@
 """The planning caps (megatron_auto/limits.py): accepted up to the cap, and below it the search grows
-about linearly in the layers. Seconds are not asserted (tools/bench_limits.py measures them);
+about linearly in the layers. Seconds are not asserted (benchmarks/bench_search.py, --only limits, measures them);
 the peak of Python allocations is, since equal runs allocate alike."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""tools/measure_host_floor.py end to end on CPU (--tiny) and its case parsing."""
+"""validation/measure_host_floor.py end to end on CPU (--tiny) and its case parsing."""
 from __future__ import annotations
 
 import argparse
@@ -10,10 +10,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+from validation import measure_host_floor as host_floor
 
-import measure_host_floor as host_floor  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_cases_parse_and_bad_ones_are_named():
@@ -32,7 +31,7 @@ def test_llama_structure_is_what_megatron_lms_llama_flags_build():
 
 def test_tiny_run_builds_each_structure_in_the_runtime(tmp_path):
     out = tmp_path / "host_floor.json"
-    done = subprocess.run([sys.executable, "tools/measure_host_floor.py", "--tiny", "--cases", "gpt:flash:none",
+    done = subprocess.run([sys.executable, "-m", "validation.measure_host_floor", "--tiny", "--cases", "gpt:flash:none",
                            "llama:unfused:full", "--warmup", "1", "--iters", "1", "--out", str(out)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})

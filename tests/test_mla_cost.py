@@ -14,7 +14,8 @@ from megatron_auto.cost.layer_cost import layer_cost
 from megatron_auto.cost.layer_kernels import attention_core_times
 from megatron_auto.cost.memory import layer_activation_bytes
 from megatron_auto.cost.compute import mla_up_projection_seconds
-from megatron_auto.cost.mla import mla_latent_bytes, mla_tp_comm_time
+from megatron_auto.cost.mla import mla_latent_bytes
+from megatron_auto.cost.mla_comm import mla_tp_comm_time
 from megatron_auto.plan import LayerStrategy, context_parallel_problem
 from megatron_auto.search.constraints import SearchConstraints
 from megatron_auto.search.megatron_space import SpaceStats, context_parallel_choices

@@ -80,7 +80,7 @@ def test_hybrid_space_keeps_moe_layers_at_zero_0_or_1(capsys, tmp_path):
     from megatron_auto.plan import Chunk, LayerStrategy, Plan
     from megatron_auto.runtime.hybrid.session import check_supported
     from megatron_auto.search.tables import _allowed
-    from megatron_auto.specs.model import load_model
+    from megatron_auto.specs.loaders import load_model
 
     out = tmp_path / "plan.json"
     run_json(capsys, ["plan", "--model", "tiny-deepseek-moe", "--cluster", "dgx-h100-80gb", "--num-nodes", "2",

@@ -1,13 +1,9 @@
-"""tools/paired_ratio.py: the alternating order and the median's distribution-free interval."""
+"""validation/paired_ratio.py: the alternating order and the median's distribution-free interval."""
 import math
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-
-from paired_ratio import median_interval, pair_order, paired_ratio  # noqa: E402
+from validation.paired_ratio import median_interval, pair_order, paired_ratio
 
 
 def test_pair_order_alternates():
@@ -46,7 +42,7 @@ def _log(source: str, cluster: str, busy: str, losses: list[str]) -> str:
 
 
 def test_auto_vs_manual_accepts_the_same_job_and_rejects_another():
-    import bench_auto_vs_manual as bench
+    from benchmarks import bench_auto_vs_manual as bench
 
     auto = _log("auto-parallel", "cpu-gloo", "; busy 0.073 s/iter", ["5.9E+00", "5.1E+00"])
     bench.check_same_job(auto, _log("flags", "manual", "", ["5.9E+00", "5.1E+00"]))
@@ -57,6 +53,6 @@ def test_auto_vs_manual_accepts_the_same_job_and_rejects_another():
 
 
 def test_block_ratios_pair_each_blocks_two_steps():
-    import ab_steps
+    from benchmarks import ab_steps
 
     assert ab_steps.block_ratios([1.0, 3.0, 2.0, 2.0], [2.0, 2.0, 1.0, 1.0]) == [1.0, 0.5]

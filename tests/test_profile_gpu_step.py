@@ -1,14 +1,13 @@
-"""tools/profile_gpu_step.py end to end on CPU (--tiny) and its kernel kinds."""
+"""validation/profile_gpu_step.py end to end on CPU (--tiny) and its kernel kinds."""
 from __future__ import annotations
 
 import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tools"))
+from validation import profile_gpu_step
 
-import profile_gpu_step  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_kernel_names_are_sorted_into_kinds():
@@ -21,8 +20,8 @@ def test_kernel_names_are_sorted_into_kinds():
 
 
 def test_tiny_profile_reports_both_models():
-    done = subprocess.run([sys.executable, "tools/profile_gpu_step.py", "--tiny", "--warmup", "1", "--rows", "5",
-                           "--iters", "1", "--time-bias-fusions", "--time-grad-accumulation-fusion"],
+    done = subprocess.run([sys.executable, "-m", "validation.profile_gpu_step", "--tiny", "--warmup", "1", "--rows",
+                           "5", "--iters", "1", "--time-bias-fusions", "--time-grad-accumulation-fusion"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300,
                           env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stderr[-3000:]

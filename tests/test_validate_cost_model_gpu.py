@@ -1,20 +1,17 @@
-"""tools/validate_cost_model.py's CUDA path (tools/cost_validation_gpu.py), on CPU with fake measurements."""
+"""validation/validate_cost_model.py's CUDA path (validation/cost_validation_gpu.py), on CPU with fake
+measurements."""
 from __future__ import annotations
 
 import re
-import sys
-from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-
-import cost_validation_gpu as gpu  # noqa: E402
-import validate_cost_model as validate  # noqa: E402
-from megatron_auto.runtime.planning import job_cluster  # noqa: E402
-from megatron_auto.search.uniform import build_uniform_plan  # noqa: E402
-from megatron_auto.cost.estimate import estimate_plan  # noqa: E402
-from megatron_auto.specs.training import GIB  # noqa: E402
+from megatron_auto.cost.estimate import estimate_plan
+from megatron_auto.runtime.planning import job_cluster
+from megatron_auto.search.uniform import build_uniform_plan
+from megatron_auto.specs.training import GIB
+from validation import cost_validation_gpu as gpu
+from validation import validate_cost_model as validate
 
 
 def test_one_gpu_grid_is_the_reference_grid():

@@ -1,11 +1,7 @@
-"""tools/validate_cost_model.py's repeated measurement: order of the runs and the median per plan."""
+"""validation/validate_cost_model.py's repeated measurement: order of the runs and the median per plan."""
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
-import validate_cost_model  # noqa: E402
+from validation import validate_cost_model
 
 
 def test_rounds_alternate_order_and_take_the_median(monkeypatch):

@@ -14,53 +14,18 @@ SentencePieceTokenizer / GPTSentencePieceTokenizer / Llama2Tokenizer (`--tokeniz
 HuggingFaceTokenizer (`--tokenizer-model DIR`), TikTokenizer (`--tokenizer-model FILE.json`,
 `--tiktoken-pattern`, `--tiktoken-num-special-tokens`, `--vocab-size`). `--workers`,
 `--partitions` and `--log-interval` are accepted; one process does the work.
+The work is megatron_auto/runtime/preprocess.py.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from megatron_auto.errors import UserError  # noqa: E402
-from megatron_auto.runtime.tokenizers import add_tokenizer_flags, tokenizer_from_flags  # noqa: E402
-
-
-def documents(path: Path, key: str):
-    """The documents of a jsonl or blank-line-separated text file."""
-    text = path.read_text(encoding="utf-8")
-    if path.suffix == ".jsonl":
-        for number, line in enumerate(text.splitlines(), 1):
-            if line.strip():
-                try:
-                    yield json.loads(line)[key]
-                except (json.JSONDecodeError, KeyError, TypeError):
-                    raise UserError(f"{path}:{number}: not a JSON object with key '{key}'") from None
-    else:
-        yield from (doc.strip() for doc in text.split("\n\n") if doc.strip())
-
-
-def build(input_path: Path, out: str, key: str, tokenizer, append_eod: bool) -> tuple[int, int]:
-    """Write OUT.{bin,idx} from the documents under `key`; return (documents, tokens)."""
-    import torch
-    from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
-
-    Path(out).parent.mkdir(parents=True, exist_ok=True)
-    builder = IndexedDatasetBuilder(out + ".bin", dtype=DType.optimal_dtype(tokenizer.vocab_size))
-    count = tokens = 0
-    for doc in documents(input_path, key):
-        ids = tokenizer.tokenize(doc)
-        if not ids:  # Megatron-LM drops empty documents (keep_empty is off)
-            continue
-        if append_eod:
-            ids = ids + [tokenizer.eod]
-        builder.add_document(torch.tensor(ids, dtype=torch.int64), [len(ids)])
-        count, tokens = count + 1, tokens + len(ids)
-    builder.finalize(out + ".idx")
-    return count, tokens
+from megatron_auto.errors import UserError
+from megatron_auto.runtime.preprocess import write_datasets
+from megatron_auto.runtime.tokenizers import add_tokenizer_flags, tokenizer_from_flags
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -83,9 +48,8 @@ def main(argv: list[str] | None = None) -> int:
         if not args.input.is_file():
             raise UserError(f"--input {args.input}: no such file")
         tokenizer = tokenizer_from_flags(args)
-        for key in args.json_keys:
-            out = f"{args.output_prefix}_{key}_document"
-            count, tokens = build(args.input, out, key, tokenizer, args.append_eod)
+        for out, count, tokens in write_datasets(args.input, args.output_prefix, args.json_keys, tokenizer,
+                                                 args.append_eod):
             print(f"wrote {out}.bin/.idx: {count} documents, {tokens} tokens, "
                   f"vocabulary {tokenizer.vocab_size} ({tokenizer.kind}, end of document {tokenizer.eod})")
     except UserError as error:

@@ -17,10 +17,16 @@ PRICED_PRECISIONS = (*PRECISIONS, "fp8")
 
 
 class OneLineParser(argparse.ArgumentParser):
-    """argparse, but a usage error is one line on stderr and exit status 2."""
+    """argparse, but a usage error is one line on stderr and exit status 2 (`see_help`: the line ends by
+    pointing at --help; Megatron-LM's pretrain_gpt.py flags, megatron_auto.train, print the bare error)."""
+
+    def __init__(self, *args, see_help: bool = True, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.see_help = see_help
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+        hint = " (see --help)" if self.see_help else ""
+        self.exit(2, f"{self.prog}: error: {message}{hint}\n")
 
 
 def positive_int(text: str) -> int:

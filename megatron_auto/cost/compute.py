@@ -1,43 +1,25 @@
 """Compute time of a layer on one shard: GEMMs at a shape-dependent efficiency,
 plus memory-bound element-wise kernels at HBM speed.
 
-The GEMM efficiency law is ours (docs/cost_model.md): each of the three GEMM
-dimensions d contributes a factor d / (d + half_dim), so large tiles saturate at
-`max_fraction` of peak and sharding a dimension by TP costs efficiency. Its
-constants are fitted once per GPU type (tools/calibrate_compute.py). Clusters
-whose ComputeEfficiency is `kernel_level` (H100) price layers kernel by kernel
-instead (cost/layer_kernels.py).
+The GEMM efficiency law and the element-wise bandwidth live in cost/kernel_rates.py
+(re-exported here). Clusters whose ComputeEfficiency is `kernel_level` (H100) price
+layers kernel by kernel instead (cost/layer_kernels.py).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..specs.cluster import ClusterSpec, ComputeEfficiency
+from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
-from .flops import CORE, MLA_UP, MLP, Gemm, layer_gemms
+from .flops import CORE, MLA_UP, MLP, layer_gemms
+from .kernel_rates import (ELEMENTWISE_BANDWIDTH_FRACTION, elementwise_bandwidth, gemm_compute_time,
+                           gemm_efficiency, gemm_time)
+from .layer_kernels import HOST_OPS_MLP, HOST_OPS_NORMS, kernel_level_times
 from .mla import mla_elementwise_widths
 
-# Element-wise kernels reach about this share of HBM bandwidth (typical of fused
-# Megatron kernels; STREAM-like copies reach 80-90%).
-ELEMENTWISE_BANDWIDTH_FRACTION = 0.7
-
-
-def gemm_efficiency(gemm: Gemm, model: ComputeEfficiency) -> float:
-    """Fraction of peak FLOP/s a GEMM of this shape reaches."""
-    fraction = model.max_fraction
-    for dim in (gemm.m, gemm.k, gemm.n):
-        fraction *= dim / (dim + model.half_dim)
-    return fraction
-
-
-def gemm_compute_time(gemm: Gemm, cluster: ClusterSpec) -> float:
-    """GPU seconds of one GEMM under the efficiency law (inside a layer: no lone-GEMM floor)."""
-    return gemm.flops / (cluster.gpu.peak_flops * gemm_efficiency(gemm, cluster.compute))
-
-
-def gemm_time(gemm: Gemm, cluster: ClusterSpec) -> float:
-    """Seconds for one forward GEMM issued on its own (at least ComputeEfficiency.latency_s)."""
-    return max(cluster.compute.latency_s, gemm_compute_time(gemm, cluster))
+__all__ = ["ELEMENTWISE_BANDWIDTH_FRACTION", "ComputeTimes", "elementwise_elements", "gemm_compute_time",
+           "gemm_efficiency", "gemm_time", "layer_compute_times", "mla_up_projection_seconds",
+           "module_forward_seconds", "module_forward_shares", "recompute_time"]
 
 
 def elementwise_elements(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool) -> float:
@@ -70,13 +52,11 @@ def layer_compute_times(layer: LayerSpec, seq: int, samples: int, tp: int, sp: b
     """Forward, backward (2x the forward GEMMs: dgrad + wgrad, SC21 Sec. 5.1); kernel by kernel
     (cost/layer_kernels.py) on clusters whose ComputeEfficiency is `kernel_level`."""
     if cluster.compute.kernel_level:
-        from .layer_kernels import kernel_level_times  # it builds on this module's GEMM law
-
         return ComputeTimes(*kernel_level_times(layer, seq, samples, tp, sp, cluster, activation_bytes,
                                                 attention_backend))
     gemms = layer_gemms(layer, seq, samples, tp)
     gemm_seconds = [gemm_time(g, cluster) for g in gemms]
-    bandwidth = cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
+    bandwidth = elementwise_bandwidth(cluster)
     elementwise = elementwise_elements(layer, seq, samples, tp, sp) * activation_bytes / bandwidth
     softmax_share = 2.5 * layer.num_attention_heads * seq / tp
     softmax_seconds = samples * seq * softmax_share * activation_bytes / bandwidth
@@ -97,12 +77,10 @@ def module_forward_seconds(layer: LayerSpec, seq: int, samples: int, tp: int, sp
     fc1_width = f * (2 if layer.swiglu else 1)
     bias = 1.0 if layer.add_bias_linear else 0.0
     tokens, word = seq * samples, activation_bytes
-    bandwidth = cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
+    bandwidth = elementwise_bandwidth(cluster)
     mlp = mlp_gemms + tokens * word * (2 * bias * fc1_width + (5 if layer.swiglu else 2) * f) / bandwidth
     norms = tokens * word * 4 * layer.hidden_size / (tp if sp else 1) / bandwidth
     if cluster.compute.kernel_level:
-        from .layer_kernels import HOST_OPS_MLP, HOST_OPS_NORMS
-
         launch = cluster.gpu.kernel_launch_s
         mlp, norms = max(HOST_OPS_MLP * launch, mlp), max(HOST_OPS_NORMS * launch, norms)
     return (mlp if f else 0.0), norms
@@ -119,7 +97,7 @@ def mla_up_projection_seconds(layer: LayerSpec, seq: int, samples: int, tp: int,
     gemms = sum(gemm_compute_time(g, cluster) for g in layer_gemms(layer, seq, samples, tp) if g.role == MLA_UP)
     heads = layer.num_attention_heads / tp
     copies = heads * (4 * layer.query_head_width + 2 * layer.value_head_width)
-    bandwidth = cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
+    bandwidth = elementwise_bandwidth(cluster)
     return gemms + seq * samples * word * copies / bandwidth
 
 

@@ -24,6 +24,7 @@ from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec, ModelSpec
 from ..specs.training import TrainingSpec
+from .layer_kernels import attention_core_times
 from .models import comm_model, compute_model
 
 
@@ -57,8 +58,6 @@ def _core_times(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrateg
     its own times without the launch floor (which bounds the whole layer, cost/layer_kernels.py); else the
     core's forward and the analytic model's 2x for its backward."""
     if cluster.compute.kernel_level:
-        from .layer_kernels import attention_core_times
-
         return attention_core_times(layer, seq, samples, strategy.tp, cluster, training.activation_bytes,
                                     training.attention_backend)
     forward = compute_model(cluster).layer_times(layer, seq, samples, strategy.tp, strategy.sp, cluster,

@@ -1,7 +1,7 @@
 """The word embedding (first stage) and the LM head with its loss (last stage)."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
 from ..plan import LayerStrategy
@@ -10,6 +10,7 @@ from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
 from .communication import dp_comm_time, tp_comm_time
 from .flops import Gemm
+from .layer_kernels import embedding_times, head_memory_times
 from .models import comm_model, compute_model
 from .memory import (embedding_activation_bytes, logits_activation_bytes, logits_transient_bytes,
                      model_state_bytes, optimizer_temporary_bytes)
@@ -79,8 +80,6 @@ def _memory_bound_times(model: ModelSpec, tokens: int, tp: int, word: int,
     kernel by kernel on `kernel_level` clusters (cost/layer_kernels.py), else not modelled."""
     if not cluster.compute.kernel_level or cluster.measured is not None:
         return 0.0, 0.0, 0.0, 0.0
-    from .layer_kernels import embedding_times, head_memory_times
-
     h, vocab = model.hidden_size, model.vocab_size
     return (*embedding_times(tokens, h, vocab, tp, word, cluster),
             *head_memory_times(tokens, h, vocab, tp, word, cluster))
@@ -96,6 +95,4 @@ def cross_entropy_comm_time(tokens: int, strategy: LayerStrategy, cluster: Clust
 
 
 def _no_recompute(strategy: LayerStrategy) -> LayerStrategy:
-    from dataclasses import replace
-
     return replace(strategy, recompute="none")

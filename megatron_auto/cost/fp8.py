@@ -25,16 +25,13 @@ its separate fp8_dpa switch, off by default). This module prices the difference 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..specs.cluster import ClusterSpec, ComputeEfficiency
 from ..specs.model import LayerSpec
+from ..specs.training import FP8_FORMATS, FP8_RECIPES  # noqa: F401  (the flag choices; re-exported)
 from .flops import CORE, Gemm, layer_gemms
-
-FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
-"""Megatron-LM's --fp8-recipe choices."""
-FP8_FORMATS = ("e4m3", "hybrid")
-"""Megatron-LM's --fp8-format choices (hybrid: E4M3 forward, E5M2 gradients)."""
+from .kernel_rates import elementwise_bandwidth, gemm_compute_time, gemm_efficiency
 CAST_BYTES = 4.0
 """Per element of a 16-bit tensor cast to FP8 with its transpose: read 2, write 1 + 1."""
 NORM_FUSED_CAST_BYTES = 0.0
@@ -65,16 +62,12 @@ def fp8_problem(cluster: ClusterSpec, recipe: str) -> str | None:
 
 def fp8_efficiency_model(cluster: ClusterSpec) -> ComputeEfficiency:
     """The GEMM shape law at FP8 rates: half_dim scaled by the FP8/BF16 peak ratio (module docstring)."""
-    from dataclasses import replace
-
     ratio = cluster.gpu.fp8_peak_flops / cluster.gpu.peak_flops
     return replace(cluster.compute, half_dim=cluster.compute.half_dim * ratio)
 
 
 def fp8_gemm_time(gemm: Gemm, cluster: ClusterSpec) -> float:
     """GPU seconds of one GEMM on FP8 tensor cores."""
-    from .compute import gemm_efficiency
-
     return gemm.flops / (cluster.gpu.fp8_peak_flops * gemm_efficiency(gemm, fp8_efficiency_model(cluster)))
 
 
@@ -106,22 +99,17 @@ def fp8_layer_delta(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool,
                     recipe: str) -> Fp8Delta:
     """FP8 minus BF16 seconds of one micro-batch through one layer on one shard: the linear GEMMs at FP8
     rates (backward: dgrad + wgrad, twice the forward, SC21 Sec. 5.1) plus the casts at the element-wise
-    bandwidth (cost/layer_kernels.py)."""
-    from .compute import gemm_compute_time
-    from .layer_kernels import ELEMENTWISE_BANDWIDTH_FRACTION
-
+    bandwidth (cost/kernel_rates.py)."""
     gemms = linear_gemms(layer, seq, samples, tp)
     saved = sum(gemm_compute_time(g, cluster) - fp8_gemm_time(g, cluster) for g in gemms)
-    bandwidth = cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
+    bandwidth = elementwise_bandwidth(cluster)
     forward_bytes, backward_bytes = cast_bytes(layer, seq, samples, tp, sp, recipe)
     return Fp8Delta(forward_s=forward_bytes / bandwidth - saved, backward_s=backward_bytes / bandwidth - 2 * saved)
 
 
 def weight_cast_seconds(linear_params: float, tp: int, cluster: ClusterSpec) -> float:
     """Once per iteration: each linear weight shard cast to FP8 with its transpose."""
-    from .layer_kernels import ELEMENTWISE_BANDWIDTH_FRACTION
-
-    bandwidth = cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
+    bandwidth = elementwise_bandwidth(cluster)
     return linear_params / tp * CAST_BYTES / bandwidth
 
 

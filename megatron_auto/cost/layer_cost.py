@@ -22,7 +22,7 @@ from .tp_overlap import exposed_tp_seconds, linear_gemm_seconds, tp_overlap_appl
 from .layer_kernels import fused_accumulation_saving
 from .fp8 import fp8_layer_delta, fp8_saved_input_savings, fp8_weight_copy_bytes
 from .models import compute_model
-from .mla import mla_tp_comm_time
+from .mla_comm import mla_tp_comm_time
 from .moe import ExpertCost, expert_cost
 from .shared_expert import hidden_dispatch_seconds
 from .memory import (attention_backward_extra_bytes, attention_workspace_bytes, layer_activation_bytes,

@@ -9,8 +9,8 @@ torch path casts to fp32, masks in place, softmax, casts back), dropout and bmm.
 sizes are Korthikanti et al. 2022 (arXiv 2205.05198), Sec. 4.1: per token, h-wide LayerNorm,
 bias-dropout-add and residual tensors, f-wide MLP tensors and a*s attention scores.
 
-Memory-bound work moves its bytes at ELEMENTWISE_BANDWIDTH_FRACTION of HBM bandwidth. The
-attention-core GEMMs are memory-bound too (k or n = h/a): each runs at the slower of the GEMM
+Memory-bound work moves its bytes at ELEMENTWISE_BANDWIDTH_FRACTION of HBM bandwidth (cost/kernel_rates.py).
+The attention-core GEMMs are memory-bound too (k or n = h/a): each runs at the slower of the GEMM
 law and its s x s operand's bytes. The layer takes at least ops x GpuSpec.kernel_launch_s: with
 small shards the host, not the GPU, sets the pace (eager PyTorch issues one op at a time; the
 GPU's queue hides the host only while kernels outlast it), hence max(host, GPU) per pass.
@@ -19,12 +19,10 @@ from __future__ import annotations
 
 from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
-from .compute import gemm_compute_time
 from .flops import CORE, Gemm, layer_gemms
+from .kernel_rates import ELEMENTWISE_BANDWIDTH_FRACTION, elementwise_bandwidth, gemm_compute_time  # noqa: F401
 from .mla import mla_elementwise_widths
 
-ELEMENTWISE_BANDWIDTH_FRACTION = 0.7
-"""Share of HBM bandwidth element-wise kernels reach (as cost/compute.py; not refitted on H100)."""
 SOFTMAX_BYTES = 4
 """The unfused softmax runs in fp32 (TransformerConfig.attention_softmax_in_fp32 = True)."""
 MAIN_GRAD_BYTES = 4
@@ -38,11 +36,7 @@ three-op dropout counted as CUDA's one native_dropout; docs/cost_model.md, H100 
 HOST_OPS_MLP = 12
 HOST_OPS_NORMS = 2
 """Forward ops of the same layer's MLP and of its two LayerNorms, what selective recompute of `mlp` and
-`layernorm` re-runs (`.venv/bin/python tools/count_host_ops.py`, GPT row)."""
-
-
-def _bandwidth(cluster: ClusterSpec) -> float:
-    return cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
+`layernorm` re-runs (`.venv/bin/python -m validation.count_host_ops`, GPT row)."""
 
 
 def elementwise_bytes(layer: LayerSpec, tokens: int, tp: int, sp: bool, word: int,
@@ -90,7 +84,7 @@ def attention_core_times(layer: LayerSpec, seq: int, samples: int, tp: int, clus
         rate = cluster.gpu.peak_flops * cluster.compute.flash_fraction
         return flops / rate, 2.5 * flops / rate
     scores = heads * seq * seq  # elements of the b * np * s * s score tensor
-    bandwidth = _bandwidth(cluster)
+    bandwidth = elementwise_bandwidth(cluster)
     operand = word * scores / bandwidth  # the s x s operand each core GEMM reads or writes
     qk = max(gemm_compute_time(Gemm(seq, dq, seq, heads), cluster), operand)
     pv = max(gemm_compute_time(Gemm(seq, seq, dv, heads), cluster), operand)
@@ -119,7 +113,7 @@ def fused_accumulation_saving(layer: LayerSpec, seq: int, samples: int, tp: int,
     math. Never below the host's floor of the backward's ops."""
     if not cluster.compute.kernel_level:
         return 0.0
-    saved = weight_grad_accumulation_bytes(layer, tp, word) / _bandwidth(cluster)
+    saved = weight_grad_accumulation_bytes(layer, tp, word) / elementwise_bandwidth(cluster)
     floor = HOST_OPS_BACKWARD * cluster.gpu.kernel_launch_s
     return max(0.0, min(saved, backward_s - floor))
 
@@ -132,7 +126,7 @@ def kernel_level_times(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bo
     core_forward, core_backward = attention_core_times(layer, seq, samples, tp, cluster, word, backend)
     forward_bytes, backward_bytes = elementwise_bytes(layer, samples * seq, tp, sp, word, cluster.dropout_mask_bytes)
     backward_bytes += weight_grad_accumulation_bytes(layer, tp, word)
-    bandwidth = _bandwidth(cluster)
+    bandwidth = elementwise_bandwidth(cluster)
     launch = cluster.gpu.kernel_launch_s
     forward = max(HOST_OPS_FORWARD * launch, dense + core_forward + forward_bytes / bandwidth)
     # dgrad + wgrad: twice the forward GEMMs (SC21 Sec. 5.1).
@@ -172,7 +166,7 @@ def embedding_times(tokens: int, hidden: int, vocab: int, tp: int, word: int,
     table = vocab * hidden / tp
     forward = tokens * hidden * word * 7.5
     backward = table * (2 * word + word + 2 * MAIN_GRAD_BYTES)
-    bandwidth = _bandwidth(cluster)
+    bandwidth = elementwise_bandwidth(cluster)
     return forward / bandwidth, backward / bandwidth
 
 
@@ -185,5 +179,5 @@ def head_memory_times(tokens: int, hidden: int, vocab: int, tp: int, word: int,
     forward_bytes, backward_bytes = CROSS_ENTROPY_BYTES_PER_LOGIT
     forward = 2 * tokens * hidden * word + forward_bytes * logits
     backward = 3 * tokens * hidden * word + backward_bytes * logits + vocab * hidden / tp * (word + 2 * MAIN_GRAD_BYTES)
-    bandwidth = _bandwidth(cluster)
+    bandwidth = elementwise_bandwidth(cluster)
     return forward / bandwidth, backward / bandwidth

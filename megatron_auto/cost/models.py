@@ -2,9 +2,10 @@
 
 `layer_cost`, `embedding_cost` and `communication` ask `compute_model(cluster)`
 and `comm_model(cluster)` for times. Without profiles these are the analytic
-models (GEMM-efficiency law, ring formulas); with `ClusterSpec.measured` set
-(`--profile FILE`) they are the profiled models of cost/profiled.py, which fall
-back to the analytic ones for anything the profiles do not cover.
+models of cost/analytic.py (GEMM-efficiency law, ring formulas); with
+`ClusterSpec.measured` set (`--profile FILE`) they are the profiled models of
+cost/profiled.py, which fall back to the analytic ones for anything the profiles
+do not cover.
 """
 from __future__ import annotations
 
@@ -12,16 +13,13 @@ from typing import Protocol
 
 from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
-from . import collectives
-from .compute import ComputeTimes, gemm_time, layer_compute_times
-
-
-def layer_kernels_bandwidth(cluster: ClusterSpec) -> float:
-    """Bytes/s of memory-bound kernels in the kernel-level model."""
-    from .layer_kernels import ELEMENTWISE_BANDWIDTH_FRACTION
-
-    return cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
+from .analytic import ANALYTIC_COMM, ANALYTIC_COMPUTE, AnalyticComm, AnalyticCompute
+from .compute import ComputeTimes
 from .flops import Gemm
+from .profiled import profiled_comm, profiled_compute
+
+__all__ = ["ANALYTIC_COMM", "ANALYTIC_COMPUTE", "AnalyticComm", "AnalyticCompute", "CommModel", "ComputeModel",
+           "comm_model", "compute_model", "core_share", "profiled_cpu_cores", "runtime_overhead"]
 
 
 class ComputeModel(Protocol):
@@ -53,56 +51,11 @@ class CommModel(Protocol):
         """One send of `bytes_` from one rank to another."""
 
 
-class AnalyticCompute:
-    """GEMM-efficiency law plus element-wise kernels at memory bandwidth (cost/compute.py)."""
-
-    def layer_times(self, layer, seq, samples, tp, sp, cluster, activation_bytes,
-                    attention_backend: str = "flash") -> ComputeTimes:
-        return layer_compute_times(layer, seq, samples, tp, sp, cluster, activation_bytes, attention_backend)
-
-    def gemm_time(self, gemm: Gemm, cluster: ClusterSpec) -> float:
-        return gemm_time(gemm, cluster)
-
-    def optimizer_time(self, state_bytes: float, cluster: ClusterSpec, impl: str = "fused") -> float:
-        """Adam is memory-bound: it reads and writes every byte of model state once (x2); kernel by
-        kernel (H100), the passes of the implementation that runs (cost/layer_kernels.py)."""
-        if cluster.compute.kernel_level:
-            from .layer_kernels import optimizer_step_bytes
-
-            return optimizer_step_bytes(state_bytes, impl) / layer_kernels_bandwidth(cluster)
-        return 2.0 * state_bytes / cluster.gpu.memory_bandwidth_bytes_per_s
-
-
-_RING = {"all_reduce": collectives.all_reduce_time, "all_gather": collectives.all_gather_time,
-         "reduce_scatter": collectives.reduce_scatter_time}
-
-
-class AnalyticComm:
-    """Ring formulas over the slowest link tier the group crosses (cost/collectives.py)."""
-
-    def __init__(self, grad_overlap: float = 1.0) -> None:
-        self.grad_overlap = grad_overlap
-        """From ClusterSpec.grad_overlap: what the runtime's DDP hides behind the backward."""
-
-    def collective_time(self, op, bytes_, group_size, stride, cluster) -> float:
-        return _RING[op](bytes_, group_size, cluster.ring_link_for_group(group_size, stride))
-
-    def p2p_time(self, bytes_, inter_node, cluster) -> float:
-        link = cluster.inter_node if inter_node else cluster.intra_node
-        return collectives.p2p_time(bytes_, link)
-
-
-ANALYTIC_COMPUTE = AnalyticCompute()
-ANALYTIC_COMM = AnalyticComm()
-
-
 def compute_model(cluster: ClusterSpec) -> ComputeModel:
     """The profiled compute model when a model profile is attached, else the analytic one."""
     measured = cluster.measured
     if measured is None or measured.model is None:
         return ANALYTIC_COMPUTE
-    from .profiled import profiled_compute
-
     return profiled_compute(measured.model)
 
 
@@ -111,8 +64,6 @@ def comm_model(cluster: ClusterSpec) -> CommModel:
     measured = cluster.measured
     if measured is None or measured.cluster is None:
         return ANALYTIC_COMM if cluster.grad_overlap == 1.0 else AnalyticComm(cluster.grad_overlap)
-    from .profiled import profiled_comm
-
     return profiled_comm(measured.cluster, cluster.grad_overlap)
 
 

@@ -26,9 +26,10 @@ from ..specs.model import LayerSpec
 from ..specs.training import TrainingSpec
 from .collectives import all_to_all_time
 from .communication import dp_comm_time, zero3_comm_time
-from .compute import gemm_compute_time
 from .flops import Gemm
-from .layer_kernels import ELEMENTWISE_BANDWIDTH_FRACTION, MAIN_GRAD_BYTES
+from .fp8 import CAST_BYTES, fp8_gemm_time
+from .kernel_rates import elementwise_bandwidth, gemm_compute_time
+from .layer_kernels import MAIN_GRAD_BYTES
 from .memory import FP32_BYTES, mlp_saved_width, model_state_bytes, optimizer_temporary_bytes, zero3_gathered_bytes
 from .models import comm_model
 
@@ -97,8 +98,6 @@ def expert_gemm_time(gemms: tuple[Gemm, ...], grouped: bool, cluster: ClusterSpe
     """Forward seconds of the expert GEMMs: one kernel per local expert (SequentialMLP), each at least the
     GEMM law's latency_s, or one grouped kernel (--moe-grouped-gemm) for all of them; under FP8 at its rates
     (TE's grouped linear layers run FP8 like the dense ones: cost/fp8.py)."""
-    from .fp8 import fp8_gemm_time
-
     time_of = fp8_gemm_time if fp8 else gemm_compute_time
     total = 0.0
     for gemm in gemms:
@@ -138,8 +137,8 @@ def expert_memory_bytes(layer: LayerSpec, seq: int, samples: int, strategy: Laye
 def expert_compute_times(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
                          cluster: ClusterSpec, training: TrainingSpec) -> tuple[float, float]:
     """(forward, backward) seconds of the router and the experts on the busiest GPU: GEMMs by the GEMM law
-    (cost/compute.py), backward 2x the forward GEMMs (dgrad + wgrad, SC21 Sec. 5.1), and the memory-bound
-    passes at ELEMENTWISE_BANDWIDTH_FRACTION of HBM bandwidth."""
+    (cost/kernel_rates.py), backward 2x the forward GEMMs (dgrad + wgrad, SC21 Sec. 5.1), and the memory-bound
+    passes at ELEMENTWISE_BANDWIDTH_FRACTION of HBM bandwidth (cost/kernel_rates.py)."""
     tokens = expert_tokens(layer, seq, samples, strategy, training.moe_load_imbalance)
     gemms = expert_gemm_time(expert_gemms(layer, tokens, strategy), training.moe_grouped_gemm, cluster, training.fp8)
     gemms += gemm_compute_time(router_gemm(layer, seq, samples, strategy), cluster)
@@ -148,7 +147,7 @@ def expert_compute_times(layer: LayerSpec, seq: int, samples: int, strategy: Lay
     if training.fp8:
         forward_cast, backward_cast = expert_cast_bytes(layer, tokens, strategy)
         forward_bytes, backward_bytes = forward_bytes + forward_cast, backward_bytes + backward_cast
-    bandwidth = cluster.gpu.memory_bandwidth_bytes_per_s * ELEMENTWISE_BANDWIDTH_FRACTION
+    bandwidth = elementwise_bandwidth(cluster)
     return gemms + forward_bytes / bandwidth, 2 * gemms + backward_bytes / bandwidth
 
 
@@ -156,8 +155,6 @@ def expert_cast_bytes(layer: LayerSpec, tokens: float, strategy: LayerStrategy) 
     """(forward, backward) bytes of casting the expert GEMMs' inputs and output gradients to FP8 with their
     transposes (cost/fp8.py CAST_BYTES): per processed token the fc1 input h and fc2 input f/etp forward, the
     fc1 output gradient (2)f/etp and the fc2 output gradient h backward."""
-    from .fp8 import CAST_BYTES
-
     f = layer.moe.expert_ffn_hidden_size / strategy.expert_tp
     fc1_out = f * (2 if layer.swiglu else 1)
     return tokens * CAST_BYTES * (layer.hidden_size + f), tokens * CAST_BYTES * (fc1_out + layer.hidden_size)

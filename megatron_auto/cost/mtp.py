@@ -24,9 +24,10 @@ from ..specs.training import TrainingSpec
 from .communication import dp_comm_time
 from .embedding import PartCost, embedding_cost
 from .flops import Gemm
+from .kernel_rates import elementwise_bandwidth
 from .memory import (FP32_BYTES, embedding_activation_bytes, logits_activation_bytes, model_state_bytes,
                      optimizer_temporary_bytes)
-from .models import comm_model, compute_model, layer_kernels_bandwidth
+from .models import comm_model, compute_model
 
 PER_TOKEN_BYTES = 8 + 8 + 1 + 4 + 4
 """Per token and depth, whole on every TP rank: the shifted ids the embedding keeps (int64), the cross
@@ -143,5 +144,5 @@ def _projection_times(model: ModelSpec, strategy: LayerStrategy, samples: int, c
     split = strategy.tp if strategy.sp else 1
     forward_bytes = (2 * 2 + 4) * tokens * h * word / split
     backward_bytes = 2 * 3 * tokens * h * word / split
-    bandwidth = layer_kernels_bandwidth(cluster)
+    bandwidth = elementwise_bandwidth(cluster)
     return gemm + forward_bytes / bandwidth, 2 * gemm + backward_bytes / bandwidth

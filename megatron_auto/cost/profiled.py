@@ -26,7 +26,7 @@ from ..specs.profiles import ClusterProfile, CollectiveCurve, LayerProfile, Laye
 from .compute import ComputeTimes, layer_compute_times
 from .flops import Gemm, layer_gemms
 from .interpolate import linear_interpolate, loglog_interpolate, monotone_fit
-from .models import ANALYTIC_COMM, ANALYTIC_COMPUTE
+from .analytic import ANALYTIC_COMM, ANALYTIC_COMPUTE
 
 
 def _ring_fraction(group_size: int) -> float:

@@ -14,6 +14,8 @@ from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
 from ..specs.training import TrainingSpec
+from .fp8 import fp8_gemm_time, linear_gemms
+from .kernel_rates import gemm_compute_time
 
 
 def tp_overlap_applies(strategy: LayerStrategy, training: TrainingSpec) -> bool:
@@ -25,9 +27,6 @@ def linear_gemm_seconds(layer: LayerSpec, seq: int, samples: int, tp: int, clust
                         training: TrainingSpec) -> float:
     """Forward plus backward (dgrad + wgrad: 2x, SC21 Sec. 5.1) seconds of the layer's linear GEMMs on one
     shard, in the precision they run in (cost/fp8.py under fp8)."""
-    from .compute import gemm_compute_time
-    from .fp8 import fp8_gemm_time, linear_gemms
-
     gemm_time = fp8_gemm_time if training.fp8 else gemm_compute_time
     return 3.0 * sum(gemm_time(g, cluster) for g in linear_gemms(layer, seq, samples, tp))
 

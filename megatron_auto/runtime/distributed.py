@@ -8,13 +8,13 @@ from __future__ import annotations
 import gc
 import logging
 import os
-import sys
 from dataclasses import dataclass
 from datetime import timedelta
 
 import torch
 
 from ..errors import UserError
+from . import teardown
 from .layout import MegatronLayout
 
 logger = logging.getLogger(__name__)
@@ -112,17 +112,20 @@ def shutdown() -> None:
 
 
 def destroy_parallel_groups() -> None:
-    """Forget Megatron's groups, destroy them, and collect what still held them.
+    """Forget Megatron's groups and ours, destroy them, and collect what still held them.
 
     `parallel_state.destroy_model_parallel` only drops its references, and a gloo group keeps its
     worker and transport threads until the group object itself is freed, which a model left in a
-    reference cycle (DDP holds its groups) delays until the next garbage collection. A process that
-    builds layout after layout (a re-plan, a test running many layouts) piled up 48 threads per
-    layout per rank (measured with megatron-core 0.16.1 and torch 2.13 on gloo), hundreds in all."""
+    reference cycle (DDP holds its groups) delays until the next garbage collection, and caches of
+    megatron-core and torch delay for ever (teardown.py). A process that builds layout after layout
+    (a re-plan, a test running many layouts) piled up 48 threads per layout per rank without the
+    destroy and collect (measured with megatron-core 0.16.1 and torch 2.13 on gloo), hundreds in all."""
     from megatron.core import parallel_state
 
     groups = megatron_groups() + _OWN_GROUPS
     _OWN_GROUPS.clear()
+    if not groups and not parallel_state.model_parallel_is_initialized():
+        return  # nothing built since the last teardown (a closed session): no collection to pay for
     if parallel_state.model_parallel_is_initialized():
         parallel_state.destroy_model_parallel()
     for group in groups:
@@ -131,21 +134,8 @@ def destroy_parallel_groups() -> None:
         except (ValueError, RuntimeError):  # destroyed already (Megatron destroys its gloo groups itself)
             continue
     del groups
+    teardown.forget_group_references()
     gc.collect()
-    _forget_cached_sharding()
-
-
-def _forget_cached_sharding() -> None:
-    """Empty DTensor's caches of sharding decisions (ZeRO-3 layers are DTensors).
-
-    Their keys compare DeviceMeshes by rank layout, not by process group, so a ZeRO-3 layer of the next
-    layout over the same ranks got its parameters on the last layout's mesh, whose group is destroyed:
-    "Could not resolve the process group registered under the name ..." (torch 2.13, a bf16 layout after
-    an fp32 one). Nothing to do unless torch.distributed.tensor was imported."""
-    if "torch.distributed.tensor" in sys.modules:
-        from torch.distributed.tensor.debug import _clear_sharding_prop_cache
-
-        _clear_sharding_prop_cache()  # the Python cache and the C++ dispatch fast path's
 
 
 def new_group(ranks: list[int], timeout: timedelta):
@@ -157,14 +147,15 @@ def new_group(ranks: list[int], timeout: timedelta):
 
 
 def megatron_groups() -> list:
-    """The process groups parallel_state holds now (its module globals and the list of every group
-    its create_group made with this rank), the default group left out."""
+    """The process groups parallel_state holds now (its module globals, the list of every group
+    its create_group made with this rank, the hybrid-CP groups' dict), the default group left out."""
     from megatron.core import parallel_state
 
     world = torch.distributed.group.WORLD if torch.distributed.is_initialized() else None
     found = []
     for value in vars(parallel_state).values():
-        for item in value if isinstance(value, (list, tuple)) else (value,):
+        items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else (value,)
+        for item in items:
             if isinstance(item, torch.distributed.ProcessGroup) and item is not world and item not in found:
                 found.append(item)
     return found

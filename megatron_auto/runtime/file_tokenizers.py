@@ -18,9 +18,26 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 from ..errors import UserError
-from .tokenizers import TokenizerFiles
 
 SENTENCEPIECE_TYPES = ("SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")
+
+
+@dataclass(frozen=True)
+class TokenizerFiles:
+    """The file flags of Megatron-LM's tokenizer group."""
+
+    vocab_file: Optional[str] = None
+    """--vocab-file: GPT-2 vocab.json (GPT2BPETokenizer)."""
+    merge_file: Optional[str] = None
+    """--merge-file: GPT-2 merges.txt (GPT2BPETokenizer)."""
+    tokenizer_model: Optional[str] = None
+    """--tokenizer-model: SentencePiece model, tiktoken JSON vocabulary or HuggingFace directory."""
+    tiktoken_pattern: Optional[str] = None
+    """--tiktoken-pattern: v1 or v2 (TikTokenizer; megatron-core's default v2)."""
+    tiktoken_num_special_tokens: int = 1000
+    """--tiktoken-num-special-tokens: ids 0..N-1 are special tokens, the vocabulary follows."""
+    hf_include_special_tokens: bool = False
+    """--tokenizer-hf-include-special-tokens: HuggingFace encoding adds its special tokens (BOS...)."""
 
 
 def _require(module: str, kind: str):

@@ -19,7 +19,7 @@ used - reserved from mem_get_info), i.e. the device memory the plan really
 needed, against the cost model's device memory (cost.peak_memory.device_bytes: the
 allocator's reserve, CUDA context and workspaces, NCCL communicators); torch's peak
 allocated bytes are compared with the cost model's allocated peak. On CPU torch keeps no peak of its allocator, so the check says "not
-measured on CPU" (tools/validate_cost_model.py measures CPU peaks with the
+measured on CPU" (validation/validate_cost_model.py measures CPU peaks with the
 profiler) and logs the process's peak resident set for information only.
 """
 from __future__ import annotations

@@ -9,7 +9,8 @@ from typing import Mapping, Sequence
 from ..errors import UserError
 from ..plan import Plan, load_plan
 from ..search.constraints import SearchConstraints
-from ..specs.cluster import ClusterSpec, load_cluster
+from ..specs.cluster import ClusterSpec
+from ..specs.loaders import load_cluster
 from ..specs.model import ModelSpec
 from ..specs.profiles import measured_costs
 from ..specs.training import TrainingSpec

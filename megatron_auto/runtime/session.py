@@ -367,3 +367,12 @@ def _early_exit(session: Session, exit_signal: Optional[stopping.ExitSignal]) ->
     if exit_signal is not None and exit_signal.agreed(session.device):
         return f"on {exit_signal.name} (--exit-signal-handler)"
     return None
+
+
+def close(session: Session) -> None:
+    """End `session` on this rank: drop its model, optimizer and data, and destroy the process groups it built
+    (Megatron's and the hybrid runtime's), their threads with them. The job's default group stays for the
+    next session (a re-plan, a test's next case); distributed.shutdown ends it."""
+    for name in ("model", "optimizer", "scheduler", "source", "slicer", "hybrid"):
+        setattr(session, name, None)
+    distributed.destroy_parallel_groups()  # it collects the dropped model's reference cycles too

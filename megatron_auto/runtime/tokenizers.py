@@ -1,10 +1,10 @@
 """Megatron-LM's `--tokenizer-type` choices, offline, with Megatron's end-of-document convention.
 
 ByteTokenizer and NullTokenizer need no files. The others read local files
-(runtime/file_tokenizers.py): GPT2BPETokenizer (`--vocab-file`, `--merge-file`),
-SentencePieceTokenizer / GPTSentencePieceTokenizer / Llama2Tokenizer (`--tokenizer-model`, a
-SentencePiece model), HuggingFaceTokenizer (`--tokenizer-model`, a local directory holding
-tokenizer.json) and TikTokenizer (`--tokenizer-model`, Megatron's tiktoken JSON vocabulary).
+(runtime/file_tokenizers.py, which also holds the TokenizerFiles flags re-exported here):
+GPT2BPETokenizer (`--vocab-file`, `--merge-file`), SentencePieceTokenizer / GPTSentencePieceTokenizer /
+Llama2Tokenizer (`--tokenizer-model`, a SentencePiece model), HuggingFaceTokenizer (`--tokenizer-model`,
+a local directory holding tokenizer.json) and TikTokenizer (`--tokenizer-model`, Megatron's tiktoken JSON vocabulary).
 Nothing is downloaded. A missing or malformed file is a UserError (one line, exit 2).
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Optional, Protocol
 
 from ..errors import UserError
+from .file_tokenizers import TokenizerFiles, load_file_tokenizer
 
 FILE_TOKENIZER_TYPES = ("GPT2BPETokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
                         "Llama2Tokenizer", "HuggingFaceTokenizer", "TikTokenizer")
@@ -33,24 +34,6 @@ class TextTokenizer(Protocol):
     def tokenize(self, text: str) -> list[int]: ...
 
     def detokenize(self, ids: list[int]) -> str: ...
-
-
-@dataclass(frozen=True)
-class TokenizerFiles:
-    """The file flags of Megatron-LM's tokenizer group."""
-
-    vocab_file: Optional[str] = None
-    """--vocab-file: GPT-2 vocab.json (GPT2BPETokenizer)."""
-    merge_file: Optional[str] = None
-    """--merge-file: GPT-2 merges.txt (GPT2BPETokenizer)."""
-    tokenizer_model: Optional[str] = None
-    """--tokenizer-model: SentencePiece model, tiktoken JSON vocabulary or HuggingFace directory."""
-    tiktoken_pattern: Optional[str] = None
-    """--tiktoken-pattern: v1 or v2 (TikTokenizer; megatron-core's default v2)."""
-    tiktoken_num_special_tokens: int = 1000
-    """--tiktoken-num-special-tokens: ids 0..N-1 are special tokens, the vocabulary follows."""
-    hf_include_special_tokens: bool = False
-    """--tokenizer-hf-include-special-tokens: HuggingFace encoding adds its special tokens (BOS...)."""
 
 
 @dataclass(frozen=True)
@@ -102,8 +85,6 @@ def make_tokenizer(kind: Optional[str], vocab_size: Optional[int] = None,
             raise UserError("--tokenizer-type NullTokenizer needs --vocab-size")
         return Tokenizer(kind, vocab_size)
     if kind in FILE_TOKENIZER_TYPES:
-        from .file_tokenizers import load_file_tokenizer
-
         return load_file_tokenizer(kind, vocab_size, files)
     raise UserError(f"unknown --tokenizer-type {kind!r}; choose one of {', '.join(TOKENIZER_TYPES)}")
 

@@ -16,6 +16,7 @@ from typing import Optional
 from ..errors import UserError
 from ..plan import LayerStrategy, check_expert_strategy
 from ..specs.model import LayerSpec, ModelSpec
+from .integers import divisors
 
 
 def moe_layers(model: ModelSpec) -> tuple[LayerSpec, ...]:
@@ -29,8 +30,6 @@ def expert_degree_choices(model: ModelSpec, tp: int, gpus: int, gpus_per_node: O
     written None (Megatron's default). [(1, None)] for a dense model. `gpus_per_node`, when given, keeps
     the expert-TP group inside a node (its collectives run every MoE layer, like TP's: the
     tp-within-node rule); `ep`/`etp` pin the user's flags."""
-    from .uniform import divisors  # uniform imports this module
-
     layers = moe_layers(model)
     if not layers:
         return [(1, None)]

@@ -42,7 +42,8 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
 from .experts import expert_degree_choices
-from .uniform import (ACCOUNTED, UniformConfig, build_uniform_plan, chunk_sizes, divisors, even_split,
+from .integers import divisors
+from .uniform import (ACCOUNTED, UniformConfig, build_uniform_plan, chunk_sizes, even_split,
                       megatron_uneven_splits, virtual_stage_choices)
 
 

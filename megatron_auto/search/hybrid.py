@@ -32,7 +32,7 @@ from .partition import best_partition, partition_lower_bound
 from .relaxation import relaxed_spans
 from .space import StageContext, prune_strategies
 from .tables import LayerTables, StageFixed, layer_tables, stage_fixed
-from .uniform import divisors
+from .integers import divisors
 
 DEFAULT_MEMORY_UNITS = 128
 

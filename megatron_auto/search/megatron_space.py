@@ -23,7 +23,8 @@ from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
 from .constraints import SearchConstraints
 from .experts import expert_degree_choices, moe_layers
-from .uniform import (ACCOUNTED, UniformConfig, best_uniform_plan, chunk_sizes, config_dp, divisors, even_split,
+from .integers import divisors
+from .uniform import (ACCOUNTED, UniformConfig, best_uniform_plan, chunk_sizes, config_dp, even_split,
                       megatron_uneven_splits, pipeline_lower_bound, states_overflow, virtual_stage_choices)
 
 MIN_CP_TOKENS = 2048

@@ -14,7 +14,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from .constraints import SearchConstraints
 from .experts import expert_degree_choices
-from .uniform import divisors
+from .integers import divisors
 
 
 @dataclass(frozen=True)

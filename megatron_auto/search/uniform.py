@@ -16,6 +16,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
 from .experts import moe_layers, with_experts
+from .integers import divisors
 
 
 @dataclass(frozen=True)
@@ -231,12 +232,6 @@ def _chunks(order: tuple[int, ...], strategy: LayerStrategy, recompute: str,
                                             limit is None or i < limit)] for i in range(size))))
         layer += size
     return tuple(chunks)
-
-
-def divisors(n: int) -> list[int]:
-    """The divisors of n, ascending, in O(sqrt n) steps (n may be a batch of millions)."""
-    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
-    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def pipeline_lower_bound(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig,

@@ -1,6 +1,7 @@
 """Typed, versioned descriptions of the model, the cluster and the training run."""
-from .cluster import ClusterSpec, ComputeEfficiency, GpuSpec, LinkSpec, load_cluster
-from .model import LayerSpec, ModelSpec, load_model
+from .cluster import ClusterSpec, ComputeEfficiency, GpuSpec, LinkSpec
+from .loaders import load_cluster, load_model
+from .model import LayerSpec, ModelSpec
 from .training import TrainingSpec
 
 __all__ = [

@@ -2,10 +2,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Optional
 
-from .. import serde
 from ..serde import CachedHash, checked
 from ..errors import UserError
 from ..limits import MAX_GPUS
@@ -175,17 +173,3 @@ class ClusterSpec(CachedHash):
         per_node = max(1, min(group_size, self.gpus_per_node // stride))
         bandwidth = min(per_node * link.effective_bandwidth, self.intra_node.effective_bandwidth)
         return replace(link, bandwidth_bytes_per_s=bandwidth / link.efficiency)
-
-
-def load_cluster(name_or_path: str, num_nodes: int | None = None) -> ClusterSpec:
-    """A preset by name, or a JSON cluster file; `num_nodes` overrides the node count."""
-    from .presets import CLUSTER_PRESETS
-
-    if name_or_path in CLUSTER_PRESETS:
-        cluster = CLUSTER_PRESETS[name_or_path]
-    elif name_or_path.endswith(".json") or Path(name_or_path).exists():
-        data = serde.read_json(name_or_path, "cluster")
-        cluster = serde.from_dict(ClusterSpec, data, f"cluster '{Path(name_or_path).name}'")
-    else:
-        raise UserError(f"unknown cluster preset '{name_or_path}'; choose one of: {', '.join(CLUSTER_PRESETS)} or give a .json file")
-    return cluster.with_nodes(num_nodes) if num_nodes is not None else cluster

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from functools import cached_property
-from pathlib import Path
 from typing import Optional
 
 from .. import serde
@@ -528,18 +527,6 @@ def model_from_dict(data: dict, name: str = "model", where: str = "") -> ModelSp
         return uniform_model(data.get("name", name), **kwargs)
     except ValueError as error:
         raise UserError(f"{label}: {error}") from None
-
-
-def load_model(name_or_path: str) -> ModelSpec:
-    """A preset by name, or a JSON model file (compact or rich form)."""
-    from .presets import MODEL_PRESETS
-
-    if name_or_path in MODEL_PRESETS:
-        return MODEL_PRESETS[name_or_path]
-    if not name_or_path.endswith(".json") and not Path(name_or_path).exists():
-        raise UserError(f"unknown model preset '{name_or_path}'; choose one of: {', '.join(MODEL_PRESETS)} or give a .json file")
-    path = Path(name_or_path)
-    return model_from_dict(serde.read_json(name_or_path, "model"), path.stem, f"model '{path.name}'")
 
 
 def _check_compact_value(key: str, value: object, label: str) -> None:

@@ -105,10 +105,10 @@ def _moe_presets() -> dict[str, ModelSpec]:
 MODEL_PRESETS: dict[str, ModelSpec] = _model_presets()
 
 # One GEMM-efficiency model per GPU type; the A100 constants are fitted once to
-# all five rows of SC21 Table 1 by tools/calibrate_compute.py (docs/cost_model.md).
+# all five rows of SC21 Table 1 by validation/calibrate_compute.py (docs/cost_model.md).
 A100_COMPUTE = ComputeEfficiency(max_fraction=0.70, half_dim=96.0)
 # H100: the same law fitted to 160 measured bf16 GEMMs (data/reference/h100/gemm_bf16.jsonl) by
-# `.venv/bin/python tools/calibrate_compute.py --gemms` (least squares for max_fraction on a
+# `.venv/bin/python -m validation.calibrate_compute --gemms` (least squares for max_fraction on a
 # (half_dim, latency_s) grid; mean |error| 5.2%); layers priced kernel by kernel (cost/layer_kernels.py,
 # docs/cost_model.md "H100 calibration"). Flash attention (SDPA, FlashAttention-2 kernels) reaches
 # about 35% of the H100's peak (Dao 2023, FlashAttention-2, H100 benchmarks: ~335 TFLOP/s).

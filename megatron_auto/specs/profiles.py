@@ -72,10 +72,10 @@ class ClusterProfile(CachedHash):
     """Share of an all-reduce that ran hidden behind concurrent compute (0: none hidden)."""
     step_overhead_s: float = 0.0
     """Seconds per iteration the training runtime spends outside the layers, collectives and
-    optimizer step the profiles time (tools/profile_runtime.py; 0: unmeasured)."""
+    optimizer step the profiles time (validation/profile_runtime.py; 0: unmeasured)."""
     micro_batch_overhead_s: float = 0.0
     """Seconds the runtime spends per micro-batch per model chunk outside the profiled layers:
-    schedule, batch, embedding, LM head and loss (tools/profile_runtime.py; 0: unmeasured)."""
+    schedule, batch, embedding, LM head and loss (validation/profile_runtime.py; 0: unmeasured)."""
     kind: str = CLUSTER_PROFILE_KIND
     """Record type tag, so `--profile` can tell the two kinds of file apart."""
     schema_version: int = PROFILE_SCHEMA_VERSION

@@ -22,9 +22,13 @@ MOE_RECOMPUTE_MODULES = ("moe", "shared_experts")
 """The ones that act on MoE layers alone: the whole MoELayer (router, dispatch, experts, combine and the
 shared expert) and the shared expert (megatron/core/transformer/moe/moe_layer.py)."""
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
+"""Megatron-LM's default --recompute-modules."""
 PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
 """What TrainingSpec.precision may be."""
-"""Megatron-LM's default --recompute-modules."""
+FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
+"""Megatron-LM's --fp8-recipe choices (priced in cost/fp8.py)."""
+FP8_FORMATS = ("e4m3", "hybrid")
+"""Megatron-LM's --fp8-format choices (hybrid: E4M3 forward, E5M2 gradients)."""
 
 
 @dataclass(frozen=True)
@@ -109,8 +113,6 @@ class TrainingSpec(CachedHash):
         self._check_recompute_modules()
 
     def _check_fp8(self) -> None:
-        from ..cost.fp8 import FP8_FORMATS, FP8_RECIPES
-
         if self.fp8_format not in FP8_FORMATS:
             raise ValueError(f"fp8 format must be one of {', '.join(FP8_FORMATS)}, got {self.fp8_format!r}")
         if self.fp8_recipe not in FP8_RECIPES:

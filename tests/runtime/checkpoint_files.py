@@ -1,11 +1,12 @@
 """Reading what a run wrote: every tensor of a checkpoint iteration, and the losses of its log."""
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import torch
+
+from validation import check_checkpoint_masters
 
 
 def logged_losses(stdout: str) -> dict[int, set[str]]:
@@ -16,18 +17,7 @@ def logged_losses(stdout: str) -> dict[int, set[str]]:
     return found
 
 
-def _tool():
-    spec = importlib.util.spec_from_file_location(
-        "check_checkpoint_masters", Path(__file__).resolve().parents[2] / "tools" / "check_checkpoint_masters.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-_READER = _tool()
-
-
 def checkpoint_tensors(iteration_dir: Path) -> dict[str, torch.Tensor]:
-    """Every tensor of a checkpoint iteration, read without a process group (as tools/check_checkpoint_masters.py
-    reads them)."""
-    return _READER.checkpoint_tensors(iteration_dir)
+    """Every tensor of a checkpoint iteration, read without a process group (as
+    validation/check_checkpoint_masters.py reads them)."""
+    return check_checkpoint_masters.checkpoint_tensors(iteration_dir)

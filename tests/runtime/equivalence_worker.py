@@ -16,7 +16,8 @@ bf16 twin; read by the test)}.
 The last rank writes {name: {"iterations", "losses", "grad_norms", "loss_scales", "skipped",
 "param_dtypes", "moe_losses", "router_gap", "expert_bias_max", "attention", "mtp_losses", "mtp_backward_scales",
 "params_without_grad", "mtp_params_with_grad", "shared_expert_overlap_layers"} or {"error"}, with "seconds" the
-case took and "threads" the process held after it} to RESULTS.json;
+case took, "threads" the process held at its end (its session alive) and "threads_closed" after session.close}
+to RESULTS.json;
 router_gap is the smallest margin, over every token routed on this rank, between what its router picked and
 the best it left (selection_margin; MoE models); expert_bias_max the largest expert bias on this rank after
 the case (--moe-router-enable-expert-bias); attention the "attention/core" classes of its layers.
@@ -57,7 +58,8 @@ SETTINGS = TrainSettings(train_iters=5, lr=1e-3, hidden_dropout=0.0, attention_d
                          weight_decay=0.01, seed=1234, timeout_s=90.0, data=DataSettings(vocab_size=256))
 
 
-def run_case(case: dict, info) -> dict:
+def run_case(case: dict, info) -> tuple[dict, object]:
+    """The case's results and its session (still open)."""
     import torch
 
     settings = dataclasses.replace(SETTINGS, train_iters=case.get("steps", 5), save=case.get("save"),
@@ -94,6 +96,11 @@ def run_case(case: dict, info) -> dict:
     gaps = _record_router_gaps(run.model)
     with _mtp_loss_scales(case.get("mtp_scale_factor", 1.0)) as mtp_scales:
         results = session.train(run)
+    return _report(run, results, gaps, mtp_scales, first), run
+
+
+def _report(run, results, gaps, mtp_scales, first: int) -> dict:
+    """What the test reads of a case's run."""
     return {**_mtp_report(run.model, results, mtp_scales),"iterations": list(range(first + 1, run.iteration + 1)),
             "losses": [r.loss for r in results], "grad_norms": [r.grad_norm for r in results],
             "loss_scales": [r.loss_scale for r in results], "skipped": [r.skipped for r in results],
@@ -217,6 +224,24 @@ def _load_weights(run, path: str) -> None:
     checkpoint.load_checkpoint(path, run.model, run.optimizer, run.scheduler, weights_only=True)
 
 
+def run_and_close(case: dict, info) -> dict:
+    """Run the case (its error, when it expects one) and note the threads, then close its session: here, where
+    no local of run_case still holds a part of the model; a case that failed has its groups destroyed."""
+    run = None
+    try:
+        out, run = run_case(case, info)
+    except Exception as error:  # reported per case; the test decides whether it was expected
+        if not case.get("expect_error"):
+            raise
+        out = {"error": f"{type(error).__name__}: {error}"}
+    out["threads"] = thread_count()
+    if run is not None:
+        session.close(run)
+    else:
+        distributed.destroy_parallel_groups()
+    return out
+
+
 def main() -> None:
     import torch
 
@@ -226,13 +251,8 @@ def main() -> None:
     results = {}
     for case in cases:
         started = time.monotonic()
-        try:
-            results[case["name"]] = run_case(case, info)
-        except Exception as error:  # reported per case; the test decides whether it was expected
-            if not case.get("expect_error"):
-                raise
-            results[case["name"]] = {"error": f"{type(error).__name__}: {error}"}
-        results[case["name"]].update(seconds=time.monotonic() - started, threads=thread_count())
+        results[case["name"]] = out = run_and_close(case, info)
+        out.update(seconds=time.monotonic() - started, threads_closed=thread_count())
     if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
         json.dump(results, open(sys.argv[2], "w"), indent=1)
     distributed.shutdown()

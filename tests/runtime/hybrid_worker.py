@@ -11,7 +11,9 @@ per segment inside the segment's TP-region dropout stream and 4 outside it; gath
 "settings" (TrainSettings fields, e.g. precision, attention_backend), optional "data_vocab_size" (mock tokens drawn
 from fewer ids than the padded vocabulary, so that training has something to learn), optional
 "drop_grad_sync": true (a broken run: the parts' DP gradient reductions skipped)}.
-The last rank writes {name: {"losses", "grad_norms", "loss_scales", "skipped", "param_dtypes", "kernels"[, "probe"]}}.
+The last rank writes {name: {"losses", "grad_norms", "loss_scales", "skipped", "param_dtypes", "kernels",
+"seconds", "threads" (the process's threads at the end of the case, its session alive), "threads_closed" (after
+session.close)[, "probe"]}}.
 """
 from __future__ import annotations
 
@@ -84,7 +86,8 @@ def run_kernels(run) -> dict:
     return {"cores": sorted(cores), "adam_flags": sorted(flags), "wgrad_fusion": sorted(wgrad)}
 
 
-def run_case(case: dict, info) -> dict:
+def run_case(case: dict, info) -> tuple[dict, object]:
+    """The case's results and its session (still open)."""
     world = torch.distributed.get_world_size()
     dropout = case.get("dropout", 0.0)
     settings = dataclasses.replace(SETTINGS, train_iters=case.get("steps", 5), hidden_dropout=dropout,
@@ -110,7 +113,7 @@ def run_case(case: dict, info) -> dict:
            "loss_scales": [r.loss_scale for r in results], "skipped": [r.skipped for r in results],
            "param_dtypes": sorted({str(p.dtype) for chunk in run.model for p in chunk.parameters()}),
            "kernels": run_kernels(run)}
-    return out if probe is None else {**out, "probe": probe}
+    return (out if probe is None else {**out, "probe": probe}), run
 
 
 def main() -> None:
@@ -120,8 +123,10 @@ def main() -> None:
     results = {}
     for case in cases:
         started = time.monotonic()
-        results[case["name"]] = {**run_case(case, info), "seconds": time.monotonic() - started,
-                                 "threads": thread_count()}
+        out, run = run_case(case, info)
+        out.update(seconds=time.monotonic() - started, threads=thread_count())
+        session.close(run)  # here, where no local of run_case still holds a part of the model
+        results[case["name"]] = {**out, "threads_closed": thread_count()}
     if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
         json.dump(results, open(sys.argv[2], "w"), indent=1)
     distributed.shutdown()

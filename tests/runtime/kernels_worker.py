@@ -4,7 +4,8 @@ and torch Adam's fused step against its foreach step, all under Megatron's TP gr
 Usage (per rank, RANK/WORLD_SIZE/MASTER_* set): python kernels_worker.py CASES.json RESULTS.json
 Tensor parallelism is the world size. Each case: {"name", "kind": core|layer|dropout|optimizer, ...};
 the last rank writes {name: {measured numbers}} to RESULTS.json (its own rank's numbers, except where a
-case gathers over the TP group).
+case gathers over the TP group), with "threads_closed" the threads it holds once the case's groups are destroyed,
+and "group_threads_closed" those of them that process groups run.
 """
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ import torch  # noqa: E402
 from megatron_auto.runtime import distributed  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
+from worker_stats import group_thread_count, thread_count  # noqa: E402
 
 HIDDEN, HEADS, SEQ, BATCH = 64, 4, 32, 2
 
@@ -30,7 +32,7 @@ HIDDEN, HEADS, SEQ, BATCH = 64, 4, 32, 2
 def initialize_tp() -> None:
     from megatron.core import parallel_state, tensor_parallel
 
-    parallel_state.destroy_model_parallel()
+    distributed.destroy_parallel_groups()  # the last case's groups, their threads too
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=torch.distributed.get_world_size())
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
 
@@ -113,7 +115,7 @@ def run_cp_core(case: dict) -> dict:
     from megatron_auto.runtime.context_parallel import chunks_of_rank
 
     world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
-    parallel_state.destroy_model_parallel()
+    distributed.destroy_parallel_groups()  # the last case's groups, their threads too
     parallel_state.initialize_model_parallel(context_parallel_size=world)
     kinds = dict(layer_number=case.get("layer_number", 1), attn_mask_type=AttnMaskType.causal, attention_type="self")
     whole = DotProductAttention(config=make_config(case, tensor_model_parallel_size=1), **kinds)
@@ -149,7 +151,7 @@ def _gpt_on_sdpa(case: dict, world: int):
 
     from megatron_auto.runtime.kernels import RunKernels, layer_spec
 
-    parallel_state.destroy_model_parallel()
+    distributed.destroy_parallel_groups()  # the last case's groups, their threads too
     parallel_state.initialize_model_parallel(context_parallel_size=world)
     tensor_parallel.model_parallel_cuda_manual_seed(1234)
     torch.manual_seed(1234)
@@ -284,6 +286,8 @@ def main() -> None:
     for case in cases:
         initialize_tp()
         results[case["name"]] = RUNNERS[case["kind"]](case)
+        distributed.destroy_parallel_groups()
+        results[case["name"]].update(threads_closed=thread_count(), group_threads_closed=group_thread_count())
     if torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
         json.dump(results, open(sys.argv[2], "w"), indent=1)
     distributed.shutdown()

@@ -1,4 +1,4 @@
-"""Run several tools/pretrain_gpt.py command lines one after another in the same ranks.
+"""Run several tools/pretrain_gpt.py command lines (megatron_auto.train.main) one after another in the same ranks.
 
 Usage (as each rank, under tests/runtime/launcher.py): launch_lines_worker.py RUNS.json OUT.json.
 RUNS.json is a list of {"name": ..., "argv": [...]}; each run is framed in the log by
@@ -8,19 +8,9 @@ once is most of a small run's cost); each run builds and tears down its own Mega
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
-
-REPO = Path(__file__).resolve().parents[2]
-
-
-def _pretrain_gpt():
-    spec = importlib.util.spec_from_file_location("pretrain_gpt", REPO / "tools" / "pretrain_gpt.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _keep_default_group() -> None:
@@ -38,14 +28,15 @@ def _keep_default_group() -> None:
 def main() -> None:
     import torch
 
+    from megatron_auto.train import main as pretrain_gpt_main
+
     runs = json.loads(Path(sys.argv[1]).read_text())
-    pretrain_gpt = _pretrain_gpt()
     _keep_default_group()
     codes = {}
     for run in runs:
         print(f"#### launch line {run['name']} start", flush=True)
         try:
-            codes[run["name"]] = pretrain_gpt.main(run["argv"])
+            codes[run["name"]] = pretrain_gpt_main(run["argv"])
         except SystemExit as stop:  # argparse refusals
             codes[run["name"]] = stop.code
         print(f"#### launch line {run['name']} exit {codes[run['name']]}", flush=True)

@@ -6,7 +6,6 @@ MEGATRON_AUTO_TEST_SPAWN=1 each rank is a fresh `python SCRIPT ARGS...` process 
 from __future__ import annotations
 
 import atexit
-import importlib.util
 import json
 import os
 import select
@@ -22,14 +21,6 @@ from typing import Optional
 
 REPO = Path(__file__).resolve().parents[2]
 SPAWN_ENV = "MEGATRON_AUTO_TEST_SPAWN"
-
-
-def load_pretrain_gpt(module_name: str = "pretrain_gpt"):
-    """tools/pretrain_gpt.py imported as `module_name` (a test that patches its globals takes its own copy)."""
-    spec = importlib.util.spec_from_file_location(module_name, REPO / "tools" / "pretrain_gpt.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @dataclass(frozen=True)

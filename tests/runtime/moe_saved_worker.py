@@ -7,7 +7,8 @@ expert-parallel and expert-TP degrees (ep x etp = WORLD_SIZE), optional "modules
 "mla" in the model: MLASpec keywords}; every case of one launch has the same degrees.
 Layer 0 of the runtime's GPTModel (runtime.model.first_decoder_layer, fp32, unfused attention, dropout 0.1)
 runs one forward on this rank's own tokens (s/tp of them under sequence parallel); the results hold, per rank,
-profiling.layer_bench.saved_activation_bytes and the token copies this rank's experts processed (0: a dense layer).
+profiling.layer_bench.saved_activation_bytes, the token copies this rank's experts processed (0: a dense layer)
+and the threads the process held after the case.
 """
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ from megatron_auto.runtime.layout import MegatronLayout  # noqa: E402
 from megatron_auto.runtime.model import first_decoder_layer  # noqa: E402
 from megatron_auto.runtime.settings import MoESettings, TrainSettings  # noqa: E402
 from megatron_auto.specs.model import MLASpec, uniform_model  # noqa: E402
+from worker_stats import thread_count  # noqa: E402
 
 SEQ, BATCH = 16, 2
 
@@ -65,7 +67,7 @@ def run_case(case: dict, world_size: int) -> dict:
     tensor_parallel.model_parallel_cuda_manual_seed(1)
     hidden = torch.randn(SEQ // case["tp"], BATCH, model.layers[0].hidden_size, requires_grad=True)
     saved = saved_activation_bytes(layer, hidden, **rope)
-    return {"saved": saved, "processed": counts[0]}
+    return {"saved": saved, "processed": counts[0], "threads": thread_count()}
 
 
 def main(cases_path: str, results_path: str) -> None:

@@ -5,8 +5,8 @@ Each case: {"name", "model": uniform_model keywords, "modules": [...]}. For each
 GPTModel (runtime.model.first_decoder_layer at TP1/PP1, fp32, unfused attention, dropout 0.1; with RoPE,
 the rotary table its GPTModel passes) runs one forward without recompute
 and one under `--recompute-granularity selective` with the case's modules; the results hold
-profiling.layer_bench.saved_activation_bytes of each, and whether the two backward passes gave the same
-input gradient.
+profiling.layer_bench.saved_activation_bytes of each, whether the two backward passes gave the same
+input gradient, and the threads the process held after the case.
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from megatron_auto.profiling.model_profile import _setup_megatron  # noqa: E402
 from megatron_auto.runtime.model import first_decoder_layer  # noqa: E402
 from megatron_auto.runtime.settings import TrainSettings  # noqa: E402
 from megatron_auto.specs.model import MLASpec, uniform_model  # noqa: E402
+from worker_stats import thread_count  # noqa: E402
 
 SEQ, BATCH = 16, 2
 
@@ -62,7 +63,8 @@ def run_case(case: dict) -> dict:
     plain, plain_grad = saved_and_grad(*runtime_layer(model, case["modules"], None), h)
     recomputed, grad = saved_and_grad(*runtime_layer(model, case["modules"], "selective"), h)
     return {"none": plain, "selective": recomputed, "same_gradient": bool(torch.equal(grad, plain_grad)),
-            "gradient_max_diff": float((grad - plain_grad).abs().max()), "gradient_max": float(plain_grad.abs().max())}
+            "gradient_max_diff": float((grad - plain_grad).abs().max()), "gradient_max": float(plain_grad.abs().max()),
+            "threads": thread_count()}
 
 
 def main(cases_path: str, results_path: str) -> None:

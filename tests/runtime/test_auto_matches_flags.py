@@ -1,16 +1,12 @@
-"""`--auto-parallel` and the flags it prints build the same job (tools/bench_auto_vs_manual.py times the two)."""
+"""`--auto-parallel` and the flags it prints build the same job (benchmarks/bench_auto_vs_manual.py times the two)."""
 from __future__ import annotations
 
 import dataclasses
-import sys
 
-from launcher import REPO
-
-sys.path.insert(0, str(REPO / "tools"))
-
-import pretrain_gpt  # noqa: E402
-from megatron_auto.megatron_flags import megatron_flags  # noqa: E402
-from megatron_auto.runtime.layout import layout_from_plan  # noqa: E402
+from megatron_auto import train
+from megatron_auto.megatron_flags import megatron_flags
+from megatron_auto.runtime.layout import layout_from_plan
+from megatron_auto.runtime.tokenizers import tokenizer_from_flags
 
 README_JOB = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
               "--max-position-embeddings", "64", "--global-batch-size", "16", "--train-iters", "45",
@@ -18,10 +14,10 @@ README_JOB = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads
 
 
 def _plan(argv: list[str]):
-    args = pretrain_gpt.parse_args(argv)
-    vocab = pretrain_gpt.tokenizer_from_flags(args).vocab_size
-    settings = pretrain_gpt.settings_from_args(args, vocab)
-    return pretrain_gpt.choose_plan(args, pretrain_gpt.model_from_args(args, vocab), 4, settings)
+    args = train.parse_args(argv)
+    vocab = tokenizer_from_flags(args).vocab_size
+    settings = train.settings_from_args(args, vocab)
+    return train.choose_plan(args, train.model_from_args(args, vocab), 4, settings)
 
 
 def test_printed_flags_rebuild_the_auto_plan():

@@ -3,9 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher import load_pretrain_gpt
-
-pretrain_gpt = load_pretrain_gpt("pretrain_gpt_margin")
+from megatron_auto import train
 
 FLAGS = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
          "--max-position-embeddings", "32", "--micro-batch-size", "1", "--global-batch-size", "4",
@@ -21,9 +19,9 @@ def test_margin_flag_reaches_the_search(monkeypatch, extra, expected):
     monkeypatch.setattr(planning, "search_for_job",
                         lambda model, world, cluster, training, *rest, **options: seen.update(training=training,
                                                                                               **options))
-    args = pretrain_gpt.parse_args(FLAGS + extra)
-    model = pretrain_gpt.model_from_args(args, 128)
-    pretrain_gpt.choose_plan(args, model, 1, pretrain_gpt.settings_from_args(args, 128))
+    args = train.parse_args(FLAGS + extra)
+    model = train.model_from_args(args, 128)
+    train.choose_plan(args, model, 1, train.settings_from_args(args, 128))
     # None: the cluster's default margin, the one `megatron-auto plan` uses without --memory-margin.
     assert seen["training"].memory_margin == expected
     assert seen["choose_recompute_modules"]  # no --recompute-modules: the planner chooses the set
@@ -31,5 +29,5 @@ def test_margin_flag_reaches_the_search(monkeypatch, extra, expected):
 
 def test_margin_flag_rejects_a_fraction_out_of_range():
     with pytest.raises(SystemExit) as exit_info:
-        pretrain_gpt.parse_args(FLAGS + ["--auto-parallel-memory-margin", "1.5"])
+        train.parse_args(FLAGS + ["--auto-parallel-memory-margin", "1.5"])
     assert exit_info.value.code == 2

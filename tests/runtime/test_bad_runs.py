@@ -18,14 +18,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher import REPO, free_port, load_pretrain_gpt, rank_env
+from launcher import REPO, free_port, rank_env
+from megatron_auto import train
+from megatron_auto.train import pretrain
 
 VOCAB = 257  # ByteTokenizer: bytes 0..255 and end-of-document 256
 TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
         "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "2",
         "--lr", "1e-3", "--eval-iters", "0", "--tokenizer-type", "ByteTokenizer"]
 """A demo-sized run of 2 iterations (--train-iters 2 unless the case gives --train-samples)."""
-pretrain_gpt = load_pretrain_gpt("pretrain_gpt_bad_runs")
 
 
 class ReachedWork(Exception):
@@ -78,7 +79,7 @@ def saved(tmp_path) -> Path:
 
 
 def _main(argv: list[str], monkeypatch, world_size: int = 1) -> int:
-    """pretrain_gpt.main in this process, stopped at the process group; its exit status."""
+    """megatron_auto.train's main in this process, stopped at the process group; its exit status."""
     import patches
     from megatron_auto.runtime import distributed
 
@@ -89,9 +90,9 @@ def _main(argv: list[str], monkeypatch, world_size: int = 1) -> int:
     monkeypatch.setenv("WORLD_SIZE", str(world_size))
     monkeypatch.setattr(distributed, "init_distributed", tripwire)  # run() looks it up at each call
     monkeypatch.setattr(patches, "apply_all", lambda: None)
-    monkeypatch.setattr(pretrain_gpt, "configure_logging", lambda: None)
+    monkeypatch.setattr(pretrain, "configure_logging", lambda: None)  # main() looks it up at each call
     try:
-        return pretrain_gpt.main(argv)
+        return pretrain.main(argv)
     except SystemExit as stop:  # argparse's errors
         return stop.code
 
@@ -211,14 +212,14 @@ def test_sequence_parallel_at_tensor_parallel_1_is_turned_off_with_megatrons_war
                                                                                     capsys):
     """Megatron-LM's validate_args warns and runs without sequence parallelism; so does this."""
     plans = []
-    choose_plan = pretrain_gpt.choose_plan
-    monkeypatch.setattr(pretrain_gpt, "choose_plan", lambda *a: plans.append(choose_plan(*a)) or plans[-1])
+    choose_plan = pretrain.choose_plan
+    monkeypatch.setattr(pretrain, "choose_plan", lambda *a: plans.append(choose_plan(*a)) or plans[-1])
     with pytest.raises(ReachedWork):
         _main(_argv(["--sequence-parallel"], data, saved), monkeypatch)
     assert capsys.readouterr().err == ""
     assert not any(strategy.sp for strategy in plans[0].layer_strategies)
-    args = pretrain_gpt.parse_args(TINY + ["--train-iters", "2", "--mock-data", "--sequence-parallel"])
-    assert pretrain_gpt.megatron_lm_adjustments(args) == [
+    args = train.parse_args(TINY + ["--train-iters", "2", "--mock-data", "--sequence-parallel"])
+    assert train.megatron_lm_adjustments(args) == [
         "Disabling sequence parallelism because tensor model parallelism is disabled"]
 
 

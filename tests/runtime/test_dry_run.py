@@ -7,10 +7,9 @@ import re
 
 import pytest
 
-from launcher import load_pretrain_gpt
+from megatron_auto import train
 from megatron_auto.cli.main import main as megatron_auto
 
-pretrain_gpt = load_pretrain_gpt("pretrain_gpt_dry_run")
 # A Llama-3 8B launch line (bf16, TP4 x PP2, distributed optimizer) on 64 H100s, asked from a machine without them.
 LINE = ["--num-layers", "32", "--hidden-size", "4096", "--ffn-hidden-size", "14336", "--num-attention-heads", "32",
         "--group-query-attention", "--num-query-groups", "8", "--seq-length", "8192",
@@ -33,7 +32,7 @@ def dry_run(monkeypatch, capsys, *extra: str) -> str:
     monkeypatch.setenv("WORLD_SIZE", "64")
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
-    assert pretrain_gpt.main(LINE + list(extra)) == 0
+    assert train.main(LINE + list(extra)) == 0
     assert not torch.distributed.is_initialized()  # no process group, no model, no data
     return capsys.readouterr().out
 
@@ -76,7 +75,7 @@ def test_flags_that_form_no_layout_are_said_beside_the_plan(monkeypatch, capsys)
 def test_other_ranks_print_nothing(monkeypatch, capsys):
     monkeypatch.setenv("WORLD_SIZE", "64")
     monkeypatch.setenv("RANK", "3")
-    assert pretrain_gpt.main(LINE) == 0
+    assert train.main(LINE) == 0
     assert capsys.readouterr().out == ""
 
 
@@ -105,7 +104,7 @@ def priced_on_nodes(monkeypatch, capsys, caplog, local_world_size: str | None, *
         monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger="pretrain_gpt"):
-        assert pretrain_gpt.main(LINE + list(extra)) == 0
+        assert train.main(LINE + list(extra)) == 0
     assert not torch.distributed.is_initialized()
     return capsys.readouterr().out, caplog.text
 
@@ -146,6 +145,6 @@ def test_a_bad_local_world_size_is_one_line_and_exit_2(monkeypatch, capsys, loca
     monkeypatch.setenv("WORLD_SIZE", "16")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world_size)
     monkeypatch.delenv("RANK", raising=False)
-    assert pretrain_gpt.main(LINE) == 2
+    assert train.main(LINE) == 2
     error = capsys.readouterr().err
     assert error.count("\n") == 1 and error.startswith("error: ") and message in error

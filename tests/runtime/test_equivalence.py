@@ -17,6 +17,7 @@ import pytest
 
 import precision_checks
 from launcher import run_cases
+from worker_stats import thread_bound
 
 RTOL = 2e-5
 """fp32 layouts against one process: each sums the same terms in another order (TP reductions, DP all-reduces,
@@ -266,6 +267,17 @@ def test_layout_after_layout_in_one_process_does_not_pile_up_threads(references,
     for run in (references, four_rank):
         threads = [result["threads"] for result in run.values()]
         assert len(threads) > 5 and max(threads) <= 2 * threads[0], threads
+
+
+def test_closing_each_layouts_session_ends_its_groups_threads(references, four_rank):
+    """session.close (and, for a case that failed, distributed.destroy_parallel_groups) destroys the layout's
+    groups and forgets what megatron-core and torch cache about them (runtime/teardown.py), so each case ends
+    where the first did: the main thread and the job's default group. The bound, stated by
+    worker_stats.thread_bound, is the first case's count plus less than one gloo group's threads: one group
+    left alive per case fails it."""
+    for run in (references, four_rank):
+        closed = [result["threads_closed"] for result in run.values()]
+        assert len(closed) > 5 and max(closed) <= thread_bound(closed), (thread_bound(closed), closed)
 
 
 def test_resumed_run_continues_the_uninterrupted_one(four_rank):

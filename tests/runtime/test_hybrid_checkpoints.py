@@ -16,10 +16,9 @@ import pytest
 import torch
 
 from checkpoint_files import checkpoint_tensors, logged_losses
-from launcher import REPO, launch, load_pretrain_gpt
+from launcher import REPO, launch
+from megatron_auto import train
 from megatron_auto.plan import Chunk, LayerStrategy, Plan, save_plan
-
-pretrain_gpt = load_pretrain_gpt("pretrain_gpt_hybrid_checkpoints")
 
 TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
         "--max-position-embeddings", "32", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "256",
@@ -37,7 +36,7 @@ wrongly does: a layer left at its fresh initialisation moves the loss by more th
 
 
 def _plan_file(folder: Path, name: str, world_size: int, chunks, embedding: LayerStrategy, pp: int = 1) -> Path:
-    model = pretrain_gpt.model_from_args(pretrain_gpt.parse_args([*TINY, "--train-iters", "6"]), 256)
+    model = train.model_from_args(train.parse_args([*TINY, "--train-iters", "6"]), 256)
     path = folder / name
     save_plan(Plan(space="hybrid", world_size=world_size, pipeline_parallel=pp, global_batch_size=4,
                    num_micro_batches=pp, chunks=chunks, embedding=embedding, model=model), path)
@@ -138,7 +137,7 @@ MOE = ["--num-experts", "4", "--moe-router-topk", "2", "--moe-ffn-hidden-size", 
 
 
 def _moe_plan(folder: Path, name: str, layers, embedding: LayerStrategy) -> Path:
-    model = pretrain_gpt.model_from_args(pretrain_gpt.parse_args([*TINY, *MOE, "--train-iters", "3"]), 256)
+    model = train.model_from_args(train.parse_args([*TINY, *MOE, "--train-iters", "3"]), 256)
     save_plan(Plan(space="hybrid", world_size=4, pipeline_parallel=1, global_batch_size=8, num_micro_batches=2,
                    chunks=(Chunk(layers),), embedding=embedding, model=model), folder / name)
     return folder / name
@@ -303,13 +302,14 @@ def test_a_virtual_pipeline_checkpoint_saves_and_resumes_under_a_hybrid_plan(tmp
     """The stock runtime at PP2 with two virtual stages per rank (one layer each) and the distributed optimizer:
     its chunks' state dicts share top-level names, and the first stage's tied word embedding sits in a gradient
     bucket of its own, after the padding of the bucket before it (patches/fully_reshardable_bucket_offsets.py).
-    In fp32 every saved master equals its saved weight exactly (tools/check_checkpoint_masters.py), and the hybrid saving plan resumes iteration 2:
-    iterations 3 and 4 match within LOSS_RTOL."""
+    In fp32 every saved master equals its saved weight exactly (validation/check_checkpoint_masters.py), and the
+    hybrid saving plan resumes iteration 2: iterations 3 and 4 match within LOSS_RTOL."""
     virtual = ["--micro-batch-size", "1", "--pipeline-model-parallel-size", "2",
                "--num-layers-per-virtual-pipeline-stage", "1", "--use-distributed-optimizer"]
     stock = _run(2, [*virtual, "--train-iters", "4", "--save-interval", "2", "--save", str(tmp_path / "ckpt"),
                      *NO_DROPOUT], tmp_path / "stock")
-    check = subprocess.run([sys.executable, "tools/check_checkpoint_masters.py", str(tmp_path / "ckpt" / "iter_0000002")],
+    check = subprocess.run([sys.executable, "-m", "validation.check_checkpoint_masters",
+                            str(tmp_path / "ckpt" / "iter_0000002")],
                            capture_output=True, text=True, cwd=REPO, timeout=120)
     assert check.returncode == 0 and " 16 of 16 masters equal their weights" in check.stdout, check.stdout + check.stderr
     plan = _plan_file(tmp_path, "plan.json", 2, (Chunk(SAVING_LAYERS),), DP2_ZERO1)

@@ -3,9 +3,8 @@ from __future__ import annotations
 
 import re
 
-from launcher import launch, load_pretrain_gpt
-
-pretrain_gpt = load_pretrain_gpt("pretrain_gpt_hybrid")
+from launcher import launch
+from megatron_auto import train
 
 TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
         "--max-position-embeddings", "32", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "256"]
@@ -48,8 +47,8 @@ def test_hybrid_plan_of_a_moe_model_runs_from_the_command_line(tmp_path):
     tp2 = LayerStrategy(tp=2, dp=2, sp=True, zero=1)
     layers = (tp2, LayerStrategy(dp=4, zero=1, ep=4), LayerStrategy(dp=4, zero=1, ep=4, recompute="selective"),
               LayerStrategy(tp=2, dp=2, sp=True, zero=1, ep=2, etp=1))
-    args = pretrain_gpt.parse_args(MOE_RUN + ["--mock-data"])
-    model = pretrain_gpt.model_from_args(args, 256)
+    args = train.parse_args(MOE_RUN + ["--mock-data"])
+    model = train.model_from_args(args, 256)
     save_plan(Plan(space="hybrid", world_size=4, pipeline_parallel=1, global_batch_size=8, num_micro_batches=2,
                    chunks=(Chunk(layers),), embedding=tp2, model=model), tmp_path / "plan.json")
     argv = ["tools/pretrain_gpt.py", *MOE_RUN, "--auto-parallel-plan", str(tmp_path / "plan.json"),

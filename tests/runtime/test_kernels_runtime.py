@@ -15,6 +15,7 @@ import pytest
 import torch
 
 from launcher import run_cases
+from worker_stats import thread_bound
 from megatron_auto.runtime import kernels
 from megatron_auto.specs.model import uniform_model
 from test_equivalence import BATCH, STEPS, assert_matches_reference
@@ -253,6 +254,17 @@ def kernel_results(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("kernels")
     return {1: run_cases(tmp, 1, "kernels_worker.py", ONE_RANK_CASES, timeout_s=300),
             2: run_cases(tmp, 2, "kernels_worker.py", TWO_RANK_CASES, timeout_s=300)}
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_case_after_case_ends_with_the_threads_of_the_first(kernel_results, world):
+    """Each case's Megatron groups (and a training case's session's) are destroyed and forgotten before the
+    next (distributed.destroy_parallel_groups): every case ends with its process groups' threads within
+    worker_stats.thread_bound of the first case's (its count plus less than one gloo group's threads). The
+    count is of the groups' own threads: the fused-kernel cases start torch.compile's worker pool once (2
+    threads on this 2-core machine, sized by the host elsewhere), which is no leak."""
+    closed = [result["group_threads_closed"] for result in kernel_results[world].values()]
+    assert len(closed) > 3 and max(closed) <= thread_bound(closed), (thread_bound(closed), closed)
 
 
 @pytest.mark.parametrize("world", [1, 2])

@@ -149,7 +149,7 @@ def test_the_search_prices_the_capacity_the_device_reports(monkeypatch):
     import torch
 
     from megatron_auto.runtime import planning
-    from megatron_auto.specs.cluster import load_cluster
+    from megatron_auto.specs.loaders import load_cluster
 
     preset = load_cluster("dgx-h100-80gb").gpu.capacity_bytes
     assert planning.job_cluster(1, "dgx-h100-80gb").gpu.capacity_bytes == preset  # CPU: the preset's

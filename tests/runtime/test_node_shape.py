@@ -5,7 +5,7 @@ import pytest
 
 from megatron_auto.errors import UserError
 from megatron_auto.runtime.planning import cluster_for_world, describe_job_cluster, gpus_per_node_from_env
-from megatron_auto.specs.cluster import load_cluster
+from megatron_auto.specs.loaders import load_cluster
 
 
 @pytest.mark.parametrize("world", range(1, 9))

@@ -1,21 +1,29 @@
-"""The CPU/gloo patches of megatron-core: each still fits upstream, and each does its job.
+"""The patches of megatron-core: each still fits upstream, each does its job, and patches/registry.py's table
+(kinds, where each applies, targets, removal) agrees with the patch files and with the README.
 
 `check()` is what fails loudly when megatron-core changes under a patch: a
 different version, or a target line that moved or vanished.
 """
 from __future__ import annotations
 
+import importlib
 import inspect
+import json
 import math
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 
 import patches
-from patches import _source
+from patches import _source, registry
 from patches._checks import require_version
 from patches._source import PatchTargetChanged, Replacement
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -37,7 +45,70 @@ def test_patch_documents_why_versions_and_removal(patch):
 
 
 def test_apply_all_lists_every_patch(applied):
-    assert applied == [p.NAME for p in patches.patch_modules()]
+    assert applied == [p.NAME for p in patches.patch_modules()] == list(registry.applied_names())
+
+
+def _patch_files() -> set[str]:
+    """Every patch module under patches/: not the package, its table or its private helpers."""
+    return {path.stem for path in (REPO / "patches").glob("*.py")
+            if not path.stem.startswith("_") and path.stem != "registry"}
+
+
+def test_every_patch_file_has_a_row_and_every_row_a_file():
+    assert _patch_files() == set(registry.RECORDS)
+    assert len(registry.RECORDS) == len(registry.PATCHES)  # one row per patch
+
+
+@pytest.mark.parametrize("record", registry.PATCHES, ids=lambda r: r.name)
+def test_each_row_has_a_fixed_kind_and_a_cuda_rule_that_fits_it(record):
+    assert record.kind in registry.KINDS and record.on_cuda in registry.ON_CUDA and record.stage in registry.STAGES
+    assert record.on_cuda in registry.KIND_ON_CUDA[record.kind]
+    assert bool(record.cuda_condition) == (record.on_cuda == "when-needed")
+
+
+@pytest.mark.parametrize("record", registry.PATCHES, ids=lambda r: r.name)
+def test_each_row_is_what_its_module_says(record):
+    """The row's targets and removal condition are the module's docstring's; a row whose module decides on CUDA
+    has the module's applies_on_cuda(), and only the CPU-only rows' modules say they apply only without CUDA."""
+    module = importlib.import_module(f"patches.{record.name}")
+    doc = " ".join(inspect.getdoc(module).split())
+    assert f"Removable when: {record.removable_when}" in doc
+    assert all(f"Targets: megatron-core {version}" in doc for version in record.targets)
+    assert ("Applied only when CUDA is absent" in doc) == (record.on_cuda == "no")
+    if record.stage == "apply":
+        assert module.NAME == record.name and module.TARGET_VERSIONS == record.targets
+        assert hasattr(module, "applies_on_cuda") == (record.on_cuda == "when-needed")
+
+
+def test_readme_patch_table_is_the_registrys():
+    readme = (REPO / "README.md").read_text()
+    assert registry.readme_section(readme) == registry.readme_table(), \
+        "README.md's patch table differs from patches/registry.py: run `python -m patches`"
+
+
+CUDA_HOST_PROBE = """
+import json
+import torch
+torch.cuda.is_available = lambda: True  # before megatron-core imports: a GPU host, as far as the patches can tell
+import patches
+from patches import registry
+applied = patches.apply_all()
+modules = {m.NAME: m for m in patches.patch_modules()}
+print(json.dumps({"applied": applied, "cpu_only_applied": [r.name for r in registry.PATCHES
+                                                           if r.on_cuda == "no" and modules[r.name].is_applied()]}))
+"""
+
+
+def test_cpu_only_patches_are_no_ops_where_cuda_is_present():
+    """DESIGN.md: the CPU/gloo enablement is a no-op when CUDA is present. In a fresh interpreter that sees CUDA
+    (and, on this host, neither apex nor Transformer Engine), apply_all leaves every CPU-only patch unapplied
+    and applies exactly the rows that apply on CUDA."""
+    done = subprocess.run([sys.executable, "-W", "ignore", "-c", CUDA_HOST_PROBE], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["cpu_only_applied"] == []
+    assert report["applied"] == [r.name for r in registry.PATCHES if r.stage == "apply" and r.on_cuda != "no"]
 
 
 def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
@@ -51,15 +122,13 @@ def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
     from megatron.core.transformer.moe import moe_utils
 
     monkeypatch.setattr(moe_utils, "HAVE_TE", False)  # and no TE for the MoE router's GEMM
-    assert patches.apply_all() == ["torch_norm_zero_centered_gamma", "fully_reshardable_bucket_offsets",
-                                   "distrib_optimizer_torch_adam_step",
-                                   "multi_tensor_on_device", "wgrad_accumulation_torch",
-                                   "moe_router_gemm_without_te", "expert_bias_inplace", "glu_offset_copy",
-                                   "expert_bias_sequence_parallel", "moe_per_token_aux_loss_tp",
-                                   "checkpoint_without_output_te", "mla_without_te", "mla_tensor_parallel",
-                                   "mla_latent_norm_grads", "mtp_tied_output_weight"]
+    on_any_gpu = [r.name for r in registry.PATCHES if r.stage == "apply" and r.on_cuda == "yes"]
+    without_te_or_apex = [r.name for r in registry.PATCHES if r.stage == "apply" and r.on_cuda != "no"]
+    assert patches.apply_all() == without_te_or_apex  # every fallback and fix: no CPU-only patch
+    assert {"torch_norm_sequence_parallel", "torch_norm_zero_centered_gamma"} <= set(without_te_or_apex)
     monkeypatch.setattr(optimizer, "USING_PYTORCH_OPTIMIZER", False)  # apex/TE FusedAdam and norms
     monkeypatch.setattr(gpt_layer_specs, "HAVE_APEX", True)
+    monkeypatch.setattr(gpt_layer_specs, "HAVE_TE", True)  # TE's layer spec: no WrappedTorchNorm
     for module, attribute in (("clip_grads", "l2_norm_impl"), ("clip_grads", "multi_tensor_scale_impl"),
                               ("optimizer", "multi_tensor_scale_impl")):  # and apex's multi-tensor kernels
         monkeypatch.setattr(getattr(optimizer, module), attribute, lambda *args: None)
@@ -74,10 +143,48 @@ def test_on_cuda_only_the_torch_fallback_fixes_apply(monkeypatch):
     from megatron.core.extensions import transformer_engine
 
     monkeypatch.setattr(transformer_engine, "HAVE_TE", True)  # and TE's modules for multi-latent attention
-    assert patches.apply_all() == ["fully_reshardable_bucket_offsets", "expert_bias_inplace",  # on any device
-                                   "glu_offset_copy",
-                                   "expert_bias_sequence_parallel", "moe_per_token_aux_loss_tp",
-                                   "mla_tensor_parallel", "mla_latent_norm_grads", "mtp_tied_output_weight"]
+    assert patches.apply_all() == on_any_gpu  # the fixes that bite on any device
+    assert len(on_any_gpu) == 8 and all(registry.RECORDS[name].kind != "cpu-gloo" for name in on_any_gpu)
+
+
+def _upstream_new(cls):
+    """`cls.__new__` as megatron-core defines it, under every patch's wrapper."""
+    new = cls.__dict__["__new__"]
+    new = getattr(new, "__func__", new)
+    while getattr(new, "__wrapped_original__", None) is not None:
+        new = new.__wrapped_original__
+    return new
+
+
+def test_on_a_gpu_without_te_or_apex_the_local_specs_sequence_parallel_norm_builds(monkeypatch):
+    """A GPU host without Transformer Engine runs Megatron-Core's local spec (runtime/kernels.py), whose norms are
+    WrappedTorchNorm (all of them without apex; RMSNorm with apex too: LocalSpecProvider.layer_norm), and
+    upstream's WrappedTorchNorm refuses sequence parallelism: TP2 with SP stopped at the first norm. Simulated
+    here (CUDA reported present, neither TE nor apex): apply_all applies torch_norm_sequence_parallel, and the
+    spec's norm builds with its parameters marked for the TP gradient sum."""
+    from megatron.core.models.gpt import gpt_layer_specs
+    from megatron.core.transformer import TransformerConfig
+    from megatron.core.transformer.spec_utils import build_module
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+    from patches import torch_norm_sequence_parallel
+
+    monkeypatch.setattr(WrappedTorchNorm, "__new__", staticmethod(_upstream_new(WrappedTorchNorm)))  # unpatched
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpt_layer_specs, "HAVE_TE", False)
+    monkeypatch.setattr(gpt_layer_specs, "HAVE_APEX", False)
+    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=2, tensor_model_parallel_size=2,
+                               sequence_parallel=True, normalization="RMSNorm", use_cpu_initialization=True)
+    norm_spec = gpt_layer_specs.get_gpt_layer_local_spec(normalization="RMSNorm").submodules.input_layernorm
+    assert norm_spec is WrappedTorchNorm
+    with pytest.raises(AssertionError, match="sequence parallel not supported"):
+        build_module(norm_spec, config=config, hidden_size=8)  # what such a GPU ran into
+    assert "torch_norm_sequence_parallel" in patches.apply_all()
+    norm = build_module(norm_spec, config=config, hidden_size=8)
+    assert isinstance(norm, torch.nn.RMSNorm) and all(p.sequence_parallel for p in norm.parameters())
+    monkeypatch.setattr(gpt_layer_specs, "HAVE_APEX", True)  # apex: the local spec's RMSNorm is still torch's
+    assert torch_norm_sequence_parallel.applies_on_cuda()
+    monkeypatch.setattr(gpt_layer_specs, "HAVE_TE", True)  # TE: the runtime builds TE's spec, TENorm
+    assert not torch_norm_sequence_parallel.applies_on_cuda()
 
 
 def test_other_megatron_core_version_is_refused(monkeypatch):

@@ -89,8 +89,8 @@ def test_each_split_trains_and_validates_on_its_own_datasets(tmp_path):
     (["--train-data-path", "p", "--split", "90,10,0"], "--split divides --data-path's datasets"),
 ])
 def test_per_split_data_flags_that_do_not_go_together_are_one_line(flags, message):
-    from launcher import load_pretrain_gpt
+    from megatron_auto import train
 
     with pytest.raises(SystemExit) as stopped:
-        load_pretrain_gpt().parse_args(TINY + flags)
+        train.parse_args(TINY + flags)
     assert stopped.value.code == 2

@@ -7,10 +7,11 @@ import re
 
 import pytest
 
-from launcher import REPO, load_pretrain_gpt
+from launcher import REPO
+from megatron_auto import train
+from megatron_auto.runtime.manual_plan import plan_from_flags
 from megatron_auto.specs.presets import MODEL_PRESETS
 
-pretrain_gpt = load_pretrain_gpt()
 BASE = ["--num-layers", "32", "--hidden-size", "4096", "--num-attention-heads", "32", "--seq-length", "8192",
         "--train-iters", "10", "--mock-data"]
 LLAMA3 = ["--group-query-attention", "--num-query-groups", "8", "--ffn-hidden-size", "14336", "--swiglu",
@@ -19,8 +20,8 @@ LLAMA3 = ["--group-query-attention", "--num-query-groups", "8", "--ffn-hidden-si
 
 
 def test_llama3_launch_flags_describe_the_llama3_preset():
-    args = pretrain_gpt.parse_args(BASE + LLAMA3)
-    model = pretrain_gpt.model_from_args(args, 128256)
+    args = train.parse_args(BASE + LLAMA3)
+    model = train.model_from_args(args, 128256)
     preset = MODEL_PRESETS["llama3-8b"]
     assert model.layers == preset.layers
     assert (model.position_embedding_type, model.rotary_base) == ("rope", 500000)
@@ -34,15 +35,15 @@ def test_llama3_launch_flags_describe_the_llama3_preset():
     (["--no-position-embedding"], "none"),
 ])
 def test_position_embedding_type_follows_megatron_lm(flags, expected):
-    assert pretrain_gpt.position_embedding_type(pretrain_gpt.parse_args(BASE + flags)) == expected
+    assert train.position_embedding_type(train.parse_args(BASE + flags)) == expected
 
 
 def test_kernel_and_logging_flags_are_accepted_and_named():
-    args = pretrain_gpt.parse_args(BASE + ["--use-flash-attn", "--transformer-impl", "local",
+    args = train.parse_args(BASE + ["--use-flash-attn", "--transformer-impl", "local",
                                            "--tensorboard-dir", "/tmp/tb", "--overlap-grad-reduce"])
-    assert pretrain_gpt.no_effect_flags(args) == ["--use-flash-attn", "--overlap-grad-reduce",
+    assert train.no_effect_flags(args) == ["--use-flash-attn", "--overlap-grad-reduce",
                                                   "--transformer-impl", "--tensorboard-dir"]
-    assert pretrain_gpt.no_effect_flags(pretrain_gpt.parse_args(BASE)) == []
+    assert train.no_effect_flags(train.parse_args(BASE)) == []
 
 
 @pytest.mark.parametrize("flags, on_gpu, priced", [
@@ -55,11 +56,11 @@ def test_kernel_flags_reach_the_settings_and_the_searched_training_spec(monkeypa
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: on_gpu)
-    args = pretrain_gpt.parse_args(BASE + flags)
-    settings = pretrain_gpt.settings_from_args(args, 512)
+    args = train.parse_args(BASE + flags)
+    settings = train.settings_from_args(args, 512)
     requested = (flags[1], flags[3]) if flags else ("auto", "auto")
     assert (settings.attention_backend, settings.optimizer_impl) == requested
-    training = pretrain_gpt.training_for_job(args, settings, world_size=4)
+    training = train.training_for_job(args, settings, world_size=4)
     assert (training.attention_backend, training.optimizer_impl) == priced
 
 
@@ -70,10 +71,10 @@ def test_kernel_flags_reach_the_settings_and_the_searched_training_spec(monkeypa
     (["--swiglu", "--no-bias-swiglu-fusion", "--no-bias-dropout-fusion"], (False, False)),
 ])
 def test_megatron_fusion_switches_take_effect(flags, fusions):
-    args = pretrain_gpt.parse_args(BASE + flags)
-    settings = pretrain_gpt.settings_from_args(args, 512)
+    args = train.parse_args(BASE + flags)
+    settings = train.settings_from_args(args, 512)
     assert (settings.bias_activation_fusion, settings.bias_dropout_fusion) == fusions
-    assert pretrain_gpt.no_effect_flags(args) == []
+    assert train.no_effect_flags(args) == []
 
 
 @pytest.mark.parametrize("flags, runs", [([], (False, False)), (["--bias-fusions", "on"], (True, True)),
@@ -83,7 +84,7 @@ def test_bias_fusions_run_on_gpus_only_when_asked(flags, runs):
     from megatron_auto.runtime import kernels
     from megatron_auto.specs.model import uniform_model
 
-    settings = pretrain_gpt.settings_from_args(pretrain_gpt.parse_args(BASE + flags), 512)
+    settings = train.settings_from_args(train.parse_args(BASE + flags), 512)
     chosen = kernels.choose_kernels(uniform_model("m", 2, 64, 4, 32, 512).layers[0], on_gpu=True,
                                     fusions=(settings.bias_activation_fusion, settings.bias_dropout_fusion),
                                     bias_fusions=settings.bias_fusions)
@@ -92,15 +93,15 @@ def test_bias_fusions_run_on_gpus_only_when_asked(flags, runs):
 
 def test_unknown_attention_backend_exits_2():
     with pytest.raises(SystemExit) as exit_info:
-        pretrain_gpt.parse_args(BASE + ["--attention-backend", "triton"])
+        train.parse_args(BASE + ["--attention-backend", "triton"])
     assert exit_info.value.code == 2
 
 
 def _steps(flags, global_batch=8):
     from megatron_auto.runtime.schedule import resolve_samples, schedule_steps
 
-    args = pretrain_gpt.parse_args([f for f in BASE if f not in ("--train-iters", "10")] + flags)
-    settings = resolve_samples(pretrain_gpt.settings_from_args(args, 512), global_batch)
+    args = train.parse_args([f for f in BASE if f not in ("--train-iters", "10")] + flags)
+    settings = resolve_samples(train.settings_from_args(args, 512), global_batch)
     return settings.train_iters, schedule_steps(settings, global_batch)
 
 
@@ -129,12 +130,12 @@ def test_wsd_holds_the_rate_then_decays_over_its_window_while_the_weight_decay_m
 
     from megatron_auto.runtime.session import _scheduler
 
-    args = pretrain_gpt.parse_args(BASE + ["--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "WSD",
+    args = train.parse_args(BASE + ["--lr", "1e-3", "--min-lr", "1e-4", "--lr-decay-style", "WSD",
                                            "--lr-wsd-decay-iters", "4", "--lr-wsd-decay-style", style,
                                            "--weight-decay-incr-style", "linear", "--start-weight-decay", "0",
                                            "--end-weight-decay", "0.1"])
     optimizer = SimpleNamespace(param_groups=[{"params": [], "lr": 0.0, "weight_decay": 0.0}])
-    scheduler, batch = _scheduler(optimizer, pretrain_gpt.settings_from_args(args, 512), 8), 8
+    scheduler, batch = _scheduler(optimizer, train.settings_from_args(args, 512), 8), 8
     for iteration in range(1, 11):  # 10 iterations: stable for 6, the WSD window over the last 4
         scheduler.step(batch)
         ratio = max(0, iteration - 6) / 4
@@ -234,24 +235,24 @@ def test_wsd_holds_the_rate_then_decays_over_its_window_while_the_weight_decay_m
 def test_bad_schedule_and_refused_flags_exit_2_with_one_line(capsys, flags, message):
     base = [f for f in BASE if f not in ("--train-iters", "10")]
     with pytest.raises(SystemExit) as exit_info:
-        pretrain_gpt.parse_args(base + flags)
+        train.parse_args(base + flags)
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and message in err[0], err
 
 
 def test_parallel_sizes_of_one_and_megatron_defaults_are_accepted():
-    args = pretrain_gpt.parse_args(BASE + ["--context-parallel-size", "1", "--expert-model-parallel-size", "1",
+    args = train.parse_args(BASE + ["--context-parallel-size", "1", "--expert-model-parallel-size", "1",
                                            "--rope-type", "rope", "--recompute-modules", "core_attn",
                                            "--optimizer", "adam", "--main-grads-dtype", "fp32", "--main-params-dtype",
                                            "fp32", "--exp-avg-dtype", "fp32", "--exp-avg-sq-dtype", "fp32"])
     assert args.optimizer_impl == "auto"  # `--optimizer adam` is Megatron's optimizer, not an implementation
-    assert pretrain_gpt.no_effect_flags(args) == []
+    assert train.no_effect_flags(args) == []
 
 
 def test_num_query_groups_without_group_query_attention_is_multi_head():
-    mha = pretrain_gpt.model_from_args(pretrain_gpt.parse_args(BASE + ["--num-query-groups", "8"]), 512)
-    gqa = pretrain_gpt.model_from_args(pretrain_gpt.parse_args(
+    mha = train.model_from_args(train.parse_args(BASE + ["--num-query-groups", "8"]), 512)
+    gqa = train.model_from_args(train.parse_args(
         BASE + ["--num-query-groups", "8", "--group-query-attention"]), 512)
     assert mha.layers[0].num_query_groups == 32 and gqa.layers[0].num_query_groups == 8
 
@@ -259,7 +260,7 @@ def test_num_query_groups_without_group_query_attention_is_multi_head():
 def test_model_flags_reach_the_model_spec_and_its_parameter_count():
     flags = ["--kv-channels", "64", "--add-qkv-bias", "--qk-layernorm", "--apply-layernorm-1p",
              "--disable-bias-linear", "--normalization", "RMSNorm"]
-    layer = pretrain_gpt.model_from_args(pretrain_gpt.parse_args(BASE + flags), 512).layers[0]
+    layer = train.model_from_args(train.parse_args(BASE + flags), 512).layers[0]
     assert (layer.kv_channels, layer.add_qkv_bias, layer.qk_layernorm, layer.apply_layernorm_1p) == (64, True, True, True)
     h, d, a, f = 4096, 64, 32, 4 * 4096
     # QKV (with its bias), projection a*d -> h, MLP, two RMSNorms, q and k RMSNorms over d.
@@ -268,35 +269,35 @@ def test_model_flags_reach_the_model_spec_and_its_parameter_count():
 
 
 def test_sequence_parallel_without_tensor_parallel_is_turned_off_with_a_warning():
-    args = pretrain_gpt.parse_args(BASE + ["--sequence-parallel"])
-    assert pretrain_gpt.megatron_lm_adjustments(args) == [
+    args = train.parse_args(BASE + ["--sequence-parallel"])
+    assert train.megatron_lm_adjustments(args) == [
         "Disabling sequence parallelism because tensor model parallelism is disabled"]
-    assert pretrain_gpt.manual_flags(args).sequence_parallel is False
-    auto = pretrain_gpt.parse_args(BASE + ["--sequence-parallel", "--auto-parallel"])
-    assert "planner's choice" in pretrain_gpt.megatron_lm_adjustments(auto)[0]
-    assert pretrain_gpt.search_constraints(auto, pretrain_gpt.model_from_args(auto, 512)).sequence_parallel is None
+    assert train.manual_flags(args).sequence_parallel is False
+    auto = train.parse_args(BASE + ["--sequence-parallel", "--auto-parallel"])
+    assert "planner's choice" in train.megatron_lm_adjustments(auto)[0]
+    assert train.search_constraints(auto, train.model_from_args(auto, 512)).sequence_parallel is None
 
 
 def test_embedding_and_loss_in_the_pipeline_split_reach_the_plan_and_are_the_planners_under_auto_parallel():
     split = ["--pipeline-model-parallel-size", "4", "--num-layers-per-virtual-pipeline-stage", "2",
              "--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
-    args = pretrain_gpt.parse_args(BASE + ["--num-layers", "30", "--global-batch-size", "8"] + split)
-    plan = pretrain_gpt.plan_from_flags(pretrain_gpt.model_from_args(args, 512), 8, pretrain_gpt.manual_flags(args))
+    args = train.parse_args(BASE + ["--num-layers", "30", "--global-batch-size", "8"] + split)
+    plan = plan_from_flags(train.model_from_args(args, 512), 8, train.manual_flags(args))
     assert [len(c.layers) for c in plan.chunks] == [1] + [2] * 14 + [1]
-    assert pretrain_gpt.megatron_lm_adjustments(args) == []
-    auto = pretrain_gpt.parse_args(BASE + split + ["--auto-parallel"])
-    assert pretrain_gpt.megatron_lm_adjustments(auto) == [
+    assert train.megatron_lm_adjustments(args) == []
+    auto = train.parse_args(BASE + split + ["--auto-parallel"])
+    assert train.megatron_lm_adjustments(auto) == [
         "--account-for-embedding-in-pipeline-split, --account-for-loss-in-pipeline-split: under --auto-parallel the "
         "planner splits the layers over the pipeline stages (it prices the embedding and the loss on their stages)"]
 
 
 def test_a_pipeline_layout_reaches_the_plan_and_is_the_planners_under_auto_parallel():
     layout = ["--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Et*3|t*3|t*2|(t)*4,L"]
-    args = pretrain_gpt.parse_args(BASE + ["--num-layers", "12", "--global-batch-size", "8"] + layout)
-    plan = pretrain_gpt.plan_from_flags(pretrain_gpt.model_from_args(args, 512), 8, pretrain_gpt.manual_flags(args))
+    args = train.parse_args(BASE + ["--num-layers", "12", "--global-batch-size", "8"] + layout)
+    plan = plan_from_flags(train.model_from_args(args, 512), 8, train.manual_flags(args))
     assert [len(c.layers) for c in plan.chunks] == [3, 3, 2, 4] and plan.virtual_stages == 2
-    auto = pretrain_gpt.parse_args(BASE + layout + ["--auto-parallel"])
-    assert pretrain_gpt.megatron_lm_adjustments(auto)[0].startswith(
+    auto = train.parse_args(BASE + layout + ["--auto-parallel"])
+    assert train.megatron_lm_adjustments(auto)[0].startswith(
         "--pipeline-model-parallel-layout: under --auto-parallel the planner splits the layers")
 
 
@@ -304,19 +305,19 @@ def test_run_flags_reach_the_settings_and_megatrons_configs():
     from megatron_auto.runtime import config as configs
     from megatron_auto.runtime.layout import MegatronLayout
 
-    args = pretrain_gpt.parse_args(BASE + ["--decoupled-lr", "5e-4", "--decoupled-min-lr", "4.5e-5",
+    args = train.parse_args(BASE + ["--decoupled-lr", "5e-4", "--decoupled-min-lr", "4.5e-5",
                                            "--calculate-per-token-loss", "--no-check-for-nan-in-loss-and-grad",
                                            "--exit-duration-in-mins", "1.5", "--no-load-optim",
                                            "--kv-channels", "64", "--qk-layernorm", "--add-qkv-bias",
                                            "--apply-layernorm-1p", "--lr-warmup-init", "1e-5"])
-    settings = pretrain_gpt.settings_from_args(args, 512)
+    settings = train.settings_from_args(args, 512)
     assert (settings.check_for_nan, settings.exit_duration_s, settings.load_optimizer) == (False, 90.0, False)
     assert settings.lr_warmup_init == 1e-5
     layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
                             num_micro_batches=1, global_batch_size=1)
     optimizer = configs.optimizer_config(layout, settings)
     assert (optimizer.decoupled_lr, optimizer.decoupled_min_lr) == (5e-4, 4.5e-5)
-    model = pretrain_gpt.model_from_args(args, 512)
+    model = train.model_from_args(args, 512)
     tconfig = configs.transformer_config(model, layout, settings, "gloo")
     assert (tconfig.kv_channels, tconfig.qk_layernorm, tconfig.add_qkv_bias) == (64, True, True)
     assert tconfig.layernorm_zero_centered_gamma and tconfig.calculate_per_token_loss
@@ -332,10 +333,10 @@ def test_mtp_flags_reach_the_model_spec_and_megatrons_config():
     rope = BASE + ["--position-embedding-type", "rope"]
     for flags, depths, weight in ((rope, 0, 0.1), (rope + ["--mtp-num-layers", "2"], 2, 0.1),
                                   (rope + ["--mtp-num-layers", "1", "--mtp-loss-scaling-factor", "0.3"], 1, 0.3)):
-        args = pretrain_gpt.parse_args(flags)
-        model = pretrain_gpt.model_from_args(args, 512)
+        args = train.parse_args(flags)
+        model = train.model_from_args(args, 512)
         assert (model.mtp_num_layers, model.mtp_loss_scaling_factor) == (depths, weight)
-        tconfig = configs.transformer_config(model, layout, pretrain_gpt.settings_from_args(args, 512), "gloo")
+        tconfig = configs.transformer_config(model, layout, train.settings_from_args(args, 512), "gloo")
         assert (tconfig.mtp_num_layers, tconfig.mtp_loss_scaling_factor) == (depths or None, weight)
 
 
@@ -350,9 +351,9 @@ def test_xavier_uniform_initialisation_reaches_every_init_method_of_the_config()
     tiny = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
             "--train-iters", "1", "--mock-data"]
     for flags, xavier in ((tiny, False), (tiny + ["--init-method-xavier-uniform"], True)):
-        args = pretrain_gpt.parse_args(flags)
-        tconfig = configs.transformer_config(pretrain_gpt.model_from_args(args, 128),
-                                             layout, pretrain_gpt.settings_from_args(args, 128), "gloo")
+        args = train.parse_args(flags)
+        tconfig = configs.transformer_config(train.model_from_args(args, 128),
+                                             layout, train.settings_from_args(args, 128), "gloo")
         weight = torch.empty(256, 64)
         for init in (tconfig.init_method, tconfig.output_layer_init_method, tconfig.embedding_init_method):
             init(weight)
@@ -363,8 +364,8 @@ def test_xavier_uniform_initialisation_reaches_every_init_method_of_the_config()
 
 def test_precision_aware_optimizer_with_fp32_states_is_accepted_and_named():
     # Alone, the switch keeps its four dtype flags at fp32: the same Adam step, so it runs and is named.
-    args = pretrain_gpt.parse_args(BASE + ["--use-precision-aware-optimizer", "--use-tp-pp-dp-mapping"])
-    assert set(pretrain_gpt.no_effect_flags(args)) == {"--use-precision-aware-optimizer", "--use-tp-pp-dp-mapping"}
+    args = train.parse_args(BASE + ["--use-precision-aware-optimizer", "--use-tp-pp-dp-mapping"])
+    assert set(train.no_effect_flags(args)) == {"--use-precision-aware-optimizer", "--use-tp-pp-dp-mapping"}
 
 
 def test_no_effect_flags_are_named_with_their_reason(monkeypatch):
@@ -372,22 +373,22 @@ def test_no_effect_flags_are_named_with_their_reason(monkeypatch):
 
     monkeypatch.setattr(tensorboard_log, "tensorboard_available", lambda: False)
     monkeypatch.setattr(tensorboard_log, "wandb_available", lambda: False)
-    args = pretrain_gpt.parse_args(BASE + ["--profile", "--profile-ranks", "0", "1", "--cross-entropy-loss-fusion",
+    args = train.parse_args(BASE + ["--profile", "--profile-ranks", "0", "1", "--cross-entropy-loss-fusion",
                                            "--empty-unused-memory-level", "1", "--tensorboard-dir", "/tmp/tb",
                                            "--wandb-project", "p", "--wandb-exp-name", "e"])
-    reasons = dict(pretrain_gpt.no_effect_reasons(args))
+    reasons = dict(train.no_effect_reasons(args))
     assert set(reasons) == {"--profile", "--profile-ranks", "--cross-entropy-loss-fusion",
                             "--empty-unused-memory-level", "--tensorboard-dir", "--wandb-project"}
     assert reasons["--tensorboard-dir"] == "the tensorboard package is not installed"
     assert reasons["--wandb-project"] == "the wandb package is not installed"
     monkeypatch.setattr(tensorboard_log, "tensorboard_available", lambda: True)
     monkeypatch.setattr(tensorboard_log, "wandb_available", lambda: True)
-    assert {"--tensorboard-dir", "--wandb-project"}.isdisjoint(dict(pretrain_gpt.no_effect_reasons(args)))
+    assert {"--tensorboard-dir", "--wandb-project"}.isdisjoint(dict(train.no_effect_reasons(args)))
 
 
 def test_unknown_normalization_exits_2(capsys):
     with pytest.raises(SystemExit) as exit_info:
-        pretrain_gpt.parse_args(BASE + ["--normalization", "ScaleNorm"])
+        train.parse_args(BASE + ["--normalization", "ScaleNorm"])
     assert exit_info.value.code == 2
 
 
@@ -398,9 +399,9 @@ PROFILES = [str(REPO / "docs" / "profiles" / name) for name in ("cpu4_cluster.js
 
 
 def _choose(flags):
-    args = pretrain_gpt.parse_args(flags)
-    model = pretrain_gpt.model_from_args(args, 513)
-    return model, pretrain_gpt.choose_plan(args, model, 4, pretrain_gpt.settings_from_args(args, 513))
+    args = train.parse_args(flags)
+    model = train.model_from_args(args, 513)
+    return model, train.choose_plan(args, model, 4, train.settings_from_args(args, 513))
 
 
 def test_auto_parallel_profile_prices_the_search_from_the_measured_files():
@@ -435,7 +436,7 @@ def test_only_rank_0_reports_the_search(monkeypatch, rank, level):
     monkeypatch.setattr(search_logger, "level", logging.NOTSET)
     monkeypatch.setenv("RANK", rank)
     monkeypatch.setattr(logging.getLogger("megatron"), "level", logging.getLogger("megatron").level)
-    pretrain_gpt.configure_logging()
+    train.configure_logging()
     assert search_logger.level == level
 
 
@@ -445,17 +446,17 @@ def test_fp16_loss_scaling_flags_reach_the_settings_and_megatrons_optimizer_conf
 
     layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
                             num_micro_batches=1, global_batch_size=1)
-    args = pretrain_gpt.parse_args(BASE + ["--fp16", "--initial-loss-scale", "65536", "--min-loss-scale", "2",
+    args = train.parse_args(BASE + ["--fp16", "--initial-loss-scale", "65536", "--min-loss-scale", "2",
                                            "--loss-scale-window", "50", "--hysteresis", "3"])
-    settings = pretrain_gpt.settings_from_args(args, 256)
+    settings = train.settings_from_args(args, 256)
     assert settings.precision == "fp16"
     config = optimizer_config(layout, settings)
     assert (config.fp16, config.bf16, config.loss_scale) == (True, False, None)  # None: dynamic scaling
     assert (config.initial_loss_scale, config.min_loss_scale, config.loss_scale_window, config.hysteresis) == \
         (65536.0, 2.0, 50, 3)
-    constant = pretrain_gpt.settings_from_args(pretrain_gpt.parse_args(BASE + ["--fp16", "--loss-scale", "128"]), 256)
+    constant = train.settings_from_args(train.parse_args(BASE + ["--fp16", "--loss-scale", "128"]), 256)
     assert optimizer_config(layout, constant).loss_scale == 128.0
-    defaults = pretrain_gpt.settings_from_args(pretrain_gpt.parse_args(BASE + ["--fp16"]), 256)
+    defaults = train.settings_from_args(train.parse_args(BASE + ["--fp16"]), 256)
     assert defaults.initial_loss_scale == 2.0**32  # Megatron-LM's default
 
 
@@ -468,7 +469,7 @@ def test_bad_precision_flags_are_user_errors(flags, message):
     from megatron_auto.errors import UserError
 
     with pytest.raises(UserError, match=message):
-        pretrain_gpt.settings_from_args(pretrain_gpt.parse_args(BASE + flags), 256)
+        train.settings_from_args(train.parse_args(BASE + flags), 256)
 
 
 def test_readme_flag_table_lists_every_refused_and_no_effect_flag():
@@ -495,15 +496,15 @@ def test_rope_scaling_reaches_the_rotary_embedding():
     from megatron_auto.runtime.model import position_embedding_args
 
     rope = BASE + LLAMA3
-    args = pretrain_gpt.parse_args(rope + ["--use-rope-scaling", "--rope-scaling-factor", "32"])
-    model = pretrain_gpt.model_from_args(args, 512)
-    assert position_embedding_args(model, pretrain_gpt.settings_from_args(args, 512))["rope_scaling_factor"] == 32.0
-    plain = pretrain_gpt.parse_args(rope)
-    assert "rope_scaling" not in position_embedding_args(model, pretrain_gpt.settings_from_args(plain, 512))
+    args = train.parse_args(rope + ["--use-rope-scaling", "--rope-scaling-factor", "32"])
+    model = train.model_from_args(args, 512)
+    assert position_embedding_args(model, train.settings_from_args(args, 512))["rope_scaling_factor"] == 32.0
+    plain = train.parse_args(rope)
+    assert "rope_scaling" not in position_embedding_args(model, train.settings_from_args(plain, 512))
     assert "seq_len_interpolation_factor" not in position_embedding_args(
-        model, pretrain_gpt.settings_from_args(plain, 512))
-    stretched = pretrain_gpt.parse_args(rope + ["--rotary-seq-len-interpolation-factor", "4"])
-    arguments = position_embedding_args(model, pretrain_gpt.settings_from_args(stretched, 512))
+        model, train.settings_from_args(plain, 512))
+    stretched = train.parse_args(rope + ["--rotary-seq-len-interpolation-factor", "4"])
+    arguments = position_embedding_args(model, train.settings_from_args(stretched, 512))
     assert arguments["seq_len_interpolation_factor"] == 4
 
 
@@ -517,12 +518,12 @@ def _mla_config(flags: list[str]):
     from megatron_auto.runtime import config as configs
     from megatron_auto.runtime.layout import MegatronLayout
 
-    args = pretrain_gpt.parse_args(["--num-layers", "2", "--hidden-size", "2048", "--num-attention-heads", "16",
+    args = train.parse_args(["--num-layers", "2", "--hidden-size", "2048", "--num-attention-heads", "16",
                                     "--seq-length", "128", "--train-iters", "1", "--mock-data", *flags])
     layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
                             num_micro_batches=1, global_batch_size=1)
-    model = pretrain_gpt.model_from_args(args, 512)
-    return model, configs.transformer_config(model, layout, pretrain_gpt.settings_from_args(args, 512), "gloo")
+    model = train.model_from_args(args, 512)
+    return model, configs.transformer_config(model, layout, train.settings_from_args(args, 512), "gloo")
 
 
 def test_mla_flags_reach_the_model_spec_and_megatrons_mla_config():
@@ -553,26 +554,26 @@ def test_mla_flags_take_megatron_lms_defaults_and_rope_type():
 
 
 def test_mla_up_proj_recompute_is_accepted_with_mla():
-    args = pretrain_gpt.parse_args(BASE + ["--multi-latent-attention", "--recompute-granularity", "selective",
+    args = train.parse_args(BASE + ["--multi-latent-attention", "--recompute-granularity", "selective",
                                            "--recompute-modules", "mla_up_proj", "layernorm"])
-    settings = pretrain_gpt.settings_from_args(args, 512)
+    settings = train.settings_from_args(args, 512)
     assert settings.recompute_modules == ("mla_up_proj", "layernorm")
 
 
 def test_newer_hugging_face_special_token_flag_is_the_default_here():
-    without = pretrain_gpt.parse_args(BASE + ["--tokenizer-hf-no-include-special-tokens"])
+    without = train.parse_args(BASE + ["--tokenizer-hf-no-include-special-tokens"])
     assert not without.tokenizer_hf_include_special_tokens
-    assert pretrain_gpt.parse_args(BASE + ["--tokenizer-hf-include-special-tokens"]).tokenizer_hf_include_special_tokens
+    assert train.parse_args(BASE + ["--tokenizer-hf-include-special-tokens"]).tokenizer_hf_include_special_tokens
 
 
 def test_padded_vocab_size_is_taken_as_given_when_it_holds_the_vocabulary_and_splits_over_tp():
     from megatron_auto.errors import UserError
     from megatron_auto.runtime.config import padded_vocab_size
 
-    args = pretrain_gpt.parse_args(BASE + ["--padded-vocab-size", "600"])
-    settings = pretrain_gpt.settings_from_args(args, 513)
+    args = train.parse_args(BASE + ["--padded-vocab-size", "600"])
+    settings = train.settings_from_args(args, 513)
     assert padded_vocab_size(513, settings, 2) == 600
-    assert padded_vocab_size(513, pretrain_gpt.settings_from_args(pretrain_gpt.parse_args(BASE), 513), 2) == 768
+    assert padded_vocab_size(513, train.settings_from_args(train.parse_args(BASE), 513), 2) == 768
     for tp, vocab in ((7, 513), (2, 601)):
         with pytest.raises(UserError, match="--padded-vocab-size 600: must be at least"):
             padded_vocab_size(vocab, settings, tp)
@@ -580,8 +581,8 @@ def test_padded_vocab_size_is_taken_as_given_when_it_holds_the_vocabulary_and_sp
 
 def test_step_schedule_reads_as_one_word_or_one_word_per_step():
     # Megatron-LM's gpt3 example expands its quoted schedule unquoted: one word per step.
-    quoted = pretrain_gpt.parse_args(BASE + ["--step-batch-size-schedule", "0:8 10M:16"])
-    split = pretrain_gpt.parse_args(BASE + ["--step-batch-size-schedule", "0:8", "10M:16"])
+    quoted = train.parse_args(BASE + ["--step-batch-size-schedule", "0:8 10M:16"])
+    split = train.parse_args(BASE + ["--step-batch-size-schedule", "0:8", "10M:16"])
     assert quoted.batch_ramp == split.batch_ramp and quoted.batch_ramp.steps == ((0, 8), (1220, 16))
     assert split.global_batch_size == 16
 
@@ -603,15 +604,15 @@ MIXTRAL = ["--num-experts", "8", "--moe-router-topk", "2", "--moe-ffn-hidden-siz
 
 
 def test_moe_flags_reach_the_model_spec_and_the_run_settings():
-    args = pretrain_gpt.parse_args(BASE + MIXTRAL)
-    model = pretrain_gpt.model_from_args(args, 512)
+    args = train.parse_args(BASE + MIXTRAL)
+    model = train.model_from_args(args, 512)
     assert [layer.moe is not None for layer in model.layers] == [False] * 2 + [True] * 30
     moe = model.layers[2].moe
     assert (moe.num_experts, moe.router_topk, moe.expert_ffn_hidden_size, moe.shared_expert_ffn_hidden_size,
             moe.aux_loss_coeff, moe.z_loss_coeff) == (8, 2, 14336, 1024, 1e-2, 1e-3)
-    run = pretrain_gpt.moe_settings(args)
+    run = train.moe_settings(args)
     assert (run.token_dispatcher, run.grouped_gemm, run.router_dtype) == ("alltoall", True, "fp32")
-    assert pretrain_gpt.no_effect_flags(args) == ["--moe-permute-fusion"]
+    assert train.no_effect_flags(args) == ["--moe-permute-fusion"]
 
 
 @pytest.mark.parametrize("world, flags, message", [
@@ -625,17 +626,17 @@ def test_expert_parallel_sizes_that_do_not_fit_are_user_errors(world, flags, mes
     from megatron_auto.errors import UserError
 
     base = [f for f in BASE + MIXTRAL if f not in ("--moe-layer-freq", "([0]*2+[1]*30)")]
-    args = pretrain_gpt.parse_args(base + flags)
+    args = train.parse_args(base + flags)
     with pytest.raises(UserError, match=re.escape(message)):
-        pretrain_gpt.plan_from_flags(pretrain_gpt.model_from_args(args, 512), world, pretrain_gpt.manual_flags(args))
+        plan_from_flags(train.model_from_args(args, 512), world, train.manual_flags(args))
 
 
 def test_expert_parallel_flags_need_a_moe_model():
     from megatron_auto.errors import UserError
 
-    args = pretrain_gpt.parse_args(BASE + ["--expert-model-parallel-size", "2"])
+    args = train.parse_args(BASE + ["--expert-model-parallel-size", "2"])
     with pytest.raises(UserError, match="need a MoE model"):
-        pretrain_gpt.plan_from_flags(pretrain_gpt.model_from_args(args, 512), 4, pretrain_gpt.manual_flags(args))
+        plan_from_flags(train.model_from_args(args, 512), 4, train.manual_flags(args))
 
 
 def test_recompute_modules_reach_the_settings_the_priced_spec_and_the_plan_file_check():
@@ -646,21 +647,21 @@ def test_recompute_modules_reach_the_settings_the_priced_spec_and_the_plan_file_
     from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags
     from megatron_auto.specs.presets import CLUSTER_PRESETS
 
-    args = pretrain_gpt.parse_args(BASE + LLAMA3 + ["--recompute-granularity", "selective",
+    args = train.parse_args(BASE + LLAMA3 + ["--recompute-granularity", "selective",
                                                     "--recompute-modules", "mlp", "layernorm"])
-    settings = pretrain_gpt.settings_from_args(args, 512)
-    training = pretrain_gpt.training_for_job(args, settings, world_size=8)
+    settings = train.settings_from_args(args, 512)
+    training = train.training_for_job(args, settings, world_size=8)
     assert settings.recompute_modules == training.recompute_modules == ("mlp", "layernorm")
-    model = pretrain_gpt.model_from_args(args, 512)
+    model = train.model_from_args(args, 512)
     plan = plan_from_flags(model, 8, ManualParallelism(tensor_parallel=8, micro_batch_size=1, global_batch_size=8,
                                                        recompute_granularity="selective"))
     priced = replace(plan, prediction=estimate_plan(plan, model, CLUSTER_PRESETS["dgx-h100-80gb"], training))
-    pretrain_gpt.check_plan_runs(priced, settings, model)  # priced as it runs
+    train.check_plan_runs(priced, settings, model)  # priced as it runs
     default = replace(settings, recompute_modules=("core_attn",))
     with pytest.raises(UserError, match="priced re-running mlp layernorm; this run's --recompute-modules is "
                                         "core_attn: give --recompute-modules mlp layernorm"):
-        pretrain_gpt.check_plan_runs(priced, default, model)
-    pretrain_gpt.check_plan_runs(plan, default, model)  # a plan without a prediction runs the run's modules
+        train.check_plan_runs(priced, default, model)
+    train.check_plan_runs(plan, default, model)  # a plan without a prediction runs the run's modules
 
 
 def test_without_recompute_modules_the_run_takes_the_plans():
@@ -670,30 +671,30 @@ def test_without_recompute_modules_the_run_takes_the_plans():
     from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags
     from megatron_auto.specs.presets import CLUSTER_PRESETS
 
-    args = pretrain_gpt.parse_args(BASE + LLAMA3 + ["--auto-parallel"])
+    args = train.parse_args(BASE + LLAMA3 + ["--auto-parallel"])
     assert args.recompute_modules is None
-    settings = pretrain_gpt.settings_from_args(args, 512)
+    settings = train.settings_from_args(args, 512)
     assert settings.recompute_modules == ("core_attn",)  # Megatron-LM's default until a plan says otherwise
-    model = pretrain_gpt.model_from_args(args, 512)
+    model = train.model_from_args(args, 512)
     plan = plan_from_flags(model, 8, ManualParallelism(tensor_parallel=8, micro_batch_size=1, global_batch_size=8,
                                                        recompute_granularity="selective"))
-    training = replace(pretrain_gpt.training_for_job(args, settings, 8), recompute_modules=("mlp",))
+    training = replace(train.training_for_job(args, settings, 8), recompute_modules=("mlp",))
     priced = replace(plan, prediction=estimate_plan(plan, model, CLUSTER_PRESETS["dgx-h100-80gb"], training))
-    adopted = pretrain_gpt.with_plan_recompute_modules(args, settings, priced)
+    adopted = train.with_plan_recompute_modules(args, settings, priced)
     assert adopted.recompute_modules == ("mlp",)
-    pretrain_gpt.check_plan_runs(priced, adopted, model)
-    pinned = pretrain_gpt.parse_args(BASE + LLAMA3 + ["--auto-parallel", "--recompute-modules", "core_attn"])
-    assert pretrain_gpt.with_plan_recompute_modules(pinned, settings, priced) is settings  # the flag wins
+    train.check_plan_runs(priced, adopted, model)
+    pinned = train.parse_args(BASE + LLAMA3 + ["--auto-parallel", "--recompute-modules", "core_attn"])
+    assert train.with_plan_recompute_modules(pinned, settings, priced) is settings  # the flag wins
 
 
 def test_deepseek_v3_router_flags_reach_transformer_config():
-    args = pretrain_gpt.parse_args(BASE + ["--num-experts", "8", "--moe-router-topk", "4", "--moe-router-score-function",
+    args = train.parse_args(BASE + ["--num-experts", "8", "--moe-router-topk", "4", "--moe-router-score-function",
                                            "sigmoid", "--moe-router-enable-expert-bias", "--moe-router-bias-update-rate",
                                            "0.002", "--moe-router-num-groups", "4", "--moe-router-group-topk", "2"])
-    fields = pretrain_gpt.moe_settings(args).config_fields()
+    fields = train.moe_settings(args).config_fields()
     assert (fields["moe_router_enable_expert_bias"], fields["moe_router_bias_update_rate"],
             fields["moe_router_num_groups"], fields["moe_router_group_topk"]) == (True, 0.002, 4, 2)
-    plain = pretrain_gpt.moe_settings(pretrain_gpt.parse_args(BASE + ["--num-experts", "8"])).config_fields()
+    plain = train.moe_settings(train.parse_args(BASE + ["--num-experts", "8"])).config_fields()
     assert (plain["moe_router_enable_expert_bias"], plain["moe_router_bias_update_rate"]) == (False, 1e-3)
 
 
@@ -706,7 +707,7 @@ def test_deepseek_v3_router_flags_reach_transformer_config():
 def test_moe_layer_recompute_is_selective_recompute_of_moe(flags, granularity, modules):
     """Megatron-Core's TransformerConfig turns --moe-layer-recompute into selective recomputation with `moe`
     appended to the modules (core_attn, its default, kept)."""
-    args = pretrain_gpt.parse_args(BASE + ["--num-experts", "8"] + flags)
+    args = train.parse_args(BASE + ["--num-experts", "8"] + flags)
     assert (args.recompute_granularity, tuple(args.recompute_modules)) == (granularity, modules)
 
 
@@ -714,7 +715,7 @@ def test_shared_expert_overlap_reaches_transformer_config_and_the_priced_spec():
     flags = ["--num-experts", "8", "--moe-shared-expert-intermediate-size", "64", "--moe-token-dispatcher-type",
              "alltoall"]
     for extra, expected in (([], False), (["--moe-shared-expert-overlap"], True)):
-        args = pretrain_gpt.parse_args(BASE + flags + extra)
-        settings = pretrain_gpt.settings_from_args(args, 1024)
+        args = train.parse_args(BASE + flags + extra)
+        settings = train.settings_from_args(args, 1024)
         assert settings.moe.config_fields()["moe_shared_expert_overlap"] is expected
-        assert pretrain_gpt.training_for_job(args, settings, 8).moe_shared_expert_overlap is expected
+        assert train.training_for_job(args, settings, 8).moe_shared_expert_overlap is expected

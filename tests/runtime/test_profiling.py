@@ -1,7 +1,7 @@
-"""profile-cluster, profile-model and tools/validate_cost_model.py end to end on tiny sizes.
+"""profile-cluster, profile-model and validation/validate_cost_model.py end to end on tiny sizes.
 
 Every launch holds /tmp/megatron-auto-heavy.lock, as all heavy jobs here do, unless the
-test run itself holds it already (tools/heavy_lock.py: a nested flock would wait forever).
+test run itself holds it already (validation/heavy_lock.py: a nested flock would wait forever).
 """
 from __future__ import annotations
 
@@ -13,9 +13,7 @@ import pytest
 from launcher import REPO, free_port, rank_env
 
 from megatron_auto.specs.profiles import COLLECTIVES, load_profile
-
-sys.path.insert(0, str(REPO / "tools"))
-from heavy_lock import held_lock_fds, lock_prefix  # noqa: E402
+from validation.heavy_lock import held_lock_fds, lock_prefix
 
 
 def _torchrun(ranks: int, args: list[str], port: int) -> subprocess.CompletedProcess:
@@ -67,8 +65,8 @@ def test_profile_model_measures_grouped_query_attention_on_either_core(tmp_path,
 
 
 def test_validation_pipeline_on_two_ranks(tmp_path):
-    done = subprocess.run([sys.executable, "tools/validate_cost_model.py", "--tiny", "--out-dir", str(tmp_path),
-                           "--results", str(tmp_path / "r.json"), "--benchmarks", str(tmp_path / "b.md")],
+    done = subprocess.run([sys.executable, "-m", "validation.validate_cost_model", "--tiny", "--out-dir",
+                           str(tmp_path), "--results", str(tmp_path / "r.json"), "--benchmarks", str(tmp_path / "b.md")],
                           cwd=REPO, capture_output=True, text=True, timeout=300, pass_fds=held_lock_fds())
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "r.json").read_text())
@@ -79,7 +77,7 @@ def test_validation_pipeline_on_two_ranks(tmp_path):
 
 
 def test_profile_model_builds_the_layer_in_bf16(tmp_path):
-    from megatron_auto.specs.model import load_model
+    from megatron_auto.specs.loaders import load_model
 
     out = tmp_path / "model_bf16.json"
     done = _torchrun(1, ["profile-model", "--model", "tiny-gpt", "--out", str(out), "--tp", "1",
@@ -136,7 +134,7 @@ def _profile_model_alone(args: list[str]) -> subprocess.CompletedProcess:
 
 
 def test_profile_model_times_the_dense_layers_of_a_moe_model_with_the_runs_kernels(tmp_path):
-    from megatron_auto.specs.model import load_model
+    from megatron_auto.specs.loaders import load_model
 
     out = tmp_path / "moe.json"
     done = _profile_model_alone(["--model", "tiny-deepseek-moe", "--out", str(out), "--tp", "1",
@@ -158,9 +156,9 @@ def test_profile_model_refuses_a_model_without_dense_layers_in_one_line(tmp_path
 
 
 def test_count_host_ops_prints_each_layer_and_core():
-    """tools/count_host_ops.py: one row per shape and core; SDPA's flash core dispatches a fraction of the
+    """validation/count_host_ops.py: one row per shape and core; SDPA's flash core dispatches a fraction of the
     unfused core's ops (its scores, softmax and dropout stay inside one kernel)."""
-    done = subprocess.run([sys.executable, "tools/count_host_ops.py"], cwd=REPO, capture_output=True, text=True,
+    done = subprocess.run([sys.executable, "-m", "validation.count_host_ops"], cwd=REPO, capture_output=True, text=True,
                           timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore",
                                             "MASTER_PORT": "29574"})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -175,9 +173,9 @@ def test_count_host_ops_prints_each_layer_and_core():
 
 
 def test_layer_memory_check_matches_the_formula_on_the_cpu(tmp_path):
-    """tools/check_layer_memory.py, which a GPU session runs (gpu_session.sh memory), exactly on the CPU."""
+    """validation/check_layer_memory.py, which a GPU session runs (gpu_session.sh memory), exactly on the CPU."""
     out = tmp_path / "layer_memory.json"
-    done = subprocess.run([sys.executable, "tools/check_layer_memory.py", "--out", str(out)], cwd=REPO,
+    done = subprocess.run([sys.executable, "-m", "validation.check_layer_memory", "--out", str(out)], cwd=REPO,
                           capture_output=True, text=True, timeout=300, env=rank_env(0, 1, free_port()))
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]

@@ -9,6 +9,7 @@ import re
 import pytest
 
 from launcher import launch, run_cases
+from worker_stats import thread_bound
 from megatron_auto.cost.layer_cost import layer_cost
 from megatron_auto.plan import LayerStrategy
 from megatron_auto.specs.model import MLASpec, uniform_model
@@ -112,6 +113,14 @@ def test_each_layer_keeps_what_the_cost_model_counts(measured, case):
     assert measured[case["name"]]["none"] == kept_bytes(case, "none") + SEQ * SEQ
 
 
+def test_case_after_case_in_one_process_does_not_pile_up_threads(measured):
+    """One process builds the runtime's layer for every case in turn over one set of Megatron groups (made once):
+    a case leaves nothing behind that holds threads, so every case ends within worker_stats.thread_bound of
+    the first (its count plus less than one gloo group's threads)."""
+    threads = [measured[case["name"]]["threads"] for case in CASES]
+    assert len(threads) > 5 and max(threads) <= thread_bound(threads), (thread_bound(threads), threads)
+
+
 def _split_cases(tp: int, ep: int, etp: int, models) -> list[dict]:
     return [{"name": f"{name}-tp{tp}-ep{ep}-etp{etp}-{dispatcher}", "model": model, "dispatcher": dispatcher,
              "tp": tp, "ep": ep, "etp": etp} for name, model in models for dispatcher in ("alltoall", "allgather")]
@@ -202,6 +211,15 @@ def test_a_moe_run_recomputing_its_moe_layers_trains_as_the_plain_one(tmp_path):
     plain_losses, recomputed_losses = _losses(plain.output), _losses(recomputed.output)
     assert len(plain_losses) == 4 and len(recomputed_losses) == 4
     assert all(abs(float(a) - float(b)) <= 1e-5 for a, b in zip(plain_losses, recomputed_losses))
+
+
+def test_split_layer_case_after_case_does_not_pile_up_threads(measured_splits):
+    """Each 2-rank launch builds its split's layer for case after case: every rank ends each case within
+    worker_stats.thread_bound of the launch's first case (its count plus less than one gloo group's threads)."""
+    for cases in SPLIT_LAUNCHES:
+        for rank in range(2):
+            threads = [measured_splits[case["name"]][rank]["threads"] for case in cases]
+            assert max(threads) <= thread_bound(threads), (thread_bound(threads), threads)
 
 
 # MLA at TP2 with SP on 2 ranks: the latents' sequence shards (the query's a view of the whole gathered latent).

@@ -1,0 +1,155 @@
+"""The top of the search: the fastest plan that fits, in the `megatron` or the `hybrid` space.
+
+It runs the megatron-space search, then (hybrid space) the per-layer search from that optimum, optionally
+over the selective-recompute module sets, and explains with the least memory any plan needs when none fits.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import replace
+from typing import Callable, Optional
+
+from ..cost.estimate import estimate_plan
+from ..cost.fp8 import fp8_problem
+from ..cost.peak_memory import device_budget_bytes
+from ..errors import UserError
+from ..specs.cluster import ClusterSpec
+from ..specs.model import ModelSpec
+from ..specs.training import GIB, TrainingSpec
+from .constraints import SearchConstraints, SearchResult
+from .experts import check_expert_constraints
+from .hybrid import search_hybrid
+from .least_memory import least_memory_gib
+from .megatron_space import SpaceStats, search_megatron
+from .module_sets import search_module_sets
+
+log = logging.getLogger(__name__)
+
+
+def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, space: str = "megatron",
+                constraints: SearchConstraints = SearchConstraints(),
+                progress: Optional[Callable[[float], None]] = None,
+                choose_recompute_modules: bool = False) -> SearchResult:
+    """The fastest plan that fits; UserError with the least memory any plan needs when none fits.
+
+    `choose_recompute_modules`: also choose what selective recomputation re-runs (search.module_sets);
+    otherwise it re-runs `training.recompute_modules`.
+    """
+    if space == "hybrid" and model.mtp_num_layers:
+        raise UserError(f"model '{model.name}' has multi-token prediction, which the hybrid space does not plan "
+                        f"yet (its runtime builds no MTP modules): search the megatron space")
+    problem = fp8_problem(cluster, training.fp8_recipe) if training.fp8 else None
+    if problem:
+        raise UserError(problem)
+    if choose_recompute_modules:
+        return search_module_sets(_module_set_searcher(model, cluster, space, constraints), model, training,
+                                  constraints, progress)
+    return _search_space(model, cluster, training, space, constraints, progress)
+
+
+def _module_set_searcher(model: ModelSpec, cluster: ClusterSpec, space: str, constraints: SearchConstraints):
+    """search_one for search_module_sets: each set's plan as a search under that set alone finds it, with
+    the work that does not depend on the set done once."""
+    selective_only = replace(constraints, recompute="selective") if constraints.recompute is None else None
+    shared: dict = {}  # the fastest megatron-space plan without selective recompute: the same under every set
+
+    def search_one(spec: TrainingSpec, share, incumbent: float) -> Optional[SearchResult]:
+        if space == "hybrid":
+            # Every hybrid candidate carries its own embedding layout, so the incumbent's bounds are exact; the
+            # megatron phase weighs the shared plan without selective recompute against the set's selective ones.
+            return _search_space(model, cluster, spec, space, constraints, share, incumbent,
+                                 megatron_constraints=selective_only, unselective=shared if selective_only else None)
+        # The megatron space's bounds are exact. Behind an incumbent, only selective recomputation
+        # differs from the sets searched before.
+        flags_only = selective_only if incumbent < math.inf and selective_only else constraints
+        return _search_space(model, cluster, spec, space, constraints, share, incumbent, flags_only)
+    return search_one
+
+
+def _megatron_phase(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, constraints: SearchConstraints,
+                    progress, stats: SpaceStats, incumbent: float, unselective: Optional[dict]):
+    """search_megatron under `constraints`; with `unselective` (a cache shared by the module sets, and
+    `constraints` pinned to selective) the faster of that and the best plan without selective recompute,
+    which is searched once (recompute none, then full) and re-priced under `training`."""
+    if unselective is None:
+        return search_megatron(model, cluster, training, constraints, progress, stats, incumbent)
+    if "plan" not in unselective:
+        best = None
+        for kind in ("none", "full"):
+            found, stats = search_megatron(model, cluster, training, replace(constraints, recompute=kind), None,
+                                           stats, _fitting_time(best))
+            best = found if _fitting_time(found) < _fitting_time(best) else best
+        unselective["plan"] = best
+    floor = unselective["plan"]
+    selective, stats = search_megatron(model, cluster, training, constraints, progress, stats,
+                                       min(incumbent, _fitting_time(floor)))
+    if _fitting_time(selective) < _fitting_time(floor):
+        return selective, stats
+    if floor is None:
+        return None, stats
+    return replace(floor, prediction=estimate_plan(floor, model, cluster, training)), stats
+
+
+def _fitting_time(plan) -> float:
+    """A plan's predicted iteration seconds when it fits; infinity for no plan or one that does not fit."""
+    return plan.prediction.iteration_time_s if plan is not None and plan.prediction.fits else math.inf
+
+
+def _search_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, space: str,
+                  constraints: SearchConstraints, progress: Optional[Callable[[float], None]],
+                  incumbent: float = math.inf,
+                  megatron_constraints: Optional[SearchConstraints] = None,
+                  unselective: Optional[dict] = None) -> Optional[SearchResult]:
+    """The fastest plan of `space` that fits, selective recomputation re-running `training.recompute_modules`.
+
+    The hybrid space contains the megatron space, so its search starts from the
+    megatron-space optimum and keeps a per-layer plan only when it is faster. With a finite
+    `incumbent` (seconds) the search may leave out what cannot beat it, and returns None when nothing
+    that fits was found. `megatron_constraints` replace `constraints` in the megatron-space phase, which
+    with `unselective` also weighs the plan without selective recompute (_megatron_phase).
+    """
+    if space not in ("megatron", "hybrid"):
+        raise UserError(f"unknown search space '{space}'; choose megatron or hybrid")
+    check_expert_constraints(model, cluster.world_size, constraints.expert_parallel,
+                             constraints.expert_tensor_parallel)
+    started = time.perf_counter()
+    stats = SpaceStats()
+    share = 0.3 if space == "hybrid" else 1.0
+    with stats.timed("megatron space"):
+        best, stats = _megatron_phase(model, cluster, training, megatron_constraints or constraints,
+                                      (lambda f: progress(share * f)) if progress else None, stats, incumbent,
+                                      unselective)
+    megatron_evaluated = stats.evaluated
+    log.info("megatron space: %.2f s over %d flag configurations", stats.timings["megatron space"],
+             megatron_evaluated)
+    megatron_time = best.prediction.iteration_time_s if best is not None and best.prediction.fits else math.inf
+    if space == "hybrid":
+        with stats.timed("hybrid space"):
+            hybrid, stats = search_hybrid(model, cluster, training, constraints,
+                                          (lambda f: progress(share + (1 - share) * f)) if progress else None,
+                                          stats, incumbent=min(incumbent, megatron_time))
+        log.info("hybrid space: %.2f s over %d (pipeline degree, micro-batch, strategy) candidates",
+                 stats.timings["hybrid space"], stats.evaluated - megatron_evaluated)
+        if hybrid is not None and hybrid.prediction.iteration_time_s < megatron_time:
+            best = hybrid
+    if best is None or not best.prediction.fits:
+        if incumbent < math.inf:
+            return None
+        raise UserError(_infeasible_message(least_memory_gib(model, cluster, training, space, constraints),
+                                            training, cluster))
+    elapsed = time.perf_counter() - started
+    log.info("search took %.2f s over %d candidates", elapsed, stats.evaluated)
+    return SearchResult(plan=best, search_time_s=elapsed, candidates_evaluated=stats.evaluated,
+                        pruning=tuple(sorted(stats.pruning.items())),
+                        timings=tuple(stats.timings.items()))
+
+
+def _infeasible_message(least_gib: float, training: TrainingSpec, cluster: ClusterSpec) -> str:
+    """The one-line error when nothing fits: the budget and the least memory any plan needs."""
+    budget = device_budget_bytes(cluster, training) / GIB
+    if math.isinf(least_gib):
+        return f"no valid plan exists for this model, batch and {cluster.world_size} GPUs"
+    return (f"no plan fits in {budget:.1f} GiB per GPU; the least memory any plan needs is "
+            f"{least_gib:.1f} GiB")

@@ -1,0 +1,1 @@
+"""Validation harnesses and checks, each run from the repository root as `python -m validation.NAME`."""
