@@ -176,7 +176,7 @@ def section() -> str:
              "experts per token), ran grouped GEMM, permute fusion and overlapped gradient reduction (we price "
              "Megatron-Core's local spec) after the routing settled; no published DeepSeekMoE 16B throughput "
              "on H100 was available to compare. Its run had Megatron-LM's fused SwiGLU, which keeps 3 f-wide "
-             "tensors per routed copy where the unfused one this runtime runs by default (megatron_auto/kernels.py, "
+             "tensors per routed copy where the unfused one this runtime runs by default (megatron_auto/kernel_choice.py, "
              "bias fusions) keeps 5: the device GiB column is that mapping's memory under this runtime's kernels.", "",
              "Sensitivity of the Mixtral plan to the load-imbalance factor:", "", *imbalance_rows()]
     return "\n".join(lines) + "\n"

@@ -1,7 +1,7 @@
 """Patch: a gated MLP keeps no copy of its linear half when the GLU offset is zero.
 
 Why: `MLP.forward`'s glu (SwiGLU and the other gated units, without Megatron's bias-activation
-fusion, the runtime's default: megatron_auto/kernels.py) multiplies the activation by
+fusion, the runtime's default: megatron_auto/kernel_choice.py) multiplies the activation by
 `x_linear + config.glu_linear_offset`. The add runs at the default offset 0.0 too, so it allocates a
 new f-wide tensor, which the product then keeps for its backward: one f-wide activation per token in
 every gated MLP, dense or expert, that holds nothing the linear half (a view of fc1's output, kept

@@ -19,7 +19,7 @@ SCANNED_DIRS = ("megatron_auto", "patches", "benchmarks", "validation", "tools")
 # Planning code, plus the dependency-free leaf modules it shares (errors, kernels, limits, serde).
 PLANNING_MODULES = (
     "megatron_auto.specs", "megatron_auto.cost", "megatron_auto.search", "megatron_auto.plan",
-    "megatron_auto.errors", "megatron_auto.kernels", "megatron_auto.limits", "megatron_auto.serde",
+    "megatron_auto.errors", "megatron_auto.kernel_choice", "megatron_auto.limits", "megatron_auto.serde",
 )
 PLANNING_THIRD_PARTY = frozenset({"numpy"})
 

@@ -6,7 +6,7 @@ import pytest
 
 from megatron_auto.cli.job import training_spec
 from megatron_auto.cli.parser import parse_args
-from megatron_auto.kernels import resolve_attention_backend, resolve_optimizer_impl
+from megatron_auto.kernel_choice import resolve_attention_backend, resolve_optimizer_impl
 from megatron_auto.specs.training import TrainingSpec
 
 

@@ -78,7 +78,7 @@ def test_hybrid_space_keeps_moe_layers_at_zero_0_or_1(capsys, tmp_path):
     gives one anyway is refused with one line before any process starts."""
     from megatron_auto.errors import UserError
     from megatron_auto.plan import Chunk, LayerStrategy, Plan
-    from megatron_auto.runtime.hybrid.session import check_supported
+    from megatron_auto.runtime.hybrid.hybrid_runtime import check_supported
     from megatron_auto.search.tables import _allowed
     from megatron_auto.specs.loaders import load_model
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Optional
 
 from megatron_auto.cost.estimate import estimate_plan
-from megatron_auto.kernels import resolve_attention_backend, resolve_optimizer_impl
+from megatron_auto.kernel_choice import resolve_attention_backend, resolve_optimizer_impl
 from megatron_auto.plan import Plan, save_plan
 from megatron_auto.search.uniform import UniformConfig
 from megatron_auto.specs.cluster import ClusterSpec

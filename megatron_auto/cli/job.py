@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Optional
 
 from ..errors import UserError
-from ..kernels import resolve_attention_backend, resolve_optimizer_impl
+from ..kernel_choice import resolve_attention_backend, resolve_optimizer_impl
 from ..specs import ClusterSpec, ModelSpec, TrainingSpec, load_cluster, load_model
 from ..specs.training import DEFAULT_MOE_LOAD_IMBALANCE, DEFAULT_RECOMPUTE_MODULES, GIB, recompute_modules_problem
 

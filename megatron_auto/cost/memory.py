@@ -151,7 +151,7 @@ def rotary_table_bytes(layer: LayerSpec, seq: int, word: int, mla_up_recomputed:
 def mlp_saved_width(swiglu: bool) -> int:
     """What an MLP keeps for backward per token beyond its input, in units of its ffn width f. GeLU: fc1's
     output and the activation's (2f). SwiGLU without the bias-activation fusion (the runtime's default,
-    megatron_auto.kernels): fc1's 2f output, silu's output and the product: 4f (megatron-core 0.16.1's glu
+    megatron_auto.kernel_choice): fc1's 2f output, silu's output and the product: 4f (megatron-core 0.16.1's glu
     would also keep a copy of the linear half, which patches/glu_offset_copy.py removes; measured in the
     runtime's layer: tests/runtime/test_recompute_modules.py)."""
     return 4 if swiglu else 2

@@ -2,7 +2,7 @@
 
 Both runtimes (stock and hybrid) and the layer profiler build their layers from
 here, so the kernels measured, priced and run are the same. The choice of
-`auto` is megatron_auto.kernels' (flash + fused on GPUs, unfused + foreach on CPU).
+`auto` is megatron_auto.kernel_choice' (flash + fused on GPUs, unfused + foreach on CPU).
 
 - Layer spec: Transformer Engine's when it imports on a CUDA host (its own fused
   attention, chosen by Megatron's `attention_backend`), else Megatron-Core's local
@@ -11,7 +11,7 @@ here, so the kernels measured, priced and run are the same. The choice of
 - Fusions: Megatron's bias-activation (bias + GeLU / SwiGLU) and bias-dropout-add
   fusions, which megatron-core compiles with torch.compile (megatron/core/jit.py),
   on CUDA only and with `--bias-fusions on` only: `auto` keeps them off, since their
-  host cost exceeds what they save (megatron_auto.kernels says by how much). On CPU
+  host cost exceeds what they save (megatron_auto.kernel_choice says by how much). On CPU
   they run and match (tests/runtime/test_kernels_runtime.py), but the compile costs
   ~13 s per process the first time (~1.5 s from inductor's cache; measured on this
   repository's 2-core test machine) and the CPU's measured profiles were taken without
@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .. import kernels as choices
+from .. import kernel_choice as choices
 from ..specs.model import LayerSpec, ModelSpec
 from .optimizer_parts import inner_optimizers
 
@@ -161,7 +161,7 @@ def choose_kernels(layer: LayerSpec, attention_backend: str = "auto", optimizer_
     """The kernels of layers like `layer` for the requested backends (`auto` resolved for this host);
     `bias_fusions` (auto/on/off) whether Megatron's bias fusions run, and `fusions` whether each
     (bias-activation, bias-dropout-add) is allowed (Megatron-LM's --no-bias-*-fusion flags);
-    `grad_accumulation_fusion` (auto/on/off) megatron_auto.kernels.resolve_grad_accumulation_fusion's;
+    `grad_accumulation_fusion` (auto/on/off) megatron_auto.kernel_choice.resolve_grad_accumulation_fusion's;
     `grouped_gemm` (--moe-grouped-gemm) runs where its kernel is available, else SequentialMLP."""
     on_gpu = torch.cuda.is_available() if on_gpu is None else on_gpu
     fused = choices.resolve_bias_fusions(bias_fusions, on_gpu)

@@ -48,7 +48,7 @@ class Session:
     history: list = field(default_factory=list)
     """StepResult of every iteration run in this session."""
     hybrid: Any = None
-    """hybrid.session.HybridRuntime for a hybrid-space plan, else None."""
+    """hybrid.hybrid_runtime.HybridRuntime for a hybrid-space plan, else None."""
     started_at: float = field(default_factory=time.time)
     """Wall-clock start of the session, for --exit-duration-in-mins."""
     scalars: Any = None
@@ -153,7 +153,7 @@ def _batch_sizer(settings: TrainSettings, layout: MegatronLayout) -> BatchSizer:
 def _build_hybrid_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, backend: str,
                           device: torch.device, initial_state=None) -> Session:
     """The hybrid runtime's objects (per-layer layouts) in a Session."""
-    from .hybrid import session as hybrid_session
+    from .hybrid import hybrid_runtime as hybrid_session
 
     layout, model, optimizer, slicer, padded_vocab, runtime = hybrid_session.build(
         plan, model_spec, settings, backend, device, initial_state)

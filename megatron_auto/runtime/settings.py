@@ -217,9 +217,9 @@ class TrainSettings:
     recompute_modules: tuple[str, ...] = DEFAULT_RECOMPUTE_MODULES
     """--recompute-modules: what selective recomputation re-runs (specs.training.RECOMPUTE_MODULES)."""
     bias_fusions: str = "auto"
-    """--bias-fusions: on runs Megatron's bias fusions on GPUs; auto and off keep them off (megatron_auto.kernels)."""
+    """--bias-fusions: on runs Megatron's bias fusions on GPUs; auto and off keep them off (megatron_auto.kernel_choice)."""
     grad_accumulation_fusion: str = "auto"
-    """--grad-accumulation-fusion: Megatron's weight-gradient accumulation in the GEMM (megatron_auto.kernels)."""
+    """--grad-accumulation-fusion: Megatron's weight-gradient accumulation in the GEMM (megatron_auto.kernel_choice)."""
     overlap_param_gather: Optional[bool] = None
     """--overlap-param-gather: with the distributed optimizer, the updated weights are all-gathered during the
     next forward instead of inside the optimizer step; None: on with CUDA (as the GPU presets' overlap assumes),

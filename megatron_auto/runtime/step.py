@@ -78,7 +78,7 @@ def run_schedule(model: list, iterators, layout: MegatronLayout, seq_length: int
                  hybrid=None):
     """Megatron's forward-backward function for this layout (1F1B, interleaved or none).
 
-    `hybrid` (a hybrid.session.HybridRuntime) gives the p2p tensor's shape of a hybrid plan.
+    `hybrid` (a hybrid.hybrid_runtime.HybridRuntime) gives the p2p tensor's shape of a hybrid plan.
     """
     from megatron.core.pipeline_parallel import get_forward_backward_func
 

@@ -116,7 +116,7 @@ def drop_dominated(tables: LayerTables) -> LayerTables:
 def _allowed(layer, strategy: LayerStrategy, expert_pins: tuple[Optional[int], Optional[int]]) -> bool:
     """Megatron-Core runs `layer` under `strategy`, and a MoE layer takes the pinned --ep/--etp and
     ZeRO 0 or 1: the hybrid runtime shards experts over their expert-DP group with Megatron's DDP and
-    distributed optimizer, not FSDP2 (runtime/hybrid/session.check_supported)."""
+    distributed optimizer, not FSDP2 (runtime/hybrid/hybrid_runtime.check_supported)."""
     if not valid_for_layer(layer, strategy) or (layer.moe is not None and strategy.zero >= 2):
         return False
     ep, etp = expert_pins

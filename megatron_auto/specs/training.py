@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from ..kernels import PRICED_ATTENTION, PRICED_OPTIMIZER
+from ..kernel_choice import PRICED_ATTENTION, PRICED_OPTIMIZER
 from ..limits import MAX_GLOBAL_BATCH
 from ..serde import CachedHash
 
@@ -52,9 +52,9 @@ class TrainingSpec(CachedHash):
     memory_budget_bytes: int = 0
     """Device memory per GPU a plan may use; 0 means the GPU's usable capacity (GpuSpec.capacity_bytes)."""
     attention_backend: str = "flash"
-    """Core attention that runs: flash (SDPA, no s x s scores kept) or unfused (megatron_auto.kernels)."""
+    """Core attention that runs: flash (SDPA, no s x s scores kept) or unfused (megatron_auto.kernel_choice)."""
     optimizer_impl: str = "fused"
-    """Optimizer step that runs: fused (no temporaries) or foreach (megatron_auto.kernels)."""
+    """Optimizer step that runs: fused (no temporaries) or foreach (megatron_auto.kernel_choice)."""
     schema_version: int = TRAINING_SCHEMA_VERSION
     """Version of this record's layout."""
     memory_margin: Optional[float] = None
@@ -178,7 +178,7 @@ class TrainingSpec(CachedHash):
     def fp32(cls, global_batch_size: int, memory_budget_bytes: int = 0, attention_backend: str = "unfused",
              optimizer_impl: str = "foreach", memory_margin: Optional[float] = None, **moe) -> "TrainingSpec":
         """Full fp32 training, as on CPU: 4-byte weights and grads, 8 bytes of Adam moments
-        (and by default the CPU's kernels, megatron_auto.kernels); `moe`: the moe_* fields."""
+        (and by default the CPU's kernels, megatron_auto.kernel_choice); `moe`: the moe_* fields."""
         return cls(global_batch_size=global_batch_size, precision="fp32", param_bytes=4,
                    grad_bytes=4, optimizer_bytes=8, memory_budget_bytes=memory_budget_bytes,
                    attention_backend=attention_backend, optimizer_impl=optimizer_impl, memory_margin=memory_margin,

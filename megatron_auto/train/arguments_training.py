@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from megatron_auto.kernels import ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMULATION_FUSIONS, OPTIMIZER_IMPLS
+from megatron_auto.kernel_choice import ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMULATION_FUSIONS, OPTIMIZER_IMPLS
 from megatron_auto.runtime.settings import EXIT_SIGNALS
 from megatron_auto.specs.training import RECOMPUTE_MODULES
 
@@ -131,6 +131,6 @@ def add_kernel_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--grad-accumulation-fusion", choices=GRAD_ACCUMULATION_FUSIONS, default="auto",
                        help="Megatron's gradient_accumulation_fusion: weight gradients added into the fp32 "
                             "main_grad by the GEMM (auto: on with apex's extension, or on GPUs with the torch "
-                            "stand-in once it passed its start-up check; off on CPU; megatron_auto.kernels)")
+                            "stand-in once it passed its start-up check; off on CPU; megatron_auto.kernel_choice)")
     group.add_argument("--no-gradient-accumulation-fusion", dest="grad_accumulation_fusion", action="store_const",
                        const="off", help="Megatron-LM's flag: --grad-accumulation-fusion off")

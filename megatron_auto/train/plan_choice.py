@@ -9,7 +9,7 @@ from typing import Optional
 
 from megatron_auto.cli.job import CPU_CLUSTER_PRESET
 from megatron_auto.errors import UserError
-from megatron_auto.kernels import resolve_attention_backend, resolve_optimizer_impl
+from megatron_auto.kernel_choice import resolve_attention_backend, resolve_optimizer_impl
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags
 from megatron_auto.runtime.settings import TrainSettings
 from megatron_auto.search.constraints import SearchConstraints
@@ -136,7 +136,7 @@ def check_plan_runs(plan, settings: TrainSettings, model: ModelSpec) -> None:
             raise UserError(f"--sequence-parallel splits the sequence over tensor parallel {strategy.tp}: "
                             f"--seq-length {model.seq_length} must be divisible by it")
     if plan.space == "hybrid":
-        from megatron_auto.runtime.hybrid.session import check_supported
+        from megatron_auto.runtime.hybrid.hybrid_runtime import check_supported
 
         check_supported(plan, model)
     priced = plan.prediction.recompute_modules if plan.prediction is not None else settings.recompute_modules

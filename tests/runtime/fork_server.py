@@ -36,7 +36,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PRELOADED = ("patches",  # torch and megatron-core, patched
              "megatron_auto.runtime.checkpoint", "megatron_auto.runtime.data", "megatron_auto.runtime.distributed",
              "megatron_auto.runtime.fit", "megatron_auto.runtime.model", "megatron_auto.runtime.session",
-             "megatron_auto.runtime.step", "megatron_auto.runtime.hybrid.session")
+             "megatron_auto.runtime.step", "megatron_auto.runtime.hybrid.hybrid_runtime")
 
 
 def preload() -> None:

@@ -272,7 +272,7 @@ def test_the_timeout_reaches_megatrons_groups_unrounded(monkeypatch):
     from megatron.core import parallel_state
 
     from megatron_auto.runtime import distributed
-    from megatron_auto.runtime.hybrid import session as hybrid_session
+    from megatron_auto.runtime.hybrid import hybrid_runtime as hybrid_session
     from megatron_auto.runtime.layout import MegatronLayout
 
     given = []

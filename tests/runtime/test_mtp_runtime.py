@@ -12,7 +12,7 @@ from worker_models import llama_model, mtp_model
 
 
 def test_the_hybrid_runtime_refuses_an_mtp_model():
-    from megatron_auto.runtime.hybrid.session import check_supported
+    from megatron_auto.runtime.hybrid.hybrid_runtime import check_supported
 
     model = mtp_model("mtp")
     plan = Plan(space="hybrid", world_size=2, pipeline_parallel=1, global_batch_size=4, num_micro_batches=1,
