@@ -51,6 +51,17 @@ _TE_BACKENDS = {"auto": "auto", "flash": "flash", "fused": "fused", "unfused": "
 """Megatron-LM's --attention-backend -> Transformer Engine's backend (AttnBackend), under TE's spec."""
 
 
+def cuda_host() -> bool:
+    """True when this process sees a CUDA device (then the GPU's kernels run and are priced)."""
+    return torch.cuda.is_available()
+
+
+def use_matmul_flags(disable_bf16_reduced_precision_matmul: bool) -> None:
+    """--disable-bf16-reduced-precision-matmul, as Megatron-LM sets it (CUDA only; no-op on CPU)."""
+    if disable_bf16_reduced_precision_matmul:
+        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
+
+
 @functools.lru_cache(maxsize=None)
 def transformer_engine_available() -> bool:
     """True when Transformer Engine imports on a CUDA host (then its fused layer spec is used)."""

@@ -55,13 +55,11 @@ def search_constraints(args: argparse.Namespace, model: ModelSpec) -> SearchCons
 def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_size: int) -> TrainingSpec:
     """What the search prices: the global batch, the precision, the kernels this run resolves to (Transformer
     Engine's layer spec, with its fused norms, where it imports on a GPU) and the memory margin."""
-    import torch
-
-    from megatron_auto.runtime.kernels import transformer_engine_available
+    from megatron_auto.runtime.kernels import cuda_host, transformer_engine_available
 
     global_batch = args.global_batch_size or args.micro_batch_size * world_size
     # A dry run prices the named GPU cluster's kernels, wherever it runs.
-    on_gpu = torch.cuda.is_available() or (args.auto_parallel_dry_run and args.auto_parallel_cluster is not None
+    on_gpu = cuda_host() or (args.auto_parallel_dry_run and args.auto_parallel_cluster is not None
                                            and args.auto_parallel_cluster != CPU_CLUSTER_PRESET)
     common = dict(attention_backend=resolve_attention_backend(settings.attention_backend, on_gpu),
                   optimizer_impl=resolve_optimizer_impl(settings.optimizer_impl, on_gpu),

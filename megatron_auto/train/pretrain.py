@@ -48,14 +48,6 @@ def megatron_lm_adjustments(args: argparse.Namespace) -> list[str]:
     return warnings_given
 
 
-def use_matmul_flags(args: argparse.Namespace) -> None:
-    """--disable-bf16-reduced-precision-matmul, as Megatron-LM sets it (CUDA only; no-op on CPU)."""
-    import torch
-
-    if args.disable_bf16_reduced_precision_matmul:
-        torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction = False
-
-
 def log_run_header(args: argparse.Namespace, adjustments: list[str], settings: TrainSettings, model: ModelSpec,
                    plan) -> None:
     """The log lines before training: warnings, flags without effect, precision, kernels and the plan."""
@@ -90,9 +82,10 @@ def run(args: argparse.Namespace) -> None:
     """Choose and check the plan before any work, then train it under its process groups."""
     import patches
     from megatron_auto.runtime import checkpoint, distributed, fit, planning, session
+    from megatron_auto.runtime.kernels import use_matmul_flags
 
     adjustments = megatron_lm_adjustments(args)
-    use_matmul_flags(args)
+    use_matmul_flags(args.disable_bf16_reduced_precision_matmul)
     tokenizer = tokenizer_from_flags(args)
     settings = settings_from_args(args, tokenizer.vocab_size, tokenizer.eod)
     model = model_from_args(args, args.padded_vocab_size or tokenizer.vocab_size)  # the rows the planner prices
