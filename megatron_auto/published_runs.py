@@ -80,9 +80,20 @@ def _model_of(row: dict) -> dict:
         model["moe_shared_expert_intermediate_size"] = row["moe_shared_expert_ffn_hidden_size"]
     model["name"] = row["id"]
     model["untie_embeddings_and_output_weights"] = bool(row.get("untied_embeddings"))
+    if not _keeps_dropout(row):
+        model.update(hidden_dropout=0.0, attention_dropout=0.0)
     if row.get("swiglu"):
         model.update(normalization="RMSNorm", add_bias_linear=False, position_embedding_type="rope")
     return model
+
+
+def _keeps_dropout(row: dict) -> bool:
+    """GPT-3 (NeMo-Framework-Launcher conf/training/gpt3/*.yaml: hidden_dropout 0.1) and the Megatron-LM README's
+    GPT runs (Megatron-LM's default 0.1) train with dropout; the other models' configs set both probabilities
+    to 0 (NeMo nemo/collections/llm/gpt/model/llama.py LlamaConfig, nemotron.py NemotronConfig, and the MoE
+    configs built on them)."""
+    name = row.get("model") or ""
+    return name.startswith("GPT") and "OSS" not in name
 
 
 def _flags_of(row: dict) -> tuple[str, ...]:
@@ -114,14 +125,17 @@ under bf16)."""
 def _recipe_flags(row: dict) -> list[str]:
     """The knobs the row's recipe turns beyond its table (NEMO_RECIPE_SOURCE, MEGATRON_README_RECIPE; NeMo's
     and Megatron-Bridge's MoE recipes also batch the experts' GEMMs, moe_grouped_gemm; the Megatron-Core MoE
-    README states none)."""
+    README states none). Every row ran Megatron's fused bias + activation and, with Transformer Engine, its
+    fused RoPE: Megatron-LM's defaults, and set in NeMo's model configs (LlamaConfig: bias_activation_fusion,
+    apply_rope_fusion True)."""
     overlap = ["--tp-comm-overlap"] if row["tp"] > 1 else []
     grouped = ["--moe-grouped-gemm"] if row.get("num_experts") or row.get("model_preset") else []
+    fusions = ["--bias-fusions", "on", "--rope-fusion"]
     if "NeMo" in row["framework"]:
-        return ["--grad-reduce-in-bf16", *overlap, *grouped]
+        return ["--grad-reduce-in-bf16", *overlap, *grouped, *fusions]
     if row["id"].startswith("mlm_readme"):
-        return overlap
-    return []
+        return [*overlap, *fusions]
+    return fusions
 
 
 def _measured_step_s(row: dict, model: dict) -> float:

@@ -185,16 +185,17 @@ PLAN = ["plan", "--model", "llama3-70b", "--cluster", "dgx-h100-80gb", "--num-no
 
 
 def test_the_search_picks_context_parallelism_for_llama3_70b_and_beats_every_plan_without_it():
-    # CP 2 halves the activations, which lets a faster layout fit (NeMo's recipe for this model also runs CP 2).
+    # CP splits the activations, which lets a faster layout fit (NeMo's recipe for this model runs CP 2; at
+    # dropout 0 TP2 x CP4 and TP4 x CP2 price within 0.1% of each other).
     best = ok_json(*PLAN)
     without = ok_json(*PLAN, "--cp", "1")
     flags = best["megatron_flags"]
-    assert best["fits"] and flags[flags.index("--context-parallel-size") + 1] == "2"
+    assert best["fits"] and flags[flags.index("--context-parallel-size") + 1] in ("2", "4")
     assert "--context-parallel-size" not in without["megatron_flags"]
     assert best["iteration_time_s"] < without["iteration_time_s"]
-    pinned = ok_json(*PLAN, "--cp", "4")
-    assert pinned["megatron_flags"][pinned["megatron_flags"].index("--context-parallel-size") + 1] == "4"
-    assert pinned["iteration_time_s"] >= best["iteration_time_s"]
+    pinned = ok_json(*PLAN, "--cp", "2")
+    assert pinned["megatron_flags"][pinned["megatron_flags"].index("--context-parallel-size") + 1] == "2"
+    assert best["iteration_time_s"] <= pinned["iteration_time_s"] < without["iteration_time_s"]
 
 
 def test_the_search_keeps_short_sequences_mla_and_the_unfused_core_at_cp_1_and_searches_moe_under_cp():

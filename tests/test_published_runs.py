@@ -37,8 +37,12 @@ def test_a_row_becomes_estimate_flags_with_its_recipe_knobs():
     assert run.model["normalization"] == "RMSNorm" and run.model["untie_embeddings_and_output_weights"]
     flags = " ".join(run.flags)
     assert "--tp 1 --pp 1 --cp 2 --micro-batch-size 1 --virtual-stages 1" in flags
-    assert run.recipe == ("--grad-reduce-in-bf16",)  # tp 1: no TP traffic to overlap
+    # tp 1: no TP traffic to overlap; Megatron's fused bias + SwiGLU and TE's fused RoPE, as NeMo's configs run
+    assert run.recipe == ("--grad-reduce-in-bf16", "--bias-fusions", "on", "--rope-fusion")
     assert "--tp-comm-overlap" in run_from_row({**ROW, "tp": 2}).recipe
+    assert run.model["hidden_dropout"] == run.model["attention_dropout"] == 0.0  # NeMo's LlamaConfig
+    gpt3 = run_from_row({**ROW, "model": "GPT3-175B", "swiglu": False}).model
+    assert "hidden_dropout" not in gpt3  # Megatron-LM's default 0.1, as NeMo's gpt3 configs keep
     assert "--sequence-parallel" not in flags and "--distributed-optimizer" in flags
 
 

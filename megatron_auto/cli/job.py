@@ -7,7 +7,7 @@ from dataclasses import replace
 from typing import Optional
 
 from ..errors import UserError
-from ..kernel_choice import resolve_attention_backend, resolve_optimizer_impl
+from ..kernel_choice import resolve_attention_backend, resolve_bias_fusions, resolve_optimizer_impl
 from ..specs import ClusterSpec, ModelSpec, TrainingSpec, load_cluster, load_model
 from ..specs.training import DEFAULT_MOE_LOAD_IMBALANCE, DEFAULT_RECOMPUTE_MODULES, GIB, recompute_modules_problem
 
@@ -94,10 +94,12 @@ def fp8_options(args: argparse.Namespace, precision: str) -> dict:
 
 
 def recipe_options(args: argparse.Namespace, precision: str, on_gpu: bool) -> dict:
-    """--tp-comm-overlap and --grad-reduce-in-bf16 as TrainingSpec fields."""
+    """--tp-comm-overlap, --grad-reduce-in-bf16 and the kernel fusions as TrainingSpec fields."""
     fusion = getattr(args, "grad_accumulation_fusion", "auto")
     options = dict(tp_comm_overlap=bool(getattr(args, "tp_comm_overlap", False)),
-                   grad_accumulation_fusion=fusion == "on" or (fusion == "auto" and on_gpu))
+                   grad_accumulation_fusion=fusion == "on" or (fusion == "auto" and on_gpu),
+                   bias_activation_fusion=resolve_bias_fusions(getattr(args, "bias_fusions", "auto"), on_gpu),
+                   rope_fusion=bool(getattr(args, "rope_fusion", False)))
     if getattr(args, "grad_reduce_in_bf16", False):
         if precision == "fp32":
             raise UserError("--grad-reduce-in-bf16 needs 16-bit or fp8 training, not fp32")

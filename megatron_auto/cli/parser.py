@@ -109,6 +109,13 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grad-reduce-in-bf16", action="store_true",
                         help="gradients accumulated and reduced in bf16 (2 bytes) instead of fp32, Megatron-LM's "
                              "flag (NeMo's performance recipes: grad_reduce_in_fp32=False)")
+    parser.add_argument("--bias-fusions", choices=BIAS_FUSIONS, default="auto",
+                        help="price Megatron's fused bias + activation, whose SwiGLU keeps 3f per token instead "
+                             "of 4f (Megatron-LM's and NeMo's default; auto: off, as the runtime runs by default, "
+                             "megatron_auto/kernel_choice.py)")
+    parser.add_argument("--rope-fusion", action="store_true",
+                        help="price Transformer Engine's fused RoPE, which keeps no per-layer cos/sin tables "
+                             "(Megatron-LM's default where TE imports; this runtime does not run it)")
 
 
 def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:

@@ -121,12 +121,14 @@ def fp8_weight_copy_bytes(linear_params: float, tp: int, param_gather: bool) -> 
 
 
 def fp8_saved_input_savings(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bool,
-                            norms_kept: bool, mlp_inner_kept: bool) -> float:
+                            norms_kept: bool, mlp_inner_kept: bool, core_keeps_output: bool = False) -> float:
     """Bytes of saved activations FP8 removes per micro-batch on one shard: the linear layers keep FP8 (1 byte)
     copies of their inputs in place of 16-bit ones (2 bytes): the two norm outputs (when kept; split over TP
-    under SP), the projection input and the fc2 input (when the MLP's inner activations are kept)."""
+    under SP), the projection input and the fc2 input (when the MLP's inner activations are kept). A flash
+    core keeps its 16-bit output for its own backward (FlashAttention-2's rowsum(dO * O)), so there the
+    projection's FP8 copy is kept beside it: one byte more, not one less (`core_keeps_output`)."""
     tokens = seq * samples
     norms = (2 * layer.hidden_size / (tp if sp else 1)) if norms_kept else 0.0
-    projection = layer.attention_width / tp
+    projection = (-1 if core_keeps_output else 1) * layer.attention_width / tp
     fc2 = layer.dense_ffn_hidden_size / tp if mlp_inner_kept else 0.0
     return tokens * (norms + projection + fc2)

@@ -177,11 +177,11 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
     zero3 = zero3_comm_time(params, strategy, cluster, training, strategy.recompute == "full")
     backend = training.attention_backend
     activations = layer_activation_bytes(layer, seq, samples, strategy, word, cluster.dropout_mask_bytes, backend,
-                                         selective)
+                                         selective, training.fusions)
     rematerialised = attention_backward_extra_bytes(layer, seq, samples, strategy, backend)
     if strategy.recompute != "none":
         kept_without = layer_activation_bytes(layer, seq, samples, _no_recompute(strategy), word,
-                                              cluster.dropout_mask_bytes, backend)
+                                              cluster.dropout_mask_bytes, backend, fusions=training.fusions)
         rematerialised += kept_without - activations
     states = model_state_bytes(params, strategy, training)
     if training.fp8:
@@ -230,7 +230,9 @@ def _fp8_saved_savings(layer: LayerSpec, seq: int, samples: int, strategy: Layer
         return 0.0
     recomputed = selective if strategy.recompute == "selective" else frozenset()
     return fp8_saved_input_savings(layer, seq, samples, strategy.tp, strategy.sp,
-                                   norms_kept="layernorm" not in recomputed, mlp_inner_kept="mlp" not in recomputed)
+                                   norms_kept="layernorm" not in recomputed, mlp_inner_kept="mlp" not in recomputed,
+                                   core_keeps_output=training.attention_backend == "flash"
+                                   and "core_attn" not in recomputed)
 
 
 def _module_shares(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int, cluster: ClusterSpec,

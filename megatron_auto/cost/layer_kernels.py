@@ -44,7 +44,7 @@ def elementwise_bytes(layer: LayerSpec, tokens: int, tp: int, sp: bool, word: in
     """(forward, backward) bytes of the layer's element-wise kernels outside the attention core.
 
     Per token, forward: two LayerNorms (read+write h each), two bias-dropout-adds (bias add 2h,
-    dropout 2h + mask, residual add 3h), the QKV bias add, the query reshape and the context's
+    dropout 2h + mask when --hidden-dropout > 0, residual add 3h), the QKV bias add, the query reshape and the context's
     permute copy (2 x width each), the fc1 bias add and the activation (2f for GeLU; SwiGLU
     reads 2f and writes f in silu and the product). Backward: LayerNorm 3h each, dropout 2h +
     mask each, two residual-gradient sums 3h each, bias gradients (a read of each output) and
@@ -58,11 +58,12 @@ def elementwise_bytes(layer: LayerSpec, tokens: int, tp: int, sp: bool, word: in
     f = layer.dense_ffn_hidden_size / tp  # a MoE layer's shared expert; cost/moe.py prices the routed ones
     bias = 1.0 if layer.add_bias_linear else 0.0
     qkv_bias = 1.0 if layer.has_qkv_bias else 0.0  # --add-qkv-bias: the QKV bias alone
-    mask = mask_bytes / word
+    # At --hidden-dropout 0 ATen's dropout returns its input: no kernel, no mask.
+    dropout = (2 + mask_bytes / word) * h_shard if layer.hidden_dropout > 0 else 0.0
     fc1_width = f * (2 if layer.swiglu else 1)
-    forward = (4 * h_shard + 2 * (2 * bias * h_shard + 2 * h_shard + mask * h_shard + 3 * h_shard)
+    forward = (4 * h_shard + 2 * (2 * bias * h_shard + dropout + 3 * h_shard)
                + 2 * qkv_bias * qkv + 2 * bias * fc1_width + (5 if layer.swiglu else 2) * f)
-    backward = (6 * h_shard + 2 * (2 * h_shard + mask * h_shard) + 6 * h_shard
+    backward = (6 * h_shard + 2 * dropout + 6 * h_shard
                 + qkv_bias * qkv + bias * (2 * h_shard + fc1_width) + (5 if layer.swiglu else 3) * f)
     if layer.mla is None:
         forward, backward = forward + 4 * attn, backward + 4 * attn
@@ -88,15 +89,16 @@ def attention_core_times(layer: LayerSpec, seq: int, samples: int, tp: int, clus
     operand = word * scores / bandwidth  # the s x s operand each core GEMM reads or writes
     qk = max(gemm_compute_time(Gemm(seq, dq, seq, heads), cluster), operand)
     pv = max(gemm_compute_time(Gemm(seq, seq, dv, heads), cluster), operand)
-    mask = cluster.dropout_mask_bytes
+    # The attention dropout's pass (read, write, mask); none at --attention-dropout 0.
+    dropout = 2 * word + cluster.dropout_mask_bytes if layer.attention_dropout > 0 else 0
     cast = 0 if word == SOFTMAX_BYTES else word + SOFTMAX_BYTES  # one fp32<->16-bit cast pass
     # forward: cast up, masked_fill_ and softmax (read+write fp32), cast down, dropout.
-    forward = 2 * cast + 4 * SOFTMAX_BYTES + 2 * word + mask
+    forward = 2 * cast + 4 * SOFTMAX_BYTES + dropout
     # backward: dropout, cast, softmax backward, masked_fill, cast. Rows longer than 1024 take
     # ATen's non-persistent softmax backward, which reads output and gradient once for the row
     # sum and again for the update (5 fp32 passes; the persistent kernel needs only 3).
     softmax_backward = 5 if seq > 1024 else 3
-    backward = 2 * word + mask + 2 * cast + softmax_backward * SOFTMAX_BYTES + 2 * SOFTMAX_BYTES
+    backward = dropout + 2 * cast + softmax_backward * SOFTMAX_BYTES + 2 * SOFTMAX_BYTES
     return (qk + pv + forward * scores / bandwidth,
             2 * (qk + pv) + backward * scores / bandwidth)
 

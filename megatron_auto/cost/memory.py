@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..plan import LayerStrategy
 from ..specs.model import LayerSpec, ModelSpec
-from ..specs.training import TrainingSpec
+from ..specs.training import UNFUSED, KernelFusions, TrainingSpec
 from .mla import mla_latent_bytes, mla_qkv_kept_width
 from .pipeline import warmup_chunk_forwards
 
@@ -57,7 +57,8 @@ def optimizer_temporary_bytes(num_params: float, strategy: LayerStrategy, traini
 def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
                            activation_bytes: int, mask_bytes: int = MASK_BYTES,
                            attention_backend: str = "unfused",
-                           selective: frozenset = frozenset({"core_attn"})) -> float:
+                           selective: frozenset = frozenset({"core_attn"}),
+                           fusions: KernelFusions = UNFUSED) -> float:
     """Bytes one layer keeps for backward, per micro-batch on one GPU.
 
     For GPT in 16-bit this is Korthikanti et al.'s (Table 2) sbh(34/t + 5as/(ht)) with SP,
@@ -67,6 +68,7 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
     `selective`: the modules selective recompute re-runs (TrainingSpec.selective_modules): `mlp` keeps
     only the MLP's input (its inner activations are rebuilt), `layernorm` keeps neither norm's output
     nor statistics (Megatron-Core's CheckpointWithoutOutput frees the output after its consumer ran).
+    `fusions`: Megatron's fused kernels that keep less (KernelFusions). No dropout mask at probability 0.
     """
     s, b, h, t = seq, samples, layer.hidden_size, strategy.tp
     word = activation_bytes
@@ -77,12 +79,12 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
     # Kept whole on every TP rank unless SP: two LayerNorm inputs, two LayerNorm
     # outputs (QKV and fc1 inputs), two dropout masks, and the norms' statistics.
     norm_outputs = 0 if "layernorm" in recomputed else 2 * word * h
-    replicated = s * b * (2 * word * h + norm_outputs + 2 * mask_bytes * h)
+    replicated = s * b * (2 * word * h + norm_outputs + 2 * hidden_mask_bytes(layer, mask_bytes) * h)
     if "layernorm" not in recomputed:
         replicated += norm_statistics_bytes(layer, s, b)
     # Split over TP: Q, K, V as the attention keeps them, the projection input (a*d wide: Megatron-Core's
     # attention.py, query_projection_size = kv_channels * num_attention_heads), the MLP's inner activations.
-    mlp_inner = mlp_saved_width(layer.swiglu) * layer.dense_ffn_hidden_size  # MoE: the shared expert (cost/moe.py)
+    mlp_inner = mlp_saved_width(layer.swiglu, fusions.bias_activation) * layer.dense_ffn_hidden_size  # MoE: cost/moe.py
     if "mlp" in recomputed:
         mlp_inner = 0
     core_keeps_inputs = attention_backend == "flash" or "core_attn" in recomputed
@@ -92,7 +94,7 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
     if "core_attn" not in recomputed:
         sharded += attention_score_bytes(layer, s, b, word, mask_bytes, attention_backend)
     latents = mla_latent_bytes(layer, s, b, word, t, strategy.sp, "mla_up_proj" in recomputed)
-    rotary = rotary_table_bytes(layer, s, word, "mla_up_proj" in recomputed)
+    rotary = rotary_table_bytes(layer, s, word, "mla_up_proj" in recomputed, fusions.rope)
     return replicated / replicated_split + sharded / t + latents + rotary
 
 
@@ -135,12 +137,17 @@ def qk_norm_statistics_bytes(layer: LayerSpec, seq: int, samples: int) -> float:
     return stats * FP32_BYTES * (layer.num_attention_heads + layer.num_query_groups) * seq * samples
 
 
-def rotary_table_bytes(layer: LayerSpec, seq: int, word: int, mla_up_recomputed: bool = False) -> float:
+def rotary_table_bytes(layer: LayerSpec, seq: int, word: int, mla_up_recomputed: bool = False,
+                       rope_fusion: bool = False) -> float:
     """RoPE's cos and sin tables (s x d, in the activation type), computed and kept once for Q and once for K
     by each layer (megatron-core's _apply_rotary_pos_emb_bshd), whatever the batch and TP. Multi-latent
     attention always rotates (its own RoPE or YaRN table), over qk_pos_emb_head_dim channels; under selective
     recompute of mla_up_proj the tables are rebuilt in backward, and the checkpoint keeps its input instead,
-    the fp32 s x d_r angle table."""
+    the fp32 s x d_r angle table. With --apply-rope-fusion (Transformer Engine's fused RoPE kernel,
+    megatron-core rope_utils.apply_rotary_pos_emb) a layer keeps only the model's shared angle table: nothing
+    per layer (MLA keeps its own path)."""
+    if layer.mla is None and rope_fusion:
+        return 0.0
     if layer.mla is not None:
         if mla_up_recomputed:
             return FP32_BYTES * seq * layer.mla.qk_pos_emb_head_dim
@@ -148,13 +155,23 @@ def rotary_table_bytes(layer: LayerSpec, seq: int, word: int, mla_up_recomputed:
     return 4 * seq * layer.kv_channels * word if layer.rotary else 0.0
 
 
-def mlp_saved_width(swiglu: bool) -> int:
+def mlp_saved_width(swiglu: bool, bias_activation_fusion: bool = False) -> int:
     """What an MLP keeps for backward per token beyond its input, in units of its ffn width f. GeLU: fc1's
-    output and the activation's (2f). SwiGLU without the bias-activation fusion (the runtime's default,
-    megatron_auto.kernel_choice): fc1's 2f output, silu's output and the product: 4f (megatron-core 0.16.1's glu
-    would also keep a copy of the linear half, which patches/glu_offset_copy.py removes; measured in the
-    runtime's layer: tests/runtime/test_recompute_modules.py)."""
-    return 4 if swiglu else 2
+    output and the activation's (2f), fused or not. SwiGLU without the bias-activation fusion (the runtime's
+    default, megatron_auto.kernel_choice): fc1's 2f output, silu's output and the product: 4f (megatron-core
+    0.16.1's glu would also keep a copy of the linear half, which patches/glu_offset_copy.py removes; measured
+    in the runtime's layer: tests/runtime/test_recompute_modules.py). With the fusion (Megatron-LM's default,
+    --no-bias-swiglu-fusion turns it off) megatron-core's fused_bias_swiglu saves only its 2f input, and fc2
+    its f input: 3f."""
+    if swiglu:
+        return 3 if bias_activation_fusion else 4
+    return 2
+
+
+def hidden_mask_bytes(layer: LayerSpec, mask_bytes: int) -> int:
+    """Bytes per element of each hidden dropout's kept mask: none at --hidden-dropout 0, where ATen's dropout
+    returns its input (aten/src/ATen/native/Dropout.cpp: p == 0 takes the identity path)."""
+    return mask_bytes if layer.hidden_dropout > 0 else 0
 
 
 def norm_statistics_bytes(layer: LayerSpec, seq: int, samples: int) -> float:
@@ -178,7 +195,8 @@ def attention_score_bytes(layer: LayerSpec, seq: int, samples: int, word: int, m
     heads = layer.num_attention_heads
     if attention_backend == "flash":
         return FP32_BYTES * heads * seq * samples
-    return (FP32_BYTES + word + mask_bytes) * heads * seq * seq * samples
+    mask = mask_bytes if layer.attention_dropout > 0 else 0  # at 0 the cast-down softmax is the bmm's input
+    return (FP32_BYTES + word + mask) * heads * seq * seq * samples
 
 
 def attention_workspace_bytes(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
@@ -209,9 +227,11 @@ def attention_backward_extra_bytes(layer: LayerSpec, seq: int, samples: int, str
 
 def embedding_activation_bytes(model: ModelSpec, samples: int, strategy: LayerStrategy,
                                activation_bytes: int, mask_bytes: int = MASK_BYTES) -> float:
-    """First stage: embedding output and its dropout mask (sbh(word + 1)), split by SP."""
+    """First stage: embedding output and its dropout mask (sbh(word + 1); the embedding's dropout is
+    --hidden-dropout), split by SP."""
     split = strategy.tp if strategy.sp else 1
-    return model.seq_length * samples * model.hidden_size * (activation_bytes + mask_bytes) / split
+    mask = hidden_mask_bytes(model.layers[0], mask_bytes)
+    return model.seq_length * samples * model.hidden_size * (activation_bytes + mask) / split
 
 
 def logits_activation_bytes(model: ModelSpec, samples: int, strategy: LayerStrategy) -> float:

@@ -224,7 +224,8 @@ def expert_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: 
         return 0.0
     word, h = training.activation_bytes, layer.hidden_size
     processed = expert_tokens(layer, seq, samples, strategy, training.moe_load_imbalance)
-    inner = (mlp_saved_width(layer.swiglu) + 1) * layer.moe.expert_ffn_hidden_size / strategy.expert_tp
+    inner = expert_saved_width(layer.swiglu, training.bias_activation_fusion) * layer.moe.expert_ffn_hidden_size
+    inner /= strategy.expert_tp
     tokens = local_tokens(seq, samples, strategy)
     k, experts = layer.moe.router_topk, layer.moe.num_experts
     allgather = training.moe_token_dispatcher == "allgather"
@@ -232,6 +233,15 @@ def expert_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: 
     map_columns = experts * (strategy.expert_tp if allgather else 1)
     source = tokens * (k * (INDEX_BYTES + word) + map_columns * (1 + word)) + sorted_index
     return word * processed * (h + inner + 1) + source
+
+
+def expert_saved_width(swiglu: bool, bias_activation_fusion: bool) -> int:
+    """An expert's inner activations per processed copy in units of its ffn width: the dense MLP's plus the
+    probability-scaled fc2 input; fused, megatron-core's weighted_bias_swiglu applies the probabilities inside
+    the kernel that keeps only its 2f input (experts.py), so fc2's f input is all that follows: 3f."""
+    if swiglu and bias_activation_fusion:
+        return 3
+    return mlp_saved_width(swiglu) + 1
 
 
 def experts_recomputed(layer: LayerSpec, strategy: LayerStrategy, training: TrainingSpec) -> bool:

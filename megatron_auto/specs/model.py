@@ -218,9 +218,18 @@ class LayerSpec(CachedHash):
     """Multi-latent attention in place of the QKV projection (Megatron's --multi-latent-attention): its heads
     are all key/value heads (num_query_groups = num_attention_heads), --qk-layernorm norms its latents, and
     kv_channels is unused; None: Megatron's SelfAttention."""
+    hidden_dropout: float = 0.1
+    """Dropout after the attention and the MLP and on the embedding [--hidden-dropout, Megatron-LM's default
+    0.1]: at 0 no mask is drawn or kept (ATen's dropout returns its input when p == 0)."""
+    attention_dropout: float = 0.1
+    """Dropout on the attention probabilities [--attention-dropout, default 0.1]; at 0 the unfused core keeps
+    no s x s mask."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
+        for name in ("hidden_dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be a probability in [0, 1), got {getattr(self, name)}")
         if self.normalization not in NORMALIZATIONS:
             raise ValueError(f"normalization must be one of {', '.join(NORMALIZATIONS)}, got {self.normalization!r}")
         if self.kv_channels is None:
@@ -421,7 +430,8 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
                   add_bias_linear: bool = True, position_embedding_type: str = "learned_absolute",
                   rotary_base: int = 10000, kv_channels: Optional[int] = None, add_qkv_bias: bool = False,
                   qk_layernorm: bool = False, apply_layernorm_1p: bool = False, mla: Optional[MLASpec] = None,
-                  mtp_num_layers: int = 0, mtp_loss_scaling_factor: float = 0.1, **moe_flags) -> ModelSpec:
+                  mtp_num_layers: int = 0, mtp_loss_scaling_factor: float = 0.1, hidden_dropout: float = 0.1,
+                  attention_dropout: float = 0.1, **moe_flags) -> ModelSpec:
     """A model from Megatron's flag values: its layers alike, except that with `num_experts` (and the other
     MoE flags of `moe_from_flags`) the layers that --moe-layer-freq picks have a mixture-of-experts MLP;
     `mla`: every layer's attention is multi-latent."""
@@ -438,6 +448,8 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
         qk_layernorm=qk_layernorm,
         apply_layernorm_1p=apply_layernorm_1p,
         mla=mla,
+        hidden_dropout=hidden_dropout,
+        attention_dropout=attention_dropout,
     )
     layers = _with_moe_layers(layer, num_layers, **moe_flags)
     return ModelSpec(name=name, layers=layers, seq_length=seq_length,
@@ -492,13 +504,14 @@ _COMPACT_KEYS = {
     "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
     "moe_layer_freq", "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff",
     "multi_latent_attention", *MLA_KEYS, "mtp_num_layers", "mtp_loss_scaling_factor",
+    "hidden_dropout", "attention_dropout",
 }
 _COMPACT_TYPES = {"swiglu": bool, "untie_embeddings_and_output_weights": bool, "add_bias_linear": bool,
                   "normalization": str, "position_embedding_type": str, "add_qkv_bias": bool,
                   "qk_layernorm": bool, "apply_layernorm_1p": bool, "name": str,
                   "moe_router_load_balancing_type": str, "moe_aux_loss_coeff": float, "moe_z_loss_coeff": float,
                   "moe_layer_freq": (int, list, str), "multi_latent_attention": bool,
-                  "mtp_loss_scaling_factor": float}
+                  "mtp_loss_scaling_factor": float, "hidden_dropout": float, "attention_dropout": float}
 
 
 def model_from_dict(data: dict, name: str = "model", where: str = "") -> ModelSpec:

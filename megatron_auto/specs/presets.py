@@ -41,6 +41,10 @@ _LLAMA_SHAPES = {
 # LLaMA's architecture: SwiGLU, RMSNorm, no linear biases, rotary positions, untied head.
 _LLAMA_ARCHITECTURE = dict(swiglu=True, normalization="RMSNorm", add_bias_linear=False,
                            position_embedding_type="rope", untie_embeddings_and_output_weights=True)
+# The LLaMA-style models below were trained without dropout: NeMo's LlamaConfig, MixtralConfig and DeepSeek
+# configs and Megatron-LM's examples/llama scripts set both probabilities to 0 (the GPT-3 shapes keep
+# Megatron-LM's 0.1, as SC21 trained them). The tiny test presets keep the defaults their runs use.
+_NO_DROPOUT = dict(hidden_dropout=0.0, attention_dropout=0.0)
 
 
 def _model_presets() -> dict[str, ModelSpec]:
@@ -50,7 +54,8 @@ def _model_presets() -> dict[str, ModelSpec]:
     }
     for name, (layers, hidden, heads, groups, ffn, seq, vocab, base) in _LLAMA_SHAPES.items():
         presets[name] = uniform_model(name, layers, hidden, heads, seq, vocab, ffn_hidden_size=ffn,
-                                      num_query_groups=groups, rotary_base=base, **_LLAMA_ARCHITECTURE)
+                                      num_query_groups=groups, rotary_base=base, **_LLAMA_ARCHITECTURE,
+                                      **_NO_DROPOUT)
     presets.update(_moe_presets())
     # Tiny models for tests and CPU runs.
     presets["tiny-gpt"] = uniform_model("tiny-gpt", 4, 64, 4, seq_length=32, vocab_size=128)
@@ -86,19 +91,19 @@ def _moe_presets() -> dict[str, ModelSpec]:
     num_nextn_predict_layers 1: one multi-token-prediction module; 671B plus that module's 14B, DeepSeek-AI
     2024, arXiv 2412.19437). Their latent norms are --qk-layernorm; seq 4096 as both were pre-trained."""
     mixtral = uniform_model("mixtral-8x7b", 32, 4096, 32, 4096, 32000, ffn_hidden_size=14336, num_query_groups=8,
-                            rotary_base=1000000, num_experts=8, moe_router_topk=2, **_LLAMA_ARCHITECTURE)
+                            rotary_base=1000000, num_experts=8, moe_router_topk=2, **_LLAMA_ARCHITECTURE, **_NO_DROPOUT)
     deepseek = uniform_model("deepseek-moe-16b", 28, 2048, 16, 4096, 102400, ffn_hidden_size=10944,
                              num_experts=64, moe_router_topk=6, moe_ffn_hidden_size=1408,
                              moe_shared_expert_intermediate_size=2 * 1408, moe_layer_freq=[0] + [1] * 27,
-                             **_LLAMA_ARCHITECTURE)
+                             **_LLAMA_ARCHITECTURE, **_NO_DROPOUT)
     v2_lite = uniform_model("deepseek-v2-lite", 27, 2048, 16, 4096, 102400, ffn_hidden_size=10944,
                             qk_layernorm=True, mla=MLASpec(kv_lora_rank=512), num_experts=64, moe_router_topk=6,
                             moe_ffn_hidden_size=1408, moe_shared_expert_intermediate_size=2 * 1408,
-                            moe_layer_freq=[0] + [1] * 26, **_LLAMA_ARCHITECTURE)
+                            moe_layer_freq=[0] + [1] * 26, **_LLAMA_ARCHITECTURE, **_NO_DROPOUT)
     v3 = uniform_model("deepseek-v3", 61, 7168, 128, 4096, 129280, ffn_hidden_size=18432, qk_layernorm=True,
                        mla=MLASpec(kv_lora_rank=512, q_lora_rank=1536), num_experts=256, moe_router_topk=8,
                        moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
-                       moe_layer_freq=[0] * 3 + [1] * 58, mtp_num_layers=1, **_LLAMA_ARCHITECTURE)
+                       moe_layer_freq=[0] * 3 + [1] * 58, mtp_num_layers=1, **_LLAMA_ARCHITECTURE, **_NO_DROPOUT)
     return {model.name: model for model in (mixtral, deepseek, v2_lite, v3)}
 
 

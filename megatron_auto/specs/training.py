@@ -32,6 +32,19 @@ FP8_FORMATS = ("e4m3", "hybrid")
 
 
 @dataclass(frozen=True)
+class KernelFusions:
+    """Megatron's fused kernels that change what a layer keeps for backward (cost/memory.py)."""
+
+    bias_activation: bool = False
+    """Bias + SwiGLU in one kernel that keeps only its input [Megatron-LM's default; --no-bias-swiglu-fusion]."""
+    rope: bool = False
+    """RoPE through Transformer Engine's fused kernel, no per-layer cos/sin tables [--apply-rope-fusion]."""
+
+
+UNFUSED = KernelFusions()
+
+
+@dataclass(frozen=True)
 class TrainingSpec(CachedHash):
     """What the user fixes before any parallelism is chosen."""
 
@@ -87,6 +100,12 @@ class TrainingSpec(CachedHash):
     tp_comm_overlap: bool = False
     """Transformer Engine overlaps the SP all-gathers and reduce-scatters with the GEMMs [--tp-comm-overlap]
     (cost/tp_overlap.py)."""
+    bias_activation_fusion: bool = False
+    """Megatron's fused bias + activation runs (the runtime's --bias-fusions on; Megatron-LM's default): a SwiGLU
+    MLP keeps 3f per token instead of 4f (cost/memory.py mlp_saved_width)."""
+    rope_fusion: bool = False
+    """RoPE runs Transformer Engine's fused kernel (Megatron-LM's --apply-rope-fusion default where TE imports;
+    the runtime leaves it off): no per-layer cos/sin tables are kept."""
     fused_norms: bool = False
     """The layers run Transformer Engine's spec, whose norms are fused into the next GEMM
     (TELayerNormColumnParallelLinear): megatron-core then leaves `layernorm` recomputation undone
@@ -119,6 +138,10 @@ class TrainingSpec(CachedHash):
             raise ValueError(f"fp8 recipe must be one of {', '.join(FP8_RECIPES)}, got {self.fp8_recipe!r}")
         if self.fp8_param_gather and not self.fp8:
             raise ValueError("--fp8-param-gather needs fp8 training (--precision fp8)")
+
+    @property
+    def fusions(self) -> KernelFusions:
+        return KernelFusions(bias_activation=self.bias_activation_fusion, rope=self.rope_fusion)
 
     @property
     def fp8(self) -> bool:

@@ -9,7 +9,7 @@ from typing import Optional
 
 from megatron_auto.cli.job import CPU_CLUSTER_PRESET
 from megatron_auto.errors import UserError
-from megatron_auto.kernel_choice import resolve_attention_backend, resolve_optimizer_impl
+from megatron_auto.kernel_choice import resolve_attention_backend, resolve_bias_fusions, resolve_optimizer_impl
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags
 from megatron_auto.runtime.settings import TrainSettings
 from megatron_auto.search.constraints import SearchConstraints
@@ -68,6 +68,9 @@ def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_si
                   moe_shared_expert_overlap=settings.moe.shared_expert_overlap,
                   recompute_modules=settings.recompute_modules,
                   fused_norms=on_gpu and transformer_engine_available(),
+                  # The fused bias + activation as runtime/kernels.choose_kernels resolves it; RoPE stays unfused.
+                  bias_activation_fusion=resolve_bias_fusions(settings.bias_fusions, on_gpu)
+                  and settings.bias_activation_fusion,
                   # `auto` fuses on a GPU (once the stand-in's start-up check passes): cli.job prices the same.
                   grad_accumulation_fusion=settings.grad_accumulation_fusion == "on"
                   or (settings.grad_accumulation_fusion == "auto" and on_gpu))

@@ -69,6 +69,7 @@ def model_from_args(args: argparse.Namespace, vocab_size: int) -> ModelSpec:
                              untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,
                              normalization=args.normalization, add_bias_linear=not args.disable_bias_linear,
                              position_embedding_type=position_embedding_type(args), rotary_base=args.rotary_base,
+                             hidden_dropout=args.hidden_dropout, attention_dropout=args.attention_dropout,
                              **moe_model_flags(args), **mla_model_flags(args), **mtp_model_flags(args))
     except ValueError as error:
         raise UserError(f"model flags: {error}") from None
