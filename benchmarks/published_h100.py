@@ -100,6 +100,18 @@ def difference_line(priced: PricedRun) -> str | None:
             f"saved by term: {', '.join(terms) or 'none above 1%'}")
 
 
+def misfit_line(priced: PricedRun) -> str | None:
+    """A row whose own layout is predicted not to fit, with its peak stage's memory by term; None otherwise."""
+    if priced.estimate is None or priced.estimate.prediction.fits:
+        return None
+    prediction = priced.estimate.prediction
+    terms = prediction.memory_breakdown
+    return (f"- {priced.run.id}: {prediction.device_memory_gib:.1f} GiB against {prediction.memory_budget_gib:.1f} "
+            f"(peak at the {terms.peak_moment}: states {terms.states_gib:.1f}, activations "
+            f"{terms.activations_gib:.1f}, logits {terms.logits_gib:.1f}, CUDA context and NCCL "
+            f"{terms.cuda_context_gib + terms.nccl_gib:.1f})")
+
+
 def render(results: list[PricedRun]) -> str:
     lines = [HEADING, "",
              f"Command: `{COMMAND}` (preset `dgx-h100-80gb`). Measured step time: the source's tokens/s "
@@ -115,6 +127,10 @@ def render(results: list[PricedRun]) -> str:
     if differences:
         lines += ["", f"Where the planner predicts more than {GAIN_WORTH_EXPLAINING - 1:.0%} over NVIDIA's layout "
                       "(critical stage's terms, NVIDIA's minus the planner's):", "", *differences]
+    misfits = [line for line in map(misfit_line, results) if line]
+    if misfits:
+        lines += ["", "Predicted not to fit at the row's own layout (what each needs: docs/cost_model.md, section "
+                      "6a):", "", *misfits]
     return "\n".join(lines + ["", *summary_lines(results), ""])
 
 
