@@ -99,3 +99,23 @@ def test_estimate_prices_the_fusions_it_is_given(capsys):
     cpu = ["estimate", "--model", "tiny-llama", "--cluster", "cpu-gloo", "--num-nodes", "1", "--gpus-per-node", "2",
            "--global-batch-size", "4", "--tp", "2", "--pp", "1", "--json"]
     assert activations_gib(capsys, *cpu, "--bias-fusions", "on") == activations_gib(capsys, *cpu)  # CUDA kernels
+
+
+def test_fp8_experts_keep_fp8_inputs_and_fp8_weight_copies():
+    """TE's grouped linear layers under FP8: fc1's h-wide and fc2's f-wide inputs kept as 1-byte copies, and an
+    FP8 copy and transpose of every local expert weight (2 bytes), folded into the weight by --fp8-param-gather."""
+    from megatron_auto.cost.moe import expert_activation_bytes, expert_cost, expert_tokens
+    from megatron_auto.specs.presets import CLUSTER_PRESETS
+    from megatron_auto.specs.training import TrainingSpec
+
+    mixtral = MODEL_PRESETS["mixtral-8x7b"].layers[0]
+    strategy = LayerStrategy(tp=1, dp=8, zero=1, ep=8, etp=1)
+    bf16, fp8 = TrainingSpec(global_batch_size=64), TrainingSpec(global_batch_size=64, precision="fp8")
+    processed = expert_tokens(mixtral, 4096, 1, strategy, 1.0)
+    kept = [expert_activation_bytes(mixtral, 4096, 1, strategy, t, False) for t in (bf16, fp8)]
+    assert kept[0] - kept[1] == pytest.approx(processed * (mixtral.hidden_size + mixtral.moe.expert_ffn_hidden_size))
+    cluster = CLUSTER_PRESETS["dgx-h100-80gb"]
+    states = [expert_cost(mixtral, strategy, 1, 4096, cluster, t).state_bytes
+              for t in (bf16, fp8, replace(fp8, fp8_param_gather=True))]
+    assert states[1] - states[0] == pytest.approx(2 * mixtral.expert_parameters / 8)
+    assert states[2] == pytest.approx(states[0])

@@ -27,7 +27,7 @@ from ..specs.training import TrainingSpec
 from .collectives import all_to_all_time
 from .communication import dp_comm_time, zero3_comm_time
 from .flops import Gemm
-from .fp8 import CAST_BYTES, fp8_gemm_time
+from .fp8 import CAST_BYTES, fp8_gemm_time, fp8_weight_copy_bytes
 from .kernel_rates import elementwise_bandwidth, gemm_compute_time
 from .layer_kernels import MAIN_GRAD_BYTES
 from .memory import FP32_BYTES, mlp_saved_width, model_state_bytes, optimizer_temporary_bytes, zero3_gathered_bytes
@@ -224,15 +224,17 @@ def expert_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: 
         return 0.0
     word, h = training.activation_bytes, layer.hidden_size
     processed = expert_tokens(layer, seq, samples, strategy, training.moe_load_imbalance)
-    inner = expert_saved_width(layer.swiglu, training.bias_activation_fusion) * layer.moe.expert_ffn_hidden_size
-    inner /= strategy.expert_tp
+    f = layer.moe.expert_ffn_hidden_size / strategy.expert_tp
+    inner = expert_saved_width(layer.swiglu, training.bias_activation_fusion) * f
+    # In FP8, TE's grouped linear layers keep their inputs (fc1's h, fc2's f) as FP8 copies, 1 byte each.
+    fp8_saved = (word - 1) * processed * (h + f) if training.fp8 else 0.0
     tokens = local_tokens(seq, samples, strategy)
     k, experts = layer.moe.router_topk, layer.moe.num_experts
     allgather = training.moe_token_dispatcher == "allgather"
     sorted_index = INDEX_BYTES * (processed if allgather else k * tokens)
     map_columns = experts * (strategy.expert_tp if allgather else 1)
     source = tokens * (k * (INDEX_BYTES + word) + map_columns * (1 + word)) + sorted_index
-    return word * processed * (h + inner + 1) + source
+    return word * processed * (h + inner + 1) + source - fp8_saved
 
 
 def expert_saved_width(swiglu: bool, bias_activation_fusion: bool) -> int:
@@ -242,6 +244,11 @@ def expert_saved_width(swiglu: bool, bias_activation_fusion: bool) -> int:
     if swiglu and bias_activation_fusion:
         return 3
     return mlp_saved_width(swiglu) + 1
+
+
+def _fp8_expert_weight_copies(params: float, view: LayerStrategy, training: TrainingSpec) -> float:
+    """TE's FP8 copy and transpose of this GPU's expert weights, as of the dense layers' (cost/fp8.py)."""
+    return fp8_weight_copy_bytes(params, view.tp, training.fp8_param_gather) if training.fp8 else 0.0
 
 
 def experts_recomputed(layer: LayerSpec, strategy: LayerStrategy, training: TrainingSpec) -> bool:
@@ -268,7 +275,7 @@ def expert_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: in
         comm_s=(3 if replayed else 2) * dispatch,
         zero3_s=zero3_comm_time(params, view, cluster, training, replayed),
         dp_comm_per_iteration_s=dp_comm_time(params, view, cluster, training),
-        state_bytes=model_state_bytes(params, view, training),
+        state_bytes=model_state_bytes(params, view, training) + _fp8_expert_weight_copies(params, view, training),
         activation_bytes=kept,
         rematerialised_bytes=kept_without - kept + zero3_gathered_bytes(params, view, training),
         optimizer_temporary_bytes=optimizer_temporary_bytes(params, view, training),
