@@ -31,7 +31,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks import ab_steps
-from benchmarks.docs_sections import write_section
+from benchmarks.docs_sections import add_ab_arguments, publish
 from validation.heavy_lock import held_lock_fds, hold_lock_or_relaunch
 from validation.paired_ratio import load_average, pair_order, paired_ratio
 
@@ -208,9 +208,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=10, help="pairs of launches (at least 6)")
     parser.add_argument("--iters", type=int, default=125, help="iterations per launch (the first WARMUP untimed)")
-    parser.add_argument("--blocks", type=int, default=300, help="blocks per in-process A/B launch")
-    parser.add_argument("--launches", type=int, default=3, help="in-process A/B launches")
-    parser.add_argument("--no-docs", action="store_true", help="print the section, leave docs/benchmarks.md alone")
+    add_ab_arguments(parser, launches=3)
     args = parser.parse_args()
     hold_lock_or_relaunch(PYTHON, ["-m", MODULE, *sys.argv[1:]])
     ensure_data()
@@ -219,10 +217,7 @@ def main() -> None:
     ab = in_process_ab(commands[1], args.blocks, args.launches)
     rows = sequential_pairs(commands, args.pairs, args.iters)
     layout = "; ".join(line.strip() for line in plan_layout(first).splitlines() if "layers" in line)
-    text = section(rows, ab, commands[1], args, layout)
-    if not args.no_docs:
-        write_section(ROOT / "docs" / "benchmarks.md", HEADING, text)
-    sys.stdout.write(text)
+    publish(HEADING, section(rows, ab, commands[1], args, layout), args.no_docs)
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import tempfile
 from pathlib import Path
 
 from benchmarks import ab_steps
-from benchmarks.docs_sections import write_section
+from benchmarks.docs_sections import add_ab_arguments, publish
 from validation.heavy_lock import held_lock_fds, hold_lock_or_relaunch, lock_prefix
 from validation.paired_ratio import load_average, paired_ratio
 
@@ -216,9 +216,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=30, help="iterations per separate launch (the first WARMUP dropped)")
     parser.add_argument("--rounds", type=int, default=3, help="times each plan runs as a separate launch")
-    parser.add_argument("--blocks", type=int, default=300, help="ABBA blocks per in-process A/B launch")
-    parser.add_argument("--launches", type=int, default=3, help="in-process A/B launches")
-    parser.add_argument("--no-docs", action="store_true", help="print the section, leave docs/benchmarks.md alone")
+    add_ab_arguments(parser, launches=3)
     args = parser.parse_args()
     hold_lock_or_relaunch(PYTHON, ["-m", MODULE, *sys.argv[1:]])
     before = load_average()
@@ -226,10 +224,7 @@ def main() -> None:
         stock, hybrids, paths = plans_for(Path(tmp))
         ab = in_process_ab(paths["uniform/stock"], paths["uniform/hybrid"], args.blocks, args.launches)
         steps = measure(paths, args.iters, args.rounds)
-    text = section(stock, hybrids, steps, ab, args, (before, load_average()))
-    if not args.no_docs:
-        write_section(ROOT / "docs" / "benchmarks.md", HEADING, text)
-    sys.stdout.write(text)
+    publish(HEADING, section(stock, hybrids, steps, ab, args, (before, load_average())), args.no_docs)
 
 
 if __name__ == "__main__":

@@ -24,3 +24,20 @@ def test_write_section_creates_the_file_and_ends_it_in_one_newline(tmp_path):
     write_section(path, "## Second", "## Second\nx\n")
     write_section(path, "## First", "## First\nnewer\n\n")
     assert path.read_text() == "# Benchmarks\n\n## First\nnewer\n\n## Second\nx\n"
+
+
+def test_publish_writes_the_section_and_prints_it_unless_told_not_to(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    from benchmarks import docs_sections
+
+    path = tmp_path / "benchmarks.md"
+    monkeypatch.setattr(docs_sections, "BENCHMARKS_MD", path)
+    docs_sections.publish("## First", "## First\nnew\n", no_docs=True)
+    assert capsys.readouterr().out == "## First\nnew\n" and not path.exists()
+    docs_sections.publish("## First", "## First\nnew\n", no_docs=False)
+    assert path.read_text() == "# Benchmarks\n\n## First\nnew\n"
+    parser = argparse.ArgumentParser()
+    docs_sections.add_ab_arguments(parser, launches=2)
+    args = parser.parse_args(["--no-docs"])
+    assert (args.blocks, args.launches, args.no_docs) == (300, 2, True)
