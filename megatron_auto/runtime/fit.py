@@ -45,14 +45,18 @@ def train_fitting(plan: Plan, basis: PlanBasis, settings: TrainSettings, info, r
     group = oom.agreement_group(settings.timeout_s)
     memory_check.log_device_memory_at_start(info.device, rank)
     injection = oom.injected_oom()
-    for attempt in range(MAX_ATTEMPTS):
-        try:
-            _train_attempt(plan, basis, settings, info, group, injection if attempt == 0 else None)
-            return plan
-        except oom.PlanDidNotFit as failure:
-            go_on = restart and failure.restartable and attempt + 1 < MAX_ATTEMPTS
-            plan, basis = _replanned(failure, basis, replan, settings, go_on)
-    raise AssertionError("unreachable: the last attempt stops with a UserError")
+    try:
+        for attempt in range(MAX_ATTEMPTS):
+            try:
+                _train_attempt(plan, basis, settings, info, group, injection if attempt == 0 else None)
+                return plan
+            except oom.PlanDidNotFit as failure:
+                go_on = restart and failure.restartable and attempt + 1 < MAX_ATTEMPTS
+                plan, basis = _replanned(failure, basis, replan, settings, go_on)
+        raise AssertionError("unreachable: the last attempt stops with a UserError")
+    finally:
+        # The vote's group (and its gloo threads) would outlive the run in a process that runs several jobs.
+        torch.distributed.destroy_process_group(group)
 
 
 def _train_attempt(plan: Plan, basis: PlanBasis, settings: TrainSettings, info, group,
