@@ -8,9 +8,10 @@ section.
 """
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
+
+from megatron_auto.markdown_sections import marked_section, replace_marked_section
 
 KINDS = {
     "cpu-gloo": "lets megatron-core run on CPU with gloo; a no-op where CUDA is present",
@@ -155,16 +156,9 @@ def readme_table() -> str:
 
 def readme_section(readme_text: str) -> str:
     """The generated table as it stands in `readme_text` (empty when its markers are missing)."""
-    match = re.search(re.escape(README_BEGIN) + r".*?" + re.escape(README_END), readme_text, re.S)
-    return match.group(0) if match else ""
+    return marked_section(readme_text, README_BEGIN, README_END)
 
 
 def write_readme(path: Path) -> bool:
     """Replace the table between the markers of the README at `path`; True when the text changed."""
-    text = path.read_text()
-    old = readme_section(text)
-    if not old:
-        raise SystemExit(f"{path}: no patches table markers ({README_BEGIN!r} ... {README_END!r})")
-    new_text = text.replace(old, readme_table())
-    path.write_text(new_text)
-    return new_text != text
+    return replace_marked_section(path, README_BEGIN, README_END, readme_table())

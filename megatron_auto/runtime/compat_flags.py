@@ -96,9 +96,10 @@ NO_EFFECT_LISTS = {
 
 REFUSED_PREFIXES = {
     "--fp8": "fp8 training needs Transformer Engine's fp8 recipes, which this runtime does not run yet",
-    "--moe-": "this --moe-* option is not run by this runtime yet (the --moe-* flags it runs are listed in README.md)",
-    "--mtp-": ("not a Megatron-LM 0.16.1 flag: its multi-token prediction flags, which run here, are --mtp-num-layers "
-               "and --mtp-loss-scaling-factor"),
+    "--moe-": ("not a Megatron-LM 0.16.1 flag (each of its --moe-* flags is honoured, without effect or refused: "
+               "README.md's flag table)"),
+    "--mtp-": ("not a Megatron-LM 0.16.1 flag: its multi-token prediction flags are --mtp-num-layers and "
+               "--mtp-loss-scaling-factor (which run here) and --mtp-standalone (without effect)"),
 }
 _CONVERT = ("converting a checkpoint's format is not run here (checkpoints are Megatron-Core dist_checkpointing "
             "torch_dist, which every layout loads)")
@@ -107,7 +108,6 @@ _LOW_PRECISION_OPTIMIZER = ("main gradients, master weights or Adam moments belo
 REFUSED_ANY_VALUE = {
     "--window-size": "sliding-window attention is not built by this runtime yet",
     "--softmax-type": "attention sinks / learnable softmax are not built by this runtime yet",
-    "--quick-geglu": "the quick-GeGLU activation is not built by this runtime yet",
     "--enable-gpt-oss": "gpt-oss layers (MoE, sinks, sliding windows) are not built by this runtime yet",
     "--window-attn-skip-freq": "sliding-window attention is not built by this runtime yet",
     "--glu-linear-offset": "gpt-oss's clamped GLU is not built by this runtime yet",
@@ -121,6 +121,7 @@ REFUSED_UNLESS = {
 }
 """flag: (the one value accepted, why others are refused)."""
 REFUSED_SWITCHES = {
+    "--quick-geglu": "the quick-GeGLU activation is not built by this runtime yet",
     "--cache-mla-latents": "caching MLA's latents serves Megatron-Core's dynamic inference backend (Flash MLA); "
                            "training cannot run with it (MLA asserts 'cache_mla_latents conflicts with training')",
     "--export-force-local-attention": "gpt-oss's local attention is not built by this runtime yet",
@@ -159,7 +160,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     for flag in REFUSED_SWITCHES:
         refused.add_argument(flag, dest=dest(flag), action="store_true")
     for flag in REFUSED_UNLESS:
-        refused.add_argument(flag, dest=dest(flag), nargs="+", metavar="VALUE")
+        refused.add_argument(flag, dest=dest(flag), metavar="VALUE")
 
 
 def no_effect(args: argparse.Namespace) -> list[tuple[str, str]]:
@@ -183,9 +184,9 @@ def refusal(args: argparse.Namespace, unknown: list[str]) -> Optional[str]:
         if getattr(args, dest(flag)):
             return f"{flag}: {why}"
     for flag, (accepted, why) in REFUSED_UNLESS.items():
-        values = getattr(args, dest(flag))
-        if values is not None and values != [accepted]:
-            return f"{flag} {' '.join(values)}: {why}"
+        value = getattr(args, dest(flag))
+        if value is not None and value != accepted:
+            return f"{flag} {value}: {why}"
     for flag, why in REFUSED_ABOVE_ONE.items():
         size = getattr(args, dest(flag))
         if size is not None and size > 1:

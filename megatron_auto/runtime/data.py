@@ -36,10 +36,11 @@ class MockTokens:
 
 
 def open_source(settings: TrainSettings, seq_length: int, global_batch_size: int):
-    """Mock tokens when no `--data-path` was given, else megatron-core's blended GPT datasets
-    (runtime/gpt_data.py) sized for this run's iterations and evaluations."""
+    """Megatron-core's blended GPT datasets (runtime/gpt_data.py) sized for this run's iterations and
+    evaluations, over `--data-path` or, for --mock-data, its MockGPTDataset; uniform random tokens when a run
+    names neither (DataSettings.mock_dataset)."""
     data = settings.data
-    if not data.from_files:
+    if not data.from_files and not data.mock_dataset:
         return MockTokens(data.vocab_size, seq_length, settings.seed)
     from .gpt_data import SPLIT_NAMES, GPTDatasets, split_sizes
 
@@ -48,7 +49,9 @@ def open_source(settings: TrainSettings, seq_length: int, global_batch_size: int
     source = GPTDatasets(data, seq_length, settings.seed, sizes, evaluates)
     if torch.distributed.is_initialized() and torch.distributed.get_rank() == torch.distributed.get_world_size() - 1:
         per_split = zip(SPLIT_NAMES, data.blend_per_split)
-        where = (f"{' '.join(data.blend)}, split {data.split}" if data.blend
+        # Without files megatron-core builds its mock dataset over an even split, whatever --split says.
+        words, split = (data.blend, data.split) if data.from_files else (source.prefixes, "1,1,1")
+        where = (f"{' '.join(words)}, split {split}" if not data.blend_per_split
                  else "; ".join(f"{name} {' '.join(words) or '(none)'}" for name, words in per_split))
         logger.info("data: %s; samples %s", where, source.description)
     return source

@@ -251,14 +251,15 @@ def check_split_documents(prefixes: list[str], data: DataSettings, sizes: list[i
 def build_splits(data: DataSettings, seq_length: int, seed: int, sizes: list[int]) -> list:
     """megatron-core's train, validation and test datasets (None for a split of weight 0)."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 
-    blend = check_data(data)
+    mock = data.mock_dataset and not data.from_files
+    blend = None if mock else check_data(data)
     if blend is not None:
         check_split_documents(blend[0], data, sizes)
     config = GPTDatasetConfig(
         random_seed=seed, sequence_length=seq_length, blend=blend, blend_per_split=split_blends(data),
-        split=data.split if blend is not None else None,
+        split=data.split if blend is not None else None,  # no blend at all: megatron-core's mock, split 1,1,1
         path_to_cache=data.cache_path, mmap_bin_files=data.mmap_bin_files,
         tokenizer=DatasetTokenizer(data.eod, data.vocab_size), reset_position_ids=data.reset_position_ids,
         reset_attention_mask=False, eod_mask_loss=data.eod_mask_loss, create_attention_mask=False)
@@ -267,7 +268,8 @@ def build_splits(data: DataSettings, seq_length: int, seed: int, sizes: list[int
     if data.cache_path is None:  # Megatron warns on every rank that it cannot cache the blend index
         blend_logger.setLevel(logging.ERROR)
     try:
-        return BlendedMegatronDatasetBuilder(GPTDataset, sizes, lambda: True, config).build()
+        return BlendedMegatronDatasetBuilder(MockGPTDataset if mock else GPTDataset, sizes, lambda: True,
+                                             config).build()
     finally:
         blend_logger.setLevel(level)
 
@@ -278,7 +280,8 @@ class GPTDatasets:
 
     def __init__(self, data: DataSettings, seq_length: int, seed: int, sizes: list[int], evaluates: bool) -> None:
         self.splits = dict(zip(SPLIT_NAMES, build_splits(data, seq_length, seed, sizes)))
-        self.vocab_size, self.prefixes = data.vocab_size, all_prefixes(data)
+        self.vocab_size = data.vocab_size
+        self.prefixes = all_prefixes(data) if data.from_files else ["megatron-core's mock GPT dataset"]
         if evaluates and not self.splits["eval"]:
             raise UserError(_no_validation_message(data, f"{sizes[1]} validation samples"))
         built = ", ".join(f"{name} {len(ds) if ds else 0}" for name, ds in self.splits.items())

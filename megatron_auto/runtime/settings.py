@@ -42,6 +42,10 @@ class DataSettings:
     """--eod-mask-loss: end-of-document tokens carry no loss (megatron-core's GPTDataset masks them)."""
     reset_position_ids: bool = False
     """--reset-position-ids: positions restart after each end-of-document token (GPTDataset)."""
+    mock_dataset: bool = False
+    """--mock-data: megatron-core's MockGPTDataset, as Megatron-LM's pretrain_gpt.py builds it (documents of
+    1, 2, 3, ... then end-of-document, split by --split); without it and without files the runtime draws
+    uniform random tokens (data.MockTokens, what the equivalence tests feed)."""
 
     @property
     def from_files(self) -> bool:

@@ -7,20 +7,22 @@ from typing import Optional
 from megatron_auto.cli.parser import OneLineParser
 from megatron_auto.runtime import compat_flags
 
-from . import validation
+from . import flag_verdicts, validation, virtual_stages
 from .arguments_data import (add_checkpointing_args, add_data_args, add_logging_args, add_tokenizer_args,
                              add_validation_args)
 from .arguments_model import add_mla_args, add_moe_args, add_mtp_args, add_network_size_args
 from .arguments_parallel import add_auto_parallel_args, add_distributed_args
 from .arguments_training import (add_initialization_args, add_kernel_args, add_learning_rate_args,
                                  add_mixed_precision_args, add_regularization_args, add_training_args)
+from .moe_lists import unwrap_moe_lists
+from .older_spellings import settle_encoder_spellings
 from .usage import DESCRIPTION
 
 ARGUMENT_GROUPS = (add_network_size_args, add_regularization_args, add_training_args, add_initialization_args,
                    add_learning_rate_args, add_checkpointing_args, add_mixed_precision_args, add_kernel_args,
                    add_distributed_args, add_auto_parallel_args, add_validation_args, add_data_args,
                    add_tokenizer_args, add_logging_args, add_moe_args, add_mla_args, add_mtp_args,
-                   compat_flags.add_arguments)
+                   compat_flags.add_arguments, flag_verdicts.add_arguments)
 """The groups of flags, in the order of Megatron-LM's arguments.py; the accepted and refused flags last."""
 
 
@@ -46,7 +48,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def unknown_flags_error(args: argparse.Namespace, unknown: list[str]) -> Optional[str]:
     """A refused flag (and why), flags no one knows, or a wandb project without a name."""
-    refused = compat_flags.refusal(args, unknown)
+    refused = compat_flags.refusal(args, unknown) or flag_verdicts.refusal(args)
     if refused:
         return refused
     if compat_flags.unknown_flags(unknown):
@@ -59,11 +61,15 @@ def unknown_flags_error(args: argparse.Namespace, unknown: list[str]) -> Optiona
 def settle_flags(args: argparse.Namespace) -> Optional[str]:
     """The cross-flag checks in order; between them, what the older spellings and the growing batch derive is
     set on `args` (this parser's own namespace, as Megatron-LM's validate_args sets it): the first problem."""
-    problem = validation.moe_layer_recompute_error(args)
+    problem = (settle_encoder_spellings(args) or unwrap_moe_lists(args)
+               or validation.moe_layer_recompute_error(args))
     if problem:
         return problem
     args.recompute_granularity, args.recompute_modules = validation.recompute_from_flags(args)
     problem = validation.schedule_flags_error(args)
+    if problem:
+        return problem
+    args.num_layers_per_virtual_pipeline_stage, problem = virtual_stages.layers_per_virtual_stage(args)
     if problem:
         return problem
     ramp = validation.batch_ramp_from_flags(args)

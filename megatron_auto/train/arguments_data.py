@@ -68,7 +68,7 @@ def add_checkpointing_args(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("checkpointing")
     group.add_argument("--save")
     group.add_argument("--load")
-    group.add_argument("--save-interval", type=int, default=0)
+    group.add_argument("--save-interval", "--persistent-save-interval", type=int, default=0)
     group.add_argument("--no-save-optim", action="store_true",
                        help="checkpoints without the optimizer state and schedule (weights only: resume them with "
                             "--no-load-optim or --finetune)")
@@ -96,9 +96,10 @@ def add_checkpointing_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--non-persistent-global-ckpt-dir",
                        help="where non-persistent checkpoints go and are resumed from (default: SAVE/non_persistent "
                             "and LOAD/non_persistent)")
-    group.add_argument("--override-opt_param-scheduler", action="store_true",
+    group.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler", action="store_true",
                        help="on resume, take the learning-rate and weight-decay schedule from the command line, "
                             "not the checkpoint")
-    group.add_argument("--use-checkpoint-opt_param-scheduler", action="store_true",
+    group.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
+                       action="store_true",
                        help="on resume, keep the checkpoint's schedule (the default here; Megatron-LM stops instead "
                             "when the two differ)")

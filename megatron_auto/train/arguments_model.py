@@ -7,12 +7,14 @@ import argparse
 def add_network_size_args(parser: argparse.ArgumentParser) -> None:
     """Megatron-LM's _add_network_size_args: the shape of the Transformer and its embeddings."""
     group = parser.add_argument_group("network size")
-    group.add_argument("--num-layers", type=int, required=True)
+    group.add_argument("--num-layers", type=int, help="the model's depth (required; or --encoder-num-layers)")
+    group.add_argument("--encoder-num-layers", type=int, help="Megatron-LM's older spelling of --num-layers")
     group.add_argument("--hidden-size", type=int, required=True)
     group.add_argument("--num-attention-heads", type=int, required=True)
     group.add_argument("--num-query-groups", type=int)
     group.add_argument("--ffn-hidden-size", type=int)
-    group.add_argument("--seq-length", type=int, required=True)
+    group.add_argument("--seq-length", type=int, help="the sequence length (required; or --encoder-seq-length)")
+    group.add_argument("--encoder-seq-length", type=int, help="Megatron-LM's older spelling of --seq-length")
     group.add_argument("--max-position-embeddings", type=int)
     group.add_argument("--swiglu", action="store_true")
     group.add_argument("--untie-embeddings-and-output-weights", action="store_true")
@@ -91,9 +93,9 @@ def add_moe_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--moe-ffn-hidden-size", type=int, help="width of one expert (default --ffn-hidden-size)")
     group.add_argument("--moe-shared-expert-intermediate-size", type=int)
     group.add_argument("--moe-layer-freq", type=moe_layer_freq, default=1)
-    group.add_argument("--moe-router-load-balancing-type", default="aux_loss",
+    group.add_argument("--moe-router-load-balancing-type", default="aux_loss", nargs="+",
                        choices=("aux_loss", "seq_aux_loss", "sinkhorn", "none"))
-    group.add_argument("--moe-aux-loss-coeff", type=float, default=0.0)
+    group.add_argument("--moe-aux-loss-coeff", type=float, default=0.0, nargs="+")
     group.add_argument("--moe-z-loss-coeff", type=float)
     group.add_argument("--moe-token-dispatcher-type", default="allgather", choices=("alltoall", "allgather", "flex"),
                        help="flex (DeepEP/HybridEP kernels) runs the alltoall dispatcher")

@@ -15,6 +15,9 @@ def add_distributed_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--context-parallel-size", type=int, default=1,
                        help="each sequence split over this many ranks (dense models; the core attention runs flash)")
     group.add_argument("--num-layers-per-virtual-pipeline-stage", type=int)
+    group.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, metavar="V",
+                       help="model chunks per pipeline rank (the same layout as "
+                            "--num-layers-per-virtual-pipeline-stage, counted the other way)")
     group.add_argument("--decoder-first-pipeline-num-layers", type=int)
     group.add_argument("--decoder-last-pipeline-num-layers", type=int)
     group.add_argument("--account-for-embedding-in-pipeline-split", action="store_true",

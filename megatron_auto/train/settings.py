@@ -10,6 +10,7 @@ from megatron_auto.runtime.settings import DataSettings, MoESettings, TrainSetti
 from megatron_auto.specs.model import ModelSpec, uniform_model
 from megatron_auto.specs.training import DEFAULT_RECOMPUTE_MODULES
 
+from . import flag_verdicts
 from .arguments_data import per_split_paths
 from .arguments_model import position_embedding_type
 from .log import logger
@@ -105,7 +106,7 @@ def data_from_args(args: argparse.Namespace, vocab_size: int) -> DataSettings:
     data = DataSettings(blend=tuple(args.data_path or ()), blend_per_split=per_split if any(per_split) else (),
                         vocab_size=vocab_size, split=args.split or "969,30,1", mmap_bin_files=args.mmap_bin_files,
                         cache_path=args.data_cache_path, eod_mask_loss=args.eod_mask_loss,
-                        reset_position_ids=args.reset_position_ids)
+                        reset_position_ids=args.reset_position_ids, mock_dataset=bool(args.mock_data))
     if data.from_files:
         check_data(data)  # before any work: a truncated .bin, a bad blend or split is one line
         check_run_data(data, args.eval_iters)
@@ -166,7 +167,7 @@ def no_effect_reasons(args: argparse.Namespace) -> list[tuple[str, str]]:
     """(flag, reason) of the accepted-without-effect flags this run was given."""
     from megatron_auto.runtime.tensorboard_log import tensorboard_available, wandb_available
 
-    reasons = compat_flags.no_effect(args)
+    reasons = compat_flags.no_effect(args) + flag_verdicts.no_effect(args)
     if args.tensorboard_dir is not None and not tensorboard_available():
         reasons.append(("--tensorboard-dir", "the tensorboard package is not installed"))
     if args.wandb_project and not wandb_available():

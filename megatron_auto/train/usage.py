@@ -45,8 +45,9 @@ by the planner under --auto-parallel); multi-latent attention (`--multi-latent-a
 YaRN flags) runs Megatron-Core's MLASelfAttention; multi-token prediction (`--mtp-num-layers`,
 `--mtp-loss-scaling-factor`) builds Megatron-Core's MTP modules on the last stage; `--context-parallel-size`
 splits sequences on the flash core (dense layers without MLA); fp8 is refused before any work with one line
-saying why; kernel, logging and I/O flags are accepted and named in the log as without effect, with the reason
-(megatron_auto/runtime/compat_flags.py; README.md's table lists every flag).
+saying why; kernel, logging and I/O flags are accepted and named in the log as without effect, with the reason.
+Every flag of Megatron-LM 0.16.1's parser is honoured, without effect or refused (megatron_auto/runtime/
+compat_flags.py, megatron_auto/train/flag_verdicts_tables.py; README.md's table lists them).
 
 Parallelism flags given beside `--auto-parallel` become constraints on the search;
 `--micro-batch-size` is then the planner's to choose. A user error (a plan for another

@@ -152,3 +152,33 @@ def test_split_that_leaves_a_needed_split_no_document_is_refused(prefixes):
     with pytest.raises(UserError, match="the test split"):  # megatron-core builds it even for 0 samples
         _datasets((prefixes[0],), "99990,100,2", [80, 16, 0])
     assert _datasets((prefixes[0],), "99990,100,0", [80, 16, 0]).splits["eval"]  # weight 0: not built
+
+
+def test_mock_data_is_megatron_cores_mock_gpt_dataset():
+    """--mock-data as Megatron-LM's pretrain_gpt.py builds it: megatron-core's MockGPTDataset over an even split,
+    documents of 1, 2, 3, ... (mod the vocabulary) each closed by the end-of-document id."""
+    from megatron.core.datasets.gpt_dataset import MockGPTDataset
+
+    from megatron_auto.runtime.data import MockTokens, open_source
+    from megatron_auto.runtime.settings import TrainSettings
+
+    data = DataSettings(vocab_size=512, eod=511, mock_dataset=True)
+    datasets = GPTDatasets(data, 64, 1234, [64, 16, 16], evaluates=True)
+    assert all(isinstance(split, MockGPTDataset) for split in datasets.splits.values())
+    tokens = datasets.sample(0)["tokens"].tolist()
+    steps = {b - a for a, b in zip(tokens, tokens[1:]) if 511 not in (a, b)}
+    assert steps <= {1, 1 - 511}, tokens  # consecutive ids, wrapping below the end-of-document id's vocabulary
+    assert datasets.sample(0, "eval")["tokens"].tolist() != tokens
+    settings = TrainSettings(train_iters=2, eval_iters=1, eval_interval=2, data=data)
+    assert isinstance(open_source(settings, 64, 8), GPTDatasets)
+    assert isinstance(open_source(TrainSettings(train_iters=2, data=DataSettings()), 64, 8), MockTokens)
+
+
+def test_the_mock_data_flag_asks_for_megatron_cores_mock_dataset():
+    from megatron_auto.train.arguments import parse_args
+    from megatron_auto.train.settings import data_from_args
+
+    common = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+              "--max-position-embeddings", "32", "--micro-batch-size", "1", "--train-iters", "2",
+              "--tokenizer-type", "NullTokenizer", "--vocab-size", "128"]
+    assert data_from_args(parse_args([*common, "--mock-data"]), 129).mock_dataset

@@ -30,7 +30,7 @@ VARIANTS = [(script, "flags") for script in SCRIPTS] + [(script, "auto") for scr
 WORLD_SIZE = 4
 PARALLEL_SIZES = ("--tensor-model-parallel-size", "--pipeline-model-parallel-size", "--context-parallel-size",
                   "--expert-model-parallel-size", "--expert-tensor-parallel-size",
-                  "--num-layers-per-virtual-pipeline-stage")
+                  "--num-layers-per-virtual-pipeline-stage", "--num-virtual-stages-per-pipeline-rank")
 SHIM = """#!{python}
 import json, os, sys
 with open(os.environ["LAUNCH_LINE_RECORD"], "a") as record:
