@@ -105,6 +105,32 @@ def choose_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, set
     return plan  # session.build_session names the batch that does not split
 
 
+def overridden_flags(args: argparse.Namespace, plan) -> list[str]:
+    """The launch line's flags that a searched megatron-space plan sets otherwise, as `--flag given -> planned`.
+    The other parallelism flags are constraints of the search (search_constraints) and hold; --micro-batch-size
+    is the search's to choose (Megatron-LM's launch lines always give one) except under a batch ramp (sequence
+    parallelism, its choice too, has its own adjustment line)."""
+    from megatron_auto.megatron_flags import megatron_flags
+
+    if plan.space != "megatron":
+        return []
+    flags = megatron_flags(plan)
+    planned_mbs = int(flags[flags.index("--micro-batch-size") + 1])
+    if args.micro_batch_size and args.micro_batch_size != planned_mbs:
+        return [f"--micro-batch-size {args.micro_batch_size} -> {planned_mbs}"]
+    return []
+
+
+def override_lines(args: argparse.Namespace, plan) -> list[str]:
+    """Under --auto-parallel, one line naming every launch-line flag the searched plan overrides (the run's
+    header and the dry run log it with the other adjustments)."""
+    changed = overridden_flags(args, plan) if args.auto_parallel and not args.auto_parallel_plan else []
+    if not changed:
+        return []
+    return [f"--auto-parallel overrides {', '.join(changed)} (the search's choice; the other parallelism flags "
+            "given are constraints)"]
+
+
 def _ramp_splits(args: argparse.Namespace, plan) -> bool:
     """Whether every batch of the ramp splits into micro-batches over `plan`'s data-parallel replicas."""
     from megatron_auto.runtime.layout import layout_from_plan

@@ -16,7 +16,8 @@ from megatron_auto.specs.model import ModelSpec
 from .arguments import parse_args
 from .dry_run import dry_run
 from .log import logger
-from .plan_choice import check_plan_runs, choose_plan, plan_basis, replanner, with_plan_recompute_modules
+from .plan_choice import (check_plan_runs, choose_plan, override_lines, plan_basis, replanner,
+                          with_plan_recompute_modules)
 from .settings import model_from_args, no_effect_reasons, precision_summary, settings_from_args
 
 
@@ -93,6 +94,7 @@ def run(args: argparse.Namespace) -> None:
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     gpus_per_node = planning.gpus_per_node_from_env(world_size)
     plan = choose_plan(args, model, world_size, settings, gpus_per_node)
+    adjustments = [*adjustments, *override_lines(args, plan)]
     settings = with_plan_recompute_modules(args, settings, plan)
     check_plan_runs(plan, settings, model)
     if args.auto_parallel_dry_run:

@@ -718,3 +718,20 @@ def test_shared_expert_overlap_reaches_transformer_config_and_the_priced_spec():
         settings = train.settings_from_args(args, 1024)
         assert settings.moe.config_fields()["moe_shared_expert_overlap"] is expected
         assert train.training_for_job(args, settings, 8).moe_shared_expert_overlap is expected
+
+
+def test_the_log_names_the_micro_batch_the_searched_plan_overrides():
+    """Under --auto-parallel the micro-batch is the search's to choose (not a constraint, but for a batch ramp):
+    the header and the dry run name the launch line's value it overrode; a plan keeping it, or flags alone,
+    name nothing."""
+    from megatron_auto.train.plan_choice import manual_flags, override_lines
+
+    tiny = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
+            "--max-position-embeddings", "64", "--global-batch-size", "16", "--train-iters", "2", "--mock-data"]
+    args = train.parse_args([*tiny, "--micro-batch-size", "1", "--auto-parallel"])
+    model = train.model_from_args(args, 512)
+    planned = plan_from_flags(model, 4, manual_flags(train.parse_args([*tiny, "--micro-batch-size", "4"])))
+    assert override_lines(args, planned) == ["--auto-parallel overrides --micro-batch-size 1 -> 4 (the search's "
+                                             "choice; the other parallelism flags given are constraints)"]
+    assert override_lines(train.parse_args([*tiny, "--micro-batch-size", "4", "--auto-parallel"]), planned) == []
+    assert override_lines(train.parse_args([*tiny, "--micro-batch-size", "1"]), planned) == []
