@@ -203,6 +203,9 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
                         f"(--attention-backend flash or auto), not {settings.attention_backend}")
     if layout.context_parallel > 1 and mla_spec_of(model) is not None:
         raise UserError(MLA_CONTEXT_PARALLEL)
+    if settings.rotary_interleaved and mla_spec_of(model) is not None:
+        raise UserError("--rotary-interleaved does not work with --multi-latent-attention (megatron-core's "
+                        "TransformerConfig)")
     dtype = DTYPES[settings.precision]
     on_gloo = backend == "gloo"
     return config_class(model.layers[0])(
@@ -213,6 +216,8 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
         layernorm_epsilon=settings.norm_epsilon,
         hidden_dropout=settings.hidden_dropout,
         attention_dropout=settings.attention_dropout,
+        rotary_interleaved=settings.rotary_interleaved,
+        apply_query_key_layer_scaling=settings.apply_query_key_layer_scaling,
         init_method_std=settings.init_method_std,
         **xavier_init(settings),
         tensor_model_parallel_size=layout.tensor_parallel,

@@ -194,6 +194,11 @@ class TrainSettings:
     """Epsilon of the LayerNorm / RMSNorm layers (--norm-epsilon)."""
     rotary_percent: float = 1.0
     """Share of each head's channels that RoPE rotates (--rotary-percent)."""
+    rotary_interleaved: bool = False
+    """--rotary-interleaved: RoPE rotates channel pairs (2i, 2i+1) rather than the two halves of a head."""
+    apply_query_key_layer_scaling: bool = False
+    """--apply-query-key-layer-scaling: the unfused core scales Q.K down by the layer number and back up in its
+    fp32 softmax (the same scores; the flash core computes them in one kernel either way)."""
     rope_scaling: bool = False
     """--use-rope-scaling: Llama 3.1's RoPE frequency scaling (megatron-core's RotaryEmbedding rope_scaling)."""
     rope_scaling_factor: float = 8.0

@@ -29,6 +29,10 @@ def add_network_size_args(parser: argparse.ArgumentParser) -> None:
                        help="no learned position table (older scripts pair it with rotary embeddings)")
     group.add_argument("--rotary-base", type=int, default=10000)
     group.add_argument("--rotary-percent", type=float, default=1.0)
+    group.add_argument("--rotary-interleaved", action="store_true",
+                       help="RoPE rotates channel pairs (2i, 2i+1) instead of halves (megatron-core's rope_utils)")
+    group.add_argument("--apply-query-key-layer-scaling", action="store_true",
+                       help="Q.K scaled down by the layer number and back up in an fp32 softmax (the unfused core)")
     group.add_argument("--use-rope-scaling", action="store_true", help="Llama 3.1's RoPE frequency scaling")
     group.add_argument("--rope-scaling-factor", type=float, default=8.0, help="its factor (default 8)")
     group.add_argument("--rotary-seq-len-interpolation-factor", type=int,

@@ -38,9 +38,6 @@ VIRTUAL_GROUP = LAYOUT + " (the order in which micro-batches visit virtual stage
 
 NO_EFFECT = {
     # model and kernels
-    "--apply-query-key-layer-scaling": ("scales Q.K down by the layer number before the fp16 matmul and back up in "
-                                        "an fp32 softmax: the same attention scores; here the softmax runs in fp32 "
-                                        "already"),
     "--cross-entropy-fusion-impl": KERNEL + " (the loss is Megatron's vocab-parallel cross entropy)",
     "--fp16-lm-cross-entropy": "the loss is computed in fp32 (as precise or more)",
     "--use-te-activation-func": KERNEL, "--disable-jit-fuser": KERNEL,
@@ -192,7 +189,6 @@ REFUSED = {
     "--openai-gelu": "the tanh-approximated (OpenAI) GELU: " + NOT_BUILT + " (the MLP runs the exact GELU)",
     "--onnx-safe": "the ONNX-exportable GELU/embedding variants: " + NOT_BUILT,
     "--use-fused-weighted-squared-relu": "the weighted squared-ReLU activation: " + NOT_BUILT,
-    "--rotary-interleaved": "interleaved RoPE (rotating channel pairs 2i, 2i+1): " + NOT_BUILT,
     "--no-rope-freq": "skipping RoPE on some layers: " + NOT_BUILT,
     "--mrope-section": "multimodal RoPE sections: " + NOT_BUILT,
     "--qk-l2-norm": "L2-normalised queries and keys: " + NOT_BUILT,

@@ -155,6 +155,9 @@ def check_plan_runs(plan, settings: TrainSettings, model: ModelSpec) -> None:
     from megatron_auto.runtime.validation import check_global_batch
 
     check_global_batch(settings, plan.global_batch_size)
+    if settings.rotary_interleaved and any(layer.mla is not None for layer in model.layers):
+        raise UserError("--rotary-interleaved does not work with --multi-latent-attention (megatron-core's "
+                        "TransformerConfig)")
     problem = recompute_modules_problem(model.layers, settings.recompute_modules)
     if problem:
         raise UserError(problem)

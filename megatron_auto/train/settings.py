@@ -147,6 +147,7 @@ def train_settings(args: argparse.Namespace, vocab_size: int, precision: str) ->
         bias_dropout_fusion=not args.no_bias_dropout_fusion, bias_fusions=args.bias_fusions,
         grad_accumulation_fusion=args.grad_accumulation_fusion, overlap_param_gather=args.overlap_param_gather,
         rotary_percent=args.rotary_percent, rope_scaling=args.use_rope_scaling,
+        rotary_interleaved=args.rotary_interleaved, apply_query_key_layer_scaling=args.apply_query_key_layer_scaling,
         rope_scaling_factor=args.rope_scaling_factor,
         rotary_interpolation_factor=args.rotary_seq_len_interpolation_factor, rope_type=args.rope_type,
         rotary_scaling_factor=args.rotary_scaling_factor, mscale=args.mscale, mscale_all_dim=args.mscale_all_dim,

@@ -322,6 +322,12 @@ def test_run_flags_reach_the_settings_and_megatrons_configs():
     tconfig = configs.transformer_config(model, layout, settings, "gloo")
     assert (tconfig.kv_channels, tconfig.qk_layernorm, tconfig.add_qkv_bias) == (64, True, True)
     assert tconfig.layernorm_zero_centered_gamma and tconfig.calculate_per_token_loss
+    assert not (tconfig.rotary_interleaved or tconfig.apply_query_key_layer_scaling)  # Megatron-LM's defaults
+    rope = train.parse_args(BASE + ["--position-embedding-type", "rope", "--rotary-interleaved",
+                                    "--apply-query-key-layer-scaling"])
+    tconfig = configs.transformer_config(train.model_from_args(rope, 512), layout, train.settings_from_args(rope, 512),
+                                         "gloo")
+    assert tconfig.rotary_interleaved and tconfig.apply_query_key_layer_scaling and tconfig.attention_softmax_in_fp32
 
 
 def test_mtp_flags_reach_the_model_spec_and_megatrons_config():
