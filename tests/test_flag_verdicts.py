@@ -92,7 +92,6 @@ def test_refused_flags_stop_with_one_line_and_exit_2(capsys):
 
 
 @pytest.mark.parametrize("flags, reason", [
-    (["--squared-relu"], "squared-ReLU"),
     (["--fim-data", "--fim-rate", "0.5", "--fim-spm-rate", "0.5"], "fill-in-the-middle"),
     (["--fp8-format", "hybrid"], "fp8 training needs Transformer Engine"),
     (["--batch-size", "4"], "use --micro-batch-size instead"),
@@ -115,6 +114,7 @@ def test_issue_flags_accepted_without_effect_and_logged():
     # Honoured: Megatron-Core's TransformerConfig takes both (tests/runtime/test_pretrain_flags.py)
     assert "--apply-query-key-layer-scaling" not in named and args.apply_query_key_layer_scaling
     assert parse_args(BASE + ["--rotary-interleaved"]).rotary_interleaved
+    assert parse_args(BASE + ["--squared-relu"]).squared_relu
 
 
 def test_megatron_lm_list_forms_of_one_value_are_unwrapped():

@@ -176,10 +176,22 @@ def layer_fields(layer: LayerSpec) -> dict:
         layernorm_zero_centered_gamma=layer.apply_layernorm_1p,
         ffn_hidden_size=layer.ffn_hidden_size,
         gated_linear_unit=layer.swiglu,
-        activation_func=torch.nn.functional.silu if layer.swiglu else torch.nn.functional.gelu,
+        activation_func=activation_function(layer),
         normalization=layer.normalization,
         add_bias_linear=layer.add_bias_linear,
     )
+
+
+def activation_function(layer: LayerSpec):
+    """The MLP's activation as Megatron-LM's core_transformer_config_from_args picks it: silu under the gated
+    unit of --swiglu, megatron-core's squared_relu for --squared-relu, else gelu."""
+    if layer.swiglu:
+        return torch.nn.functional.silu
+    if layer.squared_relu:
+        from megatron.core.activations import squared_relu
+
+        return squared_relu
+    return torch.nn.functional.gelu
 
 
 def xavier_init(settings: TrainSettings) -> dict:

@@ -182,8 +182,9 @@ def choose_kernels(layer: LayerSpec, attention_backend: str = "auto", optimizer_
         attention=choices.resolve_attention_backend(attention_backend, on_gpu),
         attention_request=attention_backend,
         # Megatron's bias-GeLU kernel needs a bias; its SwiGLU kernel runs with or without one
-        # (TransformerConfig.__post_init__ refuses GeLU fusion without bias).
-        bias_activation_fusion=fused and fusions[0] and (layer.swiglu or layer.add_bias_linear),
+        # (TransformerConfig.__post_init__ refuses GeLU fusion without bias); it has none for squared ReLU.
+        bias_activation_fusion=fused and fusions[0] and (layer.swiglu or (layer.add_bias_linear
+                                                                         and not layer.squared_relu)),
         bias_dropout_fusion=fused and fusions[1],
         optimizer_impl=choices.resolve_optimizer_impl(optimizer_impl, on_gpu),
         grad_accumulation_fusion=choices.resolve_grad_accumulation_fusion(

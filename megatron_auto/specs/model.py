@@ -196,6 +196,9 @@ class LayerSpec(CachedHash):
     """Inner width of the MLP."""
     swiglu: bool = False
     """Gated SwiGLU MLP (three weight matrices) instead of GeLU (two)."""
+    squared_relu: bool = False
+    """The MLP's activation is ReLU(x)^2 (Megatron's --squared-relu, Nemotron) in place of GeLU: the same two
+    matrices, the same kept tensors (fc1's output and the activation's), so the same costs."""
     normalization: str = "LayerNorm"
     """LayerNorm (weight and bias) or RMSNorm (weight only), Megatron's --normalization."""
     add_bias_linear: bool = True
@@ -227,6 +230,8 @@ class LayerSpec(CachedHash):
 
     def __post_init__(self) -> None:
         _check_positive(self, "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
+        if self.swiglu and self.squared_relu:
+            raise ValueError("swiglu and squared_relu are two activations: give one")
         for name in ("hidden_dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be a probability in [0, 1), got {getattr(self, name)}")
@@ -431,7 +436,7 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
                   rotary_base: int = 10000, kv_channels: Optional[int] = None, add_qkv_bias: bool = False,
                   qk_layernorm: bool = False, apply_layernorm_1p: bool = False, mla: Optional[MLASpec] = None,
                   mtp_num_layers: int = 0, mtp_loss_scaling_factor: float = 0.1, hidden_dropout: float = 0.1,
-                  attention_dropout: float = 0.1, **moe_flags) -> ModelSpec:
+                  attention_dropout: float = 0.1, squared_relu: bool = False, **moe_flags) -> ModelSpec:
     """A model from Megatron's flag values: its layers alike, except that with `num_experts` (and the other
     MoE flags of `moe_from_flags`) the layers that --moe-layer-freq picks have a mixture-of-experts MLP;
     `mla`: every layer's attention is multi-latent."""
@@ -441,6 +446,7 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
         num_query_groups=num_attention_heads if num_query_groups is None else num_query_groups,
         ffn_hidden_size=4 * hidden_size if ffn_hidden_size is None else ffn_hidden_size,
         swiglu=swiglu,
+        squared_relu=squared_relu,
         normalization=normalization,
         add_bias_linear=add_bias_linear,
         kv_channels=kv_channels,
@@ -504,14 +510,15 @@ _COMPACT_KEYS = {
     "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
     "moe_layer_freq", "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff",
     "multi_latent_attention", *MLA_KEYS, "mtp_num_layers", "mtp_loss_scaling_factor",
-    "hidden_dropout", "attention_dropout",
+    "hidden_dropout", "attention_dropout", "squared_relu",
 }
 _COMPACT_TYPES = {"swiglu": bool, "untie_embeddings_and_output_weights": bool, "add_bias_linear": bool,
                   "normalization": str, "position_embedding_type": str, "add_qkv_bias": bool,
                   "qk_layernorm": bool, "apply_layernorm_1p": bool, "name": str,
                   "moe_router_load_balancing_type": str, "moe_aux_loss_coeff": float, "moe_z_loss_coeff": float,
                   "moe_layer_freq": (int, list, str), "multi_latent_attention": bool,
-                  "mtp_loss_scaling_factor": float, "hidden_dropout": float, "attention_dropout": float}
+                  "mtp_loss_scaling_factor": float, "hidden_dropout": float, "attention_dropout": float,
+                  "squared_relu": bool}
 
 
 def model_from_dict(data: dict, name: str = "model", where: str = "") -> ModelSpec:

@@ -29,6 +29,7 @@ def add_network_size_args(parser: argparse.ArgumentParser) -> None:
                        help="no learned position table (older scripts pair it with rotary embeddings)")
     group.add_argument("--rotary-base", type=int, default=10000)
     group.add_argument("--rotary-percent", type=float, default=1.0)
+    group.add_argument("--squared-relu", action="store_true", help="ReLU(x)^2 as the MLP's activation (Nemotron)")
     group.add_argument("--rotary-interleaved", action="store_true",
                        help="RoPE rotates channel pairs (2i, 2i+1) instead of halves (megatron-core's rope_utils)")
     group.add_argument("--apply-query-key-layer-scaling", action="store_true",

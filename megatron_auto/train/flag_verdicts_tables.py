@@ -185,7 +185,6 @@ NO_EFFECT.update({flag: OTHER_MODELS for flag in _OTHER_MODEL_FLAGS})
 NOT_BUILT = "not built by this runtime yet"
 REFUSED = {
     # model math not built here
-    "--squared-relu": "the squared-ReLU activation: " + NOT_BUILT,
     "--openai-gelu": "the tanh-approximated (OpenAI) GELU: " + NOT_BUILT + " (the MLP runs the exact GELU)",
     "--onnx-safe": "the ONNX-exportable GELU/embedding variants: " + NOT_BUILT,
     "--use-fused-weighted-squared-relu": "the weighted squared-ReLU activation: " + NOT_BUILT,

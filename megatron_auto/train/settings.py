@@ -64,7 +64,8 @@ def model_from_args(args: argparse.Namespace, vocab_size: int) -> ModelSpec:
         groups = args.num_query_groups if args.group_query_attention else None
         return uniform_model("pretrain_gpt", args.num_layers, args.hidden_size, args.num_attention_heads,
                              args.seq_length, vocab_size, ffn_hidden_size=args.ffn_hidden_size,
-                             num_query_groups=groups, swiglu=args.swiglu, kv_channels=args.kv_channels,
+                             num_query_groups=groups, swiglu=args.swiglu, squared_relu=args.squared_relu,
+                             kv_channels=args.kv_channels,
                              add_qkv_bias=args.add_qkv_bias, qk_layernorm=args.qk_layernorm,
                              apply_layernorm_1p=args.apply_layernorm_1p,
                              untie_embeddings_and_output_weights=args.untie_embeddings_and_output_weights,

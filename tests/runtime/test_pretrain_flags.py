@@ -9,6 +9,7 @@ import pytest
 
 from launcher import REPO
 from megatron_auto import train
+from megatron_auto.errors import UserError
 from megatron_auto.runtime.manual_plan import plan_from_flags
 from megatron_auto.specs.presets import MODEL_PRESETS
 
@@ -328,6 +329,16 @@ def test_run_flags_reach_the_settings_and_megatrons_configs():
     tconfig = configs.transformer_config(train.model_from_args(rope, 512), layout, train.settings_from_args(rope, 512),
                                          "gloo")
     assert tconfig.rotary_interleaved and tconfig.apply_query_key_layer_scaling and tconfig.attention_softmax_in_fp32
+    from megatron.core.activations import squared_relu
+
+    nemotron = train.parse_args(BASE + ["--squared-relu", "--disable-bias-linear"])
+    model = train.model_from_args(nemotron, 512)
+    assert model.layers[0].squared_relu and model.num_parameters == train.model_from_args(
+        train.parse_args(BASE + ["--disable-bias-linear"]), 512).num_parameters  # two matrices, as GeLU's
+    tconfig = configs.transformer_config(model, layout, train.settings_from_args(nemotron, 512), "gloo")
+    assert tconfig.activation_func is squared_relu and not tconfig.gated_linear_unit
+    with pytest.raises(UserError, match="give one"):
+        train.model_from_args(train.parse_args(BASE + ["--squared-relu", "--swiglu"]), 512)
 
 
 def test_mtp_flags_reach_the_model_spec_and_megatrons_config():
