@@ -4,7 +4,9 @@ Command (writes its sections of docs/benchmarks.md; about 10 minutes on a 2-core
     .venv/bin/python -m benchmarks.bench_search [--only time pruning growth limits]
 
 Each part writes one section as soon as it is measured:
-- time, "## Search time" (about 10 seconds): four published jobs in both spaces, timed in this process.
+- time, "## Search time" (about 20 seconds): four published jobs in both spaces, and three jobs as `plan` runs
+  them with its default flags (DeepSeek-V3 on 1,024 H100s, Mixtral 8x7B on 64, Llama 3 70B on 64), timed in this
+  process.
 - pruning, "## Decision-tree pruning" (seconds): the candidates each rule removed in two hybrid-space searches.
 - growth, "## Search cost: time and memory vs GPUs and layers" (about 2 minutes): 8 to 4096 A100 GPUs x
   24 to 128 layers (hidden 4096, 32 heads, s 2048, V 51200; batch = max(512, GPUs)) x both spaces, and the
@@ -22,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -31,6 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from benchmarks.docs_sections import write_section
+from megatron_auto.cli.job import load_job
+from megatron_auto.cli.parser import build_parser
 from megatron_auto.errors import UserError
 from megatron_auto.limits import MAX_GPUS, MAX_LAYERS
 from megatron_auto.search import search_plan
@@ -42,6 +47,9 @@ MODULE = "benchmarks.bench_search"
 SPACES = ("megatron", "hybrid")
 TIME_CASES = [("gpt3-175b", "dgx-a100-80gb", 8, 1536), ("gpt3-175b", "dgx-a100-80gb", 128, 1536),
               ("llama2-70b", "dgx-h100-80gb", 8, 512), ("gpt3-39.1b", "dgx-a100-80gb", 8, 256)]
+PLAN_CASES = [("deepseek-v3", "dgx-h100-80gb", 128, 8192), ("mixtral-8x7b", "dgx-h100-80gb", 8, 256),
+              ("llama3-70b", "dgx-h100-80gb", 8, 128)]
+"""Jobs the docs plan with `megatron-auto plan`'s default flags (issue 37: each under 2 s on one core)."""
 PRUNING_CASES = [("gpt3-39.1b", 8, 256), ("gpt3-175b", 128, 1536)]
 GROWTH_GPUS = (8, 64, 512, 4096)
 GROWTH_LAYERS = (24, 48, 96, 128)
@@ -59,20 +67,36 @@ def command(part: str) -> str:
 
 
 def time_section() -> str:
-    """'## Search time': CPU seconds of `search_plan` on TIME_CASES, both spaces, in this process."""
+    """'## Search time': CPU seconds of `search_plan` on TIME_CASES, both spaces, and of `plan`'s search with its
+    default flags on PLAN_CASES (issue 37: under 2 s each), in this process."""
     lines = [HEADINGS["time"], "", f"Command: {command('time')}. CPU seconds (one core) of `search_plan` on this "
-             "machine.", "", "| model | cluster | GPUs | batch | space | search s | predicted iteration s | "
-             "TFLOP/s per GPU |", "|---|---|---|---|---|---|---|---|"]
+             "machine; the last rows are `megatron-auto plan` with its default flags (it also chooses "
+             "`--recompute-modules`, one search per set).", "",
+             "| model | cluster | GPUs | batch | space | search s | predicted iteration s | TFLOP/s per GPU |",
+             "|---|---|---|---|---|---|---|---|"]
     for model_name, cluster_name, nodes, batch in TIME_CASES:
         model, cluster = load_model(model_name), load_cluster(cluster_name, nodes)
         for space in SPACES:
-            started = time.process_time()
-            result = search_plan(model, cluster, TrainingSpec(batch), space)
-            elapsed = time.process_time() - started
-            p = result.plan.prediction
-            lines.append(f"| {model_name} | {cluster_name} | {cluster.world_size} | {batch} | {space} | "
-                         f"{elapsed:.2f} | {p.iteration_time_s:.3f} | {p.tflops_per_gpu:.1f} |")
+            lines.append(_time_row(model, cluster, TrainingSpec(batch), space, False))
+    for model_name, cluster_name, nodes, batch in PLAN_CASES:
+        argv = ["plan", "--model", model_name, "--cluster", cluster_name, "--num-nodes", str(nodes),
+                "--global-batch-size", str(batch)]
+        lines.append(_time_row(*load_job(build_parser().parse_args(argv)), "megatron", True, " (`plan`)"))
+    load = os.getloadavg()[0]
+    if load > (os.cpu_count() or 1):
+        lines += ["", f"Taken on a shared machine: load average {load:.1f} on {os.cpu_count()} cores at the end of the "
+                  "run, so other processes' work on the same cores inflates these CPU times."]
     return "\n".join(lines) + "\n"
+
+
+def _time_row(model, cluster, training, space: str, choose_modules: bool, note: str = "") -> str:
+    """One row of the time table: CPU seconds of one search in this process."""
+    started = time.process_time()
+    result = search_plan(model, cluster, training, space, choose_recompute_modules=choose_modules)
+    elapsed = time.process_time() - started
+    p = result.plan.prediction
+    return (f"| {model.name} | {cluster.name} | {cluster.world_size} | {training.global_batch_size} | {space}{note} | "
+            f"{elapsed:.2f} | {p.iteration_time_s:.3f} | {p.tflops_per_gpu:.1f} |")
 
 
 OUTER_LOOP_RULES = {

@@ -205,10 +205,14 @@ def test_the_search_keeps_short_sequences_mla_and_the_unfused_core_at_cp_1_and_s
 
     cluster, constraints = load_cluster("dgx-h100-80gb", 16), SearchConstraints()
     stats = SpaceStats()
-    assert context_parallel_choices(LLAMA, cluster, BF16, constraints, 4, 4, stats) == [1, 2]
-    assert stats.pruning == {"cp-within-node": 1, "cp-long-sequences": 1}  # cp 4: 16 ranks; cp 8: 1024 tokens
+    # cp 4 puts 16 tp x cp ranks over two nodes, as NVIDIA's recipes do; cp 8 would keep 1024 tokens; cp 16 and 32
+    # do not divide the 8 ranks tp 4 x pp 4 leaves of 128
+    assert context_parallel_choices(LLAMA, cluster, BF16, constraints, 4, 4, stats) == [1, 2, 4]
+    assert stats.pruning == {"cp-long-sequences": 1}
     gpt3 = MODEL_PRESETS["gpt3-175b"]  # 2048 tokens: a CP rank would keep fewer than MIN_CP_TOKENS
-    assert context_parallel_choices(gpt3, cluster, BF16, constraints, 1, 1, stats) == [1]
+    assert context_parallel_choices(gpt3, cluster, BF16, constraints, 2, 1, stats) == [1]
+    # 64 samples do not split over the 128 replicas of tp 1 x pp 1, with or without CP
+    assert context_parallel_choices(gpt3, cluster, BF16, constraints, 1, 1, stats) == []
     assert context_parallel_choices(LLAMA, cluster, replace(BF16, attention_backend="unfused"), constraints,
                                     4, 4, stats) == [1]
     assert context_parallel_choices(MODEL_PRESETS["mixtral-8x7b"], cluster, BF16, constraints, 4, 4, stats) == [1, 2]

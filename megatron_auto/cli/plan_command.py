@@ -31,7 +31,6 @@ OUTER_RULE_REASONS = {
     "invalid-flags": "Megatron rejects the combination (batch or layers do not divide)",
     "lower-bound": "a bound proved the (pipeline degree, micro-batch) pair slower than the best so far",
     "cp-long-sequences": "context parallelism where each CP rank keeps at least 2048 tokens of a sequence",
-    "cp-within-node": "context parallelism with its tp x cp ranks inside one node",
 }
 
 

@@ -24,14 +24,19 @@ from ..specs.training import TrainingSpec
 from .constraints import SearchConstraints
 from .experts import expert_degree_choices, moe_layers
 from .integers import divisors
+from .pruning import enabled as pruning_enabled, search_cache
+from .stage_bound import set_free
 from .uniform import (ACCOUNTED, UniformConfig, best_uniform_plan, chunk_sizes, config_dp, even_split,
-                      megatron_uneven_splits, pipeline_lower_bound, states_overflow, virtual_stage_choices)
+                      megatron_uneven_splits, states_overflow, virtual_stage_choices)
+from .uniform_floors import micro_batch_floors, pipeline_lower_bound
 
 MIN_CP_TOKENS = 2048
 """Context parallelism is searched where each CP rank keeps at least this many tokens of a sequence: below
 it the rank's GEMMs shrink while the K/V exchange does not (cost/context_parallel.py); this keeps the
 2048-token GPT-3 shapes at cp 1 and offers cp 2 to 4096-token and cp 2-4 to 8192-token models."""
-CP_DEGREES = (2, 4, 8)
+CP_DEGREES = (2, 4, 8, 16, 32)
+"""Up to the 32 ranks NVIDIA's long-sequence runs split a million tokens over (NeMo's long-sequence table:
+Llama 2 7B at 1M tokens, TP8 x CP32)."""
 
 
 @dataclass
@@ -77,8 +82,8 @@ def parallel_degrees(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
                 stats.drop("tp-within-node")
             elif pp > model.num_layers:
                 stats.drop("pp-at-most-layers")
-            elif training.global_batch_size % dp:
-                stats.drop("batch-splits-over-dp")
+            elif not any(dp % cp == 0 and training.global_batch_size % (dp // cp) == 0 for cp in (1, *CP_DEGREES)):
+                stats.drop("batch-splits-over-dp")  # with CP the replicas are dp / cp: context_parallel_choices
             else:
                 yield tp, pp
 
@@ -88,23 +93,22 @@ def context_parallel_choices(model: ModelSpec, cluster: ClusterSpec, training: T
     """CP degrees searched with (tp, pp): 1, and the decision tree's CP rules on the others: what the cost
     model prices under CP (plan.context_parallel_problem: layers without multi-latent attention, no
     multi-token prediction) on the flash core (what the runtime runs CP with), sequences long enough
-    (MIN_CP_TOKENS), tp x cp ranks within a node (the K/V exchange on NVLink), a data-parallel degree
-    that splits the batch."""
+    (MIN_CP_TOKENS), a data-parallel degree that splits the batch. The tp x cp ranks may span nodes, as
+    NVIDIA's recipes run them (Llama 3.1 405B at TP8 x CP2, 1M tokens at TP8 x CP32): the K/V ring's
+    cross-node hops are priced at the NICs of the group's ranks per node (cost/context_parallel.py)."""
     rest = cluster.world_size // (tp * pp)
     if constraints.context_parallel is not None:
         cp = constraints.context_parallel
         return [cp] if rest % cp == 0 and training.global_batch_size % (rest // cp) == 0 else []
+    choices = [1] if training.global_batch_size % rest == 0 else []
     mla = any(layer.mla is not None for layer in model.distinct_layers)
     if mla or model.mtp_num_layers or training.attention_backend != "flash":
-        return [1]
-    choices = [1]
+        return choices
     for cp in CP_DEGREES:
         if rest % cp or training.global_batch_size % (rest // cp):
             continue
         if model.seq_length // cp < MIN_CP_TOKENS or model.seq_length % (2 * cp):
             stats.drop("cp-long-sequences")
-        elif tp * cp > cluster.gpus_per_node:
-            stats.drop("cp-within-node")
         else:
             choices.append(cp)
     return choices
@@ -209,6 +213,8 @@ def _plans_for_degrees(model, cluster, training, constraints, degrees, stats, in
     for bound, base in _base_configs(model, cluster, training, constraints, degrees, stats):
         if incumbent < math.inf and bound is None:
             bound = _config_bound(model, cluster, training, constraints, base)
+        if incumbent < math.inf and bound < incumbent and pruning_enabled():
+            bound = max(bound, _flags_floor(model, cluster, set_free(training), constraints, base))
         if incumbent < math.inf and bound >= incumbent:
             stats.drop("lower-bound", len(recompute_choices(constraints)))
             continue
@@ -226,13 +232,27 @@ def _base_configs(model, cluster, training, constraints, degrees, stats) -> list
     """(lower bound, flags) for the flag combinations of (tp, pp) without recomputation whose states fit,
     most promising first (the order lets the incumbent prune more of the rest; with MoE layers the expert
     degrees multiply them). The bound is computed here only to sort by it (None otherwise: the caller
-    computes it once an incumbent makes it useful). `degrees`: (tp, pp, cp)."""
+    computes it once an incumbent makes it useful). `degrees`: (tp, pp, cp). None of it reads what selective
+    recomputation re-runs, so with the shared caches on (search/pruning.py) every --recompute-modules set's
+    search takes it from one memoised call."""
+    if pruning_enabled():
+        configs, drops = _shared_base_configs(model, cluster, set_free(training), constraints, degrees)
+    else:
+        configs, drops = _base_configs_and_drops(model, cluster, training, constraints, degrees)
+    for rule, count in drops:
+        stats.drop(rule, count)
+    return list(configs)
+
+
+def _base_configs_and_drops(model, cluster, training, constraints, degrees):
+    """_base_configs' list, and the (rule, count) it dropped in order."""
     tp, pp, cp = degrees
     dp = cluster.world_size // (tp * pp * cp)
+    drops = []
     experts = expert_degree_choices(model, tp, tp * cp * dp, cluster.gpus_per_node, constraints.expert_parallel,
                                     constraints.expert_tensor_parallel)
     if not experts:
-        stats.drop("expert-degrees")
+        drops.append(("expert-degrees", 1))
     choices = itertools.product(pipeline_splits(model, pp), _sp_choices(model, cluster, training, constraints, tp, dp),
                                 _distributed_choices(model, cluster, training, constraints, tp, dp * cp), experts)
     configs = []
@@ -242,13 +262,19 @@ def _base_configs(model, cluster, training, constraints, degrees, stats) -> list
                              distributed_optimizer=distributed, stage_layers=split, account_for=account_for,
                              expert_parallel=ep, expert_tensor_parallel=etp, context_parallel=cp)
         if states_overflow(model, cluster, training, base):
-            stats.drop("states-exceed-memory", len(recompute_choices(constraints)))
+            drops.append(("states-exceed-memory", len(recompute_choices(constraints))))
         else:
             configs.append(base)
     if len(experts) == 1:
-        return [(None, config) for config in configs]
+        return tuple((None, config) for config in configs), tuple(drops)
     bounded = [(_config_bound(model, cluster, training, constraints, config), config) for config in configs]
-    return sorted(bounded, key=lambda pair: pair[0])
+    return tuple(sorted(bounded, key=lambda pair: pair[0])), tuple(drops)
+
+
+@search_cache(maxsize=4096)
+def _shared_base_configs(model, cluster, training, constraints, degrees):
+    """_base_configs_and_drops, memoised for the searches of every --recompute-modules set."""
+    return _base_configs_and_drops(model, cluster, training, constraints, degrees)
 
 
 def _config_bound(model, cluster, training, constraints, config: UniformConfig) -> float:
@@ -259,6 +285,19 @@ def _config_bound(model, cluster, training, constraints, config: UniformConfig) 
         divisors(training.global_batch_size // dp)
     virtual = max(_virtual_choices(model, config, constraints))
     return min(pipeline_lower_bound(model, cluster, training, config, size, virtual) for size in sizes)
+
+
+@search_cache(maxsize=1 << 14)
+def _flags_floor(model, cluster, training, constraints, config: UniformConfig) -> float:
+    """_config_bound from the stages' floors (uniform.micro_batch_floors, issue 37): the least floor without
+    recomputation over the micro-batch sizes and chunk counts the flags may take. Memoised on `training`
+    as stage_bound.set_free gives it: every --recompute-modules set's search shares it."""
+    dp = config_dp(cluster, config)
+    sizes = (constraints.micro_batch_size,) if constraints.micro_batch_size else \
+        tuple(divisors(training.global_batch_size // dp))
+    floors = micro_batch_floors(model, cluster, training, config, sizes,
+                                tuple(_virtual_choices(model, config, constraints)))
+    return min(floors) if floors else -math.inf
 
 
 def _best_for_recompute(model, cluster, training, constraints, config: UniformConfig, stats,
@@ -274,7 +313,7 @@ def _best_for_recompute(model, cluster, training, constraints, config: UniformCo
                                              micro_batch_size=fixed or config.micro_batch_size,
                                              virtual_stages=chunks or config.virtual_stages),
                                      choose_micro_batch=fixed is None, choose_virtual_stages=chunks is None,
-                                     incumbent=bound)
+                                     incumbent=bound, drop_unfit=num_layers is None)
         except UserError:
             stats.drop("invalid-flags")
             return None

@@ -24,6 +24,7 @@ from .hybrid import search_hybrid
 from .least_memory import least_memory_gib
 from .megatron_space import SpaceStats, search_megatron
 from .module_sets import search_module_sets
+from .pruning import clear_search_caches
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,7 @@ def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     problem = fp8_problem(cluster, training.fp8_recipe) if training.fp8 else None
     if problem:
         raise UserError(problem)
+    clear_search_caches()  # shared by this call's module-set searches only (search/pruning.py)
     if choose_recompute_modules:
         return search_module_sets(_module_set_searcher(model, cluster, space, constraints), model, training,
                                   constraints, progress)

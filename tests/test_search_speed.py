@@ -1,0 +1,162 @@
+"""Issue 37, item 6: the stage floors and shared caches that make the megatron-space search fast change no plan.
+
+The floors (search/stage_bound.py) must stay below what estimate_plan predicts, the facts they rest on must hold
+on the preset layers, the caches must return what the uncached functions return, and the search must return the
+same plan with them (search.pruning) as without them.
+"""
+import itertools
+from dataclasses import replace
+
+import pytest
+
+from megatron_auto.cost.estimate import estimate_plan
+from megatron_auto.cost.layer_cost import layer_cost
+from megatron_auto.errors import UserError
+from megatron_auto.plan import LayerStrategy
+from megatron_auto.search import pruning, search_plan
+from megatron_auto.search.constraints import SearchConstraints
+from megatron_auto.search.experts import expert_degree_choices, with_experts
+from megatron_auto.search.megatron_space import SpaceStats, _base_configs
+from megatron_auto.search.module_sets import candidate_module_sets
+from megatron_auto.search.stage_bound import layer_shapes, layer_terms, set_free
+from megatron_auto.search.uniform import UniformConfig, build_uniform_plan, virtual_stage_choices
+from megatron_auto.search.uniform_floors import _bound_work, candidate_floors, cannot_fit
+from megatron_auto.specs import TrainingSpec, load_cluster, load_model
+from megatron_auto.specs.model import ModelSpec
+
+GIB = 2**30
+SEARCH_JOBS = [
+    # (model, cluster, nodes, global batch, memory budget GiB or 0): small jobs, some memory-bound so that
+    # selective and full recomputation, and the memory floors, decide the plan.
+    ("gpt3-1.7b", "dgx-a100-80gb", 1, 64, 8),
+    ("llama2-7b", "dgx-h100-80gb", 1, 32, 22),
+    ("tiny-deepseek-moe", "dgx-h100-80gb", 2, 64, 0),
+    ("tiny-mixtral", "dgx-h100-80gb", 1, 64, 0),
+    ("tiny-gpt", "cpu-gloo", 1, 16, 0),
+]
+
+
+def _job(name, cluster, nodes, batch, gib):
+    return (load_model(name), load_cluster(cluster, nodes),
+            TrainingSpec(batch, memory_budget_bytes=int(gib * GIB)))
+
+
+@pytest.mark.parametrize("job", SEARCH_JOBS, ids=[job[0] for job in SEARCH_JOBS])
+def test_pruned_search_returns_the_unpruned_plan(job):
+    model, cluster, training = _job(*job)
+    fast = search_plan(model, cluster, training, "megatron", choose_recompute_modules=True)
+    with pruning.unpruned():
+        slow = search_plan(model, cluster, training, "megatron", choose_recompute_modules=True)
+    assert fast.plan == slow.plan
+    assert fast.plan.prediction.iteration_time_s == slow.plan.prediction.iteration_time_s
+    assert fast.candidates_evaluated <= slow.candidates_evaluated
+
+
+def test_switch_restores_itself():
+    assert pruning.enabled()
+    with pruning.unpruned():
+        assert not pruning.enabled()
+    assert pruning.enabled()
+
+
+def _configs(model: ModelSpec, cluster, training, cp: int = 1):
+    """Flag sets of every recompute kind (full with a recomputed-layer count too) over small layouts."""
+    world = cluster.world_size
+    for tp, pp in itertools.product((1, 2, 4), (1, 2, 4)):
+        if world % (tp * pp * cp) or tp > cluster.gpus_per_node or model.layers[0].tensor_parallel_error(tp):
+            continue
+        dp = world // (tp * pp * cp)
+        for (ep, etp), distributed in itertools.product(expert_degree_choices(model, tp, tp * cp * dp)[:3],
+                                                        (False, True)):
+            base = UniformConfig(tp=tp, pp=pp, micro_batch_size=1, sequence_parallel=tp > 1,
+                                 distributed_optimizer=distributed, expert_parallel=ep, expert_tensor_parallel=etp,
+                                 context_parallel=cp)
+            for recompute, layers in (("none", None), ("selective", None), ("full", None), ("full", 1)):
+                yield replace(base, recompute=recompute, recompute_num_layers=layers)
+
+
+FLOOR_JOBS = [("deepseek-v2-lite", "dgx-h100-80gb", 1, 64, 40, 1), ("llama2-7b", "dgx-h100-80gb", 1, 32, 22, 1),
+              ("llama2-7b", "dgx-h100-80gb", 1, 32, 16, 2), ("tiny-deepseek-moe", "dgx-h100-80gb", 1, 32, 0, 1)]
+
+
+@pytest.mark.parametrize("job", FLOOR_JOBS, ids=[f"{job[0]}-cp{job[-1]}" for job in FLOOR_JOBS])
+def test_stage_floors_never_exceed_the_estimate(job):
+    *spec, cp = job
+    model, cluster, base_training = _job(*spec)
+    sets = candidate_module_sets(model, base_training)
+    checked = unfit = 0
+    for config, modules in itertools.product(_configs(model, cluster, base_training, cp), sets[:4]):
+        training = replace(base_training, recompute_modules=modules)
+        dp = cluster.world_size // (config.tp * config.pp * cp)
+        for mbs, v in itertools.product((1, 2, 4), virtual_stage_choices(model, config)):
+            sized = replace(config, micro_batch_size=mbs, virtual_stages=v)
+            try:
+                plan = build_uniform_plan(model, cluster, training, sized)
+                prediction = estimate_plan(plan, model, cluster, training)
+            except UserError:
+                continue
+            floors = candidate_floors(model, cluster, training, sized, v, memory=True)
+            assert floors is not None and training.global_batch_size % (mbs * dp) == 0
+            assert floors.time_s <= prediction.iteration_time_s
+            if config.recompute_num_layers is None and cannot_fit(model, cluster, training, sized, floors):
+                assert not prediction.fits
+                unfit += 1
+            checked += 1
+    assert checked > 50 and (unfit > 0) == (spec[-1] > 0)  # the budgeted jobs overflow somewhere
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "mixtral-8x7b", "llama3-70b", "tiny-deepseek-moe", "gpt3-1.7b"])
+def test_recomputation_only_adds_time(name):
+    """What the floors without recomputation (and pipeline_lower_bound) rest on: on every layer shape, every
+    recompute kind and --recompute-modules set prices the layer at least as slow as no recomputation."""
+    model, cluster = load_model(name), load_cluster("dgx-h100-80gb", 1)
+    training = TrainingSpec(64)
+    for layer, tp, samples in itertools.product(layer_shapes(model), (1, 2), (1, 4)):
+        if layer.tensor_parallel_error(tp):
+            continue
+        strategy = with_experts(layer, LayerStrategy(tp=tp, dp=8 // tp, sp=tp > 1), 2 if layer.moe else 1, None)
+        plain = layer_cost(layer, strategy, samples, model.seq_length, cluster, training).micro_batch_s
+        full = replace(strategy, recompute="full")
+        assert layer_cost(layer, full, samples, model.seq_length, cluster, training).micro_batch_s >= plain
+        for modules in candidate_module_sets(model, training):
+            selective = replace(training, recompute_modules=modules)
+            cost = layer_cost(layer, replace(strategy, recompute="selective"), samples, model.seq_length, cluster,
+                              selective)
+            assert cost.micro_batch_s >= plain
+
+
+def test_layer_terms_share_prices_across_module_sets_exactly():
+    """layer_terms prices a selectively recomputed layer under the first training spec whose set re-runs the
+    same modules of it: the costs equal those of the spec asked about."""
+    model, cluster = load_model("deepseek-v2-lite"), load_cluster("dgx-h100-80gb", 1)
+    base = TrainingSpec(64)
+    strategy = LayerStrategy(tp=2, dp=4, sp=True)
+    for modules in candidate_module_sets(model, base):
+        training = replace(base, recompute_modules=modules)
+        seconds, states, activations = layer_terms(model, cluster, training, strategy, "selective", (2, None), 2)
+        for index, layer in enumerate(layer_shapes(model)):
+            direct = layer_cost(layer, with_experts(layer, replace(strategy, recompute="selective"), 2, None), 2,
+                                model.seq_length, cluster, training)
+            assert (seconds[index], states[index], activations[index]) == \
+                (direct.micro_batch_s, direct.state_bytes, direct.activation_bytes)
+
+
+def test_bound_work_is_the_sum_it_memoises():
+    model, cluster, training = load_model("tiny-deepseek-moe"), load_cluster("dgx-h100-80gb", 1), TrainingSpec(32)
+    strategy = LayerStrategy(tp=2, dp=4, sp=True)
+    work, _ = _bound_work(model, cluster, training, strategy, (4, 1), 2)
+    expected = sum(layer_cost(layer, with_experts(layer, strategy, 4, 1), 2, model.seq_length, cluster,
+                              training).micro_batch_s for layer in model.layers)
+    assert work == pytest.approx(expected, rel=1e-12)
+
+
+def test_shared_base_configs_equal_the_unshared_ones():
+    model, cluster = load_model("tiny-mixtral"), load_cluster("dgx-h100-80gb", 1)
+    training = TrainingSpec(64, recompute_modules=("moe",))
+    assert set_free(training) != training
+    for degrees in ((1, 1, 1), (2, 2, 1), (1, 4, 1)):
+        shared, plain = SpaceStats(), SpaceStats()
+        fast = _base_configs(model, cluster, training, SearchConstraints(), degrees, shared)
+        with pruning.unpruned():
+            slow = _base_configs(model, cluster, training, SearchConstraints(), degrees, plain)
+        assert fast == slow and shared.pruning == plain.pruning
