@@ -22,12 +22,18 @@ def dest(flag: str) -> str:
     return "verdict_" + flag.lstrip("-").replace("-", "_")
 
 
+POST_TRAINING_SPECS = ((("--export-te-mcore-model",), "store_true", "-"),)
+"""FlagSpec fields of Megatron-LM's post-training (ModelOpt) flags, outside arguments.py's parser, that its GPT
+functional tests pass to pretraining (tests/megatron_lm_cases/): each has a verdict too."""
+
+
 def covered_specs() -> list[FlagSpec]:
     """The arguments of Megatron-LM's parser that this module registers (keyed by their first option string)."""
     # Imported here: `python -m megatron_auto.train.flag_list` runs that module after the package imports this one.
-    from .flag_list import read_list
+    from .flag_list import FlagSpec, read_list
 
-    return [spec for spec in read_list() if spec.options[0] in NO_EFFECT or spec.options[0] in REFUSED]
+    specs = [*read_list(), *(FlagSpec(*spec) for spec in POST_TRAINING_SPECS)]
+    return [spec for spec in specs if spec.options[0] in NO_EFFECT or spec.options[0] in REFUSED]
 
 
 def _add(group: argparse._ArgumentGroup, spec: FlagSpec) -> None:

@@ -184,6 +184,10 @@ NO_EFFECT.update({flag: OTHER_MODELS for flag in _OTHER_MODEL_FLAGS})
 
 NOT_BUILT = "not built by this runtime yet"
 REFUSED = {
+    # Megatron-LM's ModelOpt arguments (megatron/post_training/arguments.py, added beside arguments.py's parser by
+    # its post-training entry points; Megatron-LM's functional test gpt3_mcore_te_tp2_pp1_modelopt_distill_resume)
+    "--export-te-mcore-model": ("ModelOpt's export of a TE model (Megatron-LM's post-training arguments) is not run "
+                                "here"),
     # model math not built here
     "--openai-gelu": "the tanh-approximated (OpenAI) GELU: " + NOT_BUILT + " (the MLP runs the exact GELU)",
     "--onnx-safe": "the ONNX-exportable GELU/embedding variants: " + NOT_BUILT,
