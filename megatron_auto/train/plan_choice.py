@@ -110,12 +110,9 @@ def overridden_flags(args: argparse.Namespace, plan) -> list[str]:
     The other parallelism flags are constraints of the search (search_constraints) and hold; --micro-batch-size
     is the search's to choose (Megatron-LM's launch lines always give one) except under a batch ramp (sequence
     parallelism, its choice too, has its own adjustment line)."""
-    from megatron_auto.megatron_flags import megatron_flags
-
     if plan.space != "megatron":
         return []
-    flags = megatron_flags(plan)
-    planned_mbs = int(flags[flags.index("--micro-batch-size") + 1])
+    planned_mbs = plan.local_micro_batch(plan.embedding)  # what megatron_flags writes as --micro-batch-size
     if args.micro_batch_size and args.micro_batch_size != planned_mbs:
         return [f"--micro-batch-size {args.micro_batch_size} -> {planned_mbs}"]
     return []
