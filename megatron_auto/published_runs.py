@@ -109,7 +109,26 @@ def _flags_of(row: dict) -> tuple[str, ...]:
     flags.append("--distributed-optimizer")  # NeMo's and Megatron-LM's performance recipes use it
     if row.get("recompute"):
         flags += ["--recompute", str(row["recompute"])]
-    return tuple(flags) + tuple(row.get("estimate_flags", ()))
+    return tuple(flags) + _row_flags(row)[0]
+
+
+RECIPE_KNOBS = {"--fp8-recipe": 1, "--moe-token-dispatcher-type": 1, "--moe-flex-dispatcher-backend": 1,
+                "--overlap-moe-expert-parallel-comm": 0, "--delay-wgrad-compute": 0}
+"""Flags of a row's `estimate_flags` that are its recipe's knobs, not its layout (with how many values each
+takes): the planner's plan for the same job is priced with them too."""
+
+
+def _row_flags(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The row's `estimate_flags` split into (layout, recipe knobs)."""
+    layout, knobs, given = [], [], list(row.get("estimate_flags", ()))
+    while given:
+        flag = given.pop(0)
+        if flag in RECIPE_KNOBS:
+            knobs += [flag, *given[:RECIPE_KNOBS[flag]]]
+            del given[:RECIPE_KNOBS[flag]]
+        else:
+            layout.append(flag)
+    return tuple(layout), tuple(knobs)
 
 
 NEMO_RECIPE_SOURCE = ("NVIDIA/NeMo-Framework-Launcher examples/training/*/h100/*.sh (+training.model.optim."
@@ -123,14 +142,15 @@ under bf16)."""
 
 
 def _recipe_flags(row: dict) -> list[str]:
-    """The knobs the row's recipe turns beyond its table (NEMO_RECIPE_SOURCE, MEGATRON_README_RECIPE; NeMo's
+    """The knobs the row's recipe turns beyond its table (NEMO_RECIPE_SOURCE, MEGATRON_README_RECIPE, and the
+    row's own RECIPE_KNOBS, e.g. its FP8 recipe, dispatcher and EP overlap; NeMo's
     and Megatron-Bridge's MoE recipes also batch the experts' GEMMs, moe_grouped_gemm; the Megatron-Core MoE
     README states none). Every row ran Megatron's fused bias + activation and, with Transformer Engine, its
     fused RoPE: Megatron-LM's defaults, and set in NeMo's model configs (LlamaConfig: bias_activation_fusion,
     apply_rope_fusion True)."""
     overlap = ["--tp-comm-overlap"] if row["tp"] > 1 else []
     grouped = ["--moe-grouped-gemm"] if row.get("num_experts") or row.get("model_preset") else []
-    fusions = ["--bias-fusions", "on", "--rope-fusion"]
+    fusions = ["--bias-fusions", "on", "--rope-fusion", *_row_flags(row)[1]]
     if "NeMo" in row["framework"]:
         return ["--grad-reduce-in-bf16", *overlap, *grouped, *fusions]
     if row["id"].startswith("mlm_readme"):

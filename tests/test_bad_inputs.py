@@ -221,7 +221,7 @@ CLI_CASES = [
     ("moe-load-imbalance-below-one", ["plan", "--model", "tiny-mixtral", "--cluster", "cpu-gloo", *JOB,
                                       "--moe-load-imbalance", "0.5"]),
     ("moe-dispatcher-unknown", ["plan", "--model", "tiny-mixtral", "--cluster", "cpu-gloo", *JOB,
-                                "--moe-token-dispatcher-type", "flex"]),
+                                "--moe-token-dispatcher-type", "deepep"]),
     ("ep-on-a-dense-model", ["estimate", "--model", "tiny-gpt", "--cluster", "cpu-gloo", "--gpus-per-node", "2",
                              "--tp", "1", "--pp", "1", "--ep", "2", *JOB]),
     ("ep-not-dividing-experts", ["estimate", "--model", "tiny-mixtral", "--cluster", "cpu-gloo",

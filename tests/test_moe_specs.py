@@ -108,7 +108,7 @@ def test_bad_moe_spec_raises_value_error(kwargs):
 def test_training_spec_moe_fields():
     spec = TrainingSpec(global_batch_size=8)
     assert (spec.moe_token_dispatcher, spec.moe_load_imbalance, spec.moe_grouped_gemm) == ("alltoall", 1.0, False)
-    for bad in (dict(moe_token_dispatcher="flex"), dict(moe_load_imbalance=0.9),
+    for bad in (dict(moe_token_dispatcher="deepep"), dict(moe_flex_backend="nccl"), dict(moe_load_imbalance=0.9),
                 dict(moe_load_imbalance=float("inf"))):
         with pytest.raises(ValueError):
             TrainingSpec(global_batch_size=8, **bad)

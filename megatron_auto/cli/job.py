@@ -64,12 +64,22 @@ def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size
     moe = dict(moe_token_dispatcher=getattr(args, "moe_token_dispatcher_type", "alltoall"),
                moe_load_imbalance=getattr(args, "moe_load_imbalance", DEFAULT_MOE_LOAD_IMBALANCE),
                moe_grouped_gemm=getattr(args, "moe_grouped_gemm", False),
-               moe_shared_expert_overlap=getattr(args, "moe_shared_expert_overlap", False))
+               moe_shared_expert_overlap=getattr(args, "moe_shared_expert_overlap", False),
+               moe_flex_backend=getattr(args, "moe_flex_dispatcher_backend", "deepep"),
+               moe_ep_overlap=_ep_overlap_flag(args))
     try:
         return TrainingSpec.for_precision(precision, global_batch_size, memory_budget_bytes=budget, **kernels, **moe,
                                           **fp8_options(args, precision), **recipe_options(args, precision, on_gpu))
     except ValueError as error:
         raise UserError(str(error)) from None
+
+
+def _ep_overlap_flag(args: argparse.Namespace) -> bool:
+    """--overlap-moe-expert-parallel-comm; --delay-wgrad-compute alone is refused, as Megatron-Core refuses it."""
+    overlap = bool(getattr(args, "overlap_moe_expert_parallel_comm", False))
+    if getattr(args, "delay_wgrad_compute", False) and not overlap:
+        raise UserError("--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm (as in Megatron-Core)")
+    return overlap
 
 
 def precision_of(args: argparse.Namespace, on_gpu: bool) -> str:

@@ -8,7 +8,8 @@ from typing import NoReturn, Optional
 from ..cost.fp8 import FP8_FORMATS, FP8_RECIPES
 from ..kernel_choice import ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMULATION_FUSIONS, OPTIMIZER_IMPLS
 from ..plan import RECOMPUTE_KINDS, SPACES
-from ..specs.training import DEFAULT_MOE_LOAD_IMBALANCE, MOE_TOKEN_DISPATCHERS, RECOMPUTE_MODULES
+from ..specs.training import (DEFAULT_MOE_LOAD_IMBALANCE, FLEX_DISPATCHER_BACKENDS, MOE_TOKEN_DISPATCHERS,
+                              RECOMPUTE_MODULES)
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 """What a profile measures in."""
@@ -74,7 +75,16 @@ def load_imbalance(text: str) -> float:
 def add_moe_arguments(parser: argparse.ArgumentParser) -> None:
     """How MoE layers run (the model file says what they are): Megatron-LM's names."""
     parser.add_argument("--moe-token-dispatcher-type", choices=MOE_TOKEN_DISPATCHERS, default="alltoall",
-                        help="how MoE layers send tokens to their experts (default: alltoall)")
+                        help="how MoE layers send tokens to their experts (default: alltoall; flex: DeepEP's or "
+                             "HybridEP's kernels, a token crossing the network once per node it reaches)")
+    parser.add_argument("--moe-flex-dispatcher-backend", choices=FLEX_DISPATCHER_BACKENDS, default="deepep",
+                        help="the flex dispatcher's kernels (Megatron-LM's flag; both move the same bytes)")
+    parser.add_argument("--overlap-moe-expert-parallel-comm", action="store_true",
+                        help="price Megatron-Core's combined 1F1B schedule: one micro-batch's dispatch and combine "
+                             "beside another's compute (needs ep > 1, virtual stages when pp > 1, no full recompute)")
+    parser.add_argument("--delay-wgrad-compute", action="store_true",
+                        help="Megatron-LM's companion of --overlap-moe-expert-parallel-comm (the weight gradients "
+                             "run inside the merged step; priced the same)")
     parser.add_argument("--moe-load-imbalance", type=load_imbalance, default=DEFAULT_MOE_LOAD_IMBALANCE,
                         metavar="X", help="routed tokens on the busiest expert-parallel rank over the mean, >= 1 "
                                           f"(default {DEFAULT_MOE_LOAD_IMBALANCE}: balanced; docs/cost_model.md)")

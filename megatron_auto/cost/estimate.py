@@ -15,12 +15,13 @@ from .embedding import EmbeddingCost, PartCost, embedding_cost
 from .flops import model_flops_per_iteration
 from .fp8 import fp8_problem
 from .layer_cost import LayerCost, layer_cost
+from .ep_overlap import ep_overlap_runs
 from .memory import in_flight_micro_batches, tied_embedding_grad_bytes
 from .peak_memory import (StageMemory, communicator_count, device_budget_bytes, device_bytes, memory_breakdown,
                           reserved_bytes)
 from .models import comm_model, compute_model, core_share, profiled_cpu_cores, runtime_overhead
 from .mtp import NO_MTP, mtp_cost, mtp_layer_strategy
-from .pipeline import bubble_time, exposed_dp_time, exposed_p2p_time, pipeline_time
+from .pipeline import bubble_time, exposed_dp_time, exposed_p2p_time, pipeline_time, warmup_chunk_forwards
 from .timeslice import StageLoad, simulate_iteration
 
 __all__ = ["estimate_plan", "model_flops_per_iteration", "StageCost", "stage_costs"]
@@ -44,6 +45,10 @@ class StageCost:
     transition_s: float = 0.0
     exposed_dp_s: float = 0.0
     """Per iteration: gradient traffic not hidden behind the last micro-batch's backward."""
+    ep_hidden_s: float = 0.0
+    """Per micro-batch: dispatch time EP overlap hides in merged steps (LayerCost.ep_hidden_s)."""
+    exposed_ep_s: float = 0.0
+    """Per iteration: that time shown again by the steps that run unmerged (unmerged_ep_seconds)."""
     optimizer_s: float = 0.0
     """Per iteration: the Adam step over this stage's model states."""
     runtime_s: float = 0.0
@@ -75,6 +80,7 @@ class StageCost:
         self.tp_comm_s += count * cost.tp_comm_s
         self.ep_comm_s += count * cost.ep_comm_s
         self.cp_comm_s += count * cost.cp_comm_s
+        self.ep_hidden_s += count * cost.ep_hidden_s
         self.add_dp_comm(cost.dp_comm_per_iteration_s, cost.backward_s, count)
         self.state_bytes += count * cost.state_bytes
         self.activation_bytes += count * cost.activation_bytes
@@ -163,9 +169,22 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
     _add_part(head_stage, embedding.head)
     if model.mtp_num_layers:
         _add_mtp(head_stage, plan, model, cluster, training)
-    for stage in stages:
+    for index, stage in enumerate(stages):
         stage.optimizer_s = optimizer_step_time(stage.state_bytes, cluster, training.optimizer_impl)
+        stage.exposed_ep_s = unmerged_ep_seconds(stage.ep_hidden_s, plan, index)
     return stages
+
+
+def unmerged_ep_seconds(hidden_s: float, plan: Plan, stage_index: int) -> float:
+    """Per iteration, the dispatch time the combined 1F1B schedule leaves unhidden on one stage: its warm-up
+    chunk forwards (one more than the plain schedule's) and as many cool-down backwards run alone
+    (schedules.py, combined_1f1b.py), so that many chunk steps of the m x v expose what a merged step
+    hides (`hidden_s` per micro-batch over the whole stage)."""
+    if hidden_s <= 0:
+        return 0.0
+    chunks = plan.num_micro_batches * plan.virtual_stages
+    alone = min(warmup_chunk_forwards(plan.pipeline_parallel, plan.virtual_stages, stage_index) + 1, chunks)
+    return hidden_s * alone / plan.virtual_stages
 
 
 def _add_mtp(stage: StageCost, plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> None:
@@ -224,14 +243,16 @@ def stage_time_per_micro_batch(stage: StageCost, num_micro_batches: int) -> floa
     """A stage's pipeline slot: its micro-batch work plus its once-per-iteration
     gradient sync and optimizer step spread over the m micro-batches, so that the
     steady state (m x the slowest slot) carries the slowest stage's tail in full."""
-    return stage.micro_batch_s + (stage.exposed_dp_s + stage.optimizer_s + stage.step_overhead_s) / num_micro_batches
+    tail = stage.exposed_dp_s + stage.exposed_ep_s + stage.optimizer_s + stage.step_overhead_s
+    return stage.micro_batch_s + tail / num_micro_batches
 
 
 def stage_memory(plan: Plan, stage_index: int, stage: StageCost, model: ModelSpec,
                  cluster: ClusterSpec, training: TrainingSpec) -> StageMemory:
     """The allocated terms of one stage's GPU (cost.peak_memory: the peak is their largest moment)."""
     in_flight = in_flight_micro_batches(stage_index, plan.pipeline_parallel, plan.num_micro_batches,
-                                        plan.virtual_stages, plan.schedule)
+                                        plan.virtual_stages, plan.schedule,
+                                        extra_forwards=int(ep_overlap_runs(plan, model, training)))
     activations = stage.activation_bytes + stage.mtp.activation_bytes
     costs = stage.parts
     head_stage = (len(plan.chunks) - 1) % plan.pipeline_parallel
@@ -297,13 +318,14 @@ def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: 
         optimizer_impl=training.optimizer_impl,
         recompute_modules=training.recompute_modules,
         grad_overlap=comm_model(cluster).grad_overlap,
-        recipe_flags=recipe_flags(plan, training),
+        recipe_flags=recipe_flags(plan, model, training),
     )
 
 
-def recipe_flags(plan: Plan, training: TrainingSpec) -> tuple[str, ...]:
+def recipe_flags(plan: Plan, model: ModelSpec, training: TrainingSpec) -> tuple[str, ...]:
     """The Megatron-LM flags that run what `training` prices beyond the layout: FP8 through Transformer Engine,
-    TP communication overlap where a layer has tp > 1 with SP, and gradients reduced in bf16."""
+    TP communication overlap where a layer has tp > 1 with SP, gradients reduced in bf16, the flex dispatcher,
+    and EP overlap where a MoE layer has ep > 1."""
     flags: list[str] = []
     if training.fp8:
         flags += ["--fp8-format", training.fp8_format, "--fp8-recipe", training.fp8_recipe]
@@ -312,6 +334,11 @@ def recipe_flags(plan: Plan, training: TrainingSpec) -> tuple[str, ...]:
         flags.append("--tp-comm-overlap")
     if training.grad_bytes == 2 and training.precision != "fp32":
         flags.append("--grad-reduce-in-bf16")
+    moe = any(layer.moe is not None for layer in model.layers)
+    if moe and training.moe_token_dispatcher == "flex":
+        flags += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", training.moe_flex_backend]
+    if moe and ep_overlap_runs(plan, model, training):
+        flags += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     return tuple(flags)
 
 
@@ -337,7 +364,7 @@ def stage_loads(plan: Plan, stages: list[StageCost], share: float) -> list[Stage
 def _breakdown(stage: StageCost, m: int, bubble: float) -> TimeBreakdown:
     return TimeBreakdown(
         compute_s=m * stage.compute_s, recompute_s=m * stage.recompute_s, tp_comm_s=m * stage.tp_comm_s,
-        ep_comm_s=m * stage.ep_comm_s, cp_comm_s=m * stage.cp_comm_s,
+        ep_comm_s=m * stage.ep_comm_s + stage.exposed_ep_s, cp_comm_s=m * stage.cp_comm_s,
         dp_comm_s=stage.exposed_dp_s, pp_comm_s=m * stage.pp_comm_s, bubble_s=bubble,
         transition_s=m * stage.transition_s, optimizer_s=stage.optimizer_s,
         runtime_s=m * stage.runtime_s + stage.step_overhead_s,

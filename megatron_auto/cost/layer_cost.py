@@ -23,7 +23,8 @@ from .layer_kernels import fused_accumulation_saving
 from .fp8 import fp8_layer_delta, fp8_saved_input_savings, fp8_weight_copy_bytes
 from .models import compute_model
 from .mla_comm import mla_tp_comm_time
-from .moe import ExpertCost, expert_cost
+from .moe import ExpertCost, expert_cost, experts_recomputed
+from .ep_overlap import hidden_ep_seconds
 from .shared_expert import hidden_dispatch_seconds
 from .memory import (attention_backward_extra_bytes, attention_workspace_bytes, layer_activation_bytes,
                      model_state_bytes, optimizer_temporary_bytes, qkv_kept_width, zero3_gathered_bytes)
@@ -56,6 +57,9 @@ class LayerCost:
     """A MoE layer's token dispatch and combine and expert-TP collectives (cost/moe.py)."""
     cp_comm_s: float = 0.0
     """Context parallelism's K/V all-gathers and gradient reduce-scatter (cost/context_parallel.py)."""
+    ep_hidden_s: float = 0.0
+    """Dispatch seconds per micro-batch that --overlap-moe-expert-parallel-comm's merged steps hide (already
+    off ep_comm_s); the schedule's unmerged warm-up steps show them again (cost/estimate.py)."""
 
     @property
     def micro_batch_s(self) -> float:
@@ -150,11 +154,14 @@ def context_parallel_layer_cost(layer: LayerSpec, strategy: LayerStrategy, sampl
 def _with_priced_experts(dense: LayerCost, layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,
                          cluster: ClusterSpec, training: TrainingSpec) -> LayerCost:
     """`dense`, a MoE layer's dense part, with its experts priced under `strategy`, less the dispatch the shared
-    expert's stream hides."""
+    expert's stream hides or --overlap-moe-expert-parallel-comm's merged steps hide (cost/ep_overlap.py)."""
     experts = expert_cost(layer, strategy, samples, seq, cluster, training)
     hidden = hidden_dispatch_seconds(layer, strategy, samples, seq, cluster, training,
                                      dense.forward_s + dense.backward_s + dense.recompute_s, experts.comm_s)
-    return with_experts(dense, experts, cluster, hidden)
+    passes = 3 if experts_recomputed(layer, strategy, training) else 2
+    merged = hidden_ep_seconds(layer, strategy, samples, seq, cluster, training, (dense.forward_s, dense.backward_s),
+                               (experts.forward_s, experts.backward_s), experts.comm_s / passes)
+    return replace(with_experts(dense, experts, cluster, hidden + merged), ep_hidden_s=merged)
 
 
 def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,

@@ -25,6 +25,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
 from ..specs.training import TrainingSpec
 from .collectives import all_to_all_time
+from .flex_dispatch import flex_all_to_all_time
 from .communication import dp_comm_time, zero3_comm_time
 from .flops import Gemm
 from .fp8 import CAST_BYTES, fp8_gemm_time, fp8_weight_copy_bytes
@@ -182,7 +183,8 @@ def dispatch_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrat
 
     alltoall (MoEAlltoAllTokenDispatcher): an all-to-all of the k x T routed copies over the EP group (ranks
     etp apart), then an all-gather over the expert-TP group; combine: a reduce-scatter over expert TP and
-    the all-to-all back. The busiest receiver gets imbalance x the mean. allgather
+    the all-to-all back. The busiest receiver gets imbalance x the mean. flex (DeepEP, HybridEP): the same,
+    with each token crossing the network once per node it reaches (cost/flex_dispatch.py). allgather
     (MoEAllGatherTokenDispatcher): all-gather of all tokens over the tp_ep group (ep*etp adjacent ranks),
     and a reduce-scatter of the same size to combine. The backward pass mirrors the forward's collectives.
     Routing probabilities and maps (k or E numbers per token against h) are left out.
@@ -195,7 +197,11 @@ def dispatch_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrat
         return (comm.collective_time("all_gather", gathered, group, 1, cluster)
                 + comm.collective_time("reduce_scatter", gathered, group, 1, cluster))
     received = layer.moe.router_topk * tokens * h * word * training.moe_load_imbalance
-    a2a = ep_all_to_all_time(received, strategy.ep, strategy.expert_tp, cluster)
+    if training.moe_token_dispatcher == "flex":
+        a2a = flex_all_to_all_time(received / layer.moe.router_topk, layer.moe, strategy.ep, strategy.expert_tp,
+                                   cluster)
+    else:
+        a2a = ep_all_to_all_time(received, strategy.ep, strategy.expert_tp, cluster)
     etp, gathered = strategy.expert_tp, strategy.expert_tp * received
     expert_tp = (comm.collective_time("all_gather", gathered, etp, 1, cluster)
                  + comm.collective_time("reduce_scatter", gathered, etp, 1, cluster))

@@ -6,6 +6,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Optional
 
+from ..cost.ep_overlap import ep_overlap_layout_problem
 from ..cost.estimate import estimate_plan
 from ..cost.layer_cost import layer_cost
 from ..cost.peak_memory import allocated_limit_bytes, communicator_count
@@ -46,6 +47,10 @@ def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     strategy = LayerStrategy(tp=tp, dp=dp, zero=1 if config.distributed_optimizer else 0,
                              sp=config.sequence_parallel and tp > 1, cp=cp)
     experts = _expert_strategy(model, strategy, config)
+    problem = ep_overlap_layout_problem(pp, v, config.recompute) if (
+        training.moe_ep_overlap and experts is not None and experts.ep > 1) else ""
+    if problem:
+        raise UserError(problem)
     chunks = _chunks(sizes, strategy, config.recompute, config.recompute_num_layers,
                      experts, _moe_pattern(model) if experts is not None else None)
     try:

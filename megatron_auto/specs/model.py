@@ -42,6 +42,10 @@ class MoESpec(CachedHash):
     """Weight of the load-balancing loss [--moe-aux-loss-coeff]."""
     z_loss_coeff: float = 0.0
     """Weight of the router z-loss [--moe-z-loss-coeff]."""
+    router_num_groups: int = 0
+    """Group-limited routing: the experts form this many equal groups [--moe-router-num-groups]; 0 = none."""
+    router_group_topk: int = 0
+    """Groups each token's experts may come from [--moe-router-group-topk] (DeepSeek-V3: 4 of 8)."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "num_experts", "router_topk")
@@ -55,10 +59,23 @@ class MoESpec(CachedHash):
         if self.router_load_balancing_type not in LOAD_BALANCING_TYPES:
             raise ValueError(f"router_load_balancing_type must be one of {', '.join(LOAD_BALANCING_TYPES)}, "
                              f"got {self.router_load_balancing_type!r}")
+        self._check_groups()
         for name in ("aux_loss_coeff", "z_loss_coeff"):
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < float("inf"):
                 raise ValueError(f"{name} must be a finite non-negative number, got {value!r}")
+
+    def _check_groups(self) -> None:
+        """Megatron-Core's checks on group-limited routing (transformer_config.py, moe/moe_utils.py)."""
+        groups, topk = self.router_num_groups, self.router_group_topk
+        if not groups and not topk:
+            return
+        if not (isinstance(groups, int) and isinstance(topk, int) and 0 < topk <= groups):
+            raise ValueError(f"group-limited routing needs moe_router_num_groups and moe_router_group_topk with "
+                             f"0 < group_topk <= num_groups, got {groups!r} and {topk!r}")
+        if self.num_experts % groups or self.router_topk > topk * (self.num_experts // groups):
+            raise ValueError(f"{self.num_experts} experts do not form {groups} groups that can hold "
+                             f"moe_router_topk {self.router_topk} experts in {topk} of them")
 
     def mlp_parameters(self, hidden_size: int, swiglu: bool, bias: bool) -> int:
         """Router (E x h, plus E biases), E experts and the shared expert, each an MLP of Megatron's layout."""
@@ -479,12 +496,14 @@ def _with_moe_layers(dense: LayerSpec, num_layers: int, *, num_experts: Optional
 def moe_from_flags(num_experts: int, *, moe_router_topk: int = 2, moe_ffn_hidden_size: Optional[int] = None,
                    moe_shared_expert_intermediate_size: Optional[int] = None,
                    moe_router_load_balancing_type: str = "aux_loss", moe_aux_loss_coeff: float = 0.0,
-                   moe_z_loss_coeff: float = 0.0) -> MoESpec:
+                   moe_z_loss_coeff: float = 0.0, moe_router_num_groups: Optional[int] = None,
+                   moe_router_group_topk: Optional[int] = None) -> MoESpec:
     """A MoESpec from Megatron-LM's flag names (the compact model file's keys)."""
     return MoESpec(num_experts=num_experts, router_topk=moe_router_topk, expert_ffn_hidden_size=moe_ffn_hidden_size,
                    shared_expert_ffn_hidden_size=moe_shared_expert_intermediate_size or 0,
                    router_load_balancing_type=moe_router_load_balancing_type,
-                   aux_loss_coeff=moe_aux_loss_coeff, z_loss_coeff=moe_z_loss_coeff)
+                   aux_loss_coeff=moe_aux_loss_coeff, z_loss_coeff=moe_z_loss_coeff,
+                   router_num_groups=moe_router_num_groups or 0, router_group_topk=moe_router_group_topk or 0)
 
 
 MLA_KEYS = ("q_lora_rank", "kv_lora_rank", "qk_head_dim", "qk_pos_emb_head_dim", "v_head_dim")
@@ -509,7 +528,7 @@ _COMPACT_KEYS = {
     "kv_channels", "add_qkv_bias", "qk_layernorm", "apply_layernorm_1p",
     "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
     "moe_layer_freq", "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff",
-    "multi_latent_attention", *MLA_KEYS, "mtp_num_layers", "mtp_loss_scaling_factor",
+    "moe_router_num_groups", "moe_router_group_topk", "multi_latent_attention", *MLA_KEYS, "mtp_num_layers", "mtp_loss_scaling_factor",
     "hidden_dropout", "attention_dropout", "squared_relu",
 }
 _COMPACT_TYPES = {"swiglu": bool, "untie_embeddings_and_output_weights": bool, "add_bias_linear": bool,

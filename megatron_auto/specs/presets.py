@@ -103,6 +103,7 @@ def _moe_presets() -> dict[str, ModelSpec]:
     v3 = uniform_model("deepseek-v3", 61, 7168, 128, 4096, 129280, ffn_hidden_size=18432, qk_layernorm=True,
                        mla=MLASpec(kv_lora_rank=512, q_lora_rank=1536), num_experts=256, moe_router_topk=8,
                        moe_ffn_hidden_size=2048, moe_shared_expert_intermediate_size=2048,
+                       moe_router_num_groups=8, moe_router_group_topk=4,  # node-limited: n_group 8, topk_group 4
                        moe_layer_freq=[0] * 3 + [1] * 58, mtp_num_layers=1, **_LLAMA_ARCHITECTURE, **_NO_DROPOUT)
     return {model.name: model for model in (mixtral, deepseek, v2_lite, v3)}
 

@@ -12,7 +12,8 @@ from .model import _check_version
 
 TRAINING_SCHEMA_VERSION = 1
 GIB = 1024**3
-MOE_TOKEN_DISPATCHERS = ("alltoall", "allgather")
+MOE_TOKEN_DISPATCHERS = ("alltoall", "allgather", "flex")
+FLEX_DISPATCHER_BACKENDS = ("deepep", "hybridep")
 # Routed tokens on the busiest EP rank over the mean. 1.0 = balanced routing, what the auxiliary loss drives
 # toward and a capacity factor of 1 enforces; no measured figure was available (docs/cost_model.md, "MoE").
 DEFAULT_MOE_LOAD_IMBALANCE = 1.0
@@ -74,7 +75,13 @@ class TrainingSpec(CachedHash):
     """Safety margin on the budget, a fraction in [0, 1): fits when device memory <= budget x (1 - margin);
     None: the cluster's default (ClusterSpec.memory_margin, derived in docs/cost_model.md)."""
     moe_token_dispatcher: str = "alltoall"
-    """How MoE layers move tokens to their experts: alltoall or allgather [--moe-token-dispatcher-type]."""
+    """How MoE layers move tokens to their experts: alltoall, allgather, or flex (DeepEP's or HybridEP's kernels,
+    which send a token once to each node that hosts its experts) [--moe-token-dispatcher-type] (cost/moe.py)."""
+    moe_flex_backend: str = "deepep"
+    """With the flex dispatcher: deepep or hybridep [--moe-flex-dispatcher-backend]; both move the same bytes."""
+    moe_ep_overlap: bool = False
+    """One micro-batch's dispatch and combine beside another's attention and experts (Megatron-Core's combined
+    1F1B schedule) [--overlap-moe-expert-parallel-comm] (cost/ep_overlap.py)."""
     moe_load_imbalance: float = DEFAULT_MOE_LOAD_IMBALANCE
     """Routed tokens on the busiest expert-parallel rank over the mean (>= 1); scales expert time and memory."""
     moe_grouped_gemm: bool = False
@@ -182,8 +189,25 @@ class TrainingSpec(CachedHash):
         if self.moe_shared_expert_overlap and self.moe_token_dispatcher != "alltoall":
             raise ValueError("--moe-shared-expert-overlap only works with the alltoall token dispatcher "
                              f"(as in Megatron-Core), not {self.moe_token_dispatcher}")
+        if self.moe_flex_backend not in FLEX_DISPATCHER_BACKENDS:
+            raise ValueError(f"flex dispatcher backend must be one of {', '.join(FLEX_DISPATCHER_BACKENDS)}, "
+                             f"got {self.moe_flex_backend!r}")
+        self._check_ep_overlap()
         if not 1.0 <= self.moe_load_imbalance < float("inf"):
             raise ValueError(f"MoE load imbalance must be a finite number >= 1, got {self.moe_load_imbalance}")
+
+    def _check_ep_overlap(self) -> None:
+        """What Megatron-Core 0.16.1's TransformerConfig refuses beside --overlap-moe-expert-parallel-comm."""
+        if not self.moe_ep_overlap:
+            return
+        if self.moe_token_dispatcher == "allgather":
+            raise ValueError("--overlap-moe-expert-parallel-comm works with the alltoall or flex token dispatcher "
+                             "(as in Megatron-Core), not allgather")
+        if self.moe_shared_expert_overlap:
+            raise ValueError("--overlap-moe-expert-parallel-comm and --moe-shared-expert-overlap exclude each other "
+                             "(as in Megatron-Core)")
+        if self.precision == "fp32":
+            raise ValueError("--overlap-moe-expert-parallel-comm needs a 16-bit model (bf16, fp16 or fp8), not fp32")
 
     @property
     def activation_bytes(self) -> int:
