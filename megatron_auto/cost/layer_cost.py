@@ -18,7 +18,7 @@ from .communication import dp_comm_time, tp_comm_time, zero3_comm_time
 from .context_parallel import (attention_core_extra_times, cp_qkv_kept_width, gradient_strategy, kv_exchange_time,
                                local_sequence)
 from .compute import ComputeTimes, module_forward_shares, recompute_time
-from .tp_overlap import exposed_tp_seconds, linear_gemm_seconds, tp_overlap_applies
+from .tp_overlap import exposed_tp_seconds, linear_gemm_seconds, sm_margin_seconds, tp_overlap_applies
 from .layer_kernels import fused_accumulation_saving
 from .fp8 import fp8_layer_delta, fp8_saved_input_savings, fp8_weight_copy_bytes
 from .models import compute_model
@@ -176,6 +176,9 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
         times = replace(times, backward_s=times.backward_s - saved)
     if training.fp8:
         times = _in_fp8(times, layer, seq, samples, strategy, cluster, training)
+    if tp_overlap_applies(strategy, training):
+        forward, backward = sm_margin_seconds(layer, seq, samples, strategy.tp, cluster, training)
+        times = replace(times, forward_s=times.forward_s + forward, backward_s=times.backward_s + backward)
     selective = training.selective_modules(layer)
     recompute = recompute_time(times, strategy.recompute, selective, _module_shares(layer, strategy, samples, seq,
                                                                                    cluster, training, selective))

@@ -7,6 +7,12 @@ a ring: while one chunk's GEMM runs, the next chunk moves over NVLink on the cop
 ASPLOS 2023; TE's userbuffers). What stays exposed per layer is the first chunk's transfer, 1/tp of the
 traffic, and whatever traffic the GEMMs are too short to cover. The backward overlaps its dgrad GEMMs
 with the gathers and reduce-scatters the same way and its wgrad GEMMs with the bulk ones.
+
+The SMs the communication takes (sm_margin_seconds): TE's default userbuffer configuration
+(transformer_engine/pytorch/module/base.py, initialize_ub: get_default_config) runs the reduce-scatters
+beside the output projection's and fc2's forward ("pipeline") and the bulk transfers beside the QKV's and
+fc1's dgrad and wgrad ("bulk") on 16 SMs each, reserved from the GEMM (set_sm_margin), while the ring
+exchanges of the all-gathers take 1 SM and no margin. Those six GEMMs run on S - 16 of the GPU's S SMs.
 """
 from __future__ import annotations
 
@@ -14,8 +20,12 @@ from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
 from ..specs.training import TrainingSpec
+from .flops import MLP, input_projection_gemms
 from .fp8 import fp8_gemm_time, linear_gemms
 from .kernel_rates import gemm_compute_time
+
+USERBUFFER_SMS = 16
+"""SMs of a pipeline or bulk userbuffer overlap in TE's default configuration (num_sm, set_sm_margin)."""
 
 
 def tp_overlap_applies(strategy: LayerStrategy, training: TrainingSpec) -> bool:
@@ -34,3 +44,23 @@ def linear_gemm_seconds(layer: LayerSpec, seq: int, samples: int, tp: int, clust
 def exposed_tp_seconds(tp_comm_s: float, linear_gemm_s: float, tp: int) -> float:
     """TP traffic left exposed under the overlap: the first of tp chunks, or what the GEMMs cannot cover."""
     return max(tp_comm_s / tp, tp_comm_s - linear_gemm_s)
+
+
+def sm_margin_seconds(layer: LayerSpec, seq: int, samples: int, tp: int, cluster: ClusterSpec,
+                      training: TrainingSpec) -> tuple[float, float]:
+    """(forward, backward) seconds the overlap's reserved SMs add to one shard's GEMMs: the row-parallel
+    GEMMs' forward (their output reduce-scattered, n = h) and the h-wide input GEMMs' dgrad and wgrad
+    (QKV and fc1, whose input is the gathered norm output), each S / (S - 16) times as long. 0 where the
+    GPU's SM count is not known."""
+    sms = cluster.gpu.sm_count
+    if sms <= USERBUFFER_SMS:
+        return 0.0, 0.0
+    gemm_time = fp8_gemm_time if training.fp8 else gemm_compute_time
+    gemms = linear_gemms(layer, seq, samples, tp)
+    mlp = [g for g in gemms if g.role == MLP]  # fc1, fc2 (layer_gemms' order), or none
+    projection = [g for g in gemms if g.role != MLP][-1]  # the attention's output projection comes last
+    inputs = [g for g in input_projection_gemms(layer, samples * seq, tp) if g.k == layer.hidden_size] + mlp[:1]
+    row_parallel = [projection] + mlp[1:]
+    stretch = sms / (sms - USERBUFFER_SMS) - 1.0
+    return (stretch * sum(gemm_time(g, cluster) for g in row_parallel),
+            stretch * 2 * sum(gemm_time(g, cluster) for g in inputs))

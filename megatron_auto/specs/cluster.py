@@ -34,6 +34,9 @@ class GpuSpec:
     """Dense FP8 tensor FLOP/s from the datasheet; 0: no FP8 tensor cores (cost/fp8.py)."""
     mxfp8: bool = False
     """Tensor cores for MXFP8 microscaling (Blackwell and later): --fp8-recipe mxfp8 runs."""
+    sm_count: int = 0
+    """Streaming multiprocessors, for the share that communication kernels take from a GEMM beside them
+    (cost/tp_overlap.py); 0: not modelled."""
 
     @property
     def capacity_bytes(self) -> int:

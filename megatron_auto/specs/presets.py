@@ -143,7 +143,7 @@ _CUDA_MEMORY = dict(framework_overhead_bytes=0, cuda_context_bytes=CUDA_CONTEXT_
 CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     "dgx-a100-80gb": ClusterSpec(
         name="dgx-a100-80gb", num_nodes=1, gpus_per_node=8,
-        gpu=GpuSpec("A100-SXM4-80GB", 80 * GIB, 312e12, 2.0e12),
+        gpu=GpuSpec("A100-SXM4-80GB", 80 * GIB, 312e12, 2.0e12, sm_count=108),  # SMs: A100 datasheet
         intra_node=LinkSpec(300e9, 5e-6, efficiency=0.78),   # NVLink 3, 300 GB/s each way
         inter_node=LinkSpec(25e9, 10e-6, efficiency=0.85),   # 1x HDR 200 Gb/s per GPU
         compute=A100_COMPUTE, **_CUDA_MEMORY,
@@ -151,7 +151,8 @@ CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     "dgx-h100-80gb": ClusterSpec(
         name="dgx-h100-80gb", num_nodes=1, gpus_per_node=8,
         gpu=GpuSpec("H100-SXM5-80GB", 80 * GIB, 989e12, 3.35e12, kernel_launch_s=H100_KERNEL_LAUNCH_S,
-                    usable_memory_bytes=H100_USABLE_BYTES, fp8_peak_flops=1979e12),  # FP8: datasheet, dense
+                    usable_memory_bytes=H100_USABLE_BYTES, fp8_peak_flops=1979e12,  # FP8: datasheet, dense
+                    sm_count=132),  # H100 SXM5 datasheet
         intra_node=LinkSpec(450e9, 5e-6, efficiency=0.78),   # NVLink 4, 450 GB/s each way
         inter_node=LinkSpec(50e9, 10e-6, efficiency=0.85),   # 1x NDR 400 Gb/s per GPU
         compute=H100_COMPUTE, **_CUDA_MEMORY,
