@@ -6,7 +6,7 @@ from dataclasses import replace
 import pytest
 
 from megatron_auto import serde
-from megatron_auto.cost.context_parallel import cp_qkv_kept_width, kv_exchange_time
+from megatron_auto.cost.context_parallel import cp_qkv_kept_width, kv_exchange_time, ring_kv_exchange_time
 from megatron_auto.cost.estimate import estimate_plan
 from megatron_auto.cost.layer_cost import layer_cost
 from megatron_auto.cost.memory import layer_activation_bytes, qkv_kept_width
@@ -149,7 +149,9 @@ def test_estimate_prices_llama3_70b_with_context_parallelism_where_it_alone_fits
     without = ok_json(*ESTIMATE)
     split = ok_json(*ESTIMATE, "--cp", "2")
     assert not without["fits"] and split["fits"]
-    assert split["breakdown"]["cp_comm_s"] > 0
+    # Transformer Engine's ring hides the K/V exchange behind the core; the local spec's all-gather waits for it.
+    local = ok_json(*ESTIMATE, "--cp", "2", "--transformer-impl", "local")
+    assert local["breakdown"]["cp_comm_s"] > split["breakdown"]["cp_comm_s"] >= 0
     # The same work per rank, plus the K/V exchange and smaller kernels: a few percent more time.
     assert without["iteration_time_s"] < split["iteration_time_s"] < 1.1 * without["iteration_time_s"]
     flags = split["megatron_flags"]
@@ -175,7 +177,8 @@ def test_estimate_prices_a_moe_model_under_cp_with_experts_over_tp_cp_dp():
     under_cp = ok_json(*MIXTRAL_ESTIMATE, "--cp", "2", "--ep", "8")
     without = ok_json(*MIXTRAL_ESTIMATE, "--ep", "8")
     assert under_cp["megatron_flags"][under_cp["megatron_flags"].index("--context-parallel-size") + 1] == "2"
-    assert under_cp["breakdown"]["cp_comm_s"] > 0 and "--context-parallel-size" not in without["megatron_flags"]
+    local = ok_json(*MIXTRAL_ESTIMATE, "--cp", "2", "--ep", "8", "--transformer-impl", "local")
+    assert local["breakdown"]["cp_comm_s"] > 0 and "--context-parallel-size" not in without["megatron_flags"]
     # Each rank keeps half of each sequence's activations (and the experts' states are sharded the same).
     assert under_cp["memory_breakdown"]["activations_gib"] < 0.6 * without["memory_breakdown"]["activations_gib"]
 
@@ -220,3 +223,19 @@ def test_the_search_keeps_short_sequences_mla_and_the_unfused_core_at_cp_1_and_s
     found = search_plan(gpt3, load_cluster("dgx-a100-80gb", 128), TrainingSpec(global_batch_size=1536),
                         "megatron").plan
     assert found.embedding.cp == 1
+
+
+def test_te_ring_hides_the_k_and_v_transfers_behind_the_core_as_far_as_it_lasts():
+    """Transformer Engine's ring (TrainingSpec.fused_norms): cp - 1 transfers beside cp - 1 of the cp steps'
+    core work; forward K and V once, backward K and V with their gradients; all of it shows where the cluster
+    overlaps nothing."""
+    strategy = LayerStrategy(tp=8, dp=1, cp=8, zero=1, sp=True)
+    te = replace(BF16, fused_norms=True)
+    serial = ring_kv_exchange_time(LAYER, 8192, 1, strategy, replace(H100, grad_overlap=0.0), te, regather=False)
+    once = kv_exchange_time(LAYER, 8192, 1, strategy, H100, 2, regather=False)
+    gather = (kv_exchange_time(LAYER, 8192, 1, strategy, H100, 2, regather=True) - once)
+    assert serial == pytest.approx(once + gather, rel=1e-12)  # the backward's extra pass of K and V
+    short = ring_kv_exchange_time(LAYER, 8192, 1, strategy, H100, te, regather=False)
+    long = ring_kv_exchange_time(LAYER, 262144, 1, strategy, H100, te, regather=False)
+    assert 0 < short < serial and long == 0.0  # at 256K tokens the core covers every transfer
+    assert layer_cost(LAYER, strategy, 1, 8192, H100, te).cp_comm_s == short

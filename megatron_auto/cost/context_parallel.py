@@ -11,7 +11,8 @@ What changes against the same layer without CP, for one rank:
   causal sequence of s / cp; so the core costs its share of the whole sequence's;
 - K and V travel: an all-gather of the whole sequence's K and V in the forward (again under full
   recompute), a reduce-scatter of their gradients in the backward, over cp ranks `tp` apart
-  (Megatron-Core's rank order tp-cp-dp-pp), all exposed (the attention waits for them);
+  (Megatron-Core's rank order tp-cp-dp-pp), all exposed (the attention waits for them); under
+  Transformer Engine's spec the ring overlaps them with the core instead (ring_kv_exchange_time);
 - the attention keeps the whole sequence's K and V, expanded to the query heads (cp_qkv_kept_width);
 - weights are replicated over CP: gradients are reduced, and the distributed optimizer shards, over
   dp x cp ranks (LayerStrategy.gradient_dp).
@@ -77,6 +78,28 @@ def kv_exchange_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerSt
     gathers = 2 if regather else 1
     return (gathers * comm.collective_time("all_gather", bytes_, strategy.cp, strategy.tp, cluster)
             + comm.collective_time("reduce_scatter", bytes_, strategy.cp, strategy.tp, cluster))
+
+
+def ring_kv_exchange_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy, cluster: ClusterSpec,
+                          training: TrainingSpec, regather: bool) -> float:
+    """The K/V traffic left exposed by Transformer Engine's ring attention (AttnFuncWithCPAndKVP2P, what
+    Megatron-Core's TE spec runs for CP): in each of its cp steps a rank sends the K/V chunk it holds to the
+    next rank while it computes attention on the chunk it received, so cp - 1 transfers run beside cp - 1 of
+    the cp steps' core work (1 / cp of the whole sequence's core each, module docstring). The forward moves
+    the whole sequence's K and V once (again under full recompute); the backward moves them again with their
+    gradients (an all-gather's and a reduce-scatter's bytes). What the core cannot cover stays exposed, and all
+    of it where the cluster overlaps nothing (grad_overlap)."""
+    groups = max(1, layer.num_query_groups // strategy.tp)
+    bytes_ = 2 * seq * samples * groups * layer.kv_channels * training.activation_bytes
+    comm = comm_model(cluster)
+    gather = comm.collective_time("all_gather", bytes_, strategy.cp, strategy.tp, cluster)
+    scatter = comm.collective_time("reduce_scatter", bytes_, strategy.cp, strategy.tp, cluster)
+    core_forward, core_backward = (t / strategy.cp * (strategy.cp - 1) / strategy.cp
+                                   for t in _core_times(layer, seq, samples, strategy, cluster, training))
+    passes = ((gather, core_forward),) * (2 if regather else 1) + ((gather + scatter, core_backward),)
+    total = sum(moved for moved, _ in passes)
+    exposed = sum(max(0.0, moved - covered) for moved, covered in passes)
+    return total - comm.grad_overlap * (total - exposed)
 
 
 def cp_qkv_kept_width(layer: LayerSpec, cp: int) -> float:

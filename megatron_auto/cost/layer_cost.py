@@ -16,7 +16,7 @@ from ..specs.model import LayerSpec
 from ..specs.training import DEFAULT_RECOMPUTE_MODULES, TrainingSpec
 from .communication import dp_comm_time, tp_comm_time, zero3_comm_time
 from .context_parallel import (attention_core_extra_times, cp_qkv_kept_width, gradient_strategy, kv_exchange_time,
-                               local_sequence)
+                               local_sequence, ring_kv_exchange_time)
 from .compute import ComputeTimes, module_forward_shares, recompute_time
 from .tp_overlap import exposed_tp_seconds, linear_gemm_seconds, sm_margin_seconds, tp_overlap_applies
 from .layer_kernels import fused_accumulation_saving
@@ -141,8 +141,10 @@ def context_parallel_layer_cost(layer: LayerSpec, strategy: LayerStrategy, sampl
         base,
         forward_s=base.forward_s + forward, backward_s=base.backward_s + backward,
         recompute_s=base.recompute_s + (forward if core_recomputed else 0.0),
-        cp_comm_s=kv_exchange_time(layer, seq, samples, strategy, cluster, training.activation_bytes,
-                                   regather=core_recomputed),
+        cp_comm_s=(ring_kv_exchange_time(layer, seq, samples, strategy, cluster, training, regather=core_recomputed)
+                   if training.fused_norms else
+                   kv_exchange_time(layer, seq, samples, strategy, cluster, training.activation_bytes,
+                                    regather=core_recomputed)),
         activation_bytes=base.activation_bytes + (0.0 if core_recomputed else whole_kv),
         transient_bytes=base.transient_bytes + (whole_kv if core_recomputed else 0.0),
     )
