@@ -36,8 +36,14 @@ def megatron_flags(plan: Plan) -> list[str]:
         flags.append("--sequence-parallel")
     if layout.zero >= 1:
         flags.append("--use-distributed-optimizer")
+    if layout.zero >= 2:  # Megatron-FSDP (megatron/core/distributed/fsdp)
+        flags += ["--use-megatron-fsdp", "--data-parallel-sharding-strategy", FSDP_SHARDING[layout.zero]]
     recipe = list(plan.prediction.recipe_flags) if plan.prediction is not None else []
     return flags + _overlap_flags(plan) + _expert_flags(plan) + recipe
+
+
+FSDP_SHARDING = {0: "no_shard", 1: "optim", 2: "optim_grads", 3: "optim_grads_params"}
+"""Megatron-LM's --data-parallel-sharding-strategy for each ZeRO stage."""
 
 
 def expert_degrees(plan: Plan) -> tuple[int, int] | None:

@@ -427,8 +427,6 @@ def _check_megatron_space(plan: Plan) -> None:
         return
     if not plan.is_uniform_layout():
         raise ValueError("a megatron-space plan uses one TP/DP/ZeRO/SP layout for all layers")
-    if plan.embedding.zero not in (0, 1):
-        raise ValueError("stock Megatron shards at most the optimizer state (zero 0 or 1)")
     _check_one_expert_layout(plan)
     kinds = {s.recompute for s in plan.distinct_strategies}
     if "selective" in kinds and len(kinds) > 1:

@@ -126,9 +126,12 @@ def test_megatron_space_needs_one_layout():
 
 
 def test_megatron_space_other_rules():
+    # ZeRO-2 and -3 on every layer are Megatron-FSDP's optim_grads and optim_grads_params; one layout for all.
     z3 = LayerStrategy(tp=2, dp=2, zero=3)
-    with pytest.raises(ValueError, match="zero 0 or 1"):
-        manual((4, 4), z3)
+    assert manual((4, 4), z3).embedding.zero == 3
+    with pytest.raises(ValueError, match="one TP/DP/ZeRO/SP layout"):
+        Plan(space="megatron", world_size=8, pipeline_parallel=2, global_batch_size=16, num_micro_batches=4,
+             chunks=(Chunk((z3,) * 4), Chunk((S22,) * 4)), embedding=z3)
     mixed = (Chunk((replace(S22, recompute="selective"),) * 4), Chunk((S22,) * 4))
     with pytest.raises(ValueError, match="selectively"):
         Plan(space="megatron", world_size=8, pipeline_parallel=2, global_batch_size=16,

@@ -8,7 +8,7 @@ from typing import Optional
 
 from ..cost.estimate import estimate_plan
 from ..errors import UserError
-from ..megatron_flags import flag_groups
+from ..megatron_flags import FSDP_SHARDING, flag_groups
 from ..pipeline_layout import LAYOUT_FLAG, chunk_layers_of_layout
 from ..plan import Plan, load_plan
 from ..report import plan_table
@@ -27,7 +27,8 @@ SPLIT_FLAGS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_l
 SPLIT_FLAG_SPELLINGS = (*(f"--{name.replace('_', '-')}" for name in SPLIT_FLAGS[:-1]), LAYOUT_FLAG)
 """Megatron-LM's spelling of each of SPLIT_FLAGS."""
 LAYOUT_FLAGS = ("tp", "pp", "dp", "cp", "micro_batch_size", "virtual_stages", "recompute",
-                "sequence_parallel", "distributed_optimizer", "ep", "etp", *SPLIT_FLAGS)
+                "sequence_parallel", "distributed_optimizer", "ep", "etp", "use_megatron_fsdp", "recompute_num_layers",
+                *SPLIT_FLAGS)
 
 
 def check_dp(args: argparse.Namespace, cluster: ClusterSpec) -> None:
@@ -68,6 +69,21 @@ def layout_from_args(args: argparse.Namespace, num_layers: int) -> Optional[tupl
     return chunk_layers_of_layout(args.pipeline_model_parallel_layout, args.pp, num_layers)
 
 
+def fsdp_stage(args: argparse.Namespace) -> int:
+    """The ZeRO stage of --use-megatron-fsdp's --data-parallel-sharding-strategy (0 without the flag)."""
+    if not getattr(args, "use_megatron_fsdp", None):
+        return 0
+    return {name: zero for zero, name in FSDP_SHARDING.items()}[args.data_parallel_sharding_strategy]
+
+
+def recompute_num_layers(args: argparse.Namespace) -> Optional[int]:
+    """--recompute-num-layers, which Megatron-LM reads with full recomputation only."""
+    layers = getattr(args, "recompute_num_layers", None)
+    if layers is not None and args.recompute != "full":
+        raise UserError("--recompute-num-layers needs --recompute full (as in Megatron-LM)")
+    return layers
+
+
 def config_from_args(args: argparse.Namespace, num_layers: int) -> UniformConfig:
     chunk_layers = layout_from_args(args, num_layers)
     stage_layers, account_for = split_from_args(args, num_layers)
@@ -75,7 +91,9 @@ def config_from_args(args: argparse.Namespace, num_layers: int) -> UniformConfig
     return UniformConfig(
         tp=args.tp, pp=args.pp, micro_batch_size=args.micro_batch_size or 1,
         virtual_stages=virtual, sequence_parallel=bool(sequence_parallel_flag(args)),
-        distributed_optimizer=bool(args.distributed_optimizer), recompute=args.recompute or "none",
+        distributed_optimizer=bool(args.distributed_optimizer) or fsdp_stage(args) == 1,
+        recompute=args.recompute or "none", fsdp_sharding=fsdp_stage(args) if fsdp_stage(args) >= 2 else 0,
+        recompute_num_layers=recompute_num_layers(args),
         stage_layers=stage_layers, account_for=account_for, chunk_layers=chunk_layers,
         expert_parallel=args.ep or 1, expert_tensor_parallel=args.etp, context_parallel=args.cp or 1,
     )

@@ -7,6 +7,7 @@ from typing import NoReturn, Optional
 
 from ..cost.fp8 import FP8_FORMATS, FP8_RECIPES
 from ..kernel_choice import ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMULATION_FUSIONS, OPTIMIZER_IMPLS
+from ..megatron_flags import FSDP_SHARDING
 from ..plan import RECOMPUTE_KINDS, SPACES
 from ..specs.training import (DEFAULT_MOE_LOAD_IMBALANCE, FLEX_DISPATCHER_BACKENDS, MOE_TOKEN_DISPATCHERS,
                               RECOMPUTE_MODULES)
@@ -211,6 +212,20 @@ def add_split_arguments(parser: argparse.ArgumentParser) -> None:
                              "fixes the virtual stages")
 
 
+def add_sharding_arguments(parser: argparse.ArgumentParser) -> None:
+    """Megatron-FSDP and partial recomputation, as Megatron-LM spells them (estimate prices them)."""
+    parser.add_argument("--use-megatron-fsdp", action="store_const", const=True,
+                        help="Megatron-FSDP: shard what --data-parallel-sharding-strategy says over the "
+                             "data-parallel ranks")
+    parser.add_argument("--data-parallel-sharding-strategy", choices=tuple(FSDP_SHARDING.values()),
+                        default="optim_grads_params",
+                        help="with --use-megatron-fsdp: no_shard, optim (ZeRO-1), optim_grads (ZeRO-2) or "
+                             "optim_grads_params (ZeRO-3, the default)")
+    parser.add_argument("--recompute-num-layers", type=positive_int, metavar="N",
+                        help="with --recompute full: recompute the first N layers of every chunk "
+                             "(Megatron-LM's block method)")
+
+
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
     parser.add_argument("--out", metavar="plan.json", help="write the plan to this file")
@@ -235,6 +250,7 @@ def _estimate_parser(commands: argparse._SubParsersAction) -> None:
     add_job_arguments(parser, required=False)
     add_layout_arguments(parser, tp_pp_required=False)
     add_split_arguments(parser)
+    add_sharding_arguments(parser)
     add_output_arguments(parser)
 
 

@@ -81,6 +81,10 @@ def layout_from_plan(plan: Plan) -> MegatronLayout:
     if plan.space != "megatron":
         raise UserError(f"the Megatron-Core runtime runs megatron-space plans; this plan is {plan.space!r}")
     flags = _parse_flags(megatron_flags(plan))
+    if flags.get("use_megatron_fsdp"):
+        raise UserError(f"Megatron-FSDP (--data-parallel-sharding-strategy {flags['data_parallel_sharding_strategy']}) "
+                        "is priced by plan and estimate, not run here; ZeRO-3 layers run from --auto-parallel-space "
+                        "hybrid")
 
     def number(name: str) -> Optional[int]:
         return int(flags[name]) if name in flags else None

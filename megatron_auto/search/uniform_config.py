@@ -48,6 +48,14 @@ class UniformConfig:
     context_parallel: int = 1
     """--context-parallel-size: each sequence split over this many ranks (priced by `estimate`; the
     search keeps 1)."""
+    fsdp_sharding: int = 0
+    """--use-megatron-fsdp with --data-parallel-sharding-strategy as a ZeRO stage: 2 (optim_grads) or 3
+    (optim_grads_params); 0: no Megatron-FSDP (distributed_optimizer says 0 or 1)."""
+
+    @property
+    def zero(self) -> int:
+        """The ZeRO stage every layer runs: Megatron-FSDP's, else 1 with the distributed optimizer."""
+        return self.fsdp_sharding or (1 if self.distributed_optimizer else 0)
 
     def layer_strategy(self, layer, strategy: LayerStrategy) -> LayerStrategy:
         """`strategy` with this config's expert degrees on a MoE layer."""
