@@ -113,7 +113,8 @@ def _flags_of(row: dict) -> tuple[str, ...]:
 
 
 RECIPE_KNOBS = {"--fp8-recipe": 1, "--moe-token-dispatcher-type": 1, "--moe-flex-dispatcher-backend": 1,
-                "--overlap-moe-expert-parallel-comm": 0, "--delay-wgrad-compute": 0}
+                "--overlap-moe-expert-parallel-comm": 0, "--delay-wgrad-compute": 0, "--cross-entropy-loss-fusion": 0,
+                "--cross-entropy-fusion-impl": 1}
 """Flags of a row's `estimate_flags` that are its recipe's knobs, not its layout (with how many values each
 takes): the planner's plan for the same job is priced with them too."""
 

@@ -109,7 +109,9 @@ def recipe_options(args: argparse.Namespace, precision: str, on_gpu: bool) -> di
     options = dict(tp_comm_overlap=bool(getattr(args, "tp_comm_overlap", False)),
                    grad_accumulation_fusion=fusion == "on" or (fusion == "auto" and on_gpu),
                    bias_activation_fusion=resolve_bias_fusions(getattr(args, "bias_fusions", "auto"), on_gpu),
-                   rope_fusion=bool(getattr(args, "rope_fusion", False)))
+                   rope_fusion=bool(getattr(args, "rope_fusion", False)),
+                   cross_entropy_fusion=(getattr(args, "cross_entropy_fusion_impl", "native")
+                                         if getattr(args, "cross_entropy_loss_fusion", False) else "none"))
     if getattr(args, "grad_reduce_in_bf16", False):
         if precision == "fp32":
             raise UserError("--grad-reduce-in-bf16 needs 16-bit or fp8 training, not fp32")

@@ -117,6 +117,11 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
                         help="price weight gradients accumulated inside the wgrad GEMM (Megatron-LM's "
                              "--gradient-accumulation-fusion; auto: on GPU clusters, where TE, apex or the "
                              "runtime's checked stand-in runs it, off on cpu-gloo)")
+    parser.add_argument("--cross-entropy-loss-fusion", action="store_true",
+                        help="price Megatron-LM's fused cross entropy (with --cross-entropy-fusion-impl te, "
+                             "Transformer Engine's: no fp32 softmax kept beside the logits)")
+    parser.add_argument("--cross-entropy-fusion-impl", choices=("native", "te"), default="native",
+                        help="which fused cross entropy (Megatron-LM's flag; default native)")
     parser.add_argument("--grad-reduce-in-bf16", action="store_true",
                         help="gradients accumulated and reduced in bf16 (2 bytes) instead of fp32, Megatron-LM's "
                              "flag (NeMo's performance recipes: grad_reduce_in_fp32=False)")

@@ -12,7 +12,7 @@ from .communication import dp_comm_time, tp_comm_time
 from .flops import Gemm
 from .layer_kernels import embedding_times, head_memory_times
 from .models import comm_model, compute_model
-from .memory import (embedding_activation_bytes, logits_activation_bytes, logits_transient_bytes,
+from .memory import (embedding_activation_bytes, kept_logit_bytes, logits_activation_bytes, logits_transient_bytes,
                      model_state_bytes, optimizer_temporary_bytes)
 
 
@@ -49,7 +49,7 @@ def embedding_cost(model: ModelSpec, strategy: LayerStrategy, samples: int, clus
     # head's input-gradient all-reduce in backward (tp_comm_time counts a layer's four).
     one_collective = tp_comm_time(h, s, samples, _no_recompute(strategy), cluster, word) / 4
     embedding_forward, embedding_backward, head_forward, head_backward = _memory_bound_times(
-        model, samples * s, strategy.tp, word, cluster)
+        model, samples * s, strategy.tp, word, cluster, training.cross_entropy_fusion)
     embedding = PartCost(
         micro_batch_s=one_collective + embedding_forward + embedding_backward, backward_s=embedding_backward,
         tp_comm_s=one_collective,
@@ -67,22 +67,23 @@ def embedding_cost(model: ModelSpec, strategy: LayerStrategy, samples: int, clus
         tp_comm_s=one_collective + loss_comm,
         dp_comm_per_iteration_s=dp_comm_time(head_params, strategy, cluster, training),
         state_bytes=model_state_bytes(head_params, strategy, training),
-        activation_bytes=logits_activation_bytes(model, samples, strategy),
+        activation_bytes=logits_activation_bytes(model, samples, strategy,
+                                                 kept_logit_bytes(training.cross_entropy_fusion, word)),
         optimizer_temporary_bytes=optimizer_temporary_bytes(head_params, strategy, training),
-        loss_bytes=logits_transient_bytes(model, samples, strategy, word),
+        loss_bytes=logits_transient_bytes(model, samples, strategy, word, training.cross_entropy_fusion),
     )
     return EmbeddingCost(embedding=embedding, head=head)
 
 
 def _memory_bound_times(model: ModelSpec, tokens: int, tp: int, word: int,
-                        cluster: ClusterSpec) -> tuple[float, float, float, float]:
+                        cluster: ClusterSpec, fusion: str) -> tuple[float, float, float, float]:
     """(embedding forward, backward, head forward, backward) seconds of memory-bound work: priced
     kernel by kernel on `kernel_level` clusters (cost/layer_kernels.py), else not modelled."""
     if not cluster.compute.kernel_level or cluster.measured is not None:
         return 0.0, 0.0, 0.0, 0.0
     h, vocab = model.hidden_size, model.vocab_size
     return (*embedding_times(tokens, h, vocab, tp, word, cluster),
-            *head_memory_times(tokens, h, vocab, tp, word, cluster))
+            *head_memory_times(tokens, h, vocab, tp, word, cluster, fusion))
 
 
 def cross_entropy_comm_time(tokens: int, strategy: LayerStrategy, cluster: ClusterSpec) -> float:

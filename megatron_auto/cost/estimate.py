@@ -334,6 +334,8 @@ def recipe_flags(plan: Plan, model: ModelSpec, training: TrainingSpec) -> tuple[
         flags.append("--tp-comm-overlap")
     if training.grad_bytes == 2 and training.precision != "fp32":
         flags.append("--grad-reduce-in-bf16")
+    if training.cross_entropy_fusion != "none":
+        flags += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", training.cross_entropy_fusion]
     moe = any(layer.moe is not None for layer in model.layers)
     if moe and training.moe_token_dispatcher == "flex":
         flags += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", training.moe_flex_backend]

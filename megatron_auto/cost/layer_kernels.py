@@ -158,6 +158,10 @@ CROSS_ENTROPY_BYTES_PER_LOGIT = (38, 14)
 (tensor_parallel/cross_entropy.py): forward casts the bf16 logits to fp32 (6), takes the max
 (4), subtracts it and exponentiates in place (8 + 8), sums (4) and divides in place (8);
 backward scales the saved softmax in place (8) and casts the gradient back to bf16 (6)."""
+TE_CROSS_ENTROPY_BYTES_PER_LOGIT = (6, 4)
+"""The same under Transformer Engine's fused cross entropy (its Triton kernel, transformer_engine/pytorch/
+triton/cross_entropy.py): one pass reads the logits for the running max and sum (2), a second reads them and
+writes the gradient over them (2 + 2); backward scales that gradient in place (2 + 2)."""
 
 
 def embedding_times(tokens: int, hidden: int, vocab: int, tp: int, word: int,
@@ -173,12 +177,12 @@ def embedding_times(tokens: int, hidden: int, vocab: int, tp: int, word: int,
 
 
 def head_memory_times(tokens: int, hidden: int, vocab: int, tp: int, word: int,
-                      cluster: ClusterSpec) -> tuple[float, float]:
+                      cluster: ClusterSpec, fusion: str = "none") -> tuple[float, float]:
     """(forward, backward) memory-bound seconds of the LM head beside its GEMMs: the final
     LayerNorm, the cross entropy over the tokens x vocab/tp logits, and the output weight's
     gradient added into main_grad."""
     logits = tokens * vocab / tp
-    forward_bytes, backward_bytes = CROSS_ENTROPY_BYTES_PER_LOGIT
+    forward_bytes, backward_bytes = TE_CROSS_ENTROPY_BYTES_PER_LOGIT if fusion == "te" else CROSS_ENTROPY_BYTES_PER_LOGIT
     forward = 2 * tokens * hidden * word + forward_bytes * logits
     backward = 3 * tokens * hidden * word + backward_bytes * logits + vocab * hidden / tp * (word + 2 * MAIN_GRAD_BYTES)
     bandwidth = elementwise_bandwidth(cluster)

@@ -234,17 +234,28 @@ def embedding_activation_bytes(model: ModelSpec, samples: int, strategy: LayerSt
     return model.seq_length * samples * model.hidden_size * (activation_bytes + mask) / split
 
 
-def logits_activation_bytes(model: ModelSpec, samples: int, strategy: LayerStrategy) -> float:
-    """Last stage: the fp32 softmax the vocab-parallel cross entropy keeps for backward, 4sbV/t
-    (Megatron-Core tensor_parallel/cross_entropy.py: logits.float(), exp and divide in place)."""
-    return FP32_BYTES * model.seq_length * samples * model.vocab_size / strategy.tp
+def logits_activation_bytes(model: ModelSpec, samples: int, strategy: LayerStrategy,
+                            bytes_per_logit: int = FP32_BYTES) -> float:
+    """Last stage: what the cross entropy keeps for backward per logit, sbV/t of them: the fp32 softmax of
+    Megatron-Core's vocab-parallel cross entropy (tensor_parallel/cross_entropy.py: logits.float(), exp and
+    divide in place), or the logits themselves under TE's fused one (kept_logit_bytes)."""
+    return bytes_per_logit * model.seq_length * samples * model.vocab_size / strategy.tp
 
 
-def logits_transient_bytes(model: ModelSpec, samples: int, strategy: LayerStrategy, word: int) -> float:
+def kept_logit_bytes(fusion: str, word: int) -> int:
+    """Bytes per logit the loss keeps: Transformer Engine's fused cross entropy (transformer_engine/pytorch/
+    cross_entropy.py, parallel_cross_entropy) keeps its input and writes the gradient over it; the others an
+    fp32 softmax."""
+    return word if fusion == "te" else FP32_BYTES
+
+
+def logits_transient_bytes(model: ModelSpec, samples: int, strategy: LayerStrategy, word: int,
+                           fusion: str = "none") -> float:
     """Beside that fp32 softmax while the loss runs: the output layer's logits in the activation
     type, wsbV/t (the .float() copy is the same tensor in fp32, so nothing in fp32 training); the
-    backward's cast of the gradient back to the activation type holds as much."""
-    if word >= FP32_BYTES:
+    backward's cast of the gradient back to the activation type holds as much. Nothing under TE's fused
+    cross entropy, whose kept logits are those."""
+    if word >= FP32_BYTES or fusion == "te":
         return 0.0
     return word * model.seq_length * samples * model.vocab_size / strategy.tp
 

@@ -25,8 +25,8 @@ from .communication import dp_comm_time
 from .embedding import PartCost, embedding_cost
 from .flops import Gemm
 from .kernel_rates import elementwise_bandwidth
-from .memory import (FP32_BYTES, embedding_activation_bytes, logits_activation_bytes, model_state_bytes,
-                     optimizer_temporary_bytes)
+from .memory import (FP32_BYTES, embedding_activation_bytes, kept_logit_bytes, logits_activation_bytes,
+                     model_state_bytes, optimizer_temporary_bytes)
 from .models import comm_model, compute_model
 
 PER_TOKEN_BYTES = 8 + 8 + 1 + 4 + 4
@@ -84,7 +84,9 @@ def mtp_cost(model: ModelSpec, strategy: LayerStrategy, samples: int, cluster: C
         activation_bytes=depths * mtp_kept_bytes(model, samples, strategy, training.activation_bytes,
                                                  cluster.dropout_mask_bytes),
         optimizer_temporary_bytes=optimizer_temporary_bytes(params, strategy, training),
-        loss_bytes=depths * logits_activation_bytes(model, samples, strategy),
+        loss_bytes=depths * logits_activation_bytes(model, samples, strategy,
+                                                    kept_logit_bytes(training.cross_entropy_fusion,
+                                                                     training.activation_bytes)),
     )
 
 

@@ -13,6 +13,9 @@ from .model import _check_version
 TRAINING_SCHEMA_VERSION = 1
 GIB = 1024**3
 MOE_TOKEN_DISPATCHERS = ("alltoall", "allgather", "flex")
+CROSS_ENTROPY_FUSIONS = ("none", "native", "te")
+"""How the loss runs: Megatron-Core's vocab-parallel cross entropy, its fused version (--cross-entropy-loss-fusion
+--cross-entropy-fusion-impl native) or Transformer Engine's (... te)."""
 FLEX_DISPATCHER_BACKENDS = ("deepep", "hybridep")
 # Routed tokens on the busiest EP rank over the mean. 1.0 = balanced routing, what the auxiliary loss drives
 # toward and a capacity factor of 1 enforces; no measured figure was available (docs/cost_model.md, "MoE").
@@ -113,6 +116,9 @@ class TrainingSpec(CachedHash):
     rope_fusion: bool = False
     """RoPE runs Transformer Engine's fused kernel (Megatron-LM's --apply-rope-fusion default where TE imports;
     the runtime leaves it off): no per-layer cos/sin tables are kept."""
+    cross_entropy_fusion: str = "none"
+    """CROSS_ENTROPY_FUSIONS: with te, Transformer Engine's fused cross entropy keeps the logits in their own type
+    and writes their gradient over them, with no fp32 softmax beside them (cost/memory.py, cost/layer_kernels.py)."""
     fused_norms: bool = False
     """The layers run Transformer Engine's spec, whose norms are fused into the next GEMM
     (TELayerNormColumnParallelLinear): megatron-core then leaves `layernorm` recomputation undone
@@ -137,6 +143,9 @@ class TrainingSpec(CachedHash):
                              f"got {self.optimizer_impl!r}")
         self._check_moe()
         self._check_recompute_modules()
+        if self.cross_entropy_fusion not in CROSS_ENTROPY_FUSIONS:
+            raise ValueError(f"cross entropy fusion must be one of {', '.join(CROSS_ENTROPY_FUSIONS)}, "
+                             f"got {self.cross_entropy_fusion!r}")
 
     def _check_fp8(self) -> None:
         if self.fp8_format not in FP8_FORMATS:
