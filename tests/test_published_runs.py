@@ -46,6 +46,17 @@ def test_a_row_becomes_estimate_flags_with_its_recipe_knobs():
     assert "--sequence-parallel" not in flags and "--distributed-optimizer" in flags
 
 
+def test_a_rows_recipe_knobs_go_to_the_planner_and_its_layout_flags_to_estimate_alone():
+    row = {**ROW, "estimate_flags": ["--fp8-recipe", "tensorwise", "--account-for-loss-in-pipeline-split",
+                                     "--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", "te",
+                                     "--use-megatron-fsdp"]}
+    run = run_from_row(row)
+    assert run.flags[-2:] == ("--account-for-loss-in-pipeline-split", "--use-megatron-fsdp")
+    assert run.recipe[-5:] == ("--fp8-recipe", "tensorwise", "--cross-entropy-loss-fusion",
+                               "--cross-entropy-fusion-impl", "te")
+    assert "--fp8-recipe" not in run.flags
+
+
 def test_a_row_is_priced_as_estimate_prices_it():
     priced = price_run(run_from_row(ROW))
     assert priced.error is None and priced.estimate.embedding.cp == 2
