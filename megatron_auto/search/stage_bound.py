@@ -61,9 +61,10 @@ def stage_floors(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     `sizes`: decoder layers per chunk in Megatron's chunk order (chunk c on stage c % pp)."""
     kind, limit = recompute
     limit = limit if kind == "full" else None
-    plain = layer_terms(model, cluster, training, strategy, "none", experts, micro_batch_size)
-    redone = plain if kind == "none" else layer_terms(model, cluster, training, strategy, kind, experts,
-                                                      micro_batch_size)
+    free = set_free(training)  # only selectively recomputed layers read the set: one entry serves every set
+    plain = layer_terms(model, cluster, free, strategy, "none", experts, micro_batch_size)
+    redone = plain if kind == "none" else layer_terms(model, cluster, training if kind == "selective" else free,
+                                                      strategy, kind, experts, micro_batch_size)
     per_step, per_chunk = runtime_overhead(cluster)
     v = len(sizes) // pp
     terms = range(3 if memory else 1)

@@ -44,7 +44,7 @@ def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         counted = f" (and {sum(config.account_for)} counted for the embedding/loss)" if any(config.account_for) else ""
         raise UserError(f"{model.num_layers} layers{counted} do not split over {pp} pipeline stages x {v} chunks "
                         "as given")
-    strategy = LayerStrategy(tp=tp, dp=dp, zero=1 if config.distributed_optimizer else 0,
+    strategy = LayerStrategy(tp=tp, dp=dp, zero=config.zero,
                              sp=config.sequence_parallel and tp > 1, cp=cp)
     experts = _expert_strategy(model, strategy, config)
     problem = ep_overlap_layout_problem(pp, v, config.recompute) if (
@@ -103,7 +103,7 @@ def states_overflow(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     framework overhead, exceed the memory budget: then no micro-batch size, virtual-stage
     count or recomputation makes these flags fit (activations only add to it)."""
     strategy = LayerStrategy(tp=config.tp, dp=config_dp(cluster, config),
-                             zero=1 if config.distributed_optimizer else 0,
+                             zero=config.zero,
                              sp=config.sequence_parallel and config.tp > 1, cp=config.context_parallel)
     state = min(layer_cost(spec, config.layer_strategy(spec, strategy), 1, model.seq_length, cluster,
                            training).state_bytes for spec in model.distinct_layers)

@@ -35,7 +35,7 @@ def pipeline_lower_bound(model: ModelSpec, cluster: ClusterSpec, training: Train
     """
     dp = config_dp(cluster, config)
     recompute = config.recompute if config.recompute != "full" else "none"
-    strategy = _layer_strategy(config.tp, dp, 1 if config.distributed_optimizer else 0,
+    strategy = _layer_strategy(config.tp, dp, config.zero,
                                config.sequence_parallel and config.tp > 1, recompute, config.context_parallel)
     m = training.global_batch_size // (micro_batch_size * dp)
     experts = (config.expert_parallel, config.expert_tensor_parallel)
@@ -97,7 +97,7 @@ def _plain_floors_and_layout(model, cluster, training, config, virtual_stages, m
 def layout_key(config: UniformConfig, micro_batch_size: int) -> tuple:
     """Every field of `config` but its recomputation and chunk count, at `micro_batch_size`: what a floor
     without recomputation reads beside the chunk count."""
-    return (config.tp, config.pp, micro_batch_size, config.sequence_parallel, config.distributed_optimizer,
+    return (config.tp, config.pp, micro_batch_size, config.sequence_parallel, config.zero,
             config.stage_layers, config.account_for, config.chunk_layers, config.expert_parallel,
             config.expert_tensor_parallel, config.context_parallel)
 
@@ -112,7 +112,7 @@ def _floor_layout(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     dp = config_dp(cluster, config)
     if profiled_cpu_cores(cluster) or sizes is None or training.global_batch_size % (mbs * dp):
         return None
-    strategy = _layer_strategy(config.tp, dp, 1 if config.distributed_optimizer else 0,
+    strategy = _layer_strategy(config.tp, dp, config.zero,
                                config.sequence_parallel and config.tp > 1, "none", config.context_parallel)
     return (strategy, (config.expert_parallel, config.expert_tensor_parallel), sizes,
             training.global_batch_size // (mbs * dp))
@@ -201,6 +201,7 @@ def screen(model, cluster, training, config: UniformConfig, v: int, limit: float
     if floors is None:
         bound = pipeline_lower_bound(model, cluster, training, config, config.micro_batch_size, v)
         return SLOWER if bound >= limit else None
-    if floors.time_s >= limit:
-        return SLOWER
-    return UNFIT if memory and cannot_fit(model, cluster, training, config, floors) else None
+    # Memory first: a proof that no v fits lets best_uniform_plan skip the larger micro-batches too.
+    if memory and floors.peak_bytes > 0 and cannot_fit(model, cluster, training, config, floors):
+        return UNFIT
+    return SLOWER if floors.time_s >= limit else None
