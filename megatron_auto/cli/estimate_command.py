@@ -88,11 +88,12 @@ def config_from_args(args: argparse.Namespace, num_layers: int) -> UniformConfig
     chunk_layers = layout_from_args(args, num_layers)
     stage_layers, account_for = split_from_args(args, num_layers)
     virtual = len(chunk_layers) // args.pp if chunk_layers else args.virtual_stages or 1
+    sharding = fsdp_stage(args)
     return UniformConfig(
         tp=args.tp, pp=args.pp, micro_batch_size=args.micro_batch_size or 1,
         virtual_stages=virtual, sequence_parallel=bool(sequence_parallel_flag(args)),
-        distributed_optimizer=bool(args.distributed_optimizer) or fsdp_stage(args) == 1,
-        recompute=args.recompute or "none", fsdp_sharding=fsdp_stage(args) if fsdp_stage(args) >= 2 else 0,
+        distributed_optimizer=bool(args.distributed_optimizer) or sharding == 1,
+        recompute=args.recompute or "none", fsdp_sharding=sharding if sharding >= 2 else 0,
         recompute_num_layers=recompute_num_layers(args),
         stage_layers=stage_layers, account_for=account_for, chunk_layers=chunk_layers,
         expert_parallel=args.ep or 1, expert_tensor_parallel=args.etp, context_parallel=args.cp or 1,

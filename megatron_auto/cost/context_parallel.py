@@ -67,13 +67,17 @@ def _core_times(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrateg
     return forward, 2.0 * forward
 
 
+def kv_bytes(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy, word: int) -> float:
+    """The whole sequence's K and V of this rank's query groups: what the CP group exchanges."""
+    return 2 * seq * samples * max(1, layer.num_query_groups // strategy.tp) * layer.kv_channels * word
+
+
 def kv_exchange_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
                      cluster: ClusterSpec, word: int, regather: bool) -> float:
     """The K/V all-gather (twice where the core attention is recomputed: `regather`) and the reduce-scatter
     of their gradients, per micro-batch: the gathered buffer is the whole sequence's K and V of this rank's
     query groups."""
-    groups = max(1, layer.num_query_groups // strategy.tp)
-    bytes_ = 2 * seq * samples * groups * layer.kv_channels * word
+    bytes_ = kv_bytes(layer, seq, samples, strategy, word)
     comm = comm_model(cluster)
     gathers = 2 if regather else 1
     return (gathers * comm.collective_time("all_gather", bytes_, strategy.cp, strategy.tp, cluster)
@@ -89,8 +93,7 @@ def ring_kv_exchange_time(layer: LayerSpec, seq: int, samples: int, strategy: La
     the whole sequence's K and V once (again under full recompute); the backward moves them again with their
     gradients (an all-gather's and a reduce-scatter's bytes). What the core cannot cover stays exposed, and all
     of it where the cluster overlaps nothing (grad_overlap)."""
-    groups = max(1, layer.num_query_groups // strategy.tp)
-    bytes_ = 2 * seq * samples * groups * layer.kv_channels * training.activation_bytes
+    bytes_ = kv_bytes(layer, seq, samples, strategy, training.activation_bytes)
     comm = comm_model(cluster)
     gather = comm.collective_time("all_gather", bytes_, strategy.cp, strategy.tp, cluster)
     scatter = comm.collective_time("reduce_scatter", bytes_, strategy.cp, strategy.tp, cluster)

@@ -336,10 +336,9 @@ def recipe_flags(plan: Plan, model: ModelSpec, training: TrainingSpec) -> tuple[
         flags.append("--grad-reduce-in-bf16")
     if training.cross_entropy_fusion != "none":
         flags += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", training.cross_entropy_fusion]
-    moe = any(layer.moe is not None for layer in model.layers)
-    if moe and training.moe_token_dispatcher == "flex":
+    if training.moe_token_dispatcher == "flex" and any(layer.moe is not None for layer in model.layers):
         flags += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", training.moe_flex_backend]
-    if moe and ep_overlap_runs(plan, model, training):
+    if ep_overlap_runs(plan, model, training):
         flags += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     return tuple(flags)
 
