@@ -23,7 +23,7 @@ from .layer_kernels import fused_accumulation_saving
 from .fp8 import fp8_layer_delta, fp8_saved_input_savings, fp8_weight_copy_bytes
 from .models import compute_model
 from .mla_comm import mla_tp_comm_time
-from .moe import ExpertCost, expert_cost, experts_recomputed
+from .moe import ExpertCost, expert_activation_bytes, expert_cost, experts_recomputed
 from .ep_overlap import hidden_ep_seconds
 from .shared_expert import hidden_dispatch_seconds
 from .memory import (attention_backward_extra_bytes, attention_workspace_bytes, layer_activation_bytes,
@@ -132,11 +132,9 @@ def context_parallel_layer_cost(layer: LayerSpec, strategy: LayerStrategy, sampl
                          f"{training.attention_backend!r}")
     local = local_sequence(seq, strategy)
     base = dense_part_cost(layer, gradient_strategy(strategy), samples, local, cluster, training)
-    core_recomputed = strategy.recompute == "full" or (
-        strategy.recompute == "selective" and "core_attn" in training.selective_modules(layer))
+    core_recomputed = _core_recomputed(layer, strategy, training)
     forward, backward = attention_core_extra_times(layer, seq, samples, strategy, cluster, training)
-    whole_kv = 0.0 if training.fused_norms else (training.activation_bytes * local * samples / strategy.tp
-                                                 * (cp_qkv_kept_width(layer, strategy.cp) - qkv_kept_width(layer, True)))
+    whole_kv = _whole_sequence_kv_bytes(layer, strategy, samples, local, training)
     dense = replace(
         base,
         forward_s=base.forward_s + forward, backward_s=base.backward_s + backward,
@@ -188,8 +186,7 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
     params = layer.dense_parameters
     zero3 = zero3_comm_time(params, strategy, cluster, training, strategy.recompute == "full")
     backend = training.attention_backend
-    activations = layer_activation_bytes(layer, seq, samples, strategy, word, cluster.dropout_mask_bytes, backend,
-                                         selective, training.fusions)
+    activations, kept = _dense_kept_bytes(layer, strategy, samples, seq, cluster, training, selective)
     rematerialised = attention_backward_extra_bytes(layer, seq, samples, strategy, backend)
     if strategy.recompute != "none":
         kept_without = layer_activation_bytes(layer, seq, samples, _no_recompute(strategy), word,
@@ -197,7 +194,6 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
         rematerialised += kept_without - activations
     states = model_state_bytes(params, strategy, training)
     if training.fp8:
-        activations -= _fp8_saved_savings(layer, seq, samples, strategy, training, selective)
         states += fp8_weight_copy_bytes(layer.dense_parameters, strategy.tp, training.fp8_param_gather)
     return LayerCost(
         forward_s=times.forward_s,
@@ -209,11 +205,56 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
         zero3_exposed_s=zero3 - cluster.grad_overlap * min(zero3, compute),
         dp_comm_per_iteration_s=dp_comm_time(params, strategy, cluster, training),
         state_bytes=states,
-        activation_bytes=activations,
+        activation_bytes=kept,
         transient_bytes=zero3_gathered_bytes(params, strategy, training) + rematerialised,
         workspace_bytes=attention_workspace_bytes(layer, seq, samples, strategy, word, backend),
         optimizer_temporary_bytes=optimizer_temporary_bytes(params, strategy, training),
     )
+
+
+def kept_activation_bytes(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,
+                          cluster: ClusterSpec, training: TrainingSpec) -> float:
+    """layer_cost(...).activation_bytes without pricing any time: the search's memory floor weighs it under
+    every --recompute-modules set (search/stage_bound.py, least_selective_kept_bytes)."""
+    if strategy.recompute != "selective" and training.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
+        training = _without_recompute_modules(training)
+    selective = training.selective_modules(layer)
+    dense_view, dense_seq, extra = strategy, seq, 0.0
+    if strategy.cp > 1:
+        dense_view, dense_seq = gradient_strategy(strategy), local_sequence(seq, strategy)
+        if not _core_recomputed(layer, strategy, training):
+            extra = _whole_sequence_kv_bytes(layer, strategy, samples, dense_seq, training)
+    kept = _dense_kept_bytes(layer, dense_view, samples, dense_seq, cluster, training, selective)[1] + extra
+    if layer.moe is None:
+        return kept
+    return kept + expert_activation_bytes(layer, dense_seq, samples, dense_view, training,
+                                          experts_recomputed(layer, dense_view, training))
+
+
+def _dense_kept_bytes(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int, cluster: ClusterSpec,
+                      training: TrainingSpec, selective: frozenset) -> tuple[float, float]:
+    """(what the dense part's kernels keep for backward in the activation type, the same less what FP8's saved
+    inputs save): cost.memory.layer_activation_bytes and cost.fp8.fp8_saved_input_savings."""
+    kept = layer_activation_bytes(layer, seq, samples, strategy, training.activation_bytes,
+                                  cluster.dropout_mask_bytes, training.attention_backend, selective, training.fusions)
+    if not training.fp8:
+        return kept, kept
+    return kept, kept - _fp8_saved_savings(layer, seq, samples, strategy, training, selective)
+
+
+def _core_recomputed(layer: LayerSpec, strategy: LayerStrategy, training: TrainingSpec) -> bool:
+    return strategy.recompute == "full" or (
+        strategy.recompute == "selective" and "core_attn" in training.selective_modules(layer))
+
+
+def _whole_sequence_kv_bytes(layer: LayerSpec, strategy: LayerStrategy, samples: int, local: int,
+                             training: TrainingSpec) -> float:
+    """The whole sequence's K and V that Megatron-Core's own CP attention keeps beyond the local ones (none
+    under Transformer Engine's ring: context_parallel_layer_cost)."""
+    if training.fused_norms:
+        return 0.0
+    return (training.activation_bytes * local * samples / strategy.tp
+            * (cp_qkv_kept_width(layer, strategy.cp) - qkv_kept_width(layer, True)))
 
 
 def _tp_comm_seconds(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy, cluster: ClusterSpec,

@@ -21,13 +21,14 @@ floors against estimate_plan on preset jobs.
 """
 from __future__ import annotations
 
+import itertools
 from dataclasses import replace
 from functools import lru_cache
 from typing import NamedTuple, Optional
 
 from ..cost.context_parallel import gradient_strategy, local_model
 from ..cost.embedding import embedding_cost
-from ..cost.layer_cost import layer_cost
+from ..cost.layer_cost import kept_activation_bytes, layer_cost
 from ..cost.memory import in_flight_micro_batches
 from ..cost.models import runtime_overhead
 from ..cost.mtp import mtp_cost
@@ -35,7 +36,7 @@ from ..cost.pipeline import pipeline_time
 from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
-from ..specs.training import DEFAULT_RECOMPUTE_MODULES, TrainingSpec
+from ..specs.training import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES, TrainingSpec
 from .experts import with_experts
 
 ROUNDING = 1e-9
@@ -83,6 +84,50 @@ def stage_floors(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     peak = max(stages[stage][1] + stages[stage][2] * in_flight_micro_batches(stage, pp, num_micro_batches, v, "1f1b")
                for stage in range(pp))
     return StageFloors(time, (peak + cluster.framework_overhead_bytes) * (1.0 - ROUNDING))
+
+
+def least_selective_peak(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, strategy: LayerStrategy,
+                         experts: tuple[int, Optional[int]], sizes: tuple[int, ...], pp: int, micro_batch_size: int,
+                         num_micro_batches: int) -> float:
+    """At most the allocated peak of these numbers with every layer selectively recomputed, whatever the
+    --recompute-modules set: stage_floors' memory floor with each layer keeping the least that any set leaves
+    it (least_selective_kept_bytes). The states do not depend on recomputation. `training` as set_free gives
+    it, so the searches of all sets share one floor, and a candidate it proves unfit is dropped by each of them
+    without pricing its layers under that set (issue 37: most of DeepSeek-V3's selective candidates)."""
+    states = layer_terms(model, cluster, training, strategy, "none", experts, micro_batch_size)[1]
+    kept = least_selective_kept_bytes(model, cluster, training, strategy, experts, micro_batch_size)
+    v = len(sizes) // pp
+    peak = max(_dot(counts, states) + _dot(counts, kept)
+               * in_flight_micro_batches(stage, pp, num_micro_batches, v, "1f1b")
+               for stage, (counts, _) in enumerate(stage_shape_counts(model, sizes, pp, None)))
+    return (peak + cluster.framework_overhead_bytes) * (1.0 - ROUNDING)
+
+
+@lru_cache(maxsize=1 << 14)
+def least_selective_kept_bytes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
+                               strategy: LayerStrategy, experts: tuple[int, Optional[int]], micro_batch_size: int
+                               ) -> tuple[float, ...]:
+    """Per distinct layer shape (layer_shapes' order), the least activation bytes it keeps under selective
+    recomputation of any set of RECOMPUTE_MODULES: the minimum over what the sets re-run of it, since keeping
+    is not monotone in the set (an unfused core with grouped queries keeps more of Q, K and V when
+    recomputed: cost.memory.qkv_kept_width)."""
+    layout = _recomputed(strategy, "selective")
+    return tuple(min(kept_activation_bytes(layer, with_experts(layer, layout, *experts), micro_batch_size,
+                                           model.seq_length, cluster, spec)
+                     for spec in _module_set_representatives(training, layer))
+                 for layer in layer_shapes(model))
+
+
+@lru_cache(maxsize=256)
+def _module_set_representatives(training: TrainingSpec, layer) -> tuple[TrainingSpec, ...]:
+    """One training spec per distinct set of `layer`'s modules that some non-empty --recompute-modules set
+    re-runs (TrainingSpec.selective_modules)."""
+    found: dict = {}
+    for size in range(1, len(RECOMPUTE_MODULES) + 1):
+        for modules in itertools.combinations(RECOMPUTE_MODULES, size):
+            spec = replace(training, recompute_modules=modules)
+            found.setdefault(spec.selective_modules(layer), spec)
+    return tuple(found.values())
 
 
 def _dot(counts: tuple[int, ...], values: tuple[float, ...]) -> float:

@@ -16,7 +16,7 @@ from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
 from .experts import with_experts
 from .pruning import enabled as pruning_enabled, search_cache, search_memo
-from .stage_bound import StageFloors, set_free, stage_floors
+from .stage_bound import StageFloors, least_selective_peak, set_free, stage_floors
 from .uniform_config import UniformConfig, chunk_sizes, config_dp
 
 
@@ -197,6 +197,8 @@ def screen(model, cluster, training, config: UniformConfig, v: int, limit: float
     drop_unfit only fitting plans can win, and not under the bisection on recomputed layers, which reads a
     non-fitting plan as 'recompute more'); None when it must be priced."""
     memory = config.recompute_num_layers is None
+    if memory and config.recompute == "selective" and no_module_set_fits(model, cluster, training, config, v):
+        return UNFIT
     floors = candidate_floors(model, cluster, training, config, v, limit, memory)
     if floors is None:
         bound = pipeline_lower_bound(model, cluster, training, config, config.micro_batch_size, v)
@@ -205,3 +207,27 @@ def screen(model, cluster, training, config: UniformConfig, v: int, limit: float
     if memory and floors.peak_bytes > 0 and cannot_fit(model, cluster, training, config, floors):
         return UNFIT
     return SLOWER if floors.time_s >= limit else None
+
+
+_NO_SET_FITS = search_memo()
+"""no_module_set_fits' memo: (model, cluster, training as set_free gives it, layout_key, v) -> verdict."""
+
+
+def no_module_set_fits(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig,
+                       v: int) -> bool:
+    """Whether `config` at v chunks, its layers selectively recomputed, overflows the device under every
+    --recompute-modules set (stage_bound.least_selective_peak); False where the floors do not apply. One
+    verdict serves the searches of all sets."""
+    if not pruning_enabled():
+        return False
+    free = set_free(training)
+    key = (model, cluster, free, layout_key(config, config.micro_batch_size), v)
+    verdict = _NO_SET_FITS.get(key)
+    if verdict is None:
+        layout = _plain_floors_and_layout(model, cluster, free, config, v, False)[1]
+        verdict = layout is not None and cannot_fit(
+            model, cluster, free, config,
+            StageFloors(0.0, least_selective_peak(model, cluster, free, *layout[:3], config.pp,
+                                                  config.micro_batch_size, layout[3])))
+        _NO_SET_FITS[key] = verdict
+    return verdict
