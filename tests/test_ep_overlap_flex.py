@@ -157,3 +157,22 @@ def test_overlap_refusals_are_one_line_and_exit_2(capsys, flags, message):
     assert main([*ESTIMATE, *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_the_search_leaves_out_full_recomputation_under_ep_overlap_as_megatron_refuses_it():
+    """The rule the megatron space drops (ep > 1, full recompute) on rests on build_uniform_plan's refusal; the
+    search still finds a plan, and none of its layers is fully recomputed."""
+    from megatron_auto.errors import UserError
+    from megatron_auto.search import search_plan
+    from megatron_auto.search.uniform import UniformConfig, build_uniform_plan
+    from megatron_auto.specs import load_cluster, load_model
+
+    model, cluster = load_model("tiny-deepseek-moe"), load_cluster("dgx-h100-80gb", 1)
+    training = TrainingSpec(64, moe_ep_overlap=True)
+    refused = UniformConfig(tp=1, pp=1, micro_batch_size=1, distributed_optimizer=True, recompute="full",
+                            expert_parallel=2)
+    with pytest.raises(UserError, match="full recomputation"):
+        build_uniform_plan(model, cluster, training, refused)
+    result = search_plan(model, cluster, training, "megatron", choose_recompute_modules=True)
+    assert dict(result.pruning).get("ep-overlap-without-full-recompute", 0) > 0
+    assert all(layer.recompute != "full" for chunk in result.plan.chunks for layer in chunk.layers)

@@ -29,6 +29,7 @@ SEARCH_JOBS = [
     # (model, cluster, nodes, global batch, memory budget GiB or 0): small jobs, some memory-bound so that
     # selective and full recomputation, and the memory floors, decide the plan.
     ("gpt3-1.7b", "dgx-a100-80gb", 1, 64, 8),
+    ("gpt3-1.7b", "dgx-a100-80gb", 1, 64, 7),  # its plan recomputes 15 of 24 layers in full: the bisection decides
     ("llama2-7b", "dgx-h100-80gb", 1, 32, 22),
     ("tiny-deepseek-moe", "dgx-h100-80gb", 2, 64, 0),
     ("tiny-mixtral", "dgx-h100-80gb", 1, 64, 0),
@@ -41,7 +42,7 @@ def _job(name, cluster, nodes, batch, gib):
             TrainingSpec(batch, memory_budget_bytes=int(gib * GIB)))
 
 
-@pytest.mark.parametrize("job", SEARCH_JOBS, ids=[job[0] for job in SEARCH_JOBS])
+@pytest.mark.parametrize("job", SEARCH_JOBS, ids=[f"{job[0]}-{job[-1]}gib" for job in SEARCH_JOBS])
 def test_pruned_search_returns_the_unpruned_plan(job):
     model, cluster, training = _job(*job)
     fast = search_plan(model, cluster, training, "megatron", choose_recompute_modules=True)
@@ -98,7 +99,7 @@ def test_stage_floors_never_exceed_the_estimate(job):
             floors = candidate_floors(model, cluster, training, sized, v, memory=True)
             assert floors is not None and training.global_batch_size % (mbs * dp) == 0
             assert floors.time_s <= prediction.iteration_time_s
-            if config.recompute_num_layers is None and cannot_fit(model, cluster, training, sized, floors):
+            if cannot_fit(model, cluster, training, sized, floors):  # under a recomputed-layer count too
                 assert not prediction.fits
                 unfit += 1
             checked += 1
@@ -160,3 +161,42 @@ def test_shared_base_configs_equal_the_unshared_ones():
         with pruning.unpruned():
             slow = _base_configs(model, cluster, training, SearchConstraints(), degrees, plain)
         assert fast == slow and shared.pruning == plain.pruning
+
+
+def test_the_bisection_skips_layer_counts_on_the_memory_floor(monkeypatch):
+    """Full recomputation's bisection (megatron_space._fewest_recomputed_layers) leaves unpriced the layer counts
+    whose memory floor overflows, and the search still finds the unpruned plan (test above, gpt3-1.7b at 7 GiB)."""
+    from megatron_auto.search import megatron_space
+
+    verdicts = []
+
+    def counted(model, cluster, training, config, layers):
+        verdicts.append((layers, floor_overflows(model, cluster, training, config, layers)))
+        return verdicts[-1][1]
+
+    floor_overflows = megatron_space._floor_overflows
+    monkeypatch.setattr(megatron_space, "_floor_overflows", counted)
+    model, cluster, training = _job("gpt3-1.7b", "dgx-a100-80gb", 1, 64, 7)
+    plan = search_plan(model, cluster, training, "megatron", choose_recompute_modules=True).plan
+    assert any(verdict for layers, verdict in verdicts if layers is not None)
+    assert any(verdict for layers, verdict in verdicts if layers is None)
+    recomputed = sum(layer.recompute == "full" for layer in plan.chunks[0].layers)
+    assert 0 < recomputed < len(plan.chunks[0].layers)
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "mixtral-8x7b", "tiny-deepseek-moe"])
+def test_the_dense_part_reads_no_expert_degree(name):
+    """layer_cost prices a MoE layer's dense part once for every (ep, etp) (cost.layer_cost.dense_view): the
+    dense part priced with the expert degrees equals the one priced without them."""
+    from megatron_auto.cost.layer_cost import dense_part_cost, dense_view
+
+    model, cluster = load_model(name), load_cluster("dgx-h100-80gb", 2)
+    training = TrainingSpec(64, precision="fp8")
+    checked = 0
+    for layer, tp in itertools.product([shape for shape in layer_shapes(model) if shape.moe], (1, 2)):
+        for (ep, etp), recompute in itertools.product(expert_degree_choices(model, tp, 16)[:6], ("none", "full")):
+            strategy = with_experts(layer, LayerStrategy(tp=tp, dp=16 // tp, sp=tp > 1, recompute=recompute), ep, etp)
+            assert dense_part_cost(layer, strategy, 2, model.seq_length, cluster, training) == \
+                dense_part_cost(layer, dense_view(strategy), 2, model.seq_length, cluster, training)
+            checked += 1
+    assert checked >= 4

@@ -87,10 +87,23 @@ def _layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: in
                 cluster: ClusterSpec, training: TrainingSpec) -> LayerCost:
     if strategy.cp > 1:
         return context_parallel_layer_cost(layer, strategy, samples, seq, cluster, training)
-    dense = dense_part_cost(layer, strategy, samples, seq, cluster, training)
+    dense = _shared_dense_part(layer, dense_view(strategy), samples, seq, cluster, training)
     if layer.moe is None:
         return dense
     return _with_priced_experts(dense, layer, strategy, samples, seq, cluster, training)
+
+
+@lru_cache(maxsize=4096)
+def dense_view(strategy: LayerStrategy) -> LayerStrategy:
+    """`strategy` without its expert degrees, which dense_part_cost does not read: one cache entry of the dense
+    part serves every (ep, etp) a search weighs for a MoE layer."""
+    return strategy if strategy.ep == 1 and strategy.etp is None else replace(strategy, ep=1, etp=None)
+
+
+@lru_cache(maxsize=65536)
+def _shared_dense_part(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int, cluster: ClusterSpec,
+                       training: TrainingSpec) -> LayerCost:
+    return dense_part_cost(layer, strategy, samples, seq, cluster, training)
 
 
 def with_experts(dense: LayerCost, experts: ExpertCost, cluster: ClusterSpec, hidden_dispatch_s: float = 0.0
@@ -131,7 +144,7 @@ def context_parallel_layer_cost(layer: LayerSpec, strategy: LayerStrategy, sampl
         raise ValueError("context parallelism runs on the flash (SDPA) core attention, not "
                          f"{training.attention_backend!r}")
     local = local_sequence(seq, strategy)
-    base = dense_part_cost(layer, gradient_strategy(strategy), samples, local, cluster, training)
+    base = _shared_dense_part(layer, dense_view(gradient_strategy(strategy)), samples, local, cluster, training)
     core_recomputed = _core_recomputed(layer, strategy, training)
     forward, backward = attention_core_extra_times(layer, seq, samples, strategy, cluster, training)
     whole_kv = _whole_sequence_kv_bytes(layer, strategy, samples, local, training)

@@ -28,7 +28,7 @@ from .pruning import enabled as pruning_enabled, search_cache
 from .stage_bound import set_free
 from .uniform import (ACCOUNTED, UniformConfig, best_uniform_plan, chunk_sizes, config_dp, even_split,
                       megatron_uneven_splits, states_overflow, virtual_stage_choices)
-from .uniform_floors import micro_batch_floors, pipeline_lower_bound
+from .uniform_floors import candidate_floors, cannot_fit, micro_batch_floors, pipeline_lower_bound
 
 MIN_CP_TOKENS = 2048
 """Context parallelism is searched where each CP rank keeps at least this many tokens of a sequence: below
@@ -219,6 +219,9 @@ def _plans_for_degrees(model, cluster, training, constraints, degrees, stats, in
             stats.drop("lower-bound", len(recompute_choices(constraints)))
             continue
         for recompute in recompute_choices(constraints):
+            if recompute == "full" and training.moe_ep_overlap and base.expert_parallel > 1:
+                stats.drop("ep-overlap-without-full-recompute")  # Megatron-Core refuses it (cost/ep_overlap.py)
+                continue
             with stats.timed(f"megatron space: recompute {recompute}"):
                 plan = _best_for_recompute(model, cluster, training, constraints,
                                            replace(base, recompute=recompute), stats, incumbent)
@@ -320,10 +323,11 @@ def _best_for_recompute(model, cluster, training, constraints, config: UniformCo
 
     if config.recompute != "full":
         return evaluate(None)
-    # Whether recomputing every layer fits decides whether any fewer layers can; the incumbent
-    # must not prune it, since fewer recomputed layers are faster than it.
-    every = evaluate(None, bound=math.inf)
-    if every is None or not every.prediction.fits:
+    # Without an incumbent, whether recomputing every layer fits decides whether any fewer layers can.
+    # With one, the incumbent prunes it too (fewer recomputed layers are faster, so an `every` pruned as
+    # slower says nothing about them): the per-pair memory floors below then skip where none fits.
+    every = evaluate(None)
+    if incumbent == math.inf and (every is None or not every.prediction.fits):
         return every
     # Memory falls with the layers recomputed per chunk only at a fixed micro-batch and chunk count
     # (recompute_num_layers counts per chunk: more chunks recompute more layers), so bisect per pair.
@@ -333,11 +337,15 @@ def _best_for_recompute(model, cluster, training, constraints, config: UniformCo
     best = every
     for size, virtual in itertools.product(sizes, _virtual_choices(model, config, constraints)):
         if pipeline_lower_bound(model, cluster, training, config, size, virtual) >= \
-                min(incumbent, best.prediction.iteration_time_s):
+                min(incumbent, best.prediction.iteration_time_s if best is not None else math.inf):
             continue   # no layer count recomputed at this pair beats what is known (the bound omits recompute)
-        longest = max(chunk_sizes(model.num_layers, replace(config, virtual_stages=virtual)) or (0,))
-        plan = _fewest_recomputed_layers(lambda n: evaluate(n, size, virtual), longest)
-        if plan is not None and _key(plan) < _key(best):
+        sized = replace(config, micro_batch_size=size, virtual_stages=virtual)
+        if _floor_overflows(model, cluster, training, sized, None):
+            continue   # not even every layer recomputed fits at this pair
+        longest = max(chunk_sizes(model.num_layers, sized) or (0,))
+        plan = _fewest_recomputed_layers(lambda n: evaluate(n, size, virtual), longest,
+                                         lambda n: _floor_overflows(model, cluster, training, sized, n))
+        if plan is not None and (best is None or _key(plan) < _key(best)):
             best = plan
     return best
 
@@ -349,12 +357,24 @@ def _virtual_choices(model: ModelSpec, config: UniformConfig, constraints: Searc
     return virtual_stage_choices(model, config) or [1]
 
 
-def _fewest_recomputed_layers(evaluate, chunk_layers: int) -> Optional[Plan]:
+def _floor_overflows(model, cluster, training, config: UniformConfig, layers: Optional[int]) -> bool:
+    """Whether the memory floor of `config` (search/stage_bound.py), the first `layers` layers of every chunk
+    fully recomputed (None: all of them), overflows the device: then no plan of these numbers fits."""
+    counted = replace(config, recompute_num_layers=layers)
+    floors = candidate_floors(model, cluster, training, counted, config.virtual_stages, memory=True)
+    return floors is not None and floors.peak_bytes > 0 and cannot_fit(model, cluster, training, counted, floors)
+
+
+def _fewest_recomputed_layers(evaluate, chunk_layers: int, overflows=lambda layers: False) -> Optional[Plan]:
     """Bisection for the fewest layers per chunk that, recomputed, make the plan fit (recomputing
-    all `chunk_layers` is the caller's `every`)."""
+    all `chunk_layers` is the caller's `every`); `overflows(n)`: the memory floor already shows that n do not
+    fit, without pricing the plan."""
     low, high, best = 0, chunk_layers, None   # fewer than `low` layers do not fit; `high` fit or cannot win
     while low + 1 < high:
         middle = (low + high) // 2
+        if overflows(middle):
+            low = middle
+            continue
         plan = evaluate(middle)
         if plan is None:
             # Pruned: recomputing `middle` or more layers cannot beat the incumbent (the bound grows
