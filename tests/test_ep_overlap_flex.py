@@ -176,3 +176,14 @@ def test_the_search_leaves_out_full_recomputation_under_ep_overlap_as_megatron_r
     result = search_plan(model, cluster, training, "megatron", choose_recompute_modules=True)
     assert dict(result.pruning).get("ep-overlap-without-full-recompute", 0) > 0
     assert all(layer.recompute != "full" for chunk in result.plan.chunks for layer in chunk.layers)
+
+
+def test_the_hybrid_space_refuses_ep_overlap_in_one_line(capsys):
+    """The hybrid runtime runs its own schedule, not the combined 1F1B one whose extra forward in flight the
+    megatron space prices (cost.memory.in_flight_micro_batches): planning it there would misprice its memory."""
+    argv = ["plan", "--model", "tiny-mixtral", "--cluster", "dgx-h100-80gb", "--num-nodes", "1",
+            "--global-batch-size", "64", "--space", "hybrid", "--overlap-moe-expert-parallel-comm"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "hybrid space does not plan" in err and "\n" not in err
+    assert main(argv[:-1]) == 0  # the same job without the flag plans in the hybrid space
