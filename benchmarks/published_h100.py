@@ -21,7 +21,7 @@ from pathlib import Path
 
 from benchmarks.docs_sections import write_section
 from megatron_auto.plan import TimeBreakdown
-from megatron_auto.published_runs import PricedRun, load_runs, price_run
+from megatron_auto.published_runs import PricedRun, load_runs, price_run, unstated_micro_batch_errors
 
 REPO = Path(__file__).resolve().parents[1]
 HEADING = "## Published H100 runs: predicted vs measured step time"
@@ -100,6 +100,18 @@ def difference_line(priced: PricedRun) -> str | None:
             f"saved by term: {', '.join(terms) or 'none above 1%'}")
 
 
+def unstated_micro_batch_line(priced: PricedRun) -> str | None:
+    """The row's error at each micro-batch size that fits, where its source leaves the size unstated."""
+    if priced.estimate is None:
+        return None
+    errors = unstated_micro_batch_errors(priced.run)
+    if not errors:
+        return None
+    picked = priced.estimate.local_micro_batch(priced.estimate.embedding)
+    cells = ", ".join(f"mbs {size} {error:+.1%}" for size, error in errors)
+    return f"- {priced.run.id} (picked mbs {picked}, {priced.step_error:+.1%}): {cells}"
+
+
 def misfit_line(priced: PricedRun) -> str | None:
     """A row whose own layout is predicted not to fit, with its peak stage's memory by term; None otherwise."""
     if priced.estimate is None or priced.estimate.prediction.fits:
@@ -127,6 +139,11 @@ def render(results: list[PricedRun]) -> str:
     if differences:
         lines += ["", f"Where the planner predicts more than {GAIN_WORTH_EXPLAINING - 1:.0%} over NVIDIA's layout "
                       "(critical stage's terms, NVIDIA's minus the planner's):", "", *differences]
+    unstated = [line for line in map(unstated_micro_batch_line, results) if line]
+    if unstated:
+        lines += ["", "Rows whose source does not state the micro-batch: the error at each size that fits (estimate "
+                      "picks the fastest, the optimistic end; `published_runs.unstated_micro_batch_errors`):", "",
+                  *unstated]
     misfits = [line for line in map(misfit_line, results) if line]
     if misfits:
         lines += ["", "Predicted not to fit at the row's own layout (what each needs: docs/cost_model.md, section "

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import json
 import tempfile
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Iterator, Optional
 
 GPU_CLUSTER = "dgx-h100-80gb"
 MODEL_KEYS = ("num_layers", "hidden_size", "num_attention_heads", "seq_length", "vocab_size", "ffn_hidden_size",
@@ -216,21 +217,58 @@ class PricedRun:
 
 def price_run(run: PublishedRun, with_plan: bool = False) -> PricedRun:
     """The run at its own flags (as `megatron-auto estimate`), and with `with_plan` the planner's plan."""
-    from .cli.estimate_command import estimate_flags
-    from .cli.parser import parse_args
     from .errors import UserError
 
-    with tempfile.TemporaryDirectory() as folder:
-        model_path = run.model.get("preset") or str(Path(folder) / f"{run.id}.json")
-        if "preset" not in run.model:
-            Path(model_path).write_text(json.dumps(run.model))
-        job = job_argv(run, model_path)
+    with _job(run) as job:
         try:
-            plan, picked = estimate_flags(parse_args(["estimate", *job, *run.flags]))
+            plan, picked = _estimate(job, run.flags)
         except UserError as error:
             return PricedRun(run, None, (), str(error))
         planned = _planner_plan(job) if with_plan else None
     return PricedRun(run, plan, tuple(picked), None, planned)
+
+
+MICRO_BATCH_SIZES = (1, 2, 4, 8)
+"""The micro-batch sizes weighed where a source leaves it unstated (unstated_micro_batch_errors)."""
+
+
+def unstated_micro_batch_errors(run: PublishedRun) -> list[tuple[int, float]]:
+    """(micro-batch size, step error) at each of MICRO_BATCH_SIZES that estimate accepts and predicts to fit, for a
+    run whose source does not state its micro-batch (empty otherwise). Estimate picks the fastest such size, which
+    leans toward the optimistic end of this range: the range is how much of the row's error rests on the unstated
+    choice."""
+    from .errors import UserError
+
+    if "--micro-batch-size" in run.flags:
+        return []
+    errors = []
+    with _job(run) as job:
+        for size in MICRO_BATCH_SIZES:
+            try:
+                plan, _ = _estimate(job, (*run.flags, "--micro-batch-size", str(size)))
+            except UserError:
+                continue
+            if plan.prediction.fits:
+                errors.append((size, plan.prediction.iteration_time_s / run.measured_step_s - 1))
+    return errors
+
+
+@contextmanager
+def _job(run: PublishedRun) -> Iterator[list[str]]:
+    """The job flags of `run` (job_argv), its model written to a temporary file unless it is a preset."""
+    with tempfile.TemporaryDirectory() as folder:
+        model_path = run.model.get("preset") or str(Path(folder) / f"{run.id}.json")
+        if "preset" not in run.model:
+            Path(model_path).write_text(json.dumps(run.model))
+        yield job_argv(run, model_path)
+
+
+def _estimate(job: list[str], flags: tuple[str, ...]):
+    """`megatron-auto estimate` of the job at `flags`: (plan, what it picked)."""
+    from .cli.estimate_command import estimate_flags
+    from .cli.parser import parse_args
+
+    return estimate_flags(parse_args(["estimate", *job, *flags]))
 
 
 def _planner_plan(job: list[str]):

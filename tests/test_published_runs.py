@@ -74,3 +74,17 @@ def test_every_shared_row_is_priced_and_the_table_says_so():
     text = render(results)
     assert text.count("\n| ") == len(results) + 1 and "mean |error|" in text
     assert all(json.loads(SHARED.read_text())["rows"])
+
+
+def test_an_unstated_micro_batch_is_shown_at_every_size_that_fits():
+    """Estimate picks the fastest micro-batch where the source is silent; the sensitivity lists the error at each
+    size, the picked one among them at the error the row shows, and nothing for a row that states its size."""
+    from megatron_auto.published_runs import unstated_micro_batch_errors
+
+    assert unstated_micro_batch_errors(run_from_row(ROW)) == []
+    silent = run_from_row({**ROW, "micro_batch_size": None, "cp": 1, "tp": 2})
+    errors = dict(unstated_micro_batch_errors(silent))
+    priced = price_run(silent)
+    picked = priced.estimate.local_micro_batch(priced.estimate.embedding)
+    assert len(errors) >= 2 and errors[picked] == pytest.approx(priced.step_error)
+    assert errors[picked] == min(errors.values())  # the fastest that fits: the optimistic end
