@@ -11,7 +11,8 @@ from .errors import UserError
 from .megatron_flags import expert_degrees, flag_groups, megatron_flags
 from .plan import Chunk, LayerStrategy, Plan, Prediction
 
-__all__ = ["plan_table", "strategy_runs", "stage_lines", "prediction_lines", "comparison_lines"]
+__all__ = ["plan_table", "strategy_runs", "stage_lines", "prediction_lines", "comparison_lines",
+           "node_group_lines"]
 
 
 def strategy_runs(strategies: tuple[LayerStrategy, ...], first_layer: int) -> list[tuple[int, int, LayerStrategy]]:
@@ -195,4 +196,23 @@ def comparison_lines(plan: Plan, own: Optional[Plan], own_problem: Optional[str]
         lines.append(f"  the plan is predicted {theirs.iteration_time_s / ours.iteration_time_s:.3f}x as fast")
     elif ours is not None and ours.fits:
         lines.append("  the plan fits where these flags do not")
+    return lines
+
+
+def node_group_lines(plan: Plan, cluster) -> list[str]:
+    """On a mixed cluster (specs.cluster.ClusterSpec.node_groups): which node group runs which stages, with the
+    node ranks to launch each on (Megatron-Core puts stage s on ranks s x world/pp onward); [] otherwise."""
+    groups = cluster.stage_groups(plan.pipeline_parallel) if cluster.is_mixed else None
+    if not groups:
+        return []
+    lines, first_node = ["node groups (launch each group's nodes at these node ranks)"], 0
+    counts = plan.stage_layer_counts()
+    for index, group in enumerate(cluster.node_groups):
+        stages = [stage for stage, owner in enumerate(groups) if owner == index]
+        nodes = _layer_range(first_node, first_node + group.num_nodes - 1)
+        held = f"stages {_layer_range(stages[0], stages[-1])}, {sum(counts[s] for s in stages)} layers" \
+            if stages else "no stage"
+        lines.append(f"  {group.name}: node ranks {nodes}, {group.gpu.name}"
+                     f"{f' at {group.speed_factor:.2f} of its speed' if group.speed_factor < 1 else ''}: {held}")
+        first_node += group.num_nodes
     return lines

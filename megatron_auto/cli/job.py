@@ -18,6 +18,9 @@ logger = logging.getLogger(__name__)
 def load_cluster_arg(name: str, num_nodes: Optional[int], gpus_per_node: Optional[int]) -> ClusterSpec:
     """The cluster, with --num-nodes and --gpus-per-node applied."""
     cluster = load_cluster(name, num_nodes)
+    if cluster.is_mixed and gpus_per_node not in (None, cluster.gpus_per_node):
+        raise UserError(f"--gpus-per-node {gpus_per_node}: mixed cluster '{cluster.name}' has nodes of "
+                        f"{cluster.gpus_per_node} GPUs in every group")
     if gpus_per_node is not None:
         try:
             cluster = replace(cluster, gpus_per_node=gpus_per_node)
@@ -38,7 +41,7 @@ def attach_profiles(cluster: ClusterSpec, args: argparse.Namespace) -> ClusterSp
 
 def fit_cluster_to_world(cluster: ClusterSpec, world_size: int, args: argparse.Namespace) -> ClusterSpec:
     """For scoring a plan: size the cluster to the plan's GPUs unless the user fixed the size."""
-    if args.num_nodes is not None:
+    if args.num_nodes is not None or cluster.is_mixed:  # a mixed cluster keeps its groups' nodes
         return cluster
     per_node = cluster.gpus_per_node
     if world_size % per_node == 0:

@@ -7,7 +7,7 @@ import sys
 from dataclasses import replace
 
 from ..cost.estimate import estimate_plan
-from ..report import plan_table
+from ..report import node_group_lines, plan_table
 from ..search.constraints import SearchConstraints
 from .job import load_job, sequence_parallel_flag
 from .output import print_json, summary, write_plan
@@ -61,12 +61,14 @@ def run_plan(args: argparse.Namespace) -> int:
         plan = replace(plan, prediction=estimate_plan(plan, model, cluster, training))
     log_search(result)
     write_plan(plan, args.out)
+    groups = node_group_lines(plan, cluster)
     if args.json:
         print_json({**summary(plan), "search_time_s": result.search_time_s,
                     "candidates_evaluated": result.candidates_evaluated,
-                    "pruning": [[rule, removed] for rule, removed in result.pruning]})
+                    "pruning": [[rule, removed] for rule, removed in result.pruning],
+                    **({"node_groups": [line.strip() for line in groups[1:]]} if groups else {})})
     else:
-        sys.stdout.write(plan_table(plan))
+        sys.stdout.write(plan_table(plan) + "".join(f"{line}\n" for line in groups))
         sys.stderr.write(f"searched {result.candidates_evaluated} candidates in {result.search_time_s:.2f} s"
                          + (f"; wrote {args.out}" if args.out else "") + "\n")
     return 0

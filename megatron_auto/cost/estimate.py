@@ -109,6 +109,8 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
         raise UserError(f"plan places {plan.num_layers} layers but model '{model.name}' has {model.num_layers}")
     if plan.global_batch_size != training.global_batch_size:
         raise UserError(f"plan is for global batch {plan.global_batch_size}, not {training.global_batch_size}")
+    if cluster.stage_alignment_problem(plan.pipeline_parallel):
+        raise UserError(cluster.stage_alignment_problem(plan.pipeline_parallel))
     pairs = ({(model.layers[0], s) for s in plan.distinct_strategies} if model.is_uniform()
              else set(zip(model.layers, plan.layer_strategies)))
     for layer, strategy in pairs:
@@ -128,51 +130,67 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
                         f"{training.attention_backend} one")
 
 
+def stage_clusters(plan: Plan, cluster: ClusterSpec) -> tuple[ClusterSpec, ...]:
+    """The cluster each stage of `plan` runs on: `cluster` itself, or on a mixed cluster its stage's node group
+    (ClusterSpec.stage_cluster)."""
+    if not cluster.is_mixed:
+        return (cluster,) * plan.pipeline_parallel
+    return tuple(cluster.stage_cluster(stage, plan.pipeline_parallel) for stage in range(plan.pipeline_parallel))
+
+
 def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[StageCost]:
-    """Per-stage sums of layer, transition, p2p, embedding and LM-head costs."""
+    """Per-stage sums of layer, transition, p2p, embedding and LM-head costs, each stage on its own GPUs
+    (stage_clusters); the p2p between stages at the pace of the slowest group's links."""
     overlap = comm_model(cluster).grad_overlap
-    per_step, per_chunk = runtime_overhead(cluster)
-    stages = [StageCost(grad_overlap=overlap, step_overhead_s=per_step) for _ in range(plan.pipeline_parallel)]
+    views = stage_clusters(plan, cluster)
+    stages = [StageCost(grad_overlap=overlap, step_overhead_s=runtime_overhead(view)[0]) for view in views]
     word = training.activation_bytes
     micro_samples = plan.global_batch_size // plan.num_micro_batches
-    p2p = pipeline_p2p_time(model.hidden_size, model.seq_length, micro_samples, plan.gpus_per_stage,
-                            plan.pipeline_parallel, cluster, word)
-    embedding = embedding_cost(local_model(model, plan.embedding), gradient_strategy(plan.embedding),
-                               plan.local_micro_batch(plan.embedding), cluster, training, plan.pipeline_parallel)
-    _add_part(stages[0], embedding.embedding)
-    for stage in stages:
-        stage.parts = embedding
+    p2p = max(pipeline_p2p_time(model.hidden_size, model.seq_length, micro_samples, plan.gpus_per_stage,
+                                plan.pipeline_parallel, view, word) for view in dict.fromkeys(views))
+    priced = {view: _ends(plan, model, view, training) for view in dict.fromkeys(views)}  # once per group
+    parts = [priced[view] for view in views]
+    _add_part(stages[0], parts[0].embedding)
+    for stage, ends in zip(stages, parts):
+        stage.parts = ends
     boundary = plan.boundary_layout(model.seq_length) if plan.pipeline_parallel > 1 else plan.embedding
 
-    def relayout(before: LayerStrategy, after: LayerStrategy) -> float:
+    def relayout(before: LayerStrategy, after: LayerStrategy, view: ClusterSpec) -> float:
         if before is after:
             return 0.0
-        return transition_time(before, after, model.hidden_size, model.seq_length, micro_samples, cluster, word)
+        return transition_time(before, after, model.hidden_size, model.seq_length, micro_samples, view, word)
 
     layer_index, last = 0, len(plan.chunks) - 1
     for chunk_index, chunk in enumerate(plan.chunks):
-        stage = stages[chunk_index % plan.pipeline_parallel]
+        stage, view = stages[chunk_index % plan.pipeline_parallel], views[chunk_index % plan.pipeline_parallel]
         previous = plan.embedding if chunk_index == 0 else boundary
         compute_before = stage.compute_s
         for spec, strategy, count in _chunk_runs(model, layer_index, chunk):
             stage.add_layer(layer_cost(spec, strategy, plan.local_micro_batch(strategy), model.seq_length,
-                                       cluster, training), count)
-            stage.add_seconds(relayout(previous, strategy), "transition_s")
+                                       view, training), count)
+            stage.add_seconds(relayout(previous, strategy, view), "transition_s")
             previous = strategy
-        stage.add_seconds(relayout(previous, plan.embedding if chunk_index == last else boundary), "transition_s")
-        stage.add_seconds(per_chunk, "runtime_s")
+        stage.add_seconds(relayout(previous, plan.embedding if chunk_index == last else boundary, view),
+                          "transition_s")
+        stage.add_seconds(runtime_overhead(view)[1], "runtime_s")
         layer_index += len(chunk.layers)
         if chunk_index < last:
             chunk_compute = stage.compute_s - compute_before
             stage.add_seconds(exposed_p2p_time(p2p, chunk_compute, plan.virtual_stages, overlap), "pp_comm_s")
-    head_stage = stages[(len(plan.chunks) - 1) % plan.pipeline_parallel]
-    _add_part(head_stage, embedding.head)
+    head_index = (len(plan.chunks) - 1) % plan.pipeline_parallel
+    _add_part(stages[head_index], parts[head_index].head)
     if model.mtp_num_layers:
-        _add_mtp(head_stage, plan, model, cluster, training)
-    for index, stage in enumerate(stages):
-        stage.optimizer_s = optimizer_step_time(stage.state_bytes, cluster, training.optimizer_impl)
+        _add_mtp(stages[head_index], plan, model, views[head_index], training)
+    for index, (stage, view) in enumerate(zip(stages, views)):
+        stage.optimizer_s = optimizer_step_time(stage.state_bytes, view, training.optimizer_impl)
         stage.exposed_ep_s = unmerged_ep_seconds(stage.ep_hidden_s, plan, index)
     return stages
+
+
+def _ends(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec):
+    """The embedding's and the LM head's costs (cost.embedding.embedding_cost) on `cluster`'s GPUs."""
+    return embedding_cost(local_model(model, plan.embedding), gradient_strategy(plan.embedding),
+                          plan.local_micro_batch(plan.embedding), cluster, training, plan.pipeline_parallel)
 
 
 def unmerged_ep_seconds(hidden_s: float, plan: Plan, stage_index: int) -> float:
@@ -292,12 +310,15 @@ def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: 
     m, v = plan.num_micro_batches, plan.virtual_stages
     times = [stage_time_per_micro_batch(s, m) for s in stages]
     iteration = pipeline_time(times, m, v)
-    terms = [stage_memory(plan, i, s, model, cluster, training) for i, s in enumerate(stages)]
+    views = stage_clusters(plan, cluster)
+    terms = [stage_memory(plan, i, s, model, views[i], training) for i, s in enumerate(stages)]
     memory = [t.peak_bytes for t in terms]
-    peak_stage = max(range(len(terms)), key=lambda i: memory[i])
     communicators = plan_communicators(plan, model)
-    device = device_bytes(memory[peak_stage], cluster, communicators)
-    budget = device_budget_bytes(cluster, training)
+    devices = [device_bytes(memory[i], views[i], communicators) for i in range(len(terms))]
+    budgets = [device_budget_bytes(view, training) for view in views]
+    peak_stage = max(range(len(terms)), key=lambda i: devices[i] / budgets[i])  # the fullest against its budget
+    device, budget = devices[peak_stage], budgets[peak_stage]
+    cluster_of_peak = views[peak_stage]
     critical = max(range(len(stages)), key=lambda i: times[i])
     cores = profiled_cpu_cores(cluster)
     if cores:
@@ -311,9 +332,9 @@ def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: 
         stage_memory_gib=tuple(b / GIB for b in memory),
         stage_time_s=tuple(m * t for t in times),
         breakdown=_breakdown(stages[critical], m, bubble_time(times, m, v)),
-        peak_reserved_gib=reserved_bytes(memory[peak_stage], cluster) / GIB,
+        peak_reserved_gib=reserved_bytes(memory[peak_stage], cluster_of_peak) / GIB,
         device_memory_gib=device / GIB,
-        memory_breakdown=memory_breakdown(terms[peak_stage], cluster, communicators),
+        memory_breakdown=memory_breakdown(terms[peak_stage], cluster_of_peak, communicators),
         attention_backend=training.attention_backend,
         optimizer_impl=training.optimizer_impl,
         recompute_modules=training.recompute_modules,

@@ -53,7 +53,14 @@ def gpus_per_node_from_env(world_size: int, environ: Mapping[str, str] = os.envi
 
 def cluster_for_world(cluster: ClusterSpec, world_size: int, gpus_per_node: int | None = None) -> ClusterSpec:
     """The cluster shaped to the job: `world_size / gpus_per_node` nodes of `gpus_per_node` GPUs when given
-    (LOCAL_WORLD_SIZE); otherwise one partial node, or whole nodes of the cluster's own size."""
+    (LOCAL_WORLD_SIZE); otherwise one partial node, or whole nodes of the cluster's own size. A mixed cluster
+    (ClusterSpec.node_groups) is priced as it is: the job must have its shape."""
+    if cluster.is_mixed:
+        if world_size != cluster.world_size or gpus_per_node not in (None, cluster.gpus_per_node):
+            raise UserError(f"mixed cluster '{cluster.name}' has {cluster.num_nodes} nodes of {cluster.gpus_per_node} "
+                            f"GPUs in its groups; this job has {world_size} ranks"
+                            + (f" in nodes of {gpus_per_node}" if gpus_per_node is not None else ""))
+        return cluster
     if gpus_per_node is not None:
         return _nodes_of(cluster, world_size, gpus_per_node)
     if world_size <= cluster.gpus_per_node:

@@ -24,6 +24,7 @@ from ..specs.training import TrainingSpec
 from .constraints import SearchConstraints
 from .experts import expert_degree_choices, moe_layers
 from .integers import divisors
+from .mixed_splits import mixed_stage_splits
 from .pruning import enabled as pruning_enabled, search_cache
 from .stage_bound import set_free
 from .uniform import (ACCOUNTED, UniformConfig, best_uniform_plan, chunk_sizes, config_dp, even_split,
@@ -82,6 +83,8 @@ def parallel_degrees(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
                 stats.drop("tp-within-node")
             elif pp > model.num_layers:
                 stats.drop("pp-at-most-layers")
+            elif cluster.stage_alignment_problem(pp):
+                stats.drop("stages-straddle-node-groups")  # a mixed cluster: each stage on one kind of GPU
             elif not any(dp % cp == 0 and training.global_batch_size % (dp // cp) == 0 for cp in (1, *CP_DEGREES)):
                 stats.drop("batch-splits-over-dp")  # with CP the replicas are dp / cp: context_parallel_choices
             else:
@@ -256,7 +259,9 @@ def _base_configs_and_drops(model, cluster, training, constraints, degrees):
                                     constraints.expert_tensor_parallel)
     if not experts:
         drops.append(("expert-degrees", 1))
-    choices = itertools.product(pipeline_splits(model, pp), _sp_choices(model, cluster, training, constraints, tp, dp),
+    splits = pipeline_splits(model, pp) + [(split, (False, False)) for split in
+                                           mixed_stage_splits(model, cluster, training, tp, pp, cp)]
+    choices = itertools.product(dict.fromkeys(splits), _sp_choices(model, cluster, training, constraints, tp, dp),
                                 _distributed_choices(model, cluster, training, constraints, tp, dp * cp), experts)
     configs = []
     for (split, account_for), sp, distributed, (ep, etp) in choices:

@@ -41,6 +41,9 @@ def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     if space == "hybrid" and model.mtp_num_layers:
         raise UserError(f"model '{model.name}' has multi-token prediction, which the hybrid space does not plan "
                         f"yet (its runtime builds no MTP modules): search the megatron space")
+    if space == "hybrid" and cluster.is_mixed:
+        raise UserError(f"cluster '{cluster.name}' mixes node groups, which the hybrid space does not plan yet: "
+                        "search the megatron space")
     if space == "hybrid" and training.moe_ep_overlap:
         raise UserError("--overlap-moe-expert-parallel-comm runs Megatron-Core's combined 1F1B schedule, which the "
                         "hybrid space does not plan (its runtime runs its own schedule): search the megatron space")

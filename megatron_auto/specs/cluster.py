@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Optional
 
 from ..serde import CachedHash, checked
@@ -86,8 +87,29 @@ class ComputeEfficiency:
 
 
 @dataclass(frozen=True)
+class NodeGroup:
+    """Nodes of one kind in a mixed cluster (issue 39): their accelerator, links and GEMM model, and how fast
+    they run against that model."""
+
+    name: str
+    """The group's label, for the report (e.g. a preset name)."""
+    num_nodes: int = checked(positive=True)
+    """Nodes in the group; the groups take consecutive node ranks in the order listed."""
+    gpu: GpuSpec
+    intra_node: LinkSpec
+    inter_node: LinkSpec
+    """The group's NICs, per GPU; traffic between groups runs at the slower group's."""
+    compute: ComputeEfficiency
+    speed_factor: float = checked(positive=True, at_most=1.0, default=1.0)
+    """Measured pace against the datasheet model (a throttled GPU runs at 0.8): its peak FLOP/s and memory
+    bandwidth are taken at this share (ClusterSpec.group_view)."""
+
+
+@dataclass(frozen=True)
 class ClusterSpec(CachedHash):
-    """num_nodes x gpus_per_node identical GPUs; TP/SP traffic prefers the intra-node tier."""
+    """num_nodes x gpus_per_node identical GPUs; TP/SP traffic prefers the intra-node tier. A mixed cluster also
+    lists its node_groups: then `gpu`, `intra_node` and `compute` are an envelope no group exceeds (used only for
+    the search's bounds) and each pipeline stage is priced on its own group (stage_cluster)."""
 
     __hash__ = CachedHash.__hash__  # dataclass(frozen=True) would otherwise replace it
 
@@ -128,11 +150,16 @@ class ClusterSpec(CachedHash):
     """What the caching allocator reserves above the allocated peak, as a fraction of that peak."""
     memory_margin: float = 0.0
     """Default safety margin: a plan fits when its device memory stays below budget x (1 - margin)."""
+    node_groups: tuple[NodeGroup, ...] = ()
+    """A mixed cluster's groups of nodes, in node-rank order (issue 39); empty: every node as above."""
 
     def __post_init__(self) -> None:
         _check_version(self.schema_version, CLUSTER_SCHEMA_VERSION, "cluster spec")
         if self.num_nodes <= 0 or self.gpus_per_node <= 0:
             raise ValueError("num_nodes and gpus_per_node must be positive")
+        grouped = sum(group.num_nodes for group in self.node_groups)
+        if self.node_groups and grouped != self.num_nodes:
+            raise ValueError(f"the node groups hold {grouped} nodes, the cluster {self.num_nodes}")
         if self.world_size > MAX_GPUS:
             raise ValueError(f"{self.num_nodes} nodes x {self.gpus_per_node} GPUs is more than the {MAX_GPUS} GPUs "
                              f"megatron-auto plans for (megatron_auto/limits.py)")
@@ -141,9 +168,65 @@ class ClusterSpec(CachedHash):
     def world_size(self) -> int:
         return self.num_nodes * self.gpus_per_node
 
+    @property
+    def is_mixed(self) -> bool:
+        return bool(self.node_groups)
+
+    def group_view(self, index: int) -> "ClusterSpec":
+        """Node group `index` as a uniform cluster of its own: its GPU (peaks at its speed_factor), links and
+        GEMM model, with this cluster's memory terms. One object per group, so that the cost model's caches,
+        keyed on the cluster, serve every plan priced on it."""
+        return _group_view(self, index)
+
+    def _build_group_view(self, index: int) -> "ClusterSpec":
+        group = self.node_groups[index]
+        gpu = replace(group.gpu, peak_flops=group.gpu.peak_flops * group.speed_factor,
+                      fp8_peak_flops=group.gpu.fp8_peak_flops * group.speed_factor,
+                      memory_bandwidth_bytes_per_s=group.gpu.memory_bandwidth_bytes_per_s * group.speed_factor)
+        return replace(self, name=f"{self.name}:{group.name}", num_nodes=group.num_nodes, gpu=gpu,
+                       intra_node=group.intra_node, inter_node=group.inter_node, compute=group.compute,
+                       node_groups=())
+
+    def stage_groups(self, pipeline_parallel: int) -> Optional[tuple[int, ...]]:
+        """The node group of each of `pipeline_parallel` stages (Megatron's rank order puts stage s on ranks
+        s x world/pp onward); None where a stage's ranks straddle two groups. A uniform cluster: all 0."""
+        if not self.node_groups:
+            return (0,) * pipeline_parallel
+        return _stage_groups(self, pipeline_parallel)
+
+    def _owned_stages(self, pipeline_parallel: int) -> Optional[tuple[int, ...]]:
+        per_stage, owners = self.world_size // pipeline_parallel, []
+        for index, group in enumerate(self.node_groups):
+            owners += [index] * (group.num_nodes * self.gpus_per_node)
+        groups = tuple(owners[stage * per_stage] for stage in range(pipeline_parallel))
+        straddles = any(owners[stage * per_stage] != owners[(stage + 1) * per_stage - 1]
+                        for stage in range(pipeline_parallel))
+        return None if straddles else groups
+
+    def stage_cluster(self, stage: int, pipeline_parallel: int) -> "ClusterSpec":
+        """The cluster that stage `stage` of `pipeline_parallel` runs on: this one, or its node group's view."""
+        if not self.node_groups:
+            return self
+        groups = self.stage_groups(pipeline_parallel)
+        if groups is None:
+            raise UserError(self.stage_alignment_problem(pipeline_parallel))
+        return self.group_view(groups[stage])
+
+    def stage_alignment_problem(self, pipeline_parallel: int) -> str:
+        """Why `pipeline_parallel` stages do not sit on whole node groups ('' where they do)."""
+        if self.stage_groups(pipeline_parallel) is not None:
+            return ""
+        sizes = ", ".join(f"{g.num_nodes * self.gpus_per_node} ({g.name})" for g in self.node_groups)
+        return (f"mixed cluster '{self.name}': {pipeline_parallel} pipeline stages of "
+                f"{self.world_size // pipeline_parallel} GPUs straddle its node groups of {sizes} GPUs; choose a "
+                "pipeline size whose stages each sit inside one group")
+
     def with_nodes(self, num_nodes: int) -> "ClusterSpec":
         if num_nodes <= 0:
             raise UserError(f"--num-nodes must be positive, got {num_nodes}")
+        if self.node_groups and num_nodes != self.num_nodes:
+            raise UserError(f"--num-nodes {num_nodes}: mixed cluster '{self.name}' has the {self.num_nodes} nodes of "
+                            "its groups; leave --num-nodes out or give that")
         try:
             return replace(self, num_nodes=num_nodes)
         except ValueError as error:
@@ -176,3 +259,13 @@ class ClusterSpec(CachedHash):
         per_node = max(1, min(group_size, self.gpus_per_node // stride))
         bandwidth = min(per_node * link.effective_bandwidth, self.intra_node.effective_bandwidth)
         return replace(link, bandwidth_bytes_per_s=bandwidth / link.efficiency)
+
+
+@lru_cache(maxsize=256)
+def _group_view(cluster: ClusterSpec, index: int) -> ClusterSpec:
+    return cluster._build_group_view(index)
+
+
+@lru_cache(maxsize=256)
+def _stage_groups(cluster: ClusterSpec, pipeline_parallel: int) -> Optional[tuple[int, ...]]:
+    return cluster._owned_stages(pipeline_parallel)

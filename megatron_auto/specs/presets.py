@@ -9,7 +9,9 @@ shared/reference/hardware.md.
 """
 from __future__ import annotations
 
-from .cluster import ClusterSpec, ComputeEfficiency, GpuSpec, LinkSpec
+from dataclasses import replace
+
+from .cluster import ClusterSpec, ComputeEfficiency, GpuSpec, LinkSpec, NodeGroup
 from .model import MLASpec, ModelSpec, uniform_model
 
 GIB = 1024**3
@@ -170,3 +172,33 @@ CLUSTER_PRESETS: dict[str, ClusterSpec] = {
         dropout_mask_bytes=4,  # fp32 noise tensors (ATen _dropout_impl on CPU; profile-model's saved bytes)
     ),
 }
+
+
+def mixed_cluster(name: str, parts: tuple[tuple[ClusterSpec, int], ...]) -> ClusterSpec:
+    """A cluster of node groups (issue 39), each some nodes of a uniform cluster, in node-rank order. Its own
+    GPU, NVLink and GEMM fields are an envelope that no group exceeds (the fastest GPU with the most memory and
+    the fewest host seconds per op, the fastest links), so that the search's screens stay bounds (traffic between
+    stages is priced at the slower group's NICs: cost.estimate.stage_costs); FP8 only where every group has it."""
+    groups = tuple(NodeGroup(base.name, nodes, base.gpu, base.intra_node, base.inter_node, base.compute)
+                   for base, nodes in parts)
+    if len({base.gpus_per_node for base, _ in parts}) > 1:
+        raise ValueError("the node groups of a mixed cluster need the same GPUs per node")
+    gpus = [group.gpu for group in groups]
+    fastest = max(groups, key=lambda group: group.gpu.peak_flops)
+    envelope = replace(fastest.gpu, name=" + ".join(dict.fromkeys(gpu.name for gpu in gpus)),
+                       memory_bytes=max(gpu.memory_bytes for gpu in gpus),
+                       usable_memory_bytes=max(gpu.capacity_bytes for gpu in gpus),
+                       memory_bandwidth_bytes_per_s=max(gpu.memory_bandwidth_bytes_per_s for gpu in gpus),
+                       kernel_launch_s=min(gpu.kernel_launch_s for gpu in gpus),
+                       fp8_peak_flops=min(gpu.fp8_peak_flops for gpu in gpus),
+                       sm_count=max(gpu.sm_count for gpu in gpus))
+    fastest_network = max((group.inter_node for group in groups), key=lambda link: link.effective_bandwidth)
+    first = parts[0][0]
+    return replace(first, name=name, num_nodes=sum(nodes for _, nodes in parts), gpu=envelope,
+                   intra_node=fastest.intra_node, inter_node=fastest_network, compute=fastest.compute,
+                   node_groups=groups)
+
+
+# 2 DGX-H100 nodes (node ranks 0-1) beside 2 DGX-A100 80GB nodes (2-3): the example of issue 39.
+CLUSTER_PRESETS["mixed-h100-a100"] = mixed_cluster(
+    "mixed-h100-a100", ((CLUSTER_PRESETS["dgx-h100-80gb"], 2), (CLUSTER_PRESETS["dgx-a100-80gb"], 2)))

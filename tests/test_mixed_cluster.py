@@ -1,0 +1,155 @@
+"""Issue 39, first part: clusters of unlike node groups, priced stage by stage and planned with the layers balanced
+over the groups (specs/cluster.py NodeGroup, specs/presets.py mixed_cluster, cost/estimate.py stage_clusters,
+search/mixed_splits.py)."""
+from __future__ import annotations
+
+import itertools
+import json
+from dataclasses import replace
+
+import pytest
+
+from megatron_auto import serde
+from megatron_auto.cli.main import main
+from megatron_auto.cost.estimate import estimate_plan
+from megatron_auto.errors import UserError
+from megatron_auto.search import search_plan
+from megatron_auto.search.integers import divisors
+from megatron_auto.search.mixed_splits import mixed_stage_splits
+from megatron_auto.search.uniform import UniformConfig, build_uniform_plan
+from megatron_auto.specs import TrainingSpec, load_cluster, load_model
+from megatron_auto.specs.presets import CLUSTER_PRESETS, mixed_cluster
+
+H100, A100 = CLUSTER_PRESETS["dgx-h100-80gb"], CLUSTER_PRESETS["dgx-a100-80gb"]
+MIXED = "mixed-h100-a100"
+
+
+def test_the_preset_holds_its_groups_in_node_rank_order():
+    cluster = load_cluster(MIXED)
+    assert cluster.num_nodes == 4 and cluster.world_size == 32 and cluster.is_mixed
+    assert cluster.stage_groups(4) == (0, 0, 1, 1) and cluster.stage_groups(2) == (0, 1)
+    assert cluster.stage_cluster(0, 4).gpu == H100.gpu and cluster.stage_cluster(3, 4).gpu == A100.gpu
+    assert cluster.stage_cluster(3, 4).inter_node == A100.inter_node
+    assert cluster.stage_groups(1) is None and "straddle" in cluster.stage_alignment_problem(1)
+    # The envelope the search's bounds read: no group's GPU is faster or holds more.
+    assert cluster.gpu.peak_flops == H100.gpu.peak_flops and cluster.gpu.capacity_bytes >= A100.gpu.capacity_bytes
+    assert cluster.gpu.fp8_peak_flops == 0  # FP8 only where every group has it
+
+
+def test_a_mixed_cluster_file_loads_and_a_bad_one_is_refused_in_one_line(tmp_path, capsys):
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(serde.to_dict(load_cluster(MIXED))))
+    assert load_cluster(str(path)) == load_cluster(MIXED)
+    data = serde.to_dict(load_cluster(MIXED))
+    data["num_nodes"] = 5
+    path.write_text(json.dumps(data))
+    assert main(["plan", "--model", "llama3-8b", "--cluster", str(path), "--global-batch-size", "64"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "node groups hold 4 nodes, the cluster 5" in err and "\n" not in err
+
+
+def test_a_slow_group_runs_its_stages_at_its_speed():
+    cluster = load_cluster(MIXED)
+    slow = replace(cluster, node_groups=(cluster.node_groups[0], replace(cluster.node_groups[1], speed_factor=0.5)))
+    assert slow.stage_cluster(3, 4).gpu.peak_flops == A100.gpu.peak_flops * 0.5
+    model, training = load_model("llama3-8b"), TrainingSpec(64)
+    config = UniformConfig(tp=8, pp=4, micro_batch_size=1, sequence_parallel=True, distributed_optimizer=True)
+    plan = build_uniform_plan(model, cluster, training, config)
+    fast_times = estimate_plan(plan, model, cluster, training).stage_time_s
+    slow_times = estimate_plan(plan, model, slow, training).stage_time_s
+    assert fast_times[3] > fast_times[0]  # an A100 stage of the same layers takes longer than an H100 one
+    assert slow_times[3] > fast_times[3] and slow_times[0] == fast_times[0]
+
+
+def test_groups_of_one_kind_price_as_the_uniform_cluster():
+    """Stage by stage pricing changes nothing where every group is the same: the estimate equals the uniform one."""
+    same = mixed_cluster("h100-twice", ((H100, 2), (H100, 2)))
+    uniform = H100.with_nodes(4)
+    model, training = load_model("llama3-70b"), TrainingSpec(128)
+    for pp, v in ((2, 1), (4, 1), (4, 5)):
+        config = UniformConfig(tp=8, pp=pp, micro_batch_size=1, virtual_stages=v, sequence_parallel=True,
+                               distributed_optimizer=True, recompute="full")
+        plan = build_uniform_plan(model, uniform, training, config)
+        ours, theirs = (estimate_plan(plan, model, c, training) for c in (same, uniform))
+        assert ours.iteration_time_s == pytest.approx(theirs.iteration_time_s, rel=1e-12)
+        assert ours.stage_memory_gib == pytest.approx(theirs.stage_memory_gib, rel=1e-12)
+        assert ours.fits == theirs.fits
+
+
+def test_the_plan_balances_layers_over_the_groups_and_beats_the_slower_kind_everywhere(capsys):
+    """Issue 39's example: Llama 3 70B on 2 DGX-H100 and 2 DGX-A100 nodes is predicted faster than the best plan
+    on 4 DGX-A100 nodes, and its H100 stages hold more layers; the report names each group's node ranks."""
+    model, training = load_model("llama3-70b"), TrainingSpec(128)
+    mixed = search_plan(model, load_cluster(MIXED), training, "megatron", choose_recompute_modules=True).plan
+    slower = search_plan(model, A100.with_nodes(4), training, "megatron", choose_recompute_modules=True).plan
+    assert mixed.prediction.fits and mixed.prediction.iteration_time_s < slower.prediction.iteration_time_s
+    counts, groups = mixed.stage_layer_counts(), load_cluster(MIXED).stage_groups(mixed.pipeline_parallel)
+    h100 = [count for count, group in zip(counts, groups) if group == 0]
+    a100 = [count for count, group in zip(counts, groups) if group == 1]
+    assert min(h100) > max(a100)
+    assert main(["plan", "--model", "llama3-70b", "--cluster", MIXED, "--global-batch-size", "128", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["node_groups"][0].startswith("dgx-h100-80gb: node ranks 0-1")
+    assert any("--pipeline-model-parallel-layout" == flag for flag in out["megatron_flags"])
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--space", "hybrid"], "hybrid space does not plan"),
+    (["--num-nodes", "8"], "leave --num-nodes out"),
+    (["--gpus-per-node", "4"], "nodes of 8 GPUs in every group"),
+    (["--precision", "fp8"], "no FP8 tensor cores"),
+])
+def test_what_a_mixed_cluster_cannot_do_is_one_line_and_exit_2(capsys, argv, words):
+    assert main(["plan", "--model", "llama3-8b", "--cluster", MIXED, "--global-batch-size", "64", *argv]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "\n" not in err
+
+
+def test_a_layout_that_straddles_the_groups_is_refused_in_one_line(capsys):
+    argv = ["estimate", "--model", "llama3-8b", "--cluster", MIXED, "--global-batch-size", "64", "--tp", "8",
+            "--pp", "1"]
+    assert main(argv) == 2
+    assert "straddle" in capsys.readouterr().err
+
+
+def test_the_runtime_refuses_a_job_of_another_shape_on_a_mixed_cluster():
+    from megatron_auto.runtime.planning import cluster_for_world
+
+    cluster = load_cluster(MIXED)
+    assert cluster_for_world(cluster, 32, 8) is cluster
+    with pytest.raises(UserError, match="has 4 nodes of 8 GPUs"):
+        cluster_for_world(cluster, 16, 8)
+
+
+def _brute_force(model, cluster, training) -> float:
+    """The fastest fitting plan over every tp, pp, micro-batch and split of the layers (v 1, SP, the distributed
+    optimizer, no recomputation): the part of the megatron space that the search must find the best of."""
+    best = float("inf")
+    world = cluster.world_size
+    for tp, pp in itertools.product(divisors(cluster.gpus_per_node), divisors(world)):
+        dp = world // (tp * pp)
+        if dp < 1 or world % (tp * pp) or model.layers[0].tensor_parallel_error(tp) or pp > model.num_layers \
+                or cluster.stage_groups(pp) is None:
+            continue
+        splits = [None] if pp == 1 else list(mixed_stage_splits(model, cluster, training, tp, pp)) or [None]
+        for mbs, split in itertools.product(divisors(training.global_batch_size // dp), splits):
+            config = UniformConfig(tp=tp, pp=pp, micro_batch_size=mbs, sequence_parallel=tp > 1,
+                                   distributed_optimizer=dp > 1, stage_layers=split)
+            try:
+                prediction = estimate_plan(build_uniform_plan(model, cluster, training, config), model, cluster,
+                                           training)
+            except UserError:
+                continue
+            if prediction.fits:
+                best = min(best, prediction.iteration_time_s)
+    return best
+
+
+def test_the_search_is_at_least_as_fast_as_every_split_tried_one_by_one():
+    """On a model small enough that every split is searched (mixed_splits.EXHAUSTIVE_SPLITS), the search's plan is
+    no slower than the best of every (tp, pp, micro-batch, split): its bounds on the mixed cluster's envelope
+    prune nothing that wins."""
+    cluster = mixed_cluster("h100-a100-small", ((H100, 1), (A100, 1)))
+    model, training = load_model("tiny-gpt-8l"), TrainingSpec(32)
+    found = search_plan(model, cluster, training, "megatron").plan.prediction.iteration_time_s
+    assert found <= _brute_force(model, cluster, training) * (1 + 1e-12)
