@@ -15,7 +15,7 @@ from megatron_auto.cost.estimate import estimate_plan
 from megatron_auto.errors import UserError
 from megatron_auto.search import search_plan
 from megatron_auto.search.integers import divisors
-from megatron_auto.search.mixed_splits import mixed_stage_splits
+from megatron_auto.search.mixed_splits import EXHAUSTIVE_SPLITS, _compositions
 from megatron_auto.search.uniform import UniformConfig, build_uniform_plan
 from megatron_auto.specs import TrainingSpec, load_cluster, load_model
 from megatron_auto.specs.presets import CLUSTER_PRESETS, mixed_cluster
@@ -122,8 +122,8 @@ def test_the_runtime_refuses_a_job_of_another_shape_on_a_mixed_cluster():
 
 
 def _brute_force(model, cluster, training) -> float:
-    """The fastest fitting plan over every tp, pp, micro-batch and split of the layers (v 1, SP, the distributed
-    optimizer, no recomputation): the part of the megatron space that the search must find the best of."""
+    """The fastest fitting plan over every tp, pp, micro-batch and split of the layers into stages (v 1, SP, the
+    distributed optimizer, no recomputation): a part of the megatron space that the search must find the best of."""
     best = float("inf")
     world = cluster.world_size
     for tp, pp in itertools.product(divisors(cluster.gpus_per_node), divisors(world)):
@@ -131,7 +131,7 @@ def _brute_force(model, cluster, training) -> float:
         if dp < 1 or world % (tp * pp) or model.layers[0].tensor_parallel_error(tp) or pp > model.num_layers \
                 or cluster.stage_groups(pp) is None:
             continue
-        splits = [None] if pp == 1 else list(mixed_stage_splits(model, cluster, training, tp, pp)) or [None]
+        splits = [None] if pp == 1 else list(_compositions(model.num_layers, pp))
         for mbs, split in itertools.product(divisors(training.global_batch_size // dp), splits):
             config = UniformConfig(tp=tp, pp=pp, micro_batch_size=mbs, sequence_parallel=tp > 1,
                                    distributed_optimizer=dp > 1, stage_layers=split)
@@ -147,9 +147,34 @@ def _brute_force(model, cluster, training) -> float:
 
 def test_the_search_is_at_least_as_fast_as_every_split_tried_one_by_one():
     """On a model small enough that every split is searched (mixed_splits.EXHAUSTIVE_SPLITS), the search's plan is
-    no slower than the best of every (tp, pp, micro-batch, split): its bounds on the mixed cluster's envelope
-    prune nothing that wins."""
+    no slower than the best of every (tp, pp, micro-batch, split) priced one by one: its bounds (the envelope's,
+    the stages' own floors) prune nothing that wins."""
     cluster = mixed_cluster("h100-a100-small", ((H100, 1), (A100, 1)))
-    model, training = load_model("tiny-gpt-8l"), TrainingSpec(32)
+    model, training = load_model("tiny-gpt"), TrainingSpec(32)
+    assert all(len(list(_compositions(model.num_layers, pp))) <= EXHAUSTIVE_SPLITS for pp in (2, 4))
     found = search_plan(model, cluster, training, "megatron").plan.prediction.iteration_time_s
     assert found <= _brute_force(model, cluster, training) * (1 + 1e-12)
+
+
+def test_the_stage_floors_stay_below_the_estimate_on_a_mixed_cluster():
+    """What the search prunes on (search/stage_bound.py, each stage on its own group as estimate_plan prices it)
+    never exceeds the estimate, in time or memory, on the splits it searches."""
+    from megatron_auto.search.mixed_splits import mixed_stage_splits
+    from megatron_auto.search.uniform_floors import candidate_floors, cannot_fit
+
+    cluster, model = load_cluster(MIXED), load_model("llama3-8b")
+    training = TrainingSpec(64, memory_budget_bytes=40 * 2**30)
+    checked = unfit = 0
+    for tp, pp, recompute, mbs in itertools.product((2, 8), (2, 4), ("none", "selective", "full"), (1, 2)):
+        for split in mixed_stage_splits(model, cluster, training, tp, pp):
+            config = UniformConfig(tp=tp, pp=pp, micro_batch_size=mbs, sequence_parallel=True,
+                                   distributed_optimizer=True, stage_layers=split, recompute=recompute)
+            prediction = estimate_plan(build_uniform_plan(model, cluster, training, config), model, cluster,
+                                       training)
+            floors = candidate_floors(model, cluster, training, config, 1, memory=True)
+            assert floors.time_s <= prediction.iteration_time_s
+            if cannot_fit(model, cluster, training, config, floors):
+                assert not prediction.fits
+                unfit += 1
+            checked += 1
+    assert checked > 20 and unfit > 0

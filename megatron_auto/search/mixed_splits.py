@@ -19,7 +19,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
 
-EXHAUSTIVE_SPLITS = 40
+EXHAUSTIVE_SPLITS = 12
 """Where the layers split over the stages in at most this many ways, every split is searched."""
 LEANS = (0.5, 0.7, 0.85, 1.0, 1.15)
 """Powers of the speed ratios the splits follow: 1 balances the stages' compute, below 1 leans less far (the

@@ -62,28 +62,48 @@ def stage_floors(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     `sizes`: decoder layers per chunk in Megatron's chunk order (chunk c on stage c % pp)."""
     kind, limit = recompute
     limit = limit if kind == "full" else None
-    free = set_free(training)  # only selectively recomputed layers read the set: one entry serves every set
-    plain = layer_terms(model, cluster, free, strategy, "none", experts, micro_batch_size)
-    redone = plain if kind == "none" else layer_terms(model, cluster, training if kind == "selective" else free,
-                                                      strategy, kind, experts, micro_batch_size)
-    per_step, per_chunk = runtime_overhead(cluster)
+    views = _stage_views(cluster, pp)  # a mixed cluster's stages each on their own group, as estimate_plan's
+    priced = {view: _kind_terms(model, view, training, strategy, kind, experts, micro_batch_size)
+              for view in dict.fromkeys(views)}
     v = len(sizes) // pp
     terms = range(3 if memory else 1)
-    stages = [[_dot(redone_counts, redone[term]) + _dot(plain_counts, plain[term]) for term in terms]
-              for redone_counts, plain_counts in stage_shape_counts(model, sizes, pp, limit)]
-    seconds = [stage[0] + v * per_chunk + per_step / num_micro_batches for stage in stages]
+    stages = [[_dot(redone_counts, priced[views[s]][1][term]) + _dot(plain_counts, priced[views[s]][0][term])
+               for term in terms] for s, (redone_counts, plain_counts) in
+              enumerate(stage_shape_counts(model, sizes, pp, limit))]
+    overheads = [runtime_overhead(view) for view in views]
+    seconds = [stage[0] + v * overheads[s][1] + overheads[s][0] / num_micro_batches for s, stage in enumerate(stages)]
     last_kind = kind if limit is None or sizes[-1] <= limit else "none"
     if last_kind == "full" and limit is not None and max(sizes) > limit:
         last_kind = "none"  # cost.mtp.mtp_layer_strategy: the block method skips the MTP layers
-    first, last = end_stage_seconds(model, cluster, training, strategy, last_kind, experts, micro_batch_size, pp)
-    seconds[0] += first
-    seconds[(len(sizes) - 1) % pp] += last
+    head = (len(sizes) - 1) % pp
+    ends = {view: end_stage_seconds(model, view, training, strategy, last_kind, experts, micro_batch_size, pp)
+            for view in dict.fromkeys((views[0], views[head]))}
+    seconds[0] += ends[views[0]][0]
+    seconds[head] += ends[views[head]][1]
     time = pipeline_time(seconds, num_micro_batches, v) * (1.0 - ROUNDING)
     if not memory:
         return StageFloors(time, 0.0)
     peak = max(stages[stage][1] + stages[stage][2] * in_flight_micro_batches(stage, pp, num_micro_batches, v, "1f1b")
                for stage in range(pp))
     return StageFloors(time, (peak + cluster.framework_overhead_bytes) * (1.0 - ROUNDING))
+
+
+def _kind_terms(model, cluster, training, strategy, kind: str, experts, micro_batch_size: int) -> tuple:
+    """layer_terms (plain, recomputed as `kind`) of every layer shape on `cluster`'s GPUs."""
+    free = set_free(training)  # only selectively recomputed layers read the set: one entry serves every set
+    plain = layer_terms(model, cluster, free, strategy, "none", experts, micro_batch_size)
+    redone = plain if kind == "none" else layer_terms(model, cluster, training if kind == "selective" else free,
+                                                      strategy, kind, experts, micro_batch_size)
+    return plain, redone
+
+
+@lru_cache(maxsize=256)
+def _stage_views(cluster: ClusterSpec, pp: int) -> tuple[ClusterSpec, ...]:
+    """The cluster each of `pp` stages runs on (ClusterSpec.stage_cluster; all `cluster` where it is uniform or
+    the stages straddle its groups, which the search leaves out)."""
+    if not cluster.is_mixed or cluster.stage_groups(pp) is None:
+        return (cluster,) * pp
+    return tuple(cluster.stage_cluster(stage, pp) for stage in range(pp))
 
 
 def least_selective_peak(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, strategy: LayerStrategy,
