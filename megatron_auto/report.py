@@ -210,9 +210,10 @@ def node_group_lines(plan: Plan, cluster) -> list[str]:
     for index, group in enumerate(cluster.node_groups):
         stages = [stage for stage, owner in enumerate(groups) if owner == index]
         nodes = _layer_range(first_node, first_node + group.num_nodes - 1)
-        held = f"stages {_layer_range(stages[0], stages[-1])}, {sum(counts[s] for s in stages)} layers" \
-            if stages else "no stage"
-        lines.append(f"  {group.name}: node ranks {nodes}, {group.gpu.name}"
+        layers = sum(counts[s] for s in stages)
+        held = (f"stage{'s' if len(stages) > 1 else ''} {_layer_range(stages[0], stages[-1])}, {layers} "
+                f"layer{'s' if layers != 1 else ''}") if stages else "no stage"
+        lines.append(f"  {group.name}: node rank{'s' if group.num_nodes > 1 else ''} {nodes}, {group.gpu.name}"
                      f"{f' at {group.speed_factor:.2f} of its speed' if group.speed_factor < 1 else ''}: {held}")
         first_node += group.num_nodes
     return lines

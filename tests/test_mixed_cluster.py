@@ -178,3 +178,36 @@ def test_the_stage_floors_stay_below_the_estimate_on_a_mixed_cluster():
                 unfit += 1
             checked += 1
     assert checked > 20 and unfit > 0
+
+
+LAUNCH_LINE = ["--num-layers", "32", "--hidden-size", "4096", "--ffn-hidden-size", "14336", "--num-attention-heads",
+               "32", "--group-query-attention", "--num-query-groups", "8", "--seq-length", "8192",
+               "--max-position-embeddings", "8192", "--swiglu", "--normalization", "RMSNorm", "--disable-bias-linear",
+               "--position-embedding-type", "rope", "--untie-embeddings-and-output-weights", "--mock-data",
+               "--tokenizer-type", "NullTokenizer", "--vocab-size", "128256", "--micro-batch-size", "1",
+               "--global-batch-size", "128", "--lr", "3e-4", "--train-iters", "10", "--bf16",
+               "--use-distributed-optimizer", "--auto-parallel", "--auto-parallel-cluster", MIXED,
+               "--auto-parallel-dry-run"]
+
+
+@pytest.mark.parametrize("local_world", ["8", "4"])
+def test_a_launch_line_under_auto_parallel_names_the_node_ranks_of_each_group(monkeypatch, capsys, caplog, local_world):
+    """tools/pretrain_gpt.py --auto-parallel on the mixed preset: the dry run prints which node ranks each group
+    must take, and the log line says what was priced; torchrun's nodes of another size are one line, exit 2."""
+    import logging
+
+    from megatron_auto import train
+
+    monkeypatch.setenv("WORLD_SIZE", "32")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", local_world)
+    monkeypatch.delenv("RANK", raising=False)
+    caplog.set_level(logging.INFO)
+    code = train.main(list(LAUNCH_LINE))
+    captured = capsys.readouterr()
+    if local_world == "4":
+        assert code == 2 and "has 4 nodes of 8 GPUs in its groups" in captured.err
+        return
+    assert code == 0
+    assert "dgx-h100-80gb: node ranks 0-1" in captured.out and "dgx-a100-80gb: node ranks 2-3" in captured.out
+    assert "straddle its node groups" in captured.out  # the line's own pp 1 is no layout on this cluster
+    assert "node groups: dgx-h100-80gb at node ranks 0-1, dgx-a100-80gb at node ranks 2-3" in caplog.text

@@ -99,7 +99,16 @@ def describe_job_cluster(cluster: ClusterSpec, world_size: int, gpus_per_node: i
     gpus = f"{cluster.gpus_per_node} GPU{'s' if cluster.gpus_per_node > 1 else ''}"
     source = (f"LOCAL_WORLD_SIZE {gpus_per_node}" if gpus_per_node is not None
               else "LOCAL_WORLD_SIZE unset: the cluster's own node size")
-    return f"priced {nodes} x {gpus} of {cluster.name} (WORLD_SIZE {world_size}, {source})"
+    line = f"priced {nodes} x {gpus} of {cluster.name} (WORLD_SIZE {world_size}, {source})"
+    if cluster.is_mixed:  # Megatron-Core's stage s runs on ranks s x world/pp onward: the nodes' order matters
+        first, groups = 0, []
+        for group in cluster.node_groups:
+            last = first + group.num_nodes - 1
+            groups.append(f"{group.name} at node rank{'s' if last > first else ''} {first}"
+                          + (f"-{last}" if last > first else ""))
+            first += group.num_nodes
+        line += "; node groups: " + ", ".join(groups)
+    return line
 
 
 def device_total_bytes() -> int | None:

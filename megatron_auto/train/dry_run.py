@@ -36,7 +36,7 @@ def dry_run(args: argparse.Namespace, adjustments: list[str], plan, model: Model
     """--auto-parallel-dry-run: the plan and its prediction on stdout, and under --auto-parallel (or a plan file)
     the line's own flags priced on the same cluster (in nodes of `gpus_per_node` GPUs when given); rank 0 only."""
     from megatron_auto.cost.estimate import estimate_plan
-    from megatron_auto.report import comparison_lines, plan_table
+    from megatron_auto.report import comparison_lines, node_group_lines, plan_table
     from megatron_auto.runtime.planning import describe_job_cluster
 
     if int(os.environ.get("RANK", "0")) != 0:
@@ -50,7 +50,7 @@ def dry_run(args: argparse.Namespace, adjustments: list[str], plan, model: Model
     logger.info("%s", describe_job_cluster(basis.cluster, world_size, gpus_per_node))
     if plan.prediction is None or args.auto_parallel_plan:  # a plan file's prediction was priced elsewhere
         plan = dataclasses.replace(plan, prediction=estimate_plan(plan, basis.model, basis.cluster, basis.training))
-    text = plan_table(plan)
+    text = plan_table(plan) + "".join(f"{line}\n" for line in node_group_lines(plan, basis.cluster))
     if args.auto_parallel or args.auto_parallel_plan:
         text += "\n" + "\n".join(comparison_lines(plan, *own_flags_plan(args, model, world_size, basis))) + "\n"
     sys.stdout.write(text)  # the dry run's product is this table on stdout, as `megatron-auto show` prints it
