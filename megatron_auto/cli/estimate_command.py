@@ -178,6 +178,8 @@ def _picked_line(plan: Plan, picked: list[str]) -> str:
 
 
 def run_estimate(args: argparse.Namespace) -> int:
+    if args.tp_comm_overlap == "search":
+        raise UserError("--tp-comm-overlap search is plan's choice; estimate prices the flags given: on or off")
     if args.plan is not None:
         plan, picked = estimate_file(args), []
     else:

@@ -109,7 +109,7 @@ def fp8_options(args: argparse.Namespace, precision: str) -> dict:
 def recipe_options(args: argparse.Namespace, precision: str, on_gpu: bool) -> dict:
     """--tp-comm-overlap, --grad-reduce-in-bf16 and the kernel fusions as TrainingSpec fields."""
     fusion = getattr(args, "grad_accumulation_fusion", "auto")
-    options = dict(tp_comm_overlap=bool(getattr(args, "tp_comm_overlap", False)),
+    options = dict(tp_comm_overlap=getattr(args, "tp_comm_overlap", "off") in ("on", True),
                    grad_accumulation_fusion=fusion == "on" or (fusion == "auto" and on_gpu),
                    bias_activation_fusion=resolve_bias_fusions(getattr(args, "bias_fusions", "auto"), on_gpu),
                    rope_fusion=bool(getattr(args, "rope_fusion", False)),

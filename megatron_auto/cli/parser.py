@@ -110,9 +110,10 @@ def add_fp8_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     """The knobs NVIDIA's performance recipes turn, Megatron-LM's names (docs/cost_model.md, "Recipe knobs")."""
-    parser.add_argument("--tp-comm-overlap", action="store_true",
+    parser.add_argument("--tp-comm-overlap", nargs="?", const="on", default="off", choices=("on", "off", "search"),
                         help="price Transformer Engine's overlap of the TP all-gathers and reduce-scatters with "
-                             "the GEMMs (needs --sequence-parallel; layers with tp 1 are unaffected)")
+                             "the GEMMs (needs --sequence-parallel; layers with tp 1 are unaffected); `search` "
+                             "(plan only): the search weighs it and keeps it where its plan is faster")
     parser.add_argument("--grad-accumulation-fusion", choices=GRAD_ACCUMULATION_FUSIONS, default="auto",
                         help="price weight gradients accumulated inside the wgrad GEMM (Megatron-LM's "
                              "--gradient-accumulation-fusion; auto: on GPU clusters, where TE, apex or the "

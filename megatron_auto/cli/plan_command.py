@@ -55,7 +55,8 @@ def run_plan(args: argparse.Namespace) -> int:
                 cluster.world_size, cluster.name)
     with ProgressBar("searching") as progress:
         result = search_plan(model, cluster, training, space=args.space, constraints=constraints,
-                             progress=progress, choose_recompute_modules=args.recompute_modules is None)
+                             progress=progress, choose_recompute_modules=args.recompute_modules is None,
+                             choose_tp_comm_overlap=args.tp_comm_overlap == "search")
     plan = result.plan
     if plan.prediction is None:
         plan = replace(plan, prediction=estimate_plan(plan, model, cluster, training))

@@ -17,9 +17,10 @@ from ..specs.model import ModelSpec
 from ..specs.training import RECOMPUTE_MODULES, TrainingSpec, recompute_modules_problem
 from .constraints import SearchConstraints, SearchResult
 
-SearchOne = Callable[[TrainingSpec, Optional[Callable[[float], None]], float], Optional[SearchResult]]
-"""search_one(training, progress, incumbent): one search under `training`'s set; with a finite incumbent
-(seconds), None when it found nothing that fits and beats it."""
+SearchOne = Callable[[TrainingSpec, Optional[Callable[[float], None]], float, bool], Optional[SearchResult]]
+"""search_one(training, progress, incumbent, first): one search under `training`'s set (`first`: the first set,
+searched in full; the others may leave out what does not read the set); with a finite incumbent (seconds), None
+when it found nothing that fits and beats it."""
 
 
 def candidate_module_sets(model: ModelSpec, training: TrainingSpec) -> list[tuple[str, ...]]:
@@ -45,9 +46,9 @@ def _per_layer_effect(model: ModelSpec, training: TrainingSpec) -> tuple[frozens
 
 
 def search_module_sets(search_one: SearchOne, model: ModelSpec, training: TrainingSpec,
-                       constraints: SearchConstraints,
-                       progress: Optional[Callable[[float], None]] = None) -> SearchResult:
-    """The fastest fitting plan over the candidate sets.
+                       constraints: SearchConstraints, progress: Optional[Callable[[float], None]] = None,
+                       incumbent: float = math.inf) -> Optional[SearchResult]:
+    """The fastest fitting plan over the candidate sets (with a finite `incumbent`, None when none beats it).
 
     The first set's plan is the incumbent the others must beat, so their searches prune with it. A pinned
     `--recompute-granularity` other than selective makes the set irrelevant: one search. When no plan fits
@@ -58,18 +59,20 @@ def search_module_sets(search_one: SearchOne, model: ModelSpec, training: Traini
         sets = sets[:1]
     best, spent, first_error = None, [], None
     for index, modules in enumerate(sets):
-        incumbent = best.plan.prediction.iteration_time_s if best is not None else math.inf
+        limit = min(incumbent, best.plan.prediction.iteration_time_s if best is not None else math.inf)
         try:
             result = search_one(replace(training, recompute_modules=modules),
-                                _progress_share(progress, index, len(sets)), incumbent)
+                                _progress_share(progress, index, len(sets)), limit, index == 0)
         except UserError as error:
             first_error = first_error or error
             continue
         if result is not None:
             spent.append((modules, result.search_time_s, result.candidates_evaluated))
-            if best is None or result.plan.prediction.iteration_time_s < incumbent:
+            if limit == math.inf or result.plan.prediction.iteration_time_s < limit:
                 best = result
     if best is None:
+        if incumbent < math.inf:
+            return None
         raise first_error
     return replace(best, search_time_s=sum(seconds for _, seconds, _ in spent),
                    candidates_evaluated=sum(count for _, _, count in spent),

@@ -32,29 +32,47 @@ log = logging.getLogger(__name__)
 def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, space: str = "megatron",
                 constraints: SearchConstraints = SearchConstraints(),
                 progress: Optional[Callable[[float], None]] = None,
-                choose_recompute_modules: bool = False) -> SearchResult:
+                choose_recompute_modules: bool = False, choose_tp_comm_overlap: bool = False) -> SearchResult:
     """The fastest plan that fits; UserError with the least memory any plan needs when none fits.
 
     `choose_recompute_modules`: also choose what selective recomputation re-runs (search.module_sets);
-    otherwise it re-runs `training.recompute_modules`.
+    otherwise it re-runs `training.recompute_modules`. `choose_tp_comm_overlap`: also weigh Transformer
+    Engine's TP communication overlap (--tp-comm-overlap, cost/tp_overlap.py), a run-wide switch: the search
+    under it prunes with the plan found without it, and the faster plan wins.
     """
-    if space == "hybrid" and model.mtp_num_layers:
-        raise UserError(f"model '{model.name}' has multi-token prediction, which the hybrid space does not plan "
-                        f"yet (its runtime builds no MTP modules): search the megatron space")
-    if space == "hybrid" and cluster.is_mixed:
-        raise UserError(f"cluster '{cluster.name}' mixes node groups, which the hybrid space does not plan yet: "
-                        "search the megatron space")
-    if space == "hybrid" and training.moe_ep_overlap:
-        raise UserError("--overlap-moe-expert-parallel-comm runs Megatron-Core's combined 1F1B schedule, which the "
-                        "hybrid space does not plan (its runtime runs its own schedule): search the megatron space")
-    problem = fp8_problem(cluster, training.fp8_recipe) if training.fp8 else None
+    problem = _space_problem(model, cluster, training, space)
     if problem:
         raise UserError(problem)
-    clear_search_caches()  # shared by this call's module-set searches only (search/pruning.py)
-    if choose_recompute_modules:
-        return search_module_sets(_module_set_searcher(model, cluster, space, constraints), model, training,
-                                  constraints, progress)
-    return _search_space(model, cluster, training, space, constraints, progress)
+    clear_search_caches()  # shared by this call's searches only (search/pruning.py)
+
+    def search(spec: TrainingSpec, incumbent: float = math.inf) -> Optional[SearchResult]:
+        if choose_recompute_modules:
+            return search_module_sets(_module_set_searcher(model, cluster, space, constraints), model, spec,
+                                      constraints, progress, incumbent)
+        return _search_space(model, cluster, spec, space, constraints, progress, incumbent)
+
+    result = search(training)
+    if not choose_tp_comm_overlap or training.tp_comm_overlap:
+        return result
+    overlapped = search(replace(training, tp_comm_overlap=True), _fitting_time(result.plan))
+    faster = overlapped if overlapped is not None else result
+    return replace(faster, search_time_s=result.search_time_s + (overlapped.search_time_s if overlapped else 0.0),
+                   candidates_evaluated=result.candidates_evaluated
+                   + (overlapped.candidates_evaluated if overlapped else 0))
+
+
+def _space_problem(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, space: str) -> Optional[str]:
+    """Why the search cannot plan this job in `space`, as one line; None when it can."""
+    if space == "hybrid" and model.mtp_num_layers:
+        return (f"model '{model.name}' has multi-token prediction, which the hybrid space does not plan yet (its "
+                "runtime builds no MTP modules): search the megatron space")
+    if space == "hybrid" and cluster.is_mixed:
+        return (f"cluster '{cluster.name}' mixes node groups, which the hybrid space does not plan yet: search the "
+                "megatron space")
+    if space == "hybrid" and training.moe_ep_overlap:
+        return ("--overlap-moe-expert-parallel-comm runs Megatron-Core's combined 1F1B schedule, which the hybrid "
+                "space does not plan (its runtime runs its own schedule): search the megatron space")
+    return fp8_problem(cluster, training.fp8_recipe) if training.fp8 else None
 
 
 def _module_set_searcher(model: ModelSpec, cluster: ClusterSpec, space: str, constraints: SearchConstraints):
@@ -63,15 +81,15 @@ def _module_set_searcher(model: ModelSpec, cluster: ClusterSpec, space: str, con
     selective_only = replace(constraints, recompute="selective") if constraints.recompute is None else None
     shared: dict = {}  # the fastest megatron-space plan without selective recompute: the same under every set
 
-    def search_one(spec: TrainingSpec, share, incumbent: float) -> Optional[SearchResult]:
+    def search_one(spec: TrainingSpec, share, incumbent: float, first: bool) -> Optional[SearchResult]:
         if space == "hybrid":
             # Every hybrid candidate carries its own embedding layout, so the incumbent's bounds are exact; the
             # megatron phase weighs the shared plan without selective recompute against the set's selective ones.
             return _search_space(model, cluster, spec, space, constraints, share, incumbent,
                                  megatron_constraints=selective_only, unselective=shared if selective_only else None)
-        # The megatron space's bounds are exact. Behind an incumbent, only selective recomputation
+        # The megatron space's bounds are exact. After the first set, only selective recomputation
         # differs from the sets searched before.
-        flags_only = selective_only if incumbent < math.inf and selective_only else constraints
+        flags_only = selective_only if not first and selective_only else constraints
         return _search_space(model, cluster, spec, space, constraints, share, incumbent, flags_only)
     return search_one
 
