@@ -201,14 +201,15 @@ def comparison_lines(plan: Plan, own: Optional[Plan], own_problem: Optional[str]
 
 def node_group_lines(plan: Plan, cluster) -> list[str]:
     """On a mixed cluster (specs.cluster.ClusterSpec.node_groups): which node group runs which stages, with the
-    node ranks to launch each on (Megatron-Core puts stage s on ranks s x world/pp onward); [] otherwise."""
-    groups = cluster.stage_groups(plan.pipeline_parallel) if cluster.is_mixed else None
-    if not groups:
+    node ranks to launch each on (Megatron-Core puts stage s on ranks s x world/pp onward; a stage whose ranks
+    straddle two groups is named under both); [] otherwise."""
+    if not cluster.is_mixed:
         return []
+    spans = cluster.stage_spans(plan.pipeline_parallel)
     lines, first_node = ["node groups (launch each group's nodes at these node ranks)"], 0
     counts = plan.stage_layer_counts()
     for index, group in enumerate(cluster.node_groups):
-        stages = [stage for stage, owner in enumerate(groups) if owner == index]
+        stages = [stage for stage, span in enumerate(spans) if index in span]
         nodes = _layer_range(first_node, first_node + group.num_nodes - 1)
         layers = sum(counts[s] for s in stages)
         held = (f"stage{'s' if len(stages) > 1 else ''} {_layer_range(stages[0], stages[-1])}, {layers} "

@@ -30,7 +30,12 @@ def test_the_preset_holds_its_groups_in_node_rank_order():
     assert cluster.stage_groups(4) == (0, 0, 1, 1) and cluster.stage_groups(2) == (0, 1)
     assert cluster.stage_cluster(0, 4).gpu == H100.gpu and cluster.stage_cluster(3, 4).gpu == A100.gpu
     assert cluster.stage_cluster(3, 4).inter_node == A100.inter_node
-    assert cluster.stage_groups(1) is None and "straddle" in cluster.stage_alignment_problem(1)
+    # One stage over all four nodes runs at the A100s' pace, within the smaller memory and over the slower NICs.
+    assert cluster.stage_spans(1) == ((0, 1),) and cluster.stage_groups(1) == (1,)
+    whole = cluster.stage_cluster(0, 1)
+    assert whole.gpu.peak_flops == A100.gpu.peak_flops and whole.compute == A100.compute
+    assert whole.gpu.capacity_bytes == min(H100.gpu.capacity_bytes, A100.gpu.capacity_bytes)
+    assert whole.inter_node == A100.inter_node
     # The envelope the search's bounds read: no group's GPU is faster or holds more.
     assert cluster.gpu.peak_flops == H100.gpu.peak_flops and cluster.gpu.capacity_bytes >= A100.gpu.capacity_bytes
     assert cluster.gpu.fp8_peak_flops == 0  # FP8 only where every group has it
@@ -105,11 +110,15 @@ def test_what_a_mixed_cluster_cannot_do_is_one_line_and_exit_2(capsys, argv, wor
     assert words in err and "\n" not in err
 
 
-def test_a_layout_that_straddles_the_groups_is_refused_in_one_line(capsys):
-    argv = ["estimate", "--model", "llama3-8b", "--cluster", MIXED, "--global-batch-size", "64", "--tp", "8",
-            "--pp", "1"]
-    assert main(argv) == 2
-    assert "straddle" in capsys.readouterr().err
+def test_a_stage_that_straddles_the_groups_runs_at_the_slower_ones_pace(capsys):
+    """Every step of a stage waits for its slowest rank: one stage over H100 and A100 nodes is the A100s' run."""
+    job = ["--model", "llama3-8b", "--global-batch-size", "64", "--tp", "8", "--pp", "1", "--micro-batch-size", "1",
+           "--distributed-optimizer", "--sequence-parallel", "--json"]
+    assert main(["estimate", "--cluster", MIXED, *job]) == 0
+    mixed = json.loads(capsys.readouterr().out)
+    assert main(["estimate", "--cluster", "dgx-a100-80gb", "--num-nodes", "4", *job]) == 0
+    a100 = json.loads(capsys.readouterr().out)
+    assert mixed["iteration_time_s"] == pytest.approx(a100["iteration_time_s"], rel=1e-12)
 
 
 def test_the_runtime_refuses_a_job_of_another_shape_on_a_mixed_cluster():
@@ -209,5 +218,5 @@ def test_a_launch_line_under_auto_parallel_names_the_node_ranks_of_each_group(mo
         return
     assert code == 0
     assert "dgx-h100-80gb: node ranks 0-1" in captured.out and "dgx-a100-80gb: node ranks 2-3" in captured.out
-    assert "straddle its node groups" in captured.out  # the line's own pp 1 is no layout on this cluster
+    assert "the launch line's own parallelism flags" in captured.out  # pp 1: all four nodes at the A100s' pace
     assert "node groups: dgx-h100-80gb at node ranks 0-1, dgx-a100-80gb at node ranks 2-3" in caplog.text

@@ -109,8 +109,6 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
         raise UserError(f"plan places {plan.num_layers} layers but model '{model.name}' has {model.num_layers}")
     if plan.global_batch_size != training.global_batch_size:
         raise UserError(f"plan is for global batch {plan.global_batch_size}, not {training.global_batch_size}")
-    if cluster.stage_alignment_problem(plan.pipeline_parallel):
-        raise UserError(cluster.stage_alignment_problem(plan.pipeline_parallel))
     pairs = ({(model.layers[0], s) for s in plan.distinct_strategies} if model.is_uniform()
              else set(zip(model.layers, plan.layer_strategies)))
     for layer, strategy in pairs:

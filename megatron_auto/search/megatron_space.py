@@ -83,8 +83,6 @@ def parallel_degrees(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
                 stats.drop("tp-within-node")
             elif pp > model.num_layers:
                 stats.drop("pp-at-most-layers")
-            elif cluster.stage_alignment_problem(pp):
-                stats.drop("stages-straddle-node-groups")  # a mixed cluster: each stage on one kind of GPU
             elif not any(dp % cp == 0 and training.global_batch_size % (dp // cp) == 0 for cp in (1, *CP_DEGREES)):
                 stats.drop("batch-splits-over-dp")  # with CP the replicas are dp / cp: context_parallel_choices
             else:

@@ -28,10 +28,10 @@ faster stages' memory), above 1 further (their share of the pipeline's fill and 
 
 def mixed_stage_splits(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, tp: int, pp: int,
                        cp: int = 1) -> list[tuple[int, ...]]:
-    """Layers per stage to search for `pp` stages of tp x cp x dp ranks on a mixed cluster; [] where the stages
-    sit on one kind of GPU (or straddle groups: ClusterSpec.stage_alignment_problem)."""
+    """Layers per stage to search for `pp` stages of tp x cp x dp ranks on a mixed cluster; [] where every stage
+    runs at one pace (ClusterSpec.stage_groups: the group that paces each)."""
     groups = cluster.stage_groups(pp)
-    if groups is None or len(set(groups)) == 1 or model.num_layers < pp:
+    if len(set(groups)) == 1 or model.num_layers < pp:
         return []
     if math.comb(model.num_layers - 1, pp - 1) <= EXHAUSTIVE_SPLITS:
         return list(_compositions(model.num_layers, pp))

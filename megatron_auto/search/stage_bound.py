@@ -99,9 +99,8 @@ def _kind_terms(model, cluster, training, strategy, kind: str, experts, micro_ba
 
 @lru_cache(maxsize=256)
 def _stage_views(cluster: ClusterSpec, pp: int) -> tuple[ClusterSpec, ...]:
-    """The cluster each of `pp` stages runs on (ClusterSpec.stage_cluster; all `cluster` where it is uniform or
-    the stages straddle its groups, which the search leaves out)."""
-    if not cluster.is_mixed or cluster.stage_groups(pp) is None:
+    """The cluster each of `pp` stages runs on (ClusterSpec.stage_cluster; all `cluster` where it is uniform)."""
+    if not cluster.is_mixed:
         return (cluster,) * pp
     return tuple(cluster.stage_cluster(stage, pp) for stage in range(pp))
 

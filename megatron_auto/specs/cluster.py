@@ -187,39 +187,45 @@ class ClusterSpec(CachedHash):
                        intra_node=group.intra_node, inter_node=group.inter_node, compute=group.compute,
                        node_groups=())
 
-    def stage_groups(self, pipeline_parallel: int) -> Optional[tuple[int, ...]]:
-        """The node group of each of `pipeline_parallel` stages (Megatron's rank order puts stage s on ranks
-        s x world/pp onward); None where a stage's ranks straddle two groups. A uniform cluster: all 0."""
+    def stage_spans(self, pipeline_parallel: int) -> tuple[tuple[int, ...], ...]:
+        """The node groups that the ranks of each of `pipeline_parallel` stages lie in (Megatron's rank order puts
+        stage s on ranks s x world/pp onward). A uniform cluster: group 0 for every stage."""
         if not self.node_groups:
-            return (0,) * pipeline_parallel
-        return _stage_groups(self, pipeline_parallel)
+            return ((0,),) * pipeline_parallel
+        return _stage_spans(self, pipeline_parallel)
 
-    def _owned_stages(self, pipeline_parallel: int) -> Optional[tuple[int, ...]]:
+    def _spans(self, pipeline_parallel: int) -> tuple[tuple[int, ...], ...]:
         per_stage, owners = self.world_size // pipeline_parallel, []
         for index, group in enumerate(self.node_groups):
             owners += [index] * (group.num_nodes * self.gpus_per_node)
-        groups = tuple(owners[stage * per_stage] for stage in range(pipeline_parallel))
-        straddles = any(owners[stage * per_stage] != owners[(stage + 1) * per_stage - 1]
-                        for stage in range(pipeline_parallel))
-        return None if straddles else groups
+        return tuple(tuple(sorted(set(owners[stage * per_stage:(stage + 1) * per_stage])))
+                     for stage in range(pipeline_parallel))
+
+    def stage_groups(self, pipeline_parallel: int) -> tuple[int, ...]:
+        """The group that sets each stage's pace: its own, or of the groups a stage's ranks straddle the one
+        whose GPUs run slowest (stage_cluster). A uniform cluster: group 0 for every stage."""
+        if not self.node_groups:
+            return (0,) * pipeline_parallel
+        return tuple(_slowest(self, span) for span in self.stage_spans(pipeline_parallel))
 
     def stage_cluster(self, stage: int, pipeline_parallel: int) -> "ClusterSpec":
-        """The cluster that stage `stage` of `pipeline_parallel` runs on: this one, or its node group's view."""
+        """The cluster that stage `stage` of `pipeline_parallel` runs on: this one; on a mixed cluster its node
+        group's view, or for a stage whose ranks straddle groups the slowest one's, with the least memory and the
+        slowest links among them (every step of a stage waits for its slowest rank)."""
         if not self.node_groups:
             return self
-        groups = self.stage_groups(pipeline_parallel)
-        if groups is None:
-            raise UserError(self.stage_alignment_problem(pipeline_parallel))
-        return self.group_view(groups[stage])
+        span = self.stage_spans(pipeline_parallel)[stage]
+        return self.group_view(span[0]) if len(span) == 1 else _span_view(self, span)
 
-    def stage_alignment_problem(self, pipeline_parallel: int) -> str:
-        """Why `pipeline_parallel` stages do not sit on whole node groups ('' where they do)."""
-        if self.stage_groups(pipeline_parallel) is not None:
-            return ""
-        sizes = ", ".join(f"{g.num_nodes * self.gpus_per_node} ({g.name})" for g in self.node_groups)
-        return (f"mixed cluster '{self.name}': {pipeline_parallel} pipeline stages of "
-                f"{self.world_size // pipeline_parallel} GPUs straddle its node groups of {sizes} GPUs; choose a "
-                "pipeline size whose stages each sit inside one group")
+    def _build_span_view(self, span: tuple[int, ...]) -> "ClusterSpec":
+        views = [self.group_view(index) for index in span]
+        slowest = self.group_view(_slowest(self, span))
+        gpu = replace(slowest.gpu, memory_bytes=min(view.gpu.memory_bytes for view in views),
+                      usable_memory_bytes=min(view.gpu.capacity_bytes for view in views))
+        return replace(slowest, name=f"{self.name}:{'+'.join(self.node_groups[i].name for i in span)}",
+                       num_nodes=sum(self.node_groups[i].num_nodes for i in span), gpu=gpu,
+                       intra_node=min((v.intra_node for v in views), key=lambda link: link.effective_bandwidth),
+                       inter_node=min((v.inter_node for v in views), key=lambda link: link.effective_bandwidth))
 
     def with_nodes(self, num_nodes: int) -> "ClusterSpec":
         if num_nodes <= 0:
@@ -267,5 +273,18 @@ def _group_view(cluster: ClusterSpec, index: int) -> ClusterSpec:
 
 
 @lru_cache(maxsize=256)
-def _stage_groups(cluster: ClusterSpec, pipeline_parallel: int) -> Optional[tuple[int, ...]]:
-    return cluster._owned_stages(pipeline_parallel)
+def _stage_spans(cluster: ClusterSpec, pipeline_parallel: int) -> tuple[tuple[int, ...], ...]:
+    return cluster._spans(pipeline_parallel)
+
+
+@lru_cache(maxsize=256)
+def _span_view(cluster: ClusterSpec, span: tuple[int, ...]) -> ClusterSpec:
+    return cluster._build_span_view(span)
+
+
+def _slowest(cluster: ClusterSpec, span: tuple[int, ...]) -> int:
+    """Of the node groups `span`, the one whose GPUs reach the fewest FLOP/s on large GEMMs."""
+    def pace(index: int) -> float:
+        view = cluster.group_view(index)
+        return view.gpu.peak_flops * view.compute.max_fraction
+    return min(span, key=pace)
