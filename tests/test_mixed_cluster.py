@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 from dataclasses import replace
 
 import pytest
@@ -220,3 +221,51 @@ def test_a_launch_line_under_auto_parallel_names_the_node_ranks_of_each_group(mo
     assert "dgx-h100-80gb: node ranks 0-1" in captured.out and "dgx-a100-80gb: node ranks 2-3" in captured.out
     assert "the launch line's own parallelism flags" in captured.out  # pp 1: all four nodes at the A100s' pace
     assert "node groups: dgx-h100-80gb at node ranks 0-1, dgx-a100-80gb at node ranks 2-3" in caplog.text
+
+
+def test_node_speeds_make_groups_of_the_nodes_that_run_alike():
+    from megatron_auto.specs.presets import with_node_speeds
+
+    uniform = H100.with_nodes(4)
+    assert with_node_speeds(uniform, (1, 1, 1, 1)) == uniform
+    slowed = with_node_speeds(uniform, (1, 1, 0.5, 1))
+    assert [(g.num_nodes, g.speed_factor) for g in slowed.node_groups] == [(2, 1.0), (1, 0.5), (1, 1.0)]
+    assert slowed.gpu == uniform.gpu  # the envelope: no node runs faster than before
+    mixed = with_node_speeds(load_cluster(MIXED), (1, 0.8, 1, 1))
+    assert [(g.gpu.name, g.num_nodes, g.speed_factor) for g in mixed.node_groups] == [
+        (H100.gpu.name, 1, 1.0), (H100.gpu.name, 1, 0.8), (A100.gpu.name, 2, 1.0)]
+
+
+@pytest.mark.parametrize("speeds, words", [(["0.5", "1"], "2 node speeds for the 8 nodes"),
+                                           (["1.5"] * 8, "in (0, 1]")])
+def test_bad_node_speeds_are_one_line_and_exit_2(capsys, speeds, words):
+    argv = ["plan", "--model", "llama3-70b", "--cluster", "dgx-h100-80gb", "--num-nodes", "8",
+            "--global-batch-size", "128", "--node-speeds", *speeds]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and "\n" not in err
+
+
+def test_a_plan_for_a_slow_node_moves_work_off_it(capsys):
+    """Llama 3 70B on 8 H100 nodes, node 0 at half speed (`--node-speeds 0.5 1 1 1 1 1 1 1`): the plan for it is
+    predicted faster than the plan for 8 healthy nodes run on them, and the slow node's stage holds the fewest
+    layers."""
+    job = ["--model", "llama3-70b", "--cluster", "dgx-h100-80gb", "--num-nodes", "8", "--global-batch-size", "128"]
+    slow = ["--node-speeds", "0.5", *["1"] * 7]
+    assert main(["plan", *job, "--json"]) == 0
+    healthy = json.loads(capsys.readouterr().out)
+    assert main(["plan", *job, *slow, "--json"]) == 0
+    replanned = json.loads(capsys.readouterr().out)
+    flags = healthy["megatron_flags"]
+    own = flags[:flags.index("--global-batch-size")]  # the healthy plan's layout flags
+    values = dict(zip(own[::2], own[1::2]))
+    argv = ["estimate", *job, *slow, "--tp", values["--tensor-model-parallel-size"],
+            "--pp", values["--pipeline-model-parallel-size"], "--cp", values["--context-parallel-size"],
+            "--micro-batch-size", values["--micro-batch-size"], "--sequence-parallel", "--distributed-optimizer",
+            "--json"]
+    assert main(argv) == 0
+    as_before = json.loads(capsys.readouterr().out)
+    assert replanned["iteration_time_s"] < as_before["iteration_time_s"]
+    assert replanned["node_groups"][0].startswith("dgx-h100-80gb at 0.5: node rank 0")
+    layers = [int(n) for n in re.findall(r"t\*(\d+)", " ".join(replanned["megatron_flags"]))]
+    assert layers and layers[0] == min(layers)

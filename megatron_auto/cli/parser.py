@@ -145,6 +145,10 @@ def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) ->
                         help="nodes in the job (overrides the cluster's)")
     parser.add_argument("--gpus-per-node", type=positive_int, metavar="N",
                         help="GPUs (processes) per node (overrides the cluster's)")
+    parser.add_argument("--node-speeds", type=positive_float, nargs="+", metavar="S",
+                        help="each node's measured speed in node-rank order, a share of the modelled one in (0, 1] "
+                             "(a throttled node at 0.5): its stages are priced at that pace and the search moves "
+                             "work off it")
     parser.add_argument("--global-batch-size", type=positive_int, required=required, metavar="G",
                         help="samples per iteration")
     parser.add_argument("--memory-budget-gib", type=positive_float, metavar="X",

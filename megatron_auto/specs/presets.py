@@ -199,6 +199,29 @@ def mixed_cluster(name: str, parts: tuple[tuple[ClusterSpec, int], ...]) -> Clus
                    node_groups=groups)
 
 
+
+def with_node_speeds(cluster: ClusterSpec, speeds: tuple[float, ...]) -> ClusterSpec:
+    """`cluster` with each node's measured speed (node-rank order, each in (0, 1]: a node at 0.5 runs its GEMMs
+    and memory passes at half the model's rate): consecutive nodes of one group at one speed become a node group
+    of their own at that speed_factor (issue 39: a slow node, a throttled GPU). The envelope fields stay: no node
+    runs faster than before."""
+    if len(speeds) != cluster.num_nodes:
+        raise ValueError(f"{len(speeds)} node speeds for the {cluster.num_nodes} nodes of cluster '{cluster.name}'")
+    if any(not 0 < speed <= 1 for speed in speeds):
+        raise ValueError(f"node speeds are shares of the modelled speed, in (0, 1]: got {list(speeds)}")
+    base = cluster.node_groups or (NodeGroup(cluster.name, cluster.num_nodes, cluster.gpu, cluster.intra_node,
+                                             cluster.inter_node, cluster.compute),)
+    owners = [group for group in base for _ in range(group.num_nodes)]
+    groups: list[NodeGroup] = []
+    for node, (group, speed) in enumerate(zip(owners, speeds)):
+        factor = group.speed_factor * speed
+        if groups and node > 0 and owners[node - 1] is group and speeds[node - 1] == speed:
+            groups[-1] = replace(groups[-1], num_nodes=groups[-1].num_nodes + 1)
+        else:
+            name = group.name if speed == 1 else f"{group.name} at {speed:g}"
+            groups.append(replace(group, name=name, num_nodes=1, speed_factor=factor))
+    return replace(cluster, node_groups=tuple(groups)) if len(groups) > 1 or groups[0].speed_factor < 1 else cluster
+
 # 2 DGX-H100 nodes (node ranks 0-1) beside 2 DGX-A100 80GB nodes (2-3): the example of issue 39.
 CLUSTER_PRESETS["mixed-h100-a100"] = mixed_cluster(
     "mixed-h100-a100", ((CLUSTER_PRESETS["dgx-h100-80gb"], 2), (CLUSTER_PRESETS["dgx-a100-80gb"], 2)))
