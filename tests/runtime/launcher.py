@@ -76,9 +76,12 @@ def free_port() -> int:
             return sock.getsockname()[1]
 
 
-def rank_env(rank: int, world_size: int, port: int) -> dict[str, str]:
+def rank_env(rank: int, world_size: int, port: int, local_world_size: Optional[int] = None) -> dict[str, str]:
+    """torchrun's variables for `rank`; `local_world_size`: ranks per node (all on one node when None)."""
     env = dict(os.environ)
-    env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(world_size), LOCAL_WORLD_SIZE=str(world_size),
+    per_node = local_world_size or world_size
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank % per_node), WORLD_SIZE=str(world_size),
+               LOCAL_WORLD_SIZE=str(per_node),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
                PYTHONWARNINGS="ignore")
@@ -164,13 +167,15 @@ def _fork_server() -> Optional[ForkServer]:
     return _server
 
 
-def _start_rank(rank: int, world_size: int, port: int, argv: list[str], log_path: Path):
+def _start_rank(rank: int, world_size: int, port: int, argv: list[str], log_path: Path,
+                local_world_size: Optional[int] = None):
     """One rank of `python argv...`: forked from the server when the script is a path, spawned otherwise."""
+    env = rank_env(rank, world_size, port, local_world_size)
     server = _fork_server() if argv[0].endswith(".py") else None
     if server is not None:
-        return server.fork(argv, rank_env(rank, world_size, port), log_path)
+        return server.fork(argv, env, log_path)
     with log_path.open("w") as log:
-        return subprocess.Popen([sys.executable, *argv], env=rank_env(rank, world_size, port), cwd=REPO,
+        return subprocess.Popen([sys.executable, *argv], env=env, cwd=REPO,
                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 
 
@@ -197,14 +202,16 @@ def run_script(argv: list[str], env: dict[str, str], timeout_s: float,
                                            err.read_text(errors="replace"))
 
 
-def launch(world_size: int, argv: list[str], timeout_s: float, log_dir: Path) -> LaunchResult:
-    """Run `python argv...` on `world_size` ranks; kill every rank if any exceeds `timeout_s`."""
+def launch(world_size: int, argv: list[str], timeout_s: float, log_dir: Path,
+           local_world_size: Optional[int] = None) -> LaunchResult:
+    """Run `python argv...` on `world_size` ranks (in nodes of `local_world_size`, torchrun's LOCAL_WORLD_SIZE,
+    when given); kill every rank if any exceeds `timeout_s`."""
     port, start = free_port(), time.perf_counter()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_paths = [log_dir / f"rank{r}.log" for r in range(world_size)]
     for path in log_paths:
         path.write_text("")
-    procs = [_start_rank(r, world_size, port, argv, log_paths[r]) for r in range(world_size)]
+    procs = [_start_rank(r, world_size, port, argv, log_paths[r], local_world_size) for r in range(world_size)]
     deadline = start + timeout_s
     try:
         for proc in procs:

@@ -1,0 +1,43 @@
+"""Issue 39: a plan made for a mixed cluster runs as Megatron-Core runs any uneven pipeline.
+
+Four gloo ranks in two "nodes" of two (torchrun's LOCAL_WORLD_SIZE 2) stand for a cluster whose second node group
+runs at a third of the first's speed (a cluster file the test writes). Under --auto-parallel the search gives the
+fast group's stage more layers, the log names each group's node ranks, and the run trains with its loss falling.
+That an uneven split computes what one process computes is tests/runtime/test_equivalence.py's pp2_uneven_3_1.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import replace
+
+from launcher import launch
+
+ARGV = ["tools/pretrain_gpt.py", "--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4",
+        "--seq-length", "64", "--max-position-embeddings", "64", "--micro-batch-size", "2", "--global-batch-size",
+        "16", "--train-iters", "12", "--lr", "3e-3", "--mock-data", "--tokenizer-type", "NullTokenizer",
+        "--vocab-size", "512", "--log-interval", "1", "--eval-iters", "0", "--pipeline-model-parallel-size", "2",
+        "--auto-parallel"]
+
+
+def _cluster_file(tmp_path) -> str:
+    from megatron_auto import serde
+    from megatron_auto.specs.presets import CLUSTER_PRESETS, mixed_cluster
+
+    cpu = CLUSTER_PRESETS["cpu-gloo"]
+    fast = replace(cpu, name="cpu-fast", gpus_per_node=2)
+    slow = replace(fast, name="cpu-slow", gpu=replace(cpu.gpu, peak_flops=cpu.gpu.peak_flops / 3))
+    path = tmp_path / "cpu-mixed.json"
+    path.write_text(json.dumps(serde.to_dict(mixed_cluster("cpu-mixed", ((fast, 1), (slow, 1))))))
+    return str(path)
+
+
+def test_a_mixed_cluster_plan_puts_more_layers_on_the_fast_group_and_trains(tmp_path):
+    argv = [*ARGV, "--auto-parallel-cluster", _cluster_file(tmp_path)]
+    result = launch(4, argv, timeout_s=300, log_dir=tmp_path / "logs", local_world_size=2)
+    assert result.ok, result.output[-4000:]
+    assert "node groups: cpu-fast at node rank 0, cpu-slow at node rank 1" in result.output
+    first = int(re.search(r"--decoder-first-pipeline-num-layers (\d+)", result.output).group(1))
+    assert first > 4  # the fast group's stage holds most of the 8 layers
+    losses = [float(x) for x in re.findall(r"iteration +\d+/ +12 \|.*\| lm loss: (\S+) \|", result.output)]
+    assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
