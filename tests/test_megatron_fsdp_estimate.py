@@ -46,3 +46,24 @@ def test_recomputing_fewer_layers_keeps_more_and_takes_less_time():
 
 def test_recompute_num_layers_needs_full_recomputation():
     assert_user_error(run_cli(*JOB, "--recompute-num-layers", "5"), "needs --recompute full")
+
+
+PLAN = ["plan", "--model", "llama3-70b", "--cluster", "dgx-h100-80gb", "--num-nodes", "8", "--global-batch-size",
+        "128"]
+
+
+def test_plan_searches_under_megatron_fsdp_and_estimate_prices_its_flags_alike():
+    """`plan --use-megatron-fsdp`: every layer sharded as the strategy says, the rest searched; its flags, given to
+    estimate, price the same iteration."""
+    planned = ok_json(*PLAN, "--use-megatron-fsdp")
+    flags = planned["megatron_flags"]
+    assert flags[flags.index("--data-parallel-sharding-strategy") + 1] == "optim_grads_params"
+    values = dict(zip(flags[::2], flags[1::2]))
+    again = ok_json("estimate", *PLAN[1:], "--tp", values["--tensor-model-parallel-size"],
+                    "--pp", values["--pipeline-model-parallel-size"], "--cp", values.get("--context-parallel-size", "1"),
+                    "--micro-batch-size", values["--micro-batch-size"], "--use-megatron-fsdp",
+                    *(["--sequence-parallel"] if "--sequence-parallel" in flags else []))
+    assert again["iteration_time_s"] == pytest.approx(planned["iteration_time_s"], rel=1e-9)
+    # The optim strategy is the distributed optimizer: no Megatron-FSDP flag, ZeRO-1 kept.
+    optim = ok_json(*PLAN, "--use-megatron-fsdp", "--data-parallel-sharding-strategy", "optim")["megatron_flags"]
+    assert "--use-megatron-fsdp" not in optim and "--use-distributed-optimizer" in optim

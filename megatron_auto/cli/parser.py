@@ -224,6 +224,14 @@ def add_split_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_sharding_arguments(parser: argparse.ArgumentParser) -> None:
     """Megatron-FSDP and partial recomputation, as Megatron-LM spells them (estimate prices them)."""
+    add_fsdp_arguments(parser)
+    parser.add_argument("--recompute-num-layers", type=positive_int, metavar="N",
+                        help="with --recompute full: recompute the first N layers of every chunk "
+                             "(Megatron-LM's block method)")
+
+
+def add_fsdp_arguments(parser: argparse.ArgumentParser) -> None:
+    """--use-megatron-fsdp and its sharding strategy (estimate prices them; plan searches under them)."""
     parser.add_argument("--use-megatron-fsdp", action="store_const", const=True,
                         help="Megatron-FSDP: shard what --data-parallel-sharding-strategy says over the "
                              "data-parallel ranks")
@@ -231,9 +239,6 @@ def add_sharding_arguments(parser: argparse.ArgumentParser) -> None:
                         default="optim_grads_params",
                         help="with --use-megatron-fsdp: no_shard, optim (ZeRO-1), optim_grads (ZeRO-2) or "
                              "optim_grads_params (ZeRO-3, the default)")
-    parser.add_argument("--recompute-num-layers", type=positive_int, metavar="N",
-                        help="with --recompute full: recompute the first N layers of every chunk "
-                             "(Megatron-LM's block method)")
 
 
 def add_output_arguments(parser: argparse.ArgumentParser) -> None:
@@ -248,6 +253,7 @@ def _plan_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("--space", choices=SPACES, default="megatron",
                         help="megatron: what stock Megatron-Core runs; hybrid: per-layer layouts")
     add_layout_arguments(parser, tp_pp_required=False)
+    add_fsdp_arguments(parser)
     add_output_arguments(parser)
     parser.add_argument("--verbose", action="store_true", help="log the search's progress and pruning")
 

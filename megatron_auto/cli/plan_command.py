@@ -9,6 +9,7 @@ from dataclasses import replace
 from ..cost.estimate import estimate_plan
 from ..report import node_group_lines, plan_table
 from ..search.constraints import SearchConstraints
+from .estimate_command import fsdp_stage
 from .job import load_job, sequence_parallel_flag
 from .output import print_json, summary, write_plan
 from .progress import ProgressBar
@@ -17,12 +18,17 @@ logger = logging.getLogger(__name__)
 
 
 def constraints_from_args(args: argparse.Namespace) -> SearchConstraints:
-    """The layout flags the user pinned; everything left out is the search's to choose."""
+    """The layout flags the user pinned; everything left out is the search's to choose. --use-megatron-fsdp pins
+    its sharding strategy's ZeRO stage (1: the distributed optimizer, 0: neither)."""
+    sharding, distributed = fsdp_stage(args), args.distributed_optimizer
+    if getattr(args, "use_megatron_fsdp", None) and sharding < 2:
+        distributed = sharding == 1
     return SearchConstraints(
         tp=args.tp, pp=args.pp, dp=args.dp, micro_batch_size=args.micro_batch_size,
         virtual_stages=args.virtual_stages, sequence_parallel=sequence_parallel_flag(args),
-        distributed_optimizer=args.distributed_optimizer, recompute=args.recompute,
+        distributed_optimizer=distributed, recompute=args.recompute,
         expert_parallel=args.ep, expert_tensor_parallel=args.etp, context_parallel=args.cp,
+        fsdp_sharding=sharding if sharding >= 2 else None,
     )
 
 

@@ -37,6 +37,9 @@ class SearchConstraints:
     """Expert tensor-parallel degree of every MoE layer (--expert-tensor-parallel-size)."""
     context_parallel: Optional[int] = None
     """Context-parallel degree (--context-parallel-size): each sequence split over this many ranks."""
+    fsdp_sharding: Optional[int] = None
+    """Megatron-FSDP on every layer at this ZeRO stage, 2 or 3 (--use-megatron-fsdp with
+    --data-parallel-sharding-strategy optim_grads or optim_grads_params); None: Megatron's DDP."""
 
 
 @dataclass(frozen=True)

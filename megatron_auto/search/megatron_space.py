@@ -259,14 +259,17 @@ def _base_configs_and_drops(model, cluster, training, constraints, degrees):
         drops.append(("expert-degrees", 1))
     splits = pipeline_splits(model, pp) + [(split, (False, False)) for split in
                                            mixed_stage_splits(model, cluster, training, tp, pp, cp)]
+    distributed = (False,) if constraints.fsdp_sharding else \
+        _distributed_choices(model, cluster, training, constraints, tp, dp * cp)
     choices = itertools.product(dict.fromkeys(splits), _sp_choices(model, cluster, training, constraints, tp, dp),
-                                _distributed_choices(model, cluster, training, constraints, tp, dp * cp), experts)
+                                distributed, experts)
     configs = []
     for (split, account_for), sp, distributed, (ep, etp) in choices:
         base = UniformConfig(tp=tp, pp=pp, micro_batch_size=constraints.micro_batch_size or 1,
                              virtual_stages=constraints.virtual_stages or 1, sequence_parallel=sp,
                              distributed_optimizer=distributed, stage_layers=split, account_for=account_for,
-                             expert_parallel=ep, expert_tensor_parallel=etp, context_parallel=cp)
+                             expert_parallel=ep, expert_tensor_parallel=etp, context_parallel=cp,
+                             fsdp_sharding=constraints.fsdp_sharding or 0)
         if states_overflow(model, cluster, training, base):
             drops.append(("states-exceed-memory", len(recompute_choices(constraints))))
         else:
