@@ -1,0 +1,49 @@
+"""Issue 40: a few of Megatron-LM's own functional-test cases (tests/megatron_lm_cases/cases.json, shrunk to 4 CPU
+ranks) run end to end, as they are and with --auto-parallel, and train with their loss falling.
+
+The dry runs of every case are tests/test_megatron_lm_cases.py; these run a GPT case with a pipeline of 4 and
+interleaving, a MoE case with expert parallelism and the distributed optimizer, and a LLaMA-style case (RoPE,
+SwiGLU, RMSNorm, GQA, bf16) for 16 iterations instead of their 4, all in one launch (launch_lines_worker.py).
+"""
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from launcher import launch
+
+CASES_FILE = Path(__file__).resolve().parents[1] / "megatron_lm_cases" / "cases.json"
+NAMES = ("gpt3_7b_tp1_pp4_memory_speed", "gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_optimizer",
+         "gpt3_mcore_reruns_disable")
+ITERATIONS = ["--train-iters", "16", "--eval-interval", "16", "--log-interval", "1"]
+VARIANTS = {"flags": [], "auto": ["--auto-parallel"]}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict:
+    """{(case, variant): (exit code, the last rank's log of that run)}."""
+    tmp = tmp_path_factory.mktemp("megatron_lm_cases")
+    cases = {case["name"]: case["argv"] for case in json.loads(CASES_FILE.read_text())["cases"]}
+    plan = [{"name": f"{name}:{variant}", "argv": [*cases[name], *ITERATIONS, *extra]}
+            for name in NAMES for variant, extra in VARIANTS.items()]
+    (tmp / "runs.json").write_text(json.dumps(plan))
+    result = launch(4, ["tests/runtime/launch_lines_worker.py", str(tmp / "runs.json"), str(tmp / "codes.json")],
+                    timeout_s=900, log_dir=tmp / "logs")
+    assert result.ok, result.output[-8000:]
+    codes = json.loads((tmp / "codes.json").read_text())
+    logs = dict(re.findall(r"#### launch line (\S+) start\n(.*?)#### launch line \1 exit",
+                           (tmp / "logs" / "rank3.log").read_text(), re.S))
+    return {tuple(name.split(":")): (codes[name], logs.get(name, "")) for name in codes}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", NAMES)
+def test_the_case_trains_and_its_loss_falls(runs, name, variant):
+    code, log = runs[(name, variant)]
+    assert code == 0, log[-4000:]
+    losses = [float(x) for x in re.findall(r" iteration +\d+/ +16 \|.*\| lm loss: (\S+) \|", log)]
+    assert len(losses) == 16, log[-3000:]
+    assert sum(losses[-4:]) / 4 < sum(losses[:3]) / 3, losses
