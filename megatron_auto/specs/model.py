@@ -19,7 +19,7 @@ from ..limits import MAX_LAYERS
 MODEL_SCHEMA_VERSION = 1
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
-LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "sinkhorn", "none")
+LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class MoESpec(CachedHash):
     shared_expert_ffn_hidden_size: int = 0
     """Inner width of the shared expert(s) every token passes [--moe-shared-expert-intermediate-size]; 0 = none."""
     router_load_balancing_type: str = "aux_loss"
-    """aux_loss, seq_aux_loss, sinkhorn or none [--moe-router-load-balancing-type]."""
+    """aux_loss, seq_aux_loss, global_aux_loss, sinkhorn or none [--moe-router-load-balancing-type]."""
     aux_loss_coeff: float = 0.0
     """Weight of the load-balancing loss [--moe-aux-loss-coeff]."""
     z_loss_coeff: float = 0.0

@@ -99,7 +99,7 @@ def add_moe_args(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--moe-shared-expert-intermediate-size", type=int)
     group.add_argument("--moe-layer-freq", type=moe_layer_freq, default=1)
     group.add_argument("--moe-router-load-balancing-type", default="aux_loss", nargs="+",
-                       choices=("aux_loss", "seq_aux_loss", "sinkhorn", "none"))
+                       choices=("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none"))
     group.add_argument("--moe-aux-loss-coeff", type=float, default=0.0, nargs="+")
     group.add_argument("--moe-z-loss-coeff", type=float)
     group.add_argument("--moe-token-dispatcher-type", default="allgather", choices=("alltoall", "allgather", "flex"),
