@@ -82,17 +82,18 @@ def _pipeline_split_flags(plan: Plan) -> list[str]:
     virtual stages, a first (last) chunk one layer short is Megatron's embedding (loss) counted as a layer.
     Any other chunking is written as --pipeline-model-parallel-layout."""
     counts = tuple(len(chunk.layers) for chunk in plan.chunks)
+    mtp = plan.model.mtp_num_layers if plan.model is not None else 0
     if plan.virtual_stages > 1:
         per_chunk = plan.virtual_chunk_layers
         if len(set(counts[1:-1])) > 1 or not {counts[0], counts[-1]} <= {per_chunk - 1, per_chunk}:
-            return [LAYOUT_FLAG, layout_of_chunk_layers(counts)]
+            return [LAYOUT_FLAG, layout_of_chunk_layers(counts, mtp)]
         return (["--num-layers-per-virtual-pipeline-stage", str(per_chunk)]
                 + ["--account-for-embedding-in-pipeline-split"] * (counts[0] < per_chunk)
                 + ["--account-for-loss-in-pipeline-split"] * (counts[-1] < per_chunk))
     if len(set(counts)) == 1:
         return []
     if len(set(counts[1:-1])) > 1:
-        return [LAYOUT_FLAG, layout_of_chunk_layers(counts)]
+        return [LAYOUT_FLAG, layout_of_chunk_layers(counts, mtp)]
     middle = counts[1] if plan.pipeline_parallel > 2 else None
     flags = []
     if counts[0] != middle:

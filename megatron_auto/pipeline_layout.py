@@ -35,9 +35,9 @@ def chunk_layers_of_layout(text: str, pipeline_parallel: int, num_layers: int) -
     stray = sorted({char for chunk in chunks for char in chunk} - set("EtLm"))
     if stray:
         raise UserError(f"{where}: unknown layer character(s) {' '.join(stray)} (E, t, L and m are Megatron's)")
-    if "m" in "".join(chunks):
-        raise UserError(f"{where}: multi-token-prediction layers (m) are not placed by a layout in this runtime "
-                        "(--mtp-num-layers puts them on the last stage; leave the layout out)")
+    if "m" in "".join(chunks[:-1]) or ("m" in chunks[-1] and "t" in chunks[-1].split("m", 1)[1]):
+        raise UserError(f"{where}: multi-token-prediction layers (m) go in the last chunk, after its decoder "
+                        "layers (a stage of their own, Megatron-Core's standalone MTP, is not run by this runtime)")
     if len(chunks) % pipeline_parallel:
         raise UserError(f"{where}: {len(chunks)} chunks do not divide over {pipeline_parallel} pipeline stages")
     flat = "".join(chunks)
@@ -53,9 +53,16 @@ def chunk_layers_of_layout(text: str, pipeline_parallel: int, num_layers: int) -
     return counts
 
 
-def layout_of_chunk_layers(counts: tuple[int, ...]) -> str:
-    """The layout string of these decoder layers per chunk: "Et*3|t*4|t*4|t*3L" for (3, 4, 4, 3)."""
+def layout_of_chunk_layers(counts: tuple[int, ...], mtp_num_layers: int = 0) -> str:
+    """The layout string of these decoder layers per chunk: "Et*3|t*4|t*4|t*3L" for (3, 4, 4, 3); with
+    `mtp_num_layers`, the MTP layers after the last chunk's decoder layers ("...|t*3mL"), where Megatron-Core
+    builds them without a layout."""
     chunks = [f"t*{count}" if count > 1 else "t" for count in counts]
     chunks[0] = "E" + chunks[0]
-    chunks[-1] = chunks[-1] + "L"
+    chunks[-1] = chunks[-1] + "m" * mtp_num_layers + "L"
     return "|".join(chunks)
+
+
+def mtp_layers_of_layout(text: str) -> int:
+    """How many multi-token-prediction layers (m) the layout `text` places."""
+    return "".join(unrolled_chunks(text)).count("m")

@@ -4,7 +4,8 @@ from __future__ import annotations
 import pytest
 
 from megatron_auto.errors import UserError
-from megatron_auto.pipeline_layout import chunk_layers_of_layout, layout_of_chunk_layers, unrolled_chunks
+from megatron_auto.pipeline_layout import (chunk_layers_of_layout, layout_of_chunk_layers, mtp_layers_of_layout,
+                                          unrolled_chunks)
 
 
 @pytest.mark.parametrize("text, chunks", [
@@ -19,12 +20,21 @@ def test_repeats_and_commas_unroll_as_megatron_core_unrolls_them(text, chunks):
 
 
 def test_deepseek_v3s_layout_counts_its_61_layers_until_the_mtp_layer_is_refused():
-    # DeepSeek-V3 (61 layers, PP16 x VP2): 3 + 29 x 2 decoder layers; its MTP layer placed by the layout is what this
-    # runtime refuses (--mtp-num-layers without a layout puts it on the last stage).
+    # DeepSeek-V3 (61 layers, PP16 x VP2): 3 + 29 x 2 decoder layers; its MTP layer in a chunk before the last (a
+    # stage of its own, Megatron-Core's standalone MTP) is what this runtime refuses.
     chunks = unrolled_chunks("Et*3|(tt|)*29,m|L")
     assert len(chunks) == 32 and sum(chunk.count("t") for chunk in chunks) == 61
     with pytest.raises(UserError, match="multi-token-prediction"):
         chunk_layers_of_layout("Et*3|(tt|)*29,m|L", 16, 61)
+
+
+def test_mtp_layers_go_after_the_last_chunks_decoder_layers():
+    assert chunk_layers_of_layout("Et*3|tmL", 2, 4) == (3, 1)
+    assert mtp_layers_of_layout("Et*3|tm*2L") == 2 and mtp_layers_of_layout("Et*3|tL") == 0
+    for misplaced in ("Et*3|mtL", "Et*2m|ttL"):
+        with pytest.raises(UserError, match="multi-token-prediction"):
+            chunk_layers_of_layout(misplaced, 2, 4)
+    assert layout_of_chunk_layers((3, 1), mtp_num_layers=1) == "Et*3|tmL"
 
 
 @pytest.mark.parametrize("counts", [(1,), (3, 4, 4, 3), (1, 2, 1, 2), (5, 1, 1, 1, 1, 1, 1, 5)])

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 
 from ..errors import UserError
+from ..pipeline_layout import mtp_layers_of_layout
 from ..specs.model import LayerSpec, ModelSpec
 from . import kernels
 from .layout import MegatronLayout
@@ -132,7 +133,8 @@ def mla_rope_fields(model: ModelSpec, settings: TrainSettings) -> dict:
 
 
 def mtp_error(position_embedding_type: str, context_parallel: int = 1, recompute_method: str | None = None,
-              recompute_num_layers: int | None = None, pipeline_layout: str | None = None) -> str | None:
+              recompute_num_layers: int | None = None, pipeline_layout: str | None = None,
+              mtp_num_layers: int = 0) -> str | None:
     """What Megatron asserts of multi-token prediction with these settings, or this runtime does not run with it,
     as one line (None: it runs). The flag parser and the config builder both ask."""
     if position_embedding_type not in ("rope", "none"):
@@ -143,9 +145,10 @@ def mtp_error(position_embedding_type: str, context_parallel: int = 1, recompute
     if recompute_method == "uniform" and (recompute_num_layers or 1) > 1:
         return (f"--mtp-num-layers with --recompute-method uniform needs --recompute-num-layers 1, not "
                 f"{recompute_num_layers} (megatron-core's MTP layer asserts it)")
-    if pipeline_layout is not None:
-        return ("--mtp-num-layers with --pipeline-model-parallel-layout is not run by this runtime yet (it places the "
-                "MTP module on the last pipeline stage): leave the layout out")
+    if pipeline_layout is not None and mtp_layers_of_layout(pipeline_layout) != mtp_num_layers:
+        return (f"--pipeline-model-parallel-layout places {mtp_layers_of_layout(pipeline_layout)} multi-token-"
+                f"prediction layers (m), --mtp-num-layers {mtp_num_layers}: put that many in the last chunk, before "
+                "L (Megatron-Core checks the count)")
     return None
 
 
@@ -155,7 +158,7 @@ def mtp_fields(model: ModelSpec, layout: MegatronLayout) -> dict:
     if not model.mtp_num_layers:
         return {}
     problem = mtp_error(model.position_embedding_type, layout.context_parallel, layout.recompute_method,
-                        layout.recompute_num_layers, layout.pipeline_layout)
+                        layout.recompute_num_layers, layout.pipeline_layout, model.mtp_num_layers)
     if problem:
         raise UserError(problem)
     return dict(mtp_num_layers=model.mtp_num_layers, mtp_loss_scaling_factor=model.mtp_loss_scaling_factor)

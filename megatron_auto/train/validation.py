@@ -234,4 +234,4 @@ def mtp_flags_error(args: argparse.Namespace) -> Optional[str]:
     from megatron_auto.runtime.config import mtp_error
 
     return mtp_error(position_embedding_type(args), args.context_parallel_size, args.recompute_method,
-                     args.recompute_num_layers, args.pipeline_model_parallel_layout)
+                     args.recompute_num_layers, args.pipeline_model_parallel_layout, args.mtp_num_layers)

@@ -133,7 +133,7 @@ def test_chunks_beyond_megatrons_split_flags_are_written_as_a_pipeline_layout():
     (dict(pipeline_layout="Et|t|tL"), "3 chunks do not divide over 2 pipeline stages"),
     (dict(pipeline_layout="tE|ttL"), "must start with the embedding E and end with the loss L"),
     (dict(pipeline_layout="Ett|tLt"), "must start with the embedding E and end with the loss L"),
-    (dict(pipeline_layout="Ett|tt|mL"), "multi-token-prediction layers (m)"),
+    (dict(pipeline_layout="Ettm|tL"), "multi-token-prediction layers (m) go in the last chunk"),
     (dict(pipeline_layout="Ett|txL"), "unknown layer character(s) x"),
 ])
 def test_pipeline_layouts_megatron_core_or_this_runtime_would_not_build_are_user_errors(flags, message):

@@ -183,7 +183,7 @@ def test_wsd_holds_the_rate_then_decays_over_its_window_while_the_weight_decay_m
      "--mtp-num-layers with --recompute-method uniform needs --recompute-num-layers 1, not 2"),
     (["--train-iters", "5", "--position-embedding-type", "rope", "--mtp-num-layers", "1",
       "--pipeline-model-parallel-size", "2", "--pipeline-model-parallel-layout", "Et*16|t*16L"],
-     "--mtp-num-layers with --pipeline-model-parallel-layout is not run by this runtime yet"),
+     "--pipeline-model-parallel-layout places 0 multi-token-prediction layers (m), --mtp-num-layers 1"),
     (["--train-iters", "5", "--mtp-use-repeated-layer"],
      "--mtp-use-repeated-layer: not a Megatron-LM 0.16.1 flag: its multi-token prediction flags"),
     (["--train-iters", "5", "--rope-type", "yarn"], "--rope-type yarn needs --multi-latent-attention"),
