@@ -93,7 +93,6 @@ def test_refused_flags_stop_with_one_line_and_exit_2(capsys):
 
 
 @pytest.mark.parametrize("flags, reason", [
-    (["--fim-data", "--fim-rate", "0.5", "--fim-spm-rate", "0.5"], "fill-in-the-middle"),
     (["--fp8-format", "hybrid"], "fp8 training needs Transformer Engine"),
     (["--batch-size", "4"], "use --micro-batch-size instead"),
     (["--moe-router-load-balancing-type", "aux_loss", "seq_aux_loss"], "several load-balancing losses"),

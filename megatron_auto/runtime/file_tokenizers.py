@@ -77,6 +77,18 @@ class CoreTokenizer:
     def detokenize(self, ids: list[int]) -> str:
         return self.library.ids_to_text(list(ids))
 
+    def token_id(self, token: str) -> Optional[int]:
+        """The id of one vocabulary entry (a special token such as FIM's sentinels), or None."""
+        try:
+            found = self.library.tokens_to_ids([token])
+            unknown = getattr(self.library, "unk_id", None)
+            if found and found[0] is not None and found[0] == unknown:
+                # SentencePiece maps a piece it lacks to its unknown id
+                return found[0] if self.library.ids_to_tokens([unknown])[0] == token else None
+        except (KeyError, ValueError, TypeError, AttributeError, IndexError):
+            return None
+        return int(found[0]) if found and found[0] is not None else None
+
 
 @dataclass(frozen=True)
 class RustTokenizer:
@@ -100,6 +112,11 @@ class RustTokenizer:
 
     def detokenize(self, ids: list[int]) -> str:
         return self.model.decode(list(ids), skip_special_tokens=False)
+
+    def token_id(self, token: str) -> Optional[int]:
+        """The id of one vocabulary entry (a special token such as FIM's sentinels), or None."""
+        found = self.model.token_to_id(token)
+        return None if found is None else int(found)
 
 
 def load_file_tokenizer(kind: str, vocab_size: Optional[int], files: TokenizerFiles):

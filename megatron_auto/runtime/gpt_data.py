@@ -251,7 +251,7 @@ def check_split_documents(prefixes: list[str], data: DataSettings, sizes: list[i
 def build_splits(data: DataSettings, seq_length: int, seed: int, sizes: list[int]) -> list:
     """megatron-core's train, validation and test datasets (None for a split of weight 0)."""
     from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
+    from megatron.core.datasets.gpt_dataset import GPTDatasetConfig
 
     mock = data.mock_dataset and not data.from_files
     blend = None if mock else check_data(data)
@@ -268,10 +268,22 @@ def build_splits(data: DataSettings, seq_length: int, seed: int, sizes: list[int
     if data.cache_path is None:  # Megatron warns on every rank that it cannot cache the blend index
         blend_logger.setLevel(logging.ERROR)
     try:
-        return BlendedMegatronDatasetBuilder(MockGPTDataset if mock else GPTDataset, sizes, lambda: True,
-                                             config).build()
+        return BlendedMegatronDatasetBuilder(dataset_class(data, seed, mock), sizes, lambda: True, config).build()
     finally:
         blend_logger.setLevel(level)
+
+
+def dataset_class(data: DataSettings, seed: int, mock: bool) -> type:
+    """megatron-core's MockGPTDataset or GPTDataset, or with --fim-data its FIM form (runtime/fim.py)."""
+    from megatron.core.datasets.gpt_dataset import GPTDataset, MockGPTDataset
+
+    if mock:
+        return MockGPTDataset
+    if data.fim is not None:
+        from .fim import fim_dataset_class
+
+        return fim_dataset_class(data.fim, seed)
+    return GPTDataset
 
 
 class GPTDatasets:
@@ -286,6 +298,8 @@ class GPTDatasets:
             raise UserError(_no_validation_message(data, f"{sizes[1]} validation samples"))
         built = ", ".join(f"{name} {len(ds) if ds else 0}" for name, ds in self.splits.items())
         self.description = f"needed {sizes[0]}/{sizes[1]}/{sizes[2]} (train/eval/test), built {built}"
+        if data.fim is not None:
+            self.description += f"; fill-in-the-middle: rate {data.fim.rate:g}, SPM rate {data.fim.spm_rate:g}"
 
     def sample(self, index: int, split: str = "train") -> dict:
         """Sample `index` of `split` (it wraps around the split's length)."""

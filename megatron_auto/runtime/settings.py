@@ -10,12 +10,40 @@ from typing import Optional
 
 from ..specs.training import DEFAULT_RECOMPUTE_MODULES
 from .batch_schedule import BatchRamp
+from .file_tokenizers import TokenizerFiles
 
 NON_PERSISTENT_SUBDIR = "non_persistent"
 """Megatron-LM's default folder of global non-persistent checkpoints inside --save and --load."""
 
 EXIT_SIGNALS = ("SIGTERM", "SIGINT", "SIGUSR1", "SIGUSR2")
 """What --exit-signal may name."""
+
+
+@dataclass(frozen=True)
+class FimSettings:
+    """Megatron-LM's fill-in-the-middle flags (--fim-data and the --fim-* flags; runtime/fim.py), with what
+    rebuilds the tokenizer on each rank (FIM cuts a sample's text, so the dataset needs the tokenizer)."""
+
+    rate: float = 0.5
+    """--fim-rate: probability that a segment (or, with split_sample, a sample) is put in FIM form."""
+    spm_rate: float = 0.5
+    """--fim-spm-rate: probability that a FIM example is laid out SPM rather than PSM."""
+    split_sample: Optional[str] = None
+    """--fim-split-sample: the token at which a sample is cut into fragments, each put in FIM form apart."""
+    fragment_rate: Optional[float] = None
+    """--fim-fragment-rate: probability for each fragment (with split_sample)."""
+    no_prefix: Optional[str] = None
+    """--fim-no-prefix: a segment or fragment whose text starts with it is left as it is."""
+    prefix_token: str = "<fim_prefix>"
+    middle_token: str = "<fim_middle>"
+    suffix_token: str = "<fim_suffix>"
+    pad_token: str = "<fim_pad>"
+    eod_token: str = "<|endoftext|>"
+    """--fim-{prefix,middle,suffix,pad,eod}-token: the sentinel tokens (Megatron-LM's defaults)."""
+    tokenizer_type: Optional[str] = None
+    vocab_size: Optional[int] = None
+    tokenizer_files: TokenizerFiles = TokenizerFiles()
+    """The tokenizer flags (runtime/tokenizers.make_tokenizer's arguments)."""
 
 
 @dataclass(frozen=True)
@@ -46,6 +74,8 @@ class DataSettings:
     """--mock-data: megatron-core's MockGPTDataset, as Megatron-LM's pretrain_gpt.py builds it (documents of
     1, 2, 3, ... then end-of-document, split by --split); without it and without files the runtime draws
     uniform random tokens (data.MockTokens, what the equivalence tests feed)."""
+    fim: Optional[FimSettings] = None
+    """--fim-data: samples in fill-in-the-middle form (runtime/fim.py); None without it."""
 
     @property
     def from_files(self) -> bool:

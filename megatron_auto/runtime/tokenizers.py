@@ -35,6 +35,8 @@ class TextTokenizer(Protocol):
 
     def detokenize(self, ids: list[int]) -> str: ...
 
+    def token_id(self, token: str) -> Optional[int]: ...
+
 
 @dataclass(frozen=True)
 class Tokenizer:
@@ -68,6 +70,10 @@ class Tokenizer:
         if self.kind == "ByteTokenizer":
             return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
         return " ".join(str(i) for i in ids)
+
+    def token_id(self, token: str) -> Optional[int]:
+        """None: these tokenizers name no tokens (FIM's sentinel tokens need a file tokenizer)."""
+        return None
 
 
 def make_tokenizer(kind: Optional[str], vocab_size: Optional[int] = None,
@@ -113,10 +119,14 @@ def add_tokenizer_flags(group, default_type: Optional[str]) -> None:
                             "no special tokens")
 
 
+def tokenizer_files_from_flags(args) -> TokenizerFiles:
+    """The file flags of `add_tokenizer_flags`' parsed flags."""
+    return TokenizerFiles(vocab_file=args.vocab_file, merge_file=args.merge_file,
+                          tokenizer_model=args.tokenizer_model, tiktoken_pattern=args.tiktoken_pattern,
+                          tiktoken_num_special_tokens=args.tiktoken_num_special_tokens,
+                          hf_include_special_tokens=args.tokenizer_hf_include_special_tokens)
+
+
 def tokenizer_from_flags(args) -> TextTokenizer:
     """The tokenizer that `add_tokenizer_flags`' parsed flags name."""
-    files = TokenizerFiles(vocab_file=args.vocab_file, merge_file=args.merge_file,
-                           tokenizer_model=args.tokenizer_model, tiktoken_pattern=args.tiktoken_pattern,
-                           tiktoken_num_special_tokens=args.tiktoken_num_special_tokens,
-                           hf_include_special_tokens=args.tokenizer_hf_include_special_tokens)
-    return make_tokenizer(args.tokenizer_type, args.vocab_size, files)
+    return make_tokenizer(args.tokenizer_type, args.vocab_size, tokenizer_files_from_flags(args))

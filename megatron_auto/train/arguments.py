@@ -8,8 +8,8 @@ from megatron_auto.cli.parser import OneLineParser
 from megatron_auto.runtime import compat_flags
 
 from . import flag_verdicts, validation, virtual_stages
-from .arguments_data import (add_checkpointing_args, add_data_args, add_logging_args, add_tokenizer_args,
-                             add_validation_args)
+from .arguments_data import (add_checkpointing_args, add_data_args, add_fim_args, add_logging_args,
+                             add_tokenizer_args, add_validation_args)
 from .arguments_model import add_mla_args, add_moe_args, add_mtp_args, add_network_size_args
 from .arguments_parallel import add_auto_parallel_args, add_distributed_args
 from .arguments_training import (add_initialization_args, add_kernel_args, add_learning_rate_args,
@@ -21,7 +21,7 @@ from .usage import DESCRIPTION
 ARGUMENT_GROUPS = (add_network_size_args, add_regularization_args, add_training_args, add_initialization_args,
                    add_learning_rate_args, add_checkpointing_args, add_mixed_precision_args, add_kernel_args,
                    add_distributed_args, add_auto_parallel_args, add_validation_args, add_data_args,
-                   add_tokenizer_args, add_logging_args, add_moe_args, add_mla_args, add_mtp_args,
+                   add_fim_args, add_tokenizer_args, add_logging_args, add_moe_args, add_mla_args, add_mtp_args,
                    compat_flags.add_arguments, flag_verdicts.add_arguments)
 """The groups of flags, in the order of Megatron-LM's arguments.py; the accepted and refused flags last."""
 

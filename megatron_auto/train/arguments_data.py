@@ -47,6 +47,23 @@ def add_data_args(parser: argparse.ArgumentParser) -> None:
                        help="without effect: the dataloader never builds masks here (attention is causal in the kernel)")
 
 
+def add_fim_args(parser: argparse.ArgumentParser) -> None:
+    """Megatron-LM's fill-in-the-middle flags (its _add_data_args; defaults as there): runtime/fim.py."""
+    group = parser.add_argument_group("fill-in-the-middle data")
+    group.add_argument("--fim-data", action="store_true",
+                       help="put samples in fill-in-the-middle form (Megatron-LM's GPTFIMDataset)")
+    group.add_argument("--fim-rate", type=float, default=0.5, help="probability of the FIM form (default 0.5)")
+    group.add_argument("--fim-spm-rate", type=float, default=0.5,
+                       help="probability that a FIM example is suffix-prefix-middle rather than prefix-suffix-middle")
+    group.add_argument("--fim-split-sample", help="token at which samples are cut into fragments, each FIM'd apart")
+    group.add_argument("--fim-fragment-rate", type=float,
+                       help="probability of the FIM form of each fragment (with --fim-split-sample)")
+    group.add_argument("--fim-no-prefix", help="leave segments whose text starts with this as they are")
+    for name, default in (("prefix", "<fim_prefix>"), ("middle", "<fim_middle>"), ("suffix", "<fim_suffix>"),
+                          ("pad", "<fim_pad>"), ("eod", "<|endoftext|>")):
+        group.add_argument(f"--fim-{name}-token", default=default, help=f"FIM {name} token (default {default})")
+
+
 def add_tokenizer_args(parser: argparse.ArgumentParser) -> None:
     """Megatron-LM's _add_tokenizer_args (runtime/tokenizers.py; preprocess_data.py takes the same)."""
     add_tokenizer_flags(parser.add_argument_group("tokenizer"), default_type=None)

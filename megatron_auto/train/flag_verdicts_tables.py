@@ -28,7 +28,6 @@ CPU_OFFLOAD = "read only by --optimizer-cpu-offload, which is refused"
 MAMBA = "Mamba / hybrid (attention + Mamba + MLP) models are not built by this runtime yet"
 LINEAR_ATTENTION = "linear (gated delta net) attention layers are not built by this runtime yet"
 DSA = "DeepSeek sparse attention (its indexer) is not built by this runtime yet"
-FIM = "fill-in-the-middle data (Megatron-LM's GPTFIMDataset, not in megatron-core) is not built by this runtime yet"
 TOKENIZER = "not passed to the tokenizer here yet (runtime/tokenizers.py builds Megatron-LM's tokenizer types)"
 KITCHEN = "NVIDIA Kitchen quantization is not run by this runtime"
 SFT = "supervised fine-tuning data (Megatron-LM's SFT dataset and prompt formats) is not built here"
@@ -235,9 +234,6 @@ REFUSED = {
     "--moe-upcycling-granularity": "upcycling a dense checkpoint into a MoE model is not run here",
     "--fake-process-group": "a fake process group (no communication) is not run here",
     # data, tokenizer, training loop
-    "--fim-data": FIM, "--fim-rate": FIM, "--fim-spm-rate": FIM, "--fim-split-sample": FIM,
-    "--fim-fragment-rate": FIM, "--fim-no-prefix": FIM, "--fim-prefix-token": FIM, "--fim-middle-token": FIM,
-    "--fim-suffix-token": FIM, "--fim-pad-token": FIM, "--fim-eod-token": FIM,
     "--sft": SFT,
     "--data-args-path": "reading --data-path from a file is not run here: give --data-path",
     "--per-split-data-args-path": "reading the split paths from a file is not run here: give --train-data-path ...",

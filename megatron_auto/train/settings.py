@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+from typing import Optional
 
 from megatron_auto.errors import UserError
 from megatron_auto.runtime import compat_flags
-from megatron_auto.runtime.settings import DataSettings, MoESettings, TrainSettings
+from megatron_auto.runtime.settings import DataSettings, FimSettings, MoESettings, TrainSettings
 from megatron_auto.specs.model import ModelSpec, uniform_model
 from megatron_auto.specs.training import DEFAULT_RECOMPUTE_MODULES
 
@@ -107,7 +108,8 @@ def data_from_args(args: argparse.Namespace, vocab_size: int) -> DataSettings:
     data = DataSettings(blend=tuple(args.data_path or ()), blend_per_split=per_split if any(per_split) else (),
                         vocab_size=vocab_size, split=args.split or "969,30,1", mmap_bin_files=args.mmap_bin_files,
                         cache_path=args.data_cache_path, eod_mask_loss=args.eod_mask_loss,
-                        reset_position_ids=args.reset_position_ids, mock_dataset=bool(args.mock_data))
+                        reset_position_ids=args.reset_position_ids, mock_dataset=bool(args.mock_data),
+                        fim=fim_from_args(args, vocab_size))
     if data.from_files:
         check_data(data)  # before any work: a truncated .bin, a bad blend or split is one line
         check_run_data(data, args.eval_iters)
@@ -115,6 +117,39 @@ def data_from_args(args: argparse.Namespace, vocab_size: int) -> DataSettings:
             logger.info("--data-path: a .bin over %d GiB: token ids are checked against the vocabulary as "
                         "samples are read", MAX_SCAN_BYTES >> 30)
     return data
+
+
+def fim_from_args(args: argparse.Namespace, vocab_size: int) -> Optional[FimSettings]:
+    """--fim-data and its flags (None without it), checked before any work as Megatron-LM's validate_args
+    checks them (megatron/training/arguments.py): files, not mock data; rates in [0, 1]; sentinel tokens the
+    tokenizer holds. A --fim-* flag without --fim-data changes nothing, as in Megatron-LM."""
+    from megatron_auto.runtime.fim import token_ids
+    from megatron_auto.runtime.tokenizers import tokenizer_files_from_flags, tokenizer_from_flags
+
+    if not args.fim_data:
+        return None
+    if args.mock_data or not (args.data_path or any(per_split_paths(args))):
+        raise UserError("--fim-data: fill-in-the-middle samples are built from --data-path datasets, "
+                        "not --mock-data (as in Megatron-LM)")
+    rates = [("--fim-rate", args.fim_rate), ("--fim-spm-rate", args.fim_spm_rate)]
+    if args.fim_split_sample is not None:
+        if args.fim_fragment_rate is None:
+            raise UserError("--fim-split-sample needs --fim-fragment-rate (the FIM probability of each fragment)")
+        rates.append(("--fim-fragment-rate", args.fim_fragment_rate))
+    for flag, rate in rates:
+        if not 0.0 <= rate <= 1.0:
+            raise UserError(f"{flag} {rate:g}: a probability, between 0 and 1")
+    tokenizer = tokenizer_from_flags(args)
+    fim = FimSettings(rate=args.fim_rate, spm_rate=args.fim_spm_rate, split_sample=args.fim_split_sample,
+                      fragment_rate=args.fim_fragment_rate, no_prefix=args.fim_no_prefix,
+                      prefix_token=args.fim_prefix_token, middle_token=args.fim_middle_token,
+                      suffix_token=args.fim_suffix_token, pad_token=args.fim_pad_token,
+                      eod_token=args.fim_eod_token, tokenizer_type=args.tokenizer_type, vocab_size=args.vocab_size,
+                      tokenizer_files=tokenizer_files_from_flags(args))
+    ids = token_ids(fim, tokenizer)  # UserError for a token the vocabulary lacks
+    if max(ids.prefix, ids.middle, ids.suffix, ids.pad, ids.eod) >= vocab_size:
+        raise UserError(f"--fim-data: a FIM sentinel token's id is outside the vocabulary of {vocab_size}")
+    return fim
 
 
 def train_settings(args: argparse.Namespace, vocab_size: int, precision: str) -> TrainSettings:
