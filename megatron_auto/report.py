@@ -206,15 +206,14 @@ def node_group_lines(plan: Plan, cluster) -> list[str]:
     if not cluster.is_mixed:
         return []
     spans = cluster.stage_spans(plan.pipeline_parallel)
-    lines, first_node = ["node groups (launch each group's nodes at these node ranks)"], 0
+    lines = ["node groups (launch each group's nodes at these node ranks)"]
     counts = plan.stage_layer_counts()
-    for index, group in enumerate(cluster.node_groups):
+    for index, (group, (first, last)) in enumerate(zip(cluster.node_groups, cluster.group_node_ranks())):
         stages = [stage for stage, span in enumerate(spans) if index in span]
-        nodes = _layer_range(first_node, first_node + group.num_nodes - 1)
+        nodes = _layer_range(first, last)
         layers = sum(counts[s] for s in stages)
         held = (f"stage{'s' if len(stages) > 1 else ''} {_layer_range(stages[0], stages[-1])}, {layers} "
                 f"layer{'s' if layers != 1 else ''}") if stages else "no stage"
         lines.append(f"  {group.name}: node rank{'s' if group.num_nodes > 1 else ''} {nodes}, {group.gpu.name}"
                      f"{f' at {group.speed_factor:.2f} of its speed' if group.speed_factor < 1 else ''}: {held}")
-        first_node += group.num_nodes
     return lines

@@ -101,12 +101,9 @@ def describe_job_cluster(cluster: ClusterSpec, world_size: int, gpus_per_node: i
               else "LOCAL_WORLD_SIZE unset: the cluster's own node size")
     line = f"priced {nodes} x {gpus} of {cluster.name} (WORLD_SIZE {world_size}, {source})"
     if cluster.is_mixed:  # Megatron-Core's stage s runs on ranks s x world/pp onward: the nodes' order matters
-        first, groups = 0, []
-        for group in cluster.node_groups:
-            last = first + group.num_nodes - 1
-            groups.append(f"{group.name} at node rank{'s' if last > first else ''} {first}"
-                          + (f"-{last}" if last > first else ""))
-            first += group.num_nodes
+        groups = [f"{group.name} at node rank{'s' if last > first else ''} {first}"
+                  + (f"-{last}" if last > first else "")
+                  for group, (first, last) in zip(cluster.node_groups, cluster.group_node_ranks())]
         line += "; node groups: " + ", ".join(groups)
     return line
 

@@ -187,6 +187,11 @@ class ClusterSpec(CachedHash):
                        intra_node=group.intra_node, inter_node=group.inter_node, compute=group.compute,
                        node_groups=())
 
+    def group_node_ranks(self) -> tuple[tuple[int, int], ...]:
+        """(first, last) node rank of each node group, in the order listed."""
+        ends = [sum(group.num_nodes for group in self.node_groups[:i + 1]) for i in range(len(self.node_groups))]
+        return tuple((end - group.num_nodes, end - 1) for end, group in zip(ends, self.node_groups))
+
     def stage_spans(self, pipeline_parallel: int) -> tuple[tuple[int, ...], ...]:
         """The node groups that the ranks of each of `pipeline_parallel` stages lie in (Megatron's rank order puts
         stage s on ranks s x world/pp onward). A uniform cluster: group 0 for every stage."""
