@@ -263,6 +263,16 @@ def stage_time_per_micro_batch(stage: StageCost, num_micro_batches: int) -> floa
     return stage.micro_batch_s + tail / num_micro_batches
 
 
+def stage_busy_seconds(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> tuple[float, ...]:
+    """Per iteration, the seconds one GPU of each stage spends in its micro-batches' forward and backward passes:
+    layers, embedding and head, recomputation, the collectives inside the layers and the runtime's per-chunk work.
+    That is what Megatron-Core's schedule times as 'forward-compute' and 'backward-compute' (runtime/stragglers.py
+    compares the two); the pipeline's p2p, the gradient sync and the optimizer step are left out."""
+    stages = stage_costs(plan, model, cluster, training)
+    return tuple(plan.num_micro_batches * (s.compute_s + s.recompute_s + s.tp_comm_s + s.ep_comm_s + s.cp_comm_s
+                                           + s.runtime_s) for s in stages)
+
+
 def stage_memory(plan: Plan, stage_index: int, stage: StageCost, model: ModelSpec,
                  cluster: ClusterSpec, training: TrainingSpec) -> StageMemory:
     """The allocated terms of one stage's GPU (cost.peak_memory: the peak is their largest moment)."""

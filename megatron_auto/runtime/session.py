@@ -293,6 +293,16 @@ def _maybe_save(session: Session, last: bool) -> None:
         _save_to(session, settings.non_persistent_save_dir)
 
 
+def save_now(session: Session) -> None:
+    """Save this iteration to --save (unless its latest checkpoint is this iteration's): the checkpoint that a
+    re-planned session resumes from (runtime.stragglers)."""
+    settings = session.settings
+    previous = checkpoint.tracked_iteration(settings.save)
+    if previous != session.iteration:
+        _save_to(session, settings.save)
+        checkpoint_rotation.retire_previous(settings.save, previous, session.iteration, settings.save_retain_interval)
+
+
 def _save_to(session: Session, root: str) -> None:
     settings = session.settings
     checkpoint.save_checkpoint(root, session.model, session.optimizer, session.scheduler, session.iteration,

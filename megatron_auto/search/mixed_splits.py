@@ -51,13 +51,14 @@ def _layer_seconds(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
 
 
 def _apportion(layers: int, weights: list[float]) -> tuple[int, ...]:
-    """`layers` over the stages in proportion to `weights`, at least one each (largest remainders)."""
-    spare = layers - len(weights)
-    shares = [spare * weight / sum(weights) for weight in weights]
-    counts = [1 + math.floor(share) for share in shares]
-    order = sorted(range(len(weights)), key=lambda stage: shares[stage] - math.floor(shares[stage]), reverse=True)
-    for stage in order[:layers - sum(counts)]:
+    """`layers` over the stages in proportion to `weights` (largest remainders), at least one each."""
+    shares = [layers * weight / sum(weights) for weight in weights]
+    counts = [max(1, math.floor(share)) for share in shares]
+    order = sorted(range(len(weights)), key=lambda stage: shares[stage] - counts[stage], reverse=True)
+    for stage in itertools.islice(itertools.cycle(order), max(0, layers - sum(counts))):
         counts[stage] += 1
+    while sum(counts) > layers:  # the stages raised to one layer took it from the largest
+        counts[max(range(len(counts)), key=lambda stage: counts[stage] - shares[stage])] -= 1
     return tuple(counts)
 
 

@@ -56,3 +56,20 @@ def add_auto_parallel_args(parser: argparse.ArgumentParser) -> None:
                        help="safety margin of --auto-parallel: a plan fits when its predicted device memory is at "
                             "most the GPU's capacity x (1 - FRACTION) (default: the cluster's, as megatron-auto "
                             "plan --memory-margin)")
+    group.add_argument("--auto-parallel-straggler-interval", type=non_negative_int, metavar="ITERATIONS",
+                       default=100,
+                       help="every this many iterations the ranks compare their forward and backward seconds with "
+                            "their stages' predictions; a node slower than the job's median by more than the "
+                            "threshold re-plans the job (--auto-parallel with --save: a checkpoint, the plan for the "
+                            "measured speeds, a resume) or is logged with the plan it would use; 0: off (default 100)")
+    group.add_argument("--auto-parallel-straggler-threshold", type=margin_fraction, metavar="FRACTION",
+                       default=0.2,
+                       help="how far from the job's median a rank's busy time per predicted second may be before "
+                            "its node counts as a straggler (default 0.2)")
+
+
+def non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value

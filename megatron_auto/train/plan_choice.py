@@ -193,13 +193,13 @@ def plan_basis(args: argparse.Namespace, plan, model: ModelSpec, world_size: int
     return PlanBasis(plan.model or model, cluster, training)
 
 
-def replanner(args: argparse.Namespace, basis, world_size: int, gpus_per_node: Optional[int] = None):
-    """The search's plan under a lowered memory budget, with --auto-parallel's constraints
-    (none when the plan came from flags or a file: the planner's free choice is the suggestion)."""
-    from megatron_auto.runtime import planning
+def replanner(args: argparse.Namespace, basis):
+    """The search's plan for the job on a cluster (the job's own, or with measured node speeds) under a memory
+    budget in bytes (0: the cluster's), with --auto-parallel's constraints (none when the plan came from flags or
+    a file: the planner's free choice is the suggestion)."""
+    from megatron_auto.search import search_plan
 
     constraints = search_constraints(args, basis.model) if args.auto_parallel else SearchConstraints()
-    return lambda budget: planning.search_for_job(
-        basis.model, world_size, args.auto_parallel_cluster,
-        dataclasses.replace(basis.training, memory_budget_bytes=budget),
-        constraints, args.auto_parallel_space, args.auto_parallel_profile, gpus_per_node=gpus_per_node)
+    return lambda cluster, budget: search_plan(
+        basis.model, cluster, dataclasses.replace(basis.training, memory_budget_bytes=budget),
+        args.auto_parallel_space, constraints).plan

@@ -84,6 +84,7 @@ def run(args: argparse.Namespace) -> None:
     import patches
     from megatron_auto.runtime import checkpoint, distributed, fit, planning, session
     from megatron_auto.runtime.kernels import use_matmul_flags
+    from megatron_auto.runtime.stragglers import Policy
 
     adjustments = megatron_lm_adjustments(args)
     use_matmul_flags(args.disable_bf16_reduced_precision_matmul)
@@ -114,8 +115,9 @@ def run(args: argparse.Namespace) -> None:
         else:
             if session.is_logging_rank():
                 logger.info("%s", planning.describe_job_cluster(basis.cluster, world_size, gpus_per_node))
-            fit.train_fitting(plan, basis, settings, info, replanner(args, basis, world_size, gpus_per_node),
-                              restart=args.auto_parallel)
+            stragglers = Policy(args.auto_parallel_straggler_threshold, args.auto_parallel_straggler_interval)
+            fit.train_fitting(plan, basis, settings, info, replanner(args, basis), restart=args.auto_parallel,
+                              stragglers=stragglers)
     finally:
         distributed.shutdown()
 
