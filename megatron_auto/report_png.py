@@ -1,4 +1,5 @@
-"""A picture of a Plan: stages and their layers, stage memory against the budget, and the time breakdown.
+"""A picture of a Plan: stages and their layers, stage memory against the budget, and the time breakdown; on a
+mixed cluster, the node group each stage runs on.
 
 matplotlib is imported inside `draw_plan_png` (Agg backend), so the planner
 itself stays numpy-only; only `megatron-auto show --png` needs matplotlib.
@@ -11,8 +12,9 @@ from typing import Optional
 
 from .errors import UserError
 from .plan import LayerStrategy, Plan, Prediction
+from .specs.cluster import ClusterSpec
 
-__all__ = ["draw_plan_png"]
+__all__ = ["draw_plan_png", "plan_figure"]
 
 HATCHES = {"none": "", "selective": "..", "full": "xx"}
 BREAKDOWN_COLORS = {
@@ -21,6 +23,8 @@ BREAKDOWN_COLORS = {
 }
 OTHER_COLORS = ("#eeca3b", "#ff9da6", "#9d755d", "#79706e")
 """For breakdown terms added after this palette was chosen."""
+STRADDLE_HATCH = "////"
+"""The group strip of a stage whose ranks straddle node groups."""
 
 
 def _layout_label(strategy: LayerStrategy) -> str:
@@ -92,6 +96,73 @@ def _legend_handles(colors: dict, plan: Plan):
     return handles
 
 
+def _rank_shares(cluster: ClusterSpec, stage: int, pipeline_parallel: int) -> list[tuple[int, float]]:
+    """(group, share of the stage's ranks in it) for the groups stage `stage` spans, in node-rank order (Megatron's
+    rank order puts stage s on ranks s x world/pp onward, as ClusterSpec.stage_spans)."""
+    per_stage = cluster.world_size // pipeline_parallel
+    first, shares = stage * per_stage, []
+    for index, (low, high) in enumerate(cluster.group_node_ranks()):
+        start, end = low * cluster.gpus_per_node, (high + 1) * cluster.gpus_per_node
+        overlap = min(end, first + per_stage) - max(start, first)
+        if overlap > 0:
+            shares.append((index, overlap / per_stage))
+    return shares
+
+
+def _draw_groups(ax, plan: Plan, cluster: ClusterSpec, colors: list) -> None:
+    """A strip atop each stage's column in its node group's colour, tagged g<index>; a stage whose ranks straddle
+    groups gets a hatched strip split by its share of ranks in each, tagged g<i>+g<j>."""
+    pp = plan.pipeline_parallel
+    height = max(0.8, 0.05 * max(plan.stage_layer_counts()))  # a visible strip on a tall column too
+    for stage in range(pp):
+        left = stage - 0.4
+        shares = _rank_shares(cluster, stage, pp)
+        for index, share in shares:
+            ax.bar(left, height, bottom=-0.2 - height, width=0.8 * share, align="edge", color=colors[index],
+                   hatch=STRADDLE_HATCH if len(shares) > 1 else "", edgecolor="white", linewidth=0.4)
+            left += 0.8 * share
+        if pp <= 32:
+            ax.text(stage, -0.2 - height / 2, "+".join(f"g{index}" for index, _ in shares), ha="center",
+                    va="center", fontsize=7 if pp <= 12 else 5, color="black",
+                    bbox=dict(boxstyle="round,pad=0.15", facecolor="white", edgecolor="none", alpha=0.9))
+    ax.set_ylim(ax.get_ylim()[0], -0.3 - height)
+    ax.set_yticks([tick for tick in ax.get_yticks() if 0 <= tick <= ax.get_ylim()[0]])
+    ax.set_title(ax.get_title() + "; strip atop: the stage's node group", fontsize=10)
+
+
+def _stage_list(stages: list[int]) -> str:
+    """'stages 0-2, 5' for [0, 1, 2, 5]."""
+    if not stages:
+        return "no stage"
+    runs = [[stages[0], stages[0]]]
+    for stage in stages[1:]:
+        if stage == runs[-1][1] + 1:
+            runs[-1][1] = stage
+        else:
+            runs.append([stage, stage])
+    text = ", ".join(str(first) if first == last else f"{first}-{last}" for first, last in runs)
+    return f"stage{'s' if len(stages) > 1 else ''} {text}"
+
+
+def _group_handles(plan: Plan, cluster: ClusterSpec, colors: list):
+    """One legend entry per node group (its GPU, node ranks and stages), and one for straddling stages."""
+    from matplotlib.patches import Patch
+
+    spans = cluster.stage_spans(plan.pipeline_parallel)
+    handles = []
+    for index, (group, (first, last)) in enumerate(zip(cluster.node_groups, cluster.group_node_ranks())):
+        nodes = f"node rank {first}" if first == last else f"node ranks {first}-{last}"
+        speed = f" at {group.speed_factor:.2f} of its speed" if group.speed_factor < 1 else ""
+        stages = _stage_list([stage for stage, span in enumerate(spans) if index in span])
+        handles.append(Patch(facecolor=colors[index], label=f"g{index} {group.name}: {group.gpu.name}{speed}\n"
+                                                           f"{nodes}; {stages}"))
+    straddling = [stage for stage, span in enumerate(spans) if len(span) > 1]
+    if straddling:
+        handles.append(Patch(facecolor="white", edgecolor="gray", hatch=STRADDLE_HATCH,
+                             label=f"{_stage_list(straddling)}: ranks straddle groups,\nrun at the slowest one's pace"))
+    return handles
+
+
 def _draw_memory(ax, plan: Plan, prediction: Optional[Prediction]) -> None:
     """Each stage's peak memory per GPU against the budget."""
     ax.set_title("peak memory per GPU by stage", fontsize=10)
@@ -153,14 +224,33 @@ def _title(plan: Plan) -> str:
             f"m={plan.num_micro_batches} micro-batches of {micro}/rank; embedding {plan.embedding.short()}")
 
 
-def draw_plan_png(plan: Plan, path: str | Path) -> None:
-    """Write a PNG picture of `plan` to `path`; UserError when matplotlib is missing or the file cannot be written."""
+def _pyplot():
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise UserError("--png needs matplotlib (pip install matplotlib)") from None
+    return plt
+
+
+def draw_plan_png(plan: Plan, path: str | Path, cluster: Optional[ClusterSpec] = None) -> None:
+    """Write a PNG picture of `plan` to `path`, with the node groups of `cluster` when it is a mixed one; UserError
+    when matplotlib is missing or the file cannot be written."""
+    plt = _pyplot()
+    figure = plan_figure(plan, cluster)
+    try:
+        figure.savefig(path, format="png", bbox_inches="tight")
+    except OSError as error:
+        raise UserError(f"cannot write picture '{path}': {error.strerror or error}") from None
+    finally:
+        plt.close(figure)
+
+
+def plan_figure(plan: Plan, cluster: Optional[ClusterSpec] = None):
+    """The matplotlib figure that draw_plan_png saves (the caller closes it); a uniform cluster or None draws no
+    node groups."""
+    plt = _pyplot()
     width = min(28.0, max(12.0, 6.0 + 0.32 * plan.pipeline_parallel))
     figure = plt.figure(figsize=(width, 10), dpi=110)
     grid = figure.add_gridspec(3, 2, height_ratios=[3.2, 1.6, 0.7], width_ratios=[4, 1], hspace=0.55, wspace=0.05)
@@ -169,14 +259,15 @@ def draw_plan_png(plan: Plan, path: str | Path) -> None:
     _draw_layers(layers_ax, plan, colors)
     legend_ax = figure.add_subplot(grid[0, 1])
     legend_ax.set_axis_off()
-    legend_ax.legend(handles=_legend_handles(colors, plan), loc="upper left", fontsize=9, title="layer layout",
-                     frameon=False)
+    layouts = legend_ax.legend(handles=_legend_handles(colors, plan), loc="upper left", fontsize=9,
+                               title="layer layout", frameon=False)
+    if cluster is not None and cluster.is_mixed:
+        group_colors = [plt.get_cmap("Dark2")(i % 8) for i in range(len(cluster.node_groups))]
+        _draw_groups(layers_ax, plan, cluster, group_colors)
+        legend_ax.add_artist(layouts)
+        legend_ax.legend(handles=_group_handles(plan, cluster, group_colors), loc="lower left", fontsize=9,
+                         title="node groups (strip atop each stage)", frameon=False)
     _draw_memory(figure.add_subplot(grid[1, 0]), plan, plan.prediction)
     _draw_breakdown(figure.add_subplot(grid[2, :]), plan.prediction)
     figure.suptitle(_title(plan), fontsize=11)
-    try:
-        figure.savefig(path, format="png", bbox_inches="tight")
-    except OSError as error:
-        raise UserError(f"cannot write picture '{path}': {error.strerror or error}") from None
-    finally:
-        plt.close(figure)
+    return figure

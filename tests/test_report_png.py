@@ -9,13 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from megatron_auto import serde
+from megatron_auto.cli.main import main
 from megatron_auto.errors import UserError
 from megatron_auto.plan import Chunk, LayerStrategy, Plan, save_plan
-from megatron_auto.report_png import draw_plan_png
+from megatron_auto.report_png import STRADDLE_HATCH, draw_plan_png, plan_figure
 from megatron_auto.search import search_plan
 from megatron_auto.search.uniform import UniformConfig, build_uniform_plan
 from megatron_auto.specs.model import uniform_model
-from megatron_auto.specs.presets import CLUSTER_PRESETS
+from megatron_auto.specs.presets import CLUSTER_PRESETS, mixed_cluster
 from megatron_auto.specs.training import TrainingSpec
 
 REPO = Path(__file__).resolve().parents[1]
@@ -79,3 +81,70 @@ def test_the_planner_does_not_import_matplotlib():
     code = ("import sys, megatron_auto.search, megatron_auto.report, megatron_auto.cli.show_command; "
             "sys.exit('matplotlib' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}).returncode == 0
+
+
+# ------------------------------------------------------------------ node groups of a mixed cluster (issue 39)
+
+def _mixed():
+    """8 GPUs in nodes of 2: ranks 0-5 on 3 H100 nodes, ranks 6-7 on 1 A100 node."""
+    h100, a100 = (replace(CLUSTER_PRESETS[name], gpus_per_node=2) for name in ("dgx-h100-80gb", "dgx-a100-80gb"))
+    return mixed_cluster("png-mixed", ((h100, 3), (a100, 1)))
+
+
+def _mixed_plan(pp: int) -> Plan:
+    return build_uniform_plan(MODEL, _mixed(), TrainingSpec(8), UniformConfig(tp=2, pp=pp, micro_batch_size=1))
+
+
+def _group_legend(figure):
+    """The legend of the node groups: the legend axes' own (the layout legend is added as an artist)."""
+    legend = figure.axes[1].get_legend()
+    assert legend.get_title().get_text().startswith("node groups")
+    return legend
+
+
+@pytest.mark.parametrize("pp, tags", [(2, ["g0", "g0+g1"]), (4, ["g0", "g0", "g0", "g1"])])
+def test_mixed_plan_tags_each_stage_with_the_node_groups_its_ranks_lie_in(pp, tags):
+    import matplotlib.pyplot as plt
+
+    cluster = _mixed()
+    figure = plan_figure(_mixed_plan(pp), cluster)
+    try:
+        drawn = [t.get_text() for t in figure.axes[0].texts if t.get_text().startswith("g")]
+        assert drawn == tags == ["+".join(f"g{i}" for i in span) for span in cluster.stage_spans(pp)]
+        assert all(tag == f"g{group}" for tag, group in zip(drawn, cluster.stage_groups(pp)) if "+" not in tag)
+        legend = _group_legend(figure)
+        labels = [t.get_text() for t in legend.get_texts()]
+        assert labels[0].startswith("g0 dgx-h100-80gb: H100-SXM5-80GB\nnode ranks 0-2; stages 0-")
+        assert labels[1].startswith("g1 dgx-a100-80gb: A100-SXM4-80GB\nnode rank 3; stage ")
+        # each stage's strip (the bars above row 0) is in its groups' legend colours, hatched where it straddles
+        colors = [handle.get_facecolor() for handle in legend.legend_handles[:2]]
+        strips = [bar for bar in figure.axes[0].patches if bar.get_y() < 0]
+        assert [(round(bar.get_x() + 0.4), bar.get_facecolor(), bar.get_hatch() or "") for bar in strips] == [
+            (stage, colors[g], STRADDLE_HATCH if len(span) > 1 else "")
+            for stage, span in enumerate(cluster.stage_spans(pp)) for g in span]
+        assert any("straddle" in label for label in labels) == (pp == 2)
+    finally:
+        plt.close(figure)
+
+
+def test_a_uniform_cluster_draws_the_plan_exactly_as_without_one(tmp_path):
+    plan = _hybrid_plan()
+    draw_plan_png(plan, tmp_path / "none.png")
+    draw_plan_png(plan, tmp_path / "uniform.png", CLUSTER)
+    assert (tmp_path / "none.png").read_bytes() == (tmp_path / "uniform.png").read_bytes()
+    figure = plan_figure(plan, CLUSTER)
+    assert figure.axes[1].get_legend().get_title().get_text() == "layer layout"
+    assert all(bar.get_y() >= 0 for bar in figure.axes[0].patches)
+
+
+def test_show_names_and_draws_the_node_groups_of_the_cluster_given(tmp_path, capsys):
+    save_plan(_mixed_plan(2), tmp_path / "plan.json")
+    (tmp_path / "mixed.json").write_text(serde.dumps(_mixed()))
+    assert main(["show", str(tmp_path / "plan.json")]) == 0  # 'png-mixed' is no preset: nothing to name
+    assert "node groups" not in capsys.readouterr().out
+    assert main(["show", str(tmp_path / "plan.json"), "--cluster", str(tmp_path / "mixed.json"),
+                 "--png", str(tmp_path / "plan.png")]) == 0
+    assert "  png-mixed" not in (out := capsys.readouterr().out) and "node rank 3, A100-SXM4-80GB: stage 1" in out
+    _assert_png(tmp_path / "plan.png")
+    assert main(["show", str(tmp_path / "plan.json"), "--cluster", "mixed-h100-a100"]) == 2
+    assert "has 32 GPUs, the plan 8" in capsys.readouterr().err

@@ -276,6 +276,11 @@ def _show_parser(commands: argparse._SubParsersAction) -> None:
     parser.add_argument("plan", metavar="plan.json", help="plan file")
     parser.add_argument("--json", action="store_true", help="print the plan's canonical JSON instead")
     parser.add_argument("--png", metavar="FILE", help="also draw the plan to this PNG file (needs matplotlib)")
+    parser.add_argument("--cluster", metavar="PRESET|FILE.json",
+                        help="the mixed cluster the plan was made for, whose node groups to name and draw "
+                             "(default: the preset the plan names)")
+    parser.add_argument("--node-speeds", type=positive_float, nargs="+", metavar="S",
+                        help="the --node-speeds the plan was made with")
 
 
 def _profile_parsers(commands: argparse._SubParsersAction) -> None:
