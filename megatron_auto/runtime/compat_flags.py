@@ -13,6 +13,8 @@ from typing import Optional
 
 KERNEL = "a kernel choice; this runtime picks its kernels itself (runtime/kernels.py)"
 SINK = "a logging or profiling sink this runtime does not write"
+STRAGGLER = ("Megatron-LM's straggler detector (nvidia-resiliency-ext) is not run; this runtime's own watch finds slow "
+             "nodes and re-plans around them (--auto-parallel-straggler-interval, README.md)")
 IO = "an I/O back-end choice; checkpoints are Megatron-Core dist_checkpointing, data loading is in-process"
 LAYOUT = "a sharding/overlap choice; the plan decides the layout (--auto-parallel) and the math is unchanged"
 
@@ -48,8 +50,8 @@ NO_EFFECT_SWITCHES = {
     "--use-dist-ckpt": IO, "--ckpt-fully-parallel-save": IO, "--ckpt-fully-parallel-load": IO,
     "--ckpt-assume-constant-structure": IO, "--use-persistent-ckpt-worker": IO,
     "--log-progress": SINK, "--log-world-size-to-tensorboard": SINK, "--log-loss-scale-to-tensorboard": SINK,
-    "--log-batch-size-to-tensorboard": SINK, "--log-energy": SINK, "--log-straggler": SINK,
-    "--disable-straggler-on-startup": SINK,
+    "--log-batch-size-to-tensorboard": SINK, "--log-energy": SINK, "--log-straggler": STRAGGLER,
+    "--disable-straggler-on-startup": STRAGGLER,
     "--ddp-average-in-collective": LAYOUT + " (the gradients are averaged over the data-parallel ranks either way)",
     "--use-precision-aware-optimizer": "with fp32 main gradients, master weights and Adam moments (the default of "
                                        "its four dtype flags) Adam takes the same step; lower dtypes are refused",

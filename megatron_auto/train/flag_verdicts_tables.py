@@ -8,7 +8,7 @@ a sink, an I/O back-end, or is read only by a feature that is itself refused or 
 """
 from __future__ import annotations
 
-from megatron_auto.runtime.compat_flags import IO, KERNEL, LAYOUT, SINK
+from megatron_auto.runtime.compat_flags import IO, KERNEL, LAYOUT, SINK, STRAGGLER
 
 INFERENCE = "read only at inference (text generation, Megatron-Core's inference engines), not by pretraining"
 OTHER_MODELS = "read only by Megatron-LM's BERT/T5/ICT/retriever/vision programs, not by pretrain_gpt.py"
@@ -110,7 +110,7 @@ NO_EFFECT = {
     "--log-device-memory-used": SINK, "--log-max-attention-logit": SINK, "--no-barrier-with-level-1-timing": SINK,
     "--config-logger-dir": SINK, "--use-pytorch-profiler": SINK, "--memory-snapshot-path": SINK,
     "--dump-param-to-param-group-map": SINK, "--save-wgrads-interval": SINK, "--save-dgrads-interval": SINK,
-    "--straggler-ctrlr-port": SINK, "--straggler-minmax-count": SINK, "--run-workload-inspector-server": SINK,
+    "--straggler-ctrlr-port": STRAGGLER, "--straggler-minmax-count": STRAGGLER, "--run-workload-inspector-server": SINK,
     "--train-sync-interval": SINK + " (a host-device sync point; the steps are the same)",
     "--no-manual-gc-eval": "Python's garbage collector runs as usual",
     "--no-one-logger": ONE_LOGGER, "--one-logger-project": ONE_LOGGER, "--one-logger-run-name": ONE_LOGGER,
