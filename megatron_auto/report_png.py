@@ -96,27 +96,13 @@ def _legend_handles(colors: dict, plan: Plan):
     return handles
 
 
-def _rank_shares(cluster: ClusterSpec, stage: int, pipeline_parallel: int) -> list[tuple[int, float]]:
-    """(group, share of the stage's ranks in it) for the groups stage `stage` spans, in node-rank order (Megatron's
-    rank order puts stage s on ranks s x world/pp onward, as ClusterSpec.stage_spans)."""
-    per_stage = cluster.world_size // pipeline_parallel
-    first, shares = stage * per_stage, []
-    for index, (low, high) in enumerate(cluster.group_node_ranks()):
-        start, end = low * cluster.gpus_per_node, (high + 1) * cluster.gpus_per_node
-        overlap = min(end, first + per_stage) - max(start, first)
-        if overlap > 0:
-            shares.append((index, overlap / per_stage))
-    return shares
-
-
 def _draw_groups(ax, plan: Plan, cluster: ClusterSpec, colors: list) -> None:
     """A strip atop each stage's column in its node group's colour, tagged g<index>; a stage whose ranks straddle
     groups gets a hatched strip split by its share of ranks in each, tagged g<i>+g<j>."""
     pp = plan.pipeline_parallel
     height = max(0.8, 0.05 * max(plan.stage_layer_counts()))  # a visible strip on a tall column too
-    for stage in range(pp):
+    for stage, shares in enumerate(cluster.stage_rank_shares(pp)):
         left = stage - 0.4
-        shares = _rank_shares(cluster, stage, pp)
         for index, share in shares:
             ax.bar(left, height, bottom=-0.2 - height, width=0.8 * share, align="edge", color=colors[index],
                    hatch=STRADDLE_HATCH if len(shares) > 1 else "", edgecolor="white", linewidth=0.4)

@@ -200,11 +200,20 @@ class ClusterSpec(CachedHash):
         return _stage_spans(self, pipeline_parallel)
 
     def _spans(self, pipeline_parallel: int) -> tuple[tuple[int, ...], ...]:
+        return tuple(tuple(group for group, _ in shares) for shares in self.stage_rank_shares(pipeline_parallel))
+
+    def stage_rank_shares(self, pipeline_parallel: int) -> tuple[tuple[tuple[int, float], ...], ...]:
+        """Per stage, (node group, the share of the stage's ranks in it) for each group its ranks lie in, in
+        node-rank order (Megatron's rank order puts stage s on ranks s x world/pp onward). A uniform cluster: each
+        stage wholly in group 0."""
+        if not self.node_groups:
+            return (((0, 1.0),),) * pipeline_parallel
         per_stage, owners = self.world_size // pipeline_parallel, []
         for index, group in enumerate(self.node_groups):
             owners += [index] * (group.num_nodes * self.gpus_per_node)
-        return tuple(tuple(sorted(set(owners[stage * per_stage:(stage + 1) * per_stage])))
-                     for stage in range(pipeline_parallel))
+        stages = [owners[stage * per_stage:(stage + 1) * per_stage] for stage in range(pipeline_parallel)]
+        return tuple(tuple((group, ranks.count(group) / per_stage) for group in sorted(set(ranks)))
+                     for ranks in stages)
 
     def stage_groups(self, pipeline_parallel: int) -> tuple[int, ...]:
         """The group that sets each stage's pace: its own, or of the groups a stage's ranks straddle the one
