@@ -297,8 +297,12 @@ def watch_for(session, plan: Plan, basis, speeds: tuple[float, ...], policy: Pol
         return found, cluster, found.prediction.iteration_time_s, running
 
     from .memory_check import stage_of_rank
-    from .session import save_now, stop_iteration
+    from .session import is_logging_rank, save_now, stop_iteration
 
+    if is_logging_rank():
+        acts = "re-plans" if restart else "logs the plan it would use (re-planning needs --auto-parallel and --save)"
+        logger.info("straggler watch: every %d iterations, threshold %g; a slow node %s", policy.interval,
+                    policy.threshold, acts)
     predicted = tuple(stage_s[stage_of_rank(plan, r)] for r in range(plan.world_size))
     clock = BusyClock(session.device, injected_slowdown(rank))
     install_clock(session.model, clock)
