@@ -202,10 +202,23 @@ def run_script(argv: list[str], env: dict[str, str], timeout_s: float,
                                            err.read_text(errors="replace"))
 
 
+def _wait_failing_fast(procs: list, deadline: float, fail_fast_s: float) -> float:
+    """Wait for every rank until `deadline`, or until `fail_fast_s` after the first rank that exits with an error
+    (its peers may wait in a collective for it forever); returns the deadline that held."""
+    codes = [proc.poll() for proc in procs]
+    while None in codes and time.perf_counter() < deadline:
+        if any(code not in (None, 0) for code in codes):
+            deadline = min(deadline, time.perf_counter() + fail_fast_s)
+        time.sleep(0.2)
+        codes = [proc.poll() for proc in procs]
+    return deadline
+
+
 def launch(world_size: int, argv: list[str], timeout_s: float, log_dir: Path,
-           local_world_size: Optional[int] = None) -> LaunchResult:
+           local_world_size: Optional[int] = None, fail_fast_s: Optional[float] = None) -> LaunchResult:
     """Run `python argv...` on `world_size` ranks (in nodes of `local_world_size`, torchrun's LOCAL_WORLD_SIZE,
-    when given); kill every rank if any exceeds `timeout_s`."""
+    when given); kill every rank if any exceeds `timeout_s`, or, with `fail_fast_s`, when they still run that
+    long after one rank failed."""
     port, start = free_port(), time.perf_counter()
     log_dir.mkdir(parents=True, exist_ok=True)
     log_paths = [log_dir / f"rank{r}.log" for r in range(world_size)]
@@ -214,6 +227,8 @@ def launch(world_size: int, argv: list[str], timeout_s: float, log_dir: Path,
     procs = [_start_rank(r, world_size, port, argv, log_paths[r], local_world_size) for r in range(world_size)]
     deadline = start + timeout_s
     try:
+        if fail_fast_s is not None:
+            deadline = _wait_failing_fast(procs, deadline, fail_fast_s)
         for proc in procs:
             proc.wait(timeout=max(0.1, deadline - time.perf_counter()))
     except subprocess.TimeoutExpired:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from launch_lines_worker import framed_runs
 from launcher import launch
 
 CASES_FILE = Path(__file__).resolve().parents[1] / "megatron_lm_cases" / "cases.json"
@@ -34,9 +35,8 @@ def runs(tmp_path_factory) -> dict:
                     timeout_s=900, log_dir=tmp / "logs")
     assert result.ok, result.output[-8000:]
     codes = json.loads((tmp / "codes.json").read_text())
-    logs = dict(re.findall(r"#### launch line (\S+) start\n(.*?)#### launch line \1 exit",
-                           (tmp / "logs" / "rank3.log").read_text(), re.S))
-    return {tuple(name.split(":")): (codes[name], logs.get(name, "")) for name in codes}
+    logs = framed_runs((tmp / "logs" / "rank3.log").read_text())
+    return {tuple(name.split(":")): (codes[name], logs[name].log if name in logs else "") for name in codes}
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
