@@ -92,3 +92,6 @@ def test_only_the_lines_that_plan_run_and_the_table_counts_them():
     assert ("| `ok` | trains, loss falls | 6.9000 → 6.8000 | `tp1 pp4 mbs1` | 3.2 | "
             "crashed or hung: `ValueError: bad` |  |  |  |") in text
     assert "| `fp8` | FP8 needs TE | FP8 needs TE |" in text
+    assert "other flags than the case's own in 0 of the 1 cases" in text
+    rows["ok:auto"] = Row("ok", "auto", 0, (6.9, 6.7), "tp1 pp4 mbs8", 2.0, "")
+    assert "other flags than the case's own in 1 of the 1 cases" in render(cases, rows, "c", "d", 6)

@@ -200,6 +200,10 @@ def summary_lines(cases: list[dict], rows: dict[str, Row]) -> list[str]:
                    f"{len(mine) - len(finished)} failed.")
     out += [f"  - `{row.case}` {VARIANT_TITLES[row.variant]}: {_result_cell(row)}"
             for row in rows.values() if row.code != 0]
+    pairs = [(rows[f"{case['name']}:flags"], rows[f"{case['name']}:auto"]) for case in planned
+             if f"{case['name']}:flags" in rows and f"{case['name']}:auto" in rows]
+    changed = sum(flags.plan != auto.plan for flags, auto in pairs if flags.plan and auto.plan)
+    out.append(f"- --auto-parallel chose other flags than the case's own in {changed} of the {len(pairs)} cases.")
     return out
 
 
