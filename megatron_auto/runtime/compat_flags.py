@@ -117,7 +117,9 @@ REFUSED_ANY_VALUE = {
     "--ckpt-convert-format": _CONVERT, "--ckpt-convert-save": _CONVERT,
 }
 REFUSED_UNLESS = {
-    "--optimizer": ("adam", "only Adam with decoupled weight decay (Megatron's `adam`) runs here"),
+    "--optimizer": ("adam", "only Adam with decoupled weight decay (Megatron's `adam`) runs here; Megatron-Core "
+                            "0.16.1's Muon would also need NVIDIA's emerging_optimizers package, which does not "
+                            "install here"),
     "--main-grads-dtype": ("fp32", _LOW_PRECISION_OPTIMIZER), "--main-params-dtype": ("fp32", _LOW_PRECISION_OPTIMIZER),
     "--exp-avg-dtype": ("fp32", _LOW_PRECISION_OPTIMIZER), "--exp-avg-sq-dtype": ("fp32", _LOW_PRECISION_OPTIMIZER),
 }

@@ -197,7 +197,8 @@ REFUSED = {
     "--qk-clip": "QK-clip (capping attention logits by rescaling Q/K weights): " + NOT_BUILT,
     "--qk-clip-alpha": "QK-clip: " + NOT_BUILT, "--qk-clip-threshold": "QK-clip: " + NOT_BUILT,
     "--attention-output-gate": "the gated attention output: " + NOT_BUILT,
-    "--experimental-attention-variant": "experimental attention variants: " + NOT_BUILT,
+    "--experimental-attention-variant": ("experimental attention variants: " + NOT_BUILT + " (Megatron-Core's "
+                                         "gated_delta_net also needs the flash-linear-attention Triton kernels)"),
     "--dsa-indexer-n-heads": DSA, "--dsa-indexer-head-dim": DSA, "--dsa-indexer-topk": DSA,
     "--dsa-indexer-loss-coeff": DSA, "--dsa-indexer-use-sparse-loss": DSA,
     "--linear-conv-kernel-dim": LINEAR_ATTENTION, "--linear-key-head-dim": LINEAR_ATTENTION,
