@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import re
 from dataclasses import replace
 
 import pytest
@@ -14,9 +13,10 @@ from megatron_auto import serde
 from megatron_auto.cli.main import main
 from megatron_auto.cost.estimate import estimate_plan
 from megatron_auto.errors import UserError
-from megatron_auto.search import search_plan
+from megatron_auto.pipeline_layout import chunk_layers_of_layout
+from megatron_auto.search import SearchConstraints, search_plan
 from megatron_auto.search.integers import divisors
-from megatron_auto.search.mixed_splits import EXHAUSTIVE_SPLITS, _compositions
+from megatron_auto.search.mixed_splits import EXHAUSTIVE_SPLITS, _compositions, chunk_layout, interleaved_layouts
 from megatron_auto.search.uniform import UniformConfig, build_uniform_plan
 from megatron_auto.specs import TrainingSpec, load_cluster, load_model
 from megatron_auto.specs.presets import CLUSTER_PRESETS, mixed_cluster
@@ -131,9 +131,19 @@ def test_the_runtime_refuses_a_job_of_another_shape_on_a_mixed_cluster():
         cluster_for_world(cluster, 16, 8)
 
 
-def _brute_force(model, cluster, training) -> float:
-    """The fastest fitting plan over every tp, pp, micro-batch and split of the layers into stages (v 1, SP, the
-    distributed optimizer, no recomputation): a part of the megatron space that the search must find the best of."""
+def _layouts(split, every_v: bool = False):
+    """(stage_layers, chunk_layers, v) of `split` at one chunk per stage, then interleaved: at the chunk counts the
+    search offers, or with `every_v` at every count from 2 to the fewest layers of a stage."""
+    if split is None:
+        return [(None, None, 1)]
+    chunked = [chunk_layout(split, v) for v in range(2, min(split) + 1)] if every_v else interleaved_layouts(split)
+    return [(split, None, 1)] + [(split, layout, len(layout) // len(split)) for layout in chunked]
+
+
+def _brute_force(model, cluster, training, every_v: bool = False) -> float:
+    """The fastest fitting plan over every tp, pp, micro-batch, split of the layers into stages and chunk count of
+    the split (SP, the distributed optimizer, no recomputation): a part of the megatron space that the search must
+    find the best of."""
     best = float("inf")
     world = cluster.world_size
     for tp, pp in itertools.product(divisors(cluster.gpus_per_node), divisors(world)):
@@ -142,9 +152,11 @@ def _brute_force(model, cluster, training) -> float:
                 or cluster.stage_groups(pp) is None:
             continue
         splits = [None] if pp == 1 else list(_compositions(model.num_layers, pp))
-        for mbs, split in itertools.product(divisors(training.global_batch_size // dp), splits):
+        layouts = [layout for split in splits for layout in _layouts(split, every_v)]
+        for mbs, (split, chunks, v) in itertools.product(divisors(training.global_batch_size // dp), layouts):
             config = UniformConfig(tp=tp, pp=pp, micro_batch_size=mbs, sequence_parallel=tp > 1,
-                                   distributed_optimizer=dp > 1, stage_layers=split)
+                                   distributed_optimizer=dp > 1, stage_layers=split, chunk_layers=chunks,
+                                   virtual_stages=v)
             try:
                 prediction = estimate_plan(build_uniform_plan(model, cluster, training, config), model, cluster,
                                            training)
@@ -157,8 +169,8 @@ def _brute_force(model, cluster, training) -> float:
 
 def test_the_search_is_at_least_as_fast_as_every_split_tried_one_by_one():
     """On a model small enough that every split is searched (mixed_splits.EXHAUSTIVE_SPLITS), the search's plan is
-    no slower than the best of every (tp, pp, micro-batch, split) priced one by one: its bounds (the envelope's,
-    the stages' own floors) prune nothing that wins."""
+    no slower than the best of every (tp, pp, micro-batch, split, chunk layout) priced one by one: its bounds (the
+    envelope's, the stages' own floors) prune nothing that wins."""
     cluster = mixed_cluster("h100-a100-small", ((H100, 1), (A100, 1)))
     model, training = load_model("tiny-gpt"), TrainingSpec(32)
     assert all(len(list(_compositions(model.num_layers, pp))) <= EXHAUSTIVE_SPLITS for pp in (2, 4))
@@ -166,28 +178,96 @@ def test_the_search_is_at_least_as_fast_as_every_split_tried_one_by_one():
     assert found <= _brute_force(model, cluster, training) * (1 + 1e-12)
 
 
+def test_the_search_is_at_least_as_fast_as_every_interleaved_layout_tried_one_by_one():
+    """Ten Llama 3 8B layers on two single-GPU H100 nodes, node 1 at half speed: every split is searched, and the
+    search's plan is no slower than any (tp, pp, micro-batch, split, v of 1 up to the fewest layers of a stage,
+    also the counts the search leaves out) priced one by one; here the best of them interleaves uneven stages."""
+    from megatron_auto.specs.presets import with_node_speeds
+
+    cluster = with_node_speeds(_single_gpu_nodes(2), (1.0, 0.5))
+    eight_b = load_model("llama3-8b")
+    model, training = replace(eight_b, layers=eight_b.layers[:10]), TrainingSpec(8)
+    assert len(list(_compositions(model.num_layers, 2))) <= EXHAUSTIVE_SPLITS
+    plan = search_plan(model, cluster, training, "megatron").plan
+    assert plan.virtual_stages > 1 and len(set(plan.stage_layer_counts())) > 1
+    assert plan.prediction.iteration_time_s <= _brute_force(model, cluster, training, every_v=True) * (1 + 1e-12)
+
+
+def _single_gpu_nodes(nodes: int):
+    from megatron_auto.runtime.planning import cluster_for_world
+
+    return cluster_for_world(H100, nodes, 1)
+
+
+def test_a_chunk_layout_spreads_each_stages_layers_over_its_chunks():
+    """Chunk c of pp x v sits on stage c % pp (Megatron's order); each stage's chunks hold its layers, differ by at
+    most one layer, the earlier ones taking the remainder, and none is empty."""
+    for split, v in itertools.chain(itertools.product(((5, 5, 2, 4), (27, 5), (9, 9, 5, 9), (3, 3)), (2, 3)),
+                                    (((32, 32, 8, 8), 8), ((7, 2), 2))):
+        if v > min(split):
+            continue
+        layout, pp = chunk_layout(split, v), len(split)
+        assert len(layout) == pp * v and sum(layout) == sum(split) and min(layout) >= 1
+        for stage, layers in enumerate(split):
+            chunks = layout[stage::pp]
+            assert sum(chunks) == layers and max(chunks) - min(chunks) <= 1
+            assert list(chunks) == sorted(chunks, reverse=True)
+    assert chunk_layout((5, 5, 2, 4), 2) == (3, 3, 1, 2, 2, 2, 1, 2)
+    assert [len(layout) // 4 for layout in interleaved_layouts((32, 32, 9, 9))] == [2, 4, 8, 9]
+    assert [len(layout) // 2 for layout in interleaved_layouts((27, 5))] == [2, 4, 5]
+    assert interleaved_layouts((5, 5, 2, 4)) == [(3, 3, 1, 2, 2, 2, 1, 2)]
+    assert interleaved_layouts((5, 5, 1, 4)) == [] and interleaved_layouts((7,)) == []
+    assert interleaved_layouts((27, 5), 3) == [chunk_layout((27, 5), 3)] and interleaved_layouts((27, 5), 6) == []
+    assert interleaved_layouts((27, 5), 1) == []
+
+
+def test_on_a_slow_node_the_best_plan_interleaves_uneven_stages():
+    """Llama 3 8B on four single-GPU H100 nodes, node 2 at half speed, 8 micro-batches: the stages' fill and drain
+    weigh, so the plan splits the layers unevenly and interleaves them (a --pipeline-model-parallel-layout), and is
+    predicted faster than the best plan with one chunk per stage; with the chunk count pinned, it is kept."""
+    from megatron_auto.megatron_flags import megatron_flags
+    from megatron_auto.specs.presets import with_node_speeds
+
+    cluster = with_node_speeds(_single_gpu_nodes(4), (1.0, 1.0, 0.5, 1.0))
+    model, training = load_model("llama3-8b"), TrainingSpec.for_precision("bf16", 8)
+    plan = search_plan(model, cluster, training, "megatron").plan
+    one_chunk = search_plan(model, cluster, training, "megatron", SearchConstraints(virtual_stages=1)).plan
+    counts = plan.stage_layer_counts()
+    assert plan.virtual_stages > 1 and len(set(counts)) > 1 and counts[2] == min(counts)
+    assert one_chunk.virtual_stages == 1 and len(set(one_chunk.stage_layer_counts())) > 1
+    assert plan.prediction.iteration_time_s < one_chunk.prediction.iteration_time_s
+    sizes = tuple(len(chunk.layers) for chunk in plan.chunks)
+    assert sizes == chunk_layout(counts, plan.virtual_stages)
+    assert "--pipeline-model-parallel-layout" in megatron_flags(plan)
+    pinned = search_plan(model, cluster, training, "megatron", SearchConstraints(virtual_stages=2)).plan
+    assert pinned.virtual_stages == 2 and pinned.prediction.iteration_time_s >= plan.prediction.iteration_time_s
+
+
 def test_the_stage_floors_stay_below_the_estimate_on_a_mixed_cluster():
     """What the search prunes on (search/stage_bound.py, each stage on its own group as estimate_plan prices it)
-    never exceeds the estimate, in time or memory, on the splits it searches."""
+    never exceeds the estimate, in time or memory, on the splits it searches, interleaved or not."""
     from megatron_auto.search.mixed_splits import mixed_stage_splits
     from megatron_auto.search.uniform_floors import candidate_floors, cannot_fit
 
     cluster, model = load_cluster(MIXED), load_model("llama3-8b")
     training = TrainingSpec(64, memory_budget_bytes=40 * 2**30)
-    checked = unfit = 0
+    checked = unfit = interleaved = 0
     for tp, pp, recompute, mbs in itertools.product((2, 8), (2, 4), ("none", "selective", "full"), (1, 2)):
-        for split in mixed_stage_splits(model, cluster, training, tp, pp):
+        for split, chunks, v in (layout for split in mixed_stage_splits(model, cluster, training, tp, pp)
+                                 for layout in _layouts(split)):
             config = UniformConfig(tp=tp, pp=pp, micro_batch_size=mbs, sequence_parallel=True,
-                                   distributed_optimizer=True, stage_layers=split, recompute=recompute)
+                                   distributed_optimizer=True, stage_layers=split, recompute=recompute,
+                                   chunk_layers=chunks, virtual_stages=v)
             prediction = estimate_plan(build_uniform_plan(model, cluster, training, config), model, cluster,
                                        training)
-            floors = candidate_floors(model, cluster, training, config, 1, memory=True)
+            floors = candidate_floors(model, cluster, training, config, v, memory=True)
             assert floors.time_s <= prediction.iteration_time_s
             if cannot_fit(model, cluster, training, config, floors):
                 assert not prediction.fits
                 unfit += 1
             checked += 1
-    assert checked > 20 and unfit > 0
+            interleaved += v > 1
+    assert checked > 20 and unfit > 0 and interleaved > 20
 
 
 LAUNCH_LINE = ["--num-layers", "32", "--hidden-size", "4096", "--ffn-hidden-size", "14336", "--num-attention-heads",
@@ -267,5 +347,8 @@ def test_a_plan_for_a_slow_node_moves_work_off_it(capsys):
     as_before = json.loads(capsys.readouterr().out)
     assert replanned["iteration_time_s"] < as_before["iteration_time_s"]
     assert replanned["node_groups"][0].startswith("dgx-h100-80gb at 0.5: node rank 0")
-    layers = [int(n) for n in re.findall(r"t\*(\d+)", " ".join(replanned["megatron_flags"]))]
-    assert layers and layers[0] == min(layers)
+    flags = replanned["megatron_flags"]
+    pp = int(flags[flags.index("--pipeline-model-parallel-size") + 1])
+    chunks = chunk_layers_of_layout(flags[flags.index("--pipeline-model-parallel-layout") + 1], pp, 80)
+    layers = [sum(chunks[stage::pp]) for stage in range(pp)]  # chunk c on stage c % pp
+    assert layers[0] == min(layers) < max(layers)

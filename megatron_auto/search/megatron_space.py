@@ -24,7 +24,7 @@ from ..specs.training import TrainingSpec
 from .constraints import SearchConstraints
 from .experts import expert_degree_choices, moe_layers
 from .integers import divisors
-from .mixed_splits import mixed_stage_splits
+from .mixed_splits import interleaved_layouts, mixed_stage_splits
 from .pruning import enabled as pruning_enabled, search_cache
 from .stage_bound import set_free
 from .uniform import (ACCOUNTED, UniformConfig, best_uniform_plan, chunk_sizes, config_dp, even_split,
@@ -257,17 +257,18 @@ def _base_configs_and_drops(model, cluster, training, constraints, degrees):
                                     constraints.expert_tensor_parallel)
     if not experts:
         drops.append(("expert-degrees", 1))
-    splits = pipeline_splits(model, pp) + [(split, (False, False)) for split in
-                                           mixed_stage_splits(model, cluster, training, tp, pp, cp)]
+    splits = [(split, account_for, None) for split, account_for in pipeline_splits(model, pp)]
+    splits += _mixed_splits(model, cluster, training, constraints, degrees)
     distributed = (False,) if constraints.fsdp_sharding else \
         _distributed_choices(model, cluster, training, constraints, tp, dp * cp)
     choices = itertools.product(dict.fromkeys(splits), _sp_choices(model, cluster, training, constraints, tp, dp),
                                 distributed, experts)
     configs = []
-    for (split, account_for), sp, distributed, (ep, etp) in choices:
+    for (split, account_for, layout), sp, distributed, (ep, etp) in choices:
+        virtual = len(layout) // pp if layout else constraints.virtual_stages or 1
         base = UniformConfig(tp=tp, pp=pp, micro_batch_size=constraints.micro_batch_size or 1,
-                             virtual_stages=constraints.virtual_stages or 1, sequence_parallel=sp,
-                             distributed_optimizer=distributed, stage_layers=split, account_for=account_for,
+                             virtual_stages=virtual, sequence_parallel=sp, distributed_optimizer=distributed,
+                             stage_layers=split, account_for=account_for, chunk_layers=layout,
                              expert_parallel=ep, expert_tensor_parallel=etp, context_parallel=cp,
                              fsdp_sharding=constraints.fsdp_sharding or 0)
         if states_overflow(model, cluster, training, base):
@@ -278,6 +279,16 @@ def _base_configs_and_drops(model, cluster, training, constraints, degrees):
         return tuple((None, config) for config in configs), tuple(drops)
     bounded = [(_config_bound(model, cluster, training, constraints, config), config) for config in configs]
     return tuple(sorted(bounded, key=lambda pair: pair[0])), tuple(drops)
+
+
+def _mixed_splits(model, cluster, training, constraints, degrees) -> list[tuple]:
+    """(stage_layers, account_for, chunk_layers) of a mixed cluster's splits (search/mixed_splits.py): each at one
+    chunk per stage, then each as interleaved chunk layouts (at the pinned chunk count, if any)."""
+    tp, pp, cp = degrees
+    splits = mixed_stage_splits(model, cluster, training, tp, pp, cp)
+    return [(split, (False, False), None) for split in splits] + [
+        (split, (False, False), layout) for split in splits
+        for layout in interleaved_layouts(split, constraints.virtual_stages)]
 
 
 @search_cache(maxsize=4096)

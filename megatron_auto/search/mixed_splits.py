@@ -6,6 +6,10 @@ that GPU runs them: the split balances the stages' time, which sets the pipeline
 cost model's price of the model's layers on each group (ClusterSpec.group_view); memory, which the balance may
 overrun on the faster stages, is why the splits also lean less far than the speeds say. Every split is then priced
 in full by estimate_plan, and on a model small enough every split is tried (EXHAUSTIVE_SPLITS).
+
+Megatron's first/last-stage flags cannot interleave unequal stages, but its --pipeline-model-parallel-layout can:
+each split is also searched with v > 1 chunks per stage (interleaved_layouts), which divides the pipeline's fill
+and drain by v as it does for even splits.
 """
 from __future__ import annotations
 
@@ -39,6 +43,26 @@ def mixed_stage_splits(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     seconds = {group: _layer_seconds(model, cluster.group_view(group), training, tp, dp, cp) for group in set(groups)}
     splits = [_apportion(model.num_layers, [(1.0 / seconds[group]) ** lean for group in groups]) for lean in LEANS]
     return list(dict.fromkeys(splits))
+
+
+def interleaved_layouts(split: tuple[int, ...], virtual_stages: int | None = None) -> list[tuple[int, ...]]:
+    """The chunk layouts (UniformConfig.chunk_layers) searched beside `split` at one chunk per stage: v = 2, 4,
+    8, ... chunks per stage and the most that give every chunk a layer (the fewest layers of a stage), or only
+    `virtual_stages` where the user pinned it; none for one stage. The fill and drain fall as 1 / v, so the
+    counts between these change the pipeline little, and each count is a config of its own to price."""
+    most = min(split) if len(split) > 1 else 1
+    powers = [2 ** k for k in range(1, most.bit_length()) if 2 ** k < most]
+    choices = [virtual_stages] if virtual_stages else [*powers, most]
+    return [chunk_layout(split, v) for v in choices if 2 <= v <= most]
+
+
+def chunk_layout(split: tuple[int, ...], virtual_stages: int) -> tuple[int, ...]:
+    """Decoder layers per chunk in Megatron's chunk order (chunk c on stage c % pp) that spread each stage's
+    split[s] layers as evenly as they go over its `virtual_stages` chunks, the stage's earlier chunks taking
+    the one layer more."""
+    pp = len(split)
+    return tuple(split[c % pp] // virtual_stages + (c // pp < split[c % pp] % virtual_stages)
+                 for c in range(pp * virtual_stages))
 
 
 @lru_cache(maxsize=1024)

@@ -2,8 +2,9 @@
 
 Four gloo ranks in two "nodes" of two (torchrun's LOCAL_WORLD_SIZE 2) stand for a cluster whose second node group
 runs at a third of the first's speed (a cluster file the test writes). Under --auto-parallel the search gives the
-fast group's stage more layers, the log names each group's node ranks, and the run trains with its loss falling.
-That an uneven split computes what one process computes is tests/runtime/test_equivalence.py's pp2_uneven_3_1.
+fast group's stage more layers, in interleaved chunks (a --pipeline-model-parallel-layout), the log names each
+group's node ranks, and the run trains with its loss falling. That uneven splits compute what one process computes
+is tests/runtime/test_equivalence.py's pp2_uneven_3_1 and, interleaved, pp2_vp2_pipeline_layout.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import re
 from dataclasses import replace
 
 from launcher import launch
+from megatron_auto.pipeline_layout import chunk_layers_of_layout
 
 ARGV = ["tools/pretrain_gpt.py", "--num-layers", "8", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", "64", "--max-position-embeddings", "64", "--micro-batch-size", "2", "--global-batch-size",
@@ -37,7 +39,10 @@ def test_a_mixed_cluster_plan_puts_more_layers_on_the_fast_group_and_trains(tmp_
     result = launch(4, argv, timeout_s=300, log_dir=tmp_path / "logs", local_world_size=2)
     assert result.ok, result.output[-4000:]
     assert "node groups: cpu-fast at node rank 0, cpu-slow at node rank 1" in result.output
-    first = int(re.search(r"--decoder-first-pipeline-num-layers (\d+)", result.output).group(1))
-    assert first > 4  # the fast group's stage holds most of the 8 layers
+    layout = re.search(r"--pipeline-model-parallel-layout (\S+)", result.output)
+    assert layout, result.output[-4000:]
+    chunks = chunk_layers_of_layout(layout.group(1), 2, 8)
+    assert len(chunks) > 2  # interleaved: the uneven stages in chunks (search/mixed_splits.py interleaved_layouts)
+    assert sum(chunks[::2]) > 4  # the fast group's stage (chunks 0, 2, ...) holds most of the 8 layers
     losses = [float(x) for x in re.findall(r"iteration +\d+/ +12 \|.*\| lm loss: (\S+) \|", result.output)]
     assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
