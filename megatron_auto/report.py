@@ -214,6 +214,7 @@ def node_group_lines(plan: Plan, cluster) -> list[str]:
         layers = sum(counts[s] for s in stages)
         held = (f"stage{'s' if len(stages) > 1 else ''} {_layer_range(stages[0], stages[-1])}, {layers} "
                 f"layer{'s' if layers != 1 else ''}") if stages else "no stage"
-        lines.append(f"  {group.name}: node rank{'s' if group.num_nodes > 1 else ''} {nodes}, {group.gpu.name}"
+        size = f"{cluster.group_gpus_per_node(index)} x " if cluster.nodes_differ else ""
+        lines.append(f"  {group.name}: node rank{'s' if group.num_nodes > 1 else ''} {nodes}, {size}{group.gpu.name}"
                      f"{f' at {group.speed_factor:.2f} of its speed' if group.speed_factor < 1 else ''}: {held}")
     return lines

@@ -15,44 +15,55 @@ from megatron_auto.specs.presets import CLUSTER_PRESETS, MODEL_PRESETS, with_nod
 from megatron_auto.specs.training import TrainingSpec
 
 PREDICTED = (2.0, 2.0, 2.0, 2.4)
+ONE_PER_NODE = ((0, 1), (1, 1), (2, 1), (3, 1))
+"""(first rank, ranks) of four one-rank nodes (ClusterSpec.node_ranks)."""
 
 
 def test_a_rank_twice_as_slow_as_its_prediction_gets_half_speed():
     busy = [1.0 * p for p in PREDICTED]
     busy[2] *= 2.0
-    finding = stragglers.judge(busy, PREDICTED, 1, (1.0,) * 4, threshold=0.2)
+    finding = stragglers.judge(busy, PREDICTED, ONE_PER_NODE, (1.0,) * 4, threshold=0.2)
     assert finding.changed and finding.node_speeds == (1.0, 1.0, 0.5, 1.0)
     assert finding.slowdowns[2] == pytest.approx(2.0)
-    assert "rank 2 (node 2) at 2.00x" in finding.summary(1, 0.2)
+    assert "rank 2 (node 2) at 2.00x" in finding.summary(ONE_PER_NODE, 0.2)
 
 
 def test_the_median_takes_out_the_cost_models_common_error_and_noise_within_the_threshold_is_no_finding():
     busy = [3.1 * p * f for p, f in zip(PREDICTED, (1.0, 1.1, 0.9, 1.15))]  # the model 3x off, 15% noise
-    finding = stragglers.judge(busy, PREDICTED, 1, (1.0,) * 4, threshold=0.2)
+    finding = stragglers.judge(busy, PREDICTED, ONE_PER_NODE, (1.0,) * 4, threshold=0.2)
     assert not finding.changed and finding.node_speeds == (1.0,) * 4
 
 
 def test_speeds_compound_with_the_planned_ones_and_a_recovered_node_returns_to_full_speed():
     planned = (1.0, 1.0, 0.5, 1.0)  # the plan already prices node 2 at half speed
-    on_plan = stragglers.judge(list(PREDICTED), PREDICTED, 1, planned, 0.2)
+    on_plan = stragglers.judge(list(PREDICTED), PREDICTED, ONE_PER_NODE, planned, 0.2)
     assert not on_plan.changed
-    slower = stragglers.judge([2.0, 2.0, 3.0, 2.4], PREDICTED, 1, planned, 0.2)
+    slower = stragglers.judge([2.0, 2.0, 3.0, 2.4], PREDICTED, ONE_PER_NODE, planned, 0.2)
     assert slower.node_speeds[2] == pytest.approx(0.35)  # 0.5 / 1.5, in steps of 0.05
-    recovered = stragglers.judge([2.0, 2.0, 1.0, 2.4], PREDICTED, 1, planned, 0.2)
+    recovered = stragglers.judge([2.0, 2.0, 1.0, 2.4], PREDICTED, ONE_PER_NODE, planned, 0.2)
     assert recovered.node_speeds == (1.0,) * 4
 
 
 def test_a_node_of_several_ranks_goes_at_its_slowest_ranks_pace():
-    finding = stragglers.judge([1.0, 1.0, 1.0, 1.8], [1.0] * 4, 2, (1.0, 1.0), 0.2)
+    finding = stragglers.judge([1.0, 1.0, 1.0, 1.8], [1.0] * 4, ((0, 2), (2, 2)), (1.0, 1.0), 0.2)
     assert finding.node_speeds == (1.0, 0.55)  # 1 / 1.8, in steps of 0.05
+
+
+def test_nodes_of_different_sizes_are_judged_by_their_own_ranks():
+    """A node of two ranks beside two of one (torchrun agents with different --nproc-per-node): rank 2 is the
+    second node's only rank, and the summary names it so."""
+    nodes = ((0, 2), (2, 1), (3, 1))
+    finding = stragglers.judge([1.0, 1.0, 2.0, 1.0], [1.0] * 4, nodes, (1.0,) * 3, 0.2)
+    assert finding.node_speeds == (1.0, 0.5, 1.0)
+    assert "rank 2 (node 1) at 2.00x" in finding.summary(nodes, 0.2)
 
 
 def test_only_two_windows_in_a_row_that_agree_are_acted_on():
     planned = (1.0,) * 4
-    slow = stragglers.judge([2.0, 2.0, 4.0, 2.4], PREDICTED, 1, planned, 0.2)
-    slower = stragglers.judge([2.0, 2.0, 4.8, 2.4], PREDICTED, 1, planned, 0.2)
-    calm = stragglers.judge(list(PREDICTED), PREDICTED, 1, planned, 0.2)
-    other = stragglers.judge([4.0, 2.0, 2.0, 2.4], PREDICTED, 1, planned, 0.2)
+    slow = stragglers.judge([2.0, 2.0, 4.0, 2.4], PREDICTED, ONE_PER_NODE, planned, 0.2)
+    slower = stragglers.judge([2.0, 2.0, 4.8, 2.4], PREDICTED, ONE_PER_NODE, planned, 0.2)
+    calm = stragglers.judge(list(PREDICTED), PREDICTED, ONE_PER_NODE, planned, 0.2)
+    other = stragglers.judge([4.0, 2.0, 2.0, 2.4], PREDICTED, ONE_PER_NODE, planned, 0.2)
     assert stragglers.confirmed(None, slow) is None
     assert stragglers.confirmed(calm, slow) is None and stragglers.confirmed(slow, calm) is None
     assert stragglers.confirmed(other, slow) is None  # another node each time: no node stays slow

@@ -19,9 +19,11 @@ logger = logging.getLogger(__name__)
 def load_cluster_arg(name: str, num_nodes: Optional[int], gpus_per_node: Optional[int]) -> ClusterSpec:
     """The cluster, with --num-nodes and --gpus-per-node applied."""
     cluster = load_cluster(name, num_nodes)
-    if cluster.is_mixed and gpus_per_node not in (None, cluster.gpus_per_node):
-        raise UserError(f"--gpus-per-node {gpus_per_node}: mixed cluster '{cluster.name}' has nodes of "
-                        f"{cluster.gpus_per_node} GPUs in every group")
+    if cluster.is_mixed and gpus_per_node not in (None, cluster.common_node_gpus, cluster.gpus_per_node):
+        raise UserError(f"--gpus-per-node {gpus_per_node}: mixed cluster '{cluster.name}' has "
+                        f"{cluster.node_shape()} in its groups; leave --gpus-per-node out")
+    if cluster.is_mixed:
+        return cluster
     if gpus_per_node is not None:
         try:
             cluster = replace(cluster, gpus_per_node=gpus_per_node)

@@ -32,10 +32,12 @@ def detect_cluster_name() -> str:
     raise UserError(f"no cluster preset for GPU '{name}'; pass --auto-parallel-cluster PRESET|FILE.json")
 
 
-def gpus_per_node_from_env(world_size: int, environ: Mapping[str, str] = os.environ) -> int | None:
-    """torchrun's node shape: LOCAL_WORLD_SIZE, the ranks (GPUs) on each node of this job; None when unset.
+def gpus_per_node_from_env(world_size: int, environ: Mapping[str, str] = os.environ,
+                           cluster_name: str | None = None) -> int | None:
+    """torchrun's node shape: LOCAL_WORLD_SIZE, the ranks (GPUs) on this rank's node; None when unset.
 
-    UserError unless it is a positive integer that divides `world_size`."""
+    UserError unless it is a positive integer that divides `world_size`; on a mixed cluster (`cluster_name`), whose
+    node groups may differ in node size, cluster_for_world checks it against this rank's node instead."""
     text = environ.get("LOCAL_WORLD_SIZE")
     if text is None:
         return None
@@ -45,22 +47,21 @@ def gpus_per_node_from_env(world_size: int, environ: Mapping[str, str] = os.envi
         per_node = 0
     if per_node <= 0:
         raise UserError(f"LOCAL_WORLD_SIZE must be a positive integer (the ranks on each node), got '{text}'")
-    if world_size % per_node:
+    if world_size % per_node and not (cluster_name and load_cluster(cluster_name).is_mixed):
         raise UserError(f"LOCAL_WORLD_SIZE {per_node} does not divide WORLD_SIZE {world_size}: "
-                        "every node of the job must run the same number of ranks")
+                        "every node of the job must run the same number of ranks (a cluster file's node groups "
+                        "describe nodes of different sizes)")
     return per_node
 
 
-def cluster_for_world(cluster: ClusterSpec, world_size: int, gpus_per_node: int | None = None) -> ClusterSpec:
+def cluster_for_world(cluster: ClusterSpec, world_size: int, gpus_per_node: int | None = None,
+                      rank: int | None = None) -> ClusterSpec:
     """The cluster shaped to the job: `world_size / gpus_per_node` nodes of `gpus_per_node` GPUs when given
     (LOCAL_WORLD_SIZE); otherwise one partial node, or whole nodes of the cluster's own size. A mixed cluster
-    (ClusterSpec.node_groups) is priced as it is: the job must have its shape."""
+    (ClusterSpec.node_groups) is priced as it is: the job must have its shape, and `rank`'s node (when given)
+    the size of its group's nodes (torchrun agents of different --nproc-per-node)."""
     if cluster.is_mixed:
-        if world_size != cluster.world_size or gpus_per_node not in (None, cluster.gpus_per_node):
-            raise UserError(f"mixed cluster '{cluster.name}' has {cluster.num_nodes} nodes of {cluster.gpus_per_node} "
-                            f"GPUs in its groups; this job has {world_size} ranks"
-                            + (f" in nodes of {gpus_per_node}" if gpus_per_node is not None else ""))
-        return cluster
+        return _mixed_shape(cluster, world_size, gpus_per_node, rank)
     if gpus_per_node is not None:
         return _nodes_of(cluster, world_size, gpus_per_node)
     if world_size <= cluster.gpus_per_node:
@@ -69,6 +70,22 @@ def cluster_for_world(cluster: ClusterSpec, world_size: int, gpus_per_node: int 
         raise UserError(f"world size {world_size} is not a whole number of {cluster.gpus_per_node}-GPU nodes "
                         f"of cluster '{cluster.name}'")
     return cluster.with_nodes(world_size // cluster.gpus_per_node)
+
+
+def _mixed_shape(cluster: ClusterSpec, world_size: int, gpus_per_node: int | None, rank: int | None) -> ClusterSpec:
+    """`cluster` itself, once the job's ranks and this rank's node size are the ones its node groups describe."""
+    nodes = cluster.node_ranks()
+    if world_size != cluster.world_size or gpus_per_node not in (None, *(count for _, count in nodes)):
+        raise UserError(f"mixed cluster '{cluster.name}' has {cluster.node_shape()} in its groups "
+                        f"({cluster.world_size} GPUs); this job has {world_size} ranks"
+                        + (f" in nodes of {gpus_per_node}" if gpus_per_node else ""))
+    if rank is not None and gpus_per_node is not None:
+        node = next(node for node, (first, count) in enumerate(nodes) if first <= rank < first + count)
+        if nodes[node][1] != gpus_per_node:
+            raise UserError(f"rank {rank} runs on a node of {gpus_per_node} ranks (LOCAL_WORLD_SIZE); mixed cluster "
+                            f"'{cluster.name}' puts it on node {node}, of {nodes[node][1]} GPUs: launch the nodes "
+                            "in the order of its node groups")
+    return cluster
 
 
 def _nodes_of(cluster: ClusterSpec, world_size: int, gpus_per_node: int) -> ClusterSpec:
@@ -86,8 +103,10 @@ def job_cluster(world_size: int, cluster_name: str | None = None, profiles: Sequ
     """The cluster the search prices a job under: the preset (detected when not named) shaped
     to `world_size` (in nodes of `gpus_per_node` GPUs when given: cluster_for_world), with this
     device's usable memory and the measured `profiles` attached."""
-    cluster = cluster_for_world(load_cluster(cluster_name or detect_cluster_name()), world_size, gpus_per_node)
-    cluster = with_device_capacity(cluster, device_total_bytes())
+    rank = int(os.environ["RANK"]) if os.environ.get("RANK", "").isdigit() else None
+    cluster = cluster_for_world(load_cluster(cluster_name or detect_cluster_name()), world_size, gpus_per_node, rank)
+    if not cluster.is_mixed:  # a mixed cluster's groups name their GPUs, and every rank must price the same ones
+        cluster = with_device_capacity(cluster, device_total_bytes())
     if profiles:
         cluster = dataclasses.replace(cluster, measured=measured_costs(list(profiles)))
     return cluster
@@ -95,17 +114,21 @@ def job_cluster(world_size: int, cluster_name: str | None = None, profiles: Sequ
 
 def describe_job_cluster(cluster: ClusterSpec, world_size: int, gpus_per_node: int | None) -> str:
     """One log line: the node shape priced and where it came from."""
-    nodes = f"{cluster.num_nodes} node{'s' if cluster.num_nodes > 1 else ''}"
-    gpus = f"{cluster.gpus_per_node} GPU{'s' if cluster.gpus_per_node > 1 else ''}"
     source = (f"LOCAL_WORLD_SIZE {gpus_per_node}" if gpus_per_node is not None
               else "LOCAL_WORLD_SIZE unset: the cluster's own node size")
-    line = f"priced {nodes} x {gpus} of {cluster.name} (WORLD_SIZE {world_size}, {source})"
-    if cluster.is_mixed:  # Megatron-Core's stage s runs on ranks s x world/pp onward: the nodes' order matters
-        groups = [f"{group.name} at node rank{'s' if last > first else ''} {first}"
-                  + (f"-{last}" if last > first else "")
-                  for group, (first, last) in zip(cluster.node_groups, cluster.group_node_ranks())]
-        line += "; node groups: " + ", ".join(groups)
-    return line
+    if not cluster.is_mixed:
+        nodes = f"{cluster.num_nodes} node{'s' if cluster.num_nodes > 1 else ''}"
+        gpus = f"{cluster.gpus_per_node} GPU{'s' if cluster.gpus_per_node > 1 else ''}"
+        return f"priced {nodes} x {gpus} of {cluster.name} (WORLD_SIZE {world_size}, {source})"
+    # Megatron-Core's stage s runs on ranks s x world/pp onward: the nodes' order matters
+    groups = []
+    for index, (group, (first, last)) in enumerate(zip(cluster.node_groups, cluster.group_node_ranks())):
+        size = cluster.group_gpus_per_node(index)
+        groups.append(f"{group.name} at node rank{'s' if last > first else ''} {first}"
+                      + (f"-{last}" if last > first else "")
+                      + (f" ({size} GPU{'s' if size > 1 else ''} each)" if cluster.nodes_differ else ""))
+    return (f"priced {cluster.num_nodes} nodes of {cluster.name} (WORLD_SIZE {world_size}, {source}); "
+            f"node groups: {', '.join(groups)}")
 
 
 def device_total_bytes() -> int | None:

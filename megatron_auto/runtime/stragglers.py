@@ -40,6 +40,8 @@ from ..errors import UserError
 from ..plan import Plan
 from ..specs.cluster import ClusterSpec
 from ..specs.presets import with_node_speeds
+from .memory_check import stage_of_rank
+from .session import is_logging_rank, save_now, stop_iteration
 
 logger = logging.getLogger(__name__)
 
@@ -145,33 +147,38 @@ class Finding:
     """Per rank: its busy seconds over its stage's prediction, relative to the job's median of that ratio."""
     node_speeds: tuple[float, ...]
     """Per node: the speed to plan with (the speeds planned with so far, times what this window measured)."""
-    changed: bool
-    """Whether any node's speed differs from the speeds the running plan was priced with."""
-    planned: tuple[float, ...] = ()
+    planned: tuple[float, ...]
     """Per node: the speeds the running plan was priced with."""
 
-    def summary(self, gpus_per_node: int, threshold: float) -> str:
-        off = [f"rank {rank} (node {rank // gpus_per_node}) at {slowdown:.2f}x"
+    @property
+    def changed(self) -> bool:
+        """Whether any node's speed differs from the speeds the running plan was priced with."""
+        return self.node_speeds != self.planned
+
+    def summary(self, node_ranks: Sequence[tuple[int, int]], threshold: float) -> str:
+        """One line: the ranks off the job's pace (with their nodes) and the node speeds measured."""
+        node_of = {first + local: node for node, (first, count) in enumerate(node_ranks) for local in range(count)}
+        off = [f"rank {rank} (node {node_of[rank]}) at {slowdown:.2f}x"
                for rank, slowdown in enumerate(self.slowdowns) if abs(slowdown - 1.0) > threshold]
         speeds = ", ".join(f"{speed:g}" for speed in self.node_speeds)
         return (f"ranks beyond 1 +- {threshold:g} of the job's busy time per predicted second: {', '.join(off)}; "
                 f"measured node speeds: {speeds}")
 
 
-def judge(busy_s: Sequence[float], predicted_s: Sequence[float], gpus_per_node: int, speeds: Sequence[float],
-          threshold: float) -> Finding:
-    """The finding of one window: `busy_s` and `predicted_s` per rank, `speeds` per node as planned so far."""
+def judge(busy_s: Sequence[float], predicted_s: Sequence[float], node_ranks: Sequence[tuple[int, int]],
+          speeds: Sequence[float], threshold: float) -> Finding:
+    """The finding of one window: `busy_s` and `predicted_s` per rank, `speeds` per node as planned so far;
+    `node_ranks`: each node's (first rank, ranks) (ClusterSpec.node_ranks)."""
     ratios = [busy / predicted for busy, predicted in zip(busy_s, predicted_s)]
     median = statistics.median(ratios)
     slowdowns = tuple(ratio / median for ratio in ratios)
     new_speeds = []
-    for node, speed in enumerate(speeds):
-        ranks = slowdowns[node * gpus_per_node:(node + 1) * gpus_per_node]
-        worst = max(ranks)
+    for (first, count), speed in zip(node_ranks, speeds):
+        worst = max(slowdowns[first:first + count])
         if worst > 1.0 + threshold or (worst < 1.0 - threshold and speed < 1.0):
             speed = _rounded(speed / worst)
         new_speeds.append(speed)
-    return Finding(slowdowns, tuple(new_speeds), tuple(new_speeds) != tuple(speeds), tuple(speeds))
+    return Finding(slowdowns, tuple(new_speeds), tuple(speeds))
 
 
 def _rounded(speed: float) -> float:
@@ -195,7 +202,8 @@ class Watch:
     interval: int
     predicted_s: tuple[float, ...]
     """Per rank: its stage's predicted busy seconds per iteration."""
-    gpus_per_node: int
+    node_ranks: tuple[tuple[int, int], ...]
+    """Per node: (first rank, ranks) (ClusterSpec.node_ranks)."""
     speeds: tuple[float, ...]
     """Per node: the speeds the running plan was priced with."""
     replan: Callable[[tuple[float, ...]], tuple[Plan, ClusterSpec, float, float]]
@@ -214,7 +222,7 @@ def confirmed(previous: Optional[Finding], current: Finding) -> Optional[Finding
         return None
     speeds = tuple(_rounded((a + b) / 2) for a, b in zip(previous.node_speeds, current.node_speeds))
     slowdowns = tuple((a + b) / 2 for a, b in zip(previous.slowdowns, current.slowdowns))
-    return Finding(slowdowns, speeds, speeds != current.planned, current.planned)
+    return Finding(slowdowns, speeds, current.planned)
 
 
 def _moved(speeds: tuple[float, ...], before: tuple[float, ...]) -> bool:
@@ -246,7 +254,7 @@ class StragglerWatch:
             return
         gathered = _all_gathered(self.busy_s, session.device)
         self.busy_s = 0.0
-        finding = judge(gathered, self.watch.predicted_s, self.watch.gpus_per_node, self.watch.speeds,
+        finding = judge(gathered, self.watch.predicted_s, self.watch.node_ranks, self.watch.speeds,
                         self.watch.threshold)
         both = confirmed(self.previous, finding)
         self.previous = finding
@@ -256,7 +264,7 @@ class StragglerWatch:
     def _act(self, session, finding: Finding) -> None:
         from .session import is_logging_rank
 
-        what = finding.summary(self.watch.gpus_per_node, self.watch.threshold)
+        what = finding.summary(self.watch.node_ranks, self.watch.threshold)
         try:
             plan, cluster, new_s, running_s = self.watch.replan(finding.node_speeds)
         except UserError as error:
@@ -296,9 +304,6 @@ def watch_for(session, plan: Plan, basis, speeds: tuple[float, ...], policy: Pol
         running = estimate_plan(plan, basis.model, cluster, basis.training).iteration_time_s
         return found, cluster, found.prediction.iteration_time_s, running
 
-    from .memory_check import stage_of_rank
-    from .session import is_logging_rank, save_now, stop_iteration
-
     if is_logging_rank():
         acts = "re-plans" if restart else "logs the plan it would use (re-planning needs --auto-parallel and --save)"
         logger.info("straggler watch: every %d iterations, threshold %g; a slow node %s", policy.interval,
@@ -306,7 +311,7 @@ def watch_for(session, plan: Plan, basis, speeds: tuple[float, ...], policy: Pol
     predicted = tuple(stage_s[stage_of_rank(plan, r)] for r in range(plan.world_size))
     clock = BusyClock(session.device, injected_slowdown(rank))
     install_clock(session.model, clock)
-    watch = Watch(policy.threshold, policy.interval, predicted, base_cluster.gpus_per_node, speeds, replan_at,
+    watch = Watch(policy.threshold, policy.interval, predicted, base_cluster.node_ranks(), speeds, replan_at,
                   restart)
     return StragglerWatch(watch, clock, (session.iteration, stop_iteration(session.settings)),
                           lambda: save_now(session))

@@ -79,7 +79,7 @@ def parallel_degrees(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
                 stats.drop("constraints")
             elif layer.tensor_parallel_error(tp) is not None:
                 stats.drop("tp-divides-heads")
-            elif tp > cluster.gpus_per_node:
+            elif tp > cluster.common_node_gpus:
                 stats.drop("tp-within-node")
             elif pp > model.num_layers:
                 stats.drop("pp-at-most-layers")
@@ -253,7 +253,7 @@ def _base_configs_and_drops(model, cluster, training, constraints, degrees):
     tp, pp, cp = degrees
     dp = cluster.world_size // (tp * pp * cp)
     drops = []
-    experts = expert_degree_choices(model, tp, tp * cp * dp, cluster.gpus_per_node, constraints.expert_parallel,
+    experts = expert_degree_choices(model, tp, tp * cp * dp, cluster.common_node_gpus, constraints.expert_parallel,
                                     constraints.expert_tensor_parallel)
     if not experts:
         drops.append(("expert-degrees", 1))

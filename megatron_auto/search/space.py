@@ -47,7 +47,7 @@ RULES = (
          lambda s, ctx: ctx.micro_batch_samples % s.dp != 0),
     Rule("tp-within-node", "TP all-reduces every layer; across nodes it runs 12x slower (SC21 Sec. 5.4), "
          "and a TP degree that does not divide the node straddles nodes",
-         lambda s, ctx: ctx.cluster.gpus_per_node % s.tp != 0),
+         lambda s, ctx: ctx.cluster.common_node_gpus % s.tp != 0),
     Rule("sp-with-tp", "with TP, SP moves the same bytes and stores and computes less (Korthikanti Sec. 4.2.2); "
          "only under the analytic ring model, where the two price alike",
          lambda s, ctx: s.tp > 1 and not s.sp and _ring_priced(ctx)),
@@ -101,7 +101,7 @@ def raw_strategies(gpus: int, model: ModelSpec | None = None, gpus_per_node: int
 
 def prune_strategies(ctx: StageContext) -> tuple[list[LayerStrategy], list[tuple[str, int]]]:
     """The surviving candidates and, per rule, how many it removed."""
-    candidates = raw_strategies(ctx.gpus, ctx.model, ctx.cluster.gpus_per_node, ctx.constraints)
+    candidates = raw_strategies(ctx.gpus, ctx.model, ctx.cluster.common_node_gpus, ctx.constraints)
     removed = []
     for rule in RULES:
         kept = [s for s in candidates if not rule.drops(s, ctx)]

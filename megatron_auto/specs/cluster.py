@@ -1,6 +1,7 @@
 """ClusterSpec: nodes of identical accelerators joined by two tiers of links."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Optional
@@ -103,6 +104,8 @@ class NodeGroup:
     speed_factor: float = checked(positive=True, at_most=1.0, default=1.0)
     """Measured pace against the datasheet model (a throttled GPU runs at 0.8): its peak FLOP/s and memory
     bandwidth are taken at this share (ClusterSpec.group_view)."""
+    gpus_per_node: Optional[int] = None
+    """GPUs (ranks) in each of the group's nodes; None: the cluster's gpus_per_node."""
 
 
 @dataclass(frozen=True)
@@ -118,7 +121,8 @@ class ClusterSpec(CachedHash):
     num_nodes: int
     """Nodes in the job."""
     gpus_per_node: int
-    """GPUs in one node, joined by the intra-node tier."""
+    """GPUs in one node, joined by the intra-node tier; on a mixed cluster the largest node's (the envelope: see
+    common_node_gpus for the node size every node holds)."""
     gpu: GpuSpec
     """The accelerator."""
     intra_node: LinkSpec
@@ -160,13 +164,54 @@ class ClusterSpec(CachedHash):
         grouped = sum(group.num_nodes for group in self.node_groups)
         if self.node_groups and grouped != self.num_nodes:
             raise ValueError(f"the node groups hold {grouped} nodes, the cluster {self.num_nodes}")
+        sizes = [self.group_gpus_per_node(index) for index in range(len(self.node_groups))]
+        if sizes and max(sizes) != self.gpus_per_node or min(sizes, default=1) <= 0:
+            raise ValueError(f"the node groups have nodes of {sorted(set(sizes))} GPUs: the cluster's gpus_per_node "
+                             f"({self.gpus_per_node}) must be the largest of them")
         if self.world_size > MAX_GPUS:
             raise ValueError(f"{self.num_nodes} nodes x {self.gpus_per_node} GPUs is more than the {MAX_GPUS} GPUs "
                              f"megatron-auto plans for (megatron_auto/limits.py)")
 
     @property
     def world_size(self) -> int:
+        if self.node_groups:
+            return sum(group.num_nodes * self.group_gpus_per_node(i) for i, group in enumerate(self.node_groups))
         return self.num_nodes * self.gpus_per_node
+
+    @property
+    def common_node_gpus(self) -> int:
+        """The most GPUs that a group of consecutive ranks can hold and stay inside one node wherever it lands:
+        gpus_per_node, or on a mixed cluster the greatest common divisor of its groups' node sizes (a TP group of
+        4 tiles nodes of 8 and of 4; one of 8 would straddle the 4-GPU nodes)."""
+        if not self.node_groups:
+            return self.gpus_per_node
+        return math.gcd(*(self.group_gpus_per_node(index) for index in range(len(self.node_groups))))
+
+    def group_gpus_per_node(self, index: int) -> int:
+        """GPUs in each node of node group `index` (NodeGroup.gpus_per_node, or the cluster's)."""
+        size = self.node_groups[index].gpus_per_node
+        return self.gpus_per_node if size is None else size
+
+    @property
+    def nodes_differ(self) -> bool:
+        """Whether the node groups' nodes hold different numbers of GPUs."""
+        return len({self.group_gpus_per_node(index) for index in range(len(self.node_groups))}) > 1
+
+    def node_shape(self) -> str:
+        """The nodes in words: '4 nodes of 8 GPUs', or group by group where they differ ('2 nodes of 8 GPUs +
+        2 nodes of 4 GPUs')."""
+        def nodes(count: int, size: int) -> str:
+            return f"{count} node{'s' if count > 1 else ''} of {size} GPU{'s' if size > 1 else ''}"
+        if not self.nodes_differ:
+            return nodes(self.num_nodes, self.gpus_per_node)
+        return " + ".join(nodes(group.num_nodes, self.group_gpus_per_node(index))
+                          for index, group in enumerate(self.node_groups))
+
+    def node_ranks(self) -> tuple[tuple[int, int], ...]:
+        """(first rank, ranks) of every node, in node-rank order (torchrun numbers the ranks node by node)."""
+        sizes = [self.group_gpus_per_node(i) for i, group in enumerate(self.node_groups) for _ in range(group.num_nodes)]
+        sizes = sizes or [self.gpus_per_node] * self.num_nodes
+        return tuple((sum(sizes[:node]), size) for node, size in enumerate(sizes))
 
     @property
     def is_mixed(self) -> bool:
@@ -183,9 +228,9 @@ class ClusterSpec(CachedHash):
         gpu = replace(group.gpu, peak_flops=group.gpu.peak_flops * group.speed_factor,
                       fp8_peak_flops=group.gpu.fp8_peak_flops * group.speed_factor,
                       memory_bandwidth_bytes_per_s=group.gpu.memory_bandwidth_bytes_per_s * group.speed_factor)
-        return replace(self, name=f"{self.name}:{group.name}", num_nodes=group.num_nodes, gpu=gpu,
-                       intra_node=group.intra_node, inter_node=group.inter_node, compute=group.compute,
-                       node_groups=())
+        return replace(self, name=f"{self.name}:{group.name}", num_nodes=group.num_nodes,
+                       gpus_per_node=self.group_gpus_per_node(index), gpu=gpu, intra_node=group.intra_node,
+                       inter_node=group.inter_node, compute=group.compute, node_groups=())
 
     def group_node_ranks(self) -> tuple[tuple[int, int], ...]:
         """(first, last) node rank of each node group, in the order listed."""
@@ -210,7 +255,7 @@ class ClusterSpec(CachedHash):
             return (((0, 1.0),),) * pipeline_parallel
         per_stage, owners = self.world_size // pipeline_parallel, []
         for index, group in enumerate(self.node_groups):
-            owners += [index] * (group.num_nodes * self.gpus_per_node)
+            owners += [index] * (group.num_nodes * self.group_gpus_per_node(index))
         stages = [owners[stage * per_stage:(stage + 1) * per_stage] for stage in range(pipeline_parallel)]
         return tuple(tuple((group, ranks.count(group) / per_stage) for group in sorted(set(ranks)))
                      for ranks in stages)
@@ -238,6 +283,7 @@ class ClusterSpec(CachedHash):
                       usable_memory_bytes=min(view.gpu.capacity_bytes for view in views))
         return replace(slowest, name=f"{self.name}:{'+'.join(self.node_groups[i].name for i in span)}",
                        num_nodes=sum(self.node_groups[i].num_nodes for i in span), gpu=gpu,
+                       gpus_per_node=math.gcd(*(self.group_gpus_per_node(i) for i in span)),
                        intra_node=min((v.intra_node for v in views), key=lambda link: link.effective_bandwidth),
                        inter_node=min((v.inter_node for v in views), key=lambda link: link.effective_bandwidth))
 

@@ -175,14 +175,14 @@ CLUSTER_PRESETS: dict[str, ClusterSpec] = {
 
 
 def mixed_cluster(name: str, parts: tuple[tuple[ClusterSpec, int], ...]) -> ClusterSpec:
-    """A cluster of node groups (issue 39), each some nodes of a uniform cluster, in node-rank order. Its own
-    GPU, NVLink and GEMM fields are an envelope that no group exceeds (the fastest GPU with the most memory and
-    the fewest host seconds per op, the fastest links), so that the search's screens stay bounds (traffic between
-    stages is priced at the slower group's NICs: cost.estimate.stage_costs); FP8 only where every group has it."""
-    groups = tuple(NodeGroup(base.name, nodes, base.gpu, base.intra_node, base.inter_node, base.compute)
-                   for base, nodes in parts)
-    if len({base.gpus_per_node for base, _ in parts}) > 1:
-        raise ValueError("the node groups of a mixed cluster need the same GPUs per node")
+    """A cluster of node groups (issue 39), each some nodes of a uniform cluster, in node-rank order; the groups
+    may differ in GPUs per node. Its own GPU, NVLink, node size and GEMM fields are an envelope that no group
+    exceeds (the fastest GPU with the most memory and the fewest host seconds per op, the fastest links, the
+    largest node), so that the search's screens stay bounds (traffic between stages is priced at the slower
+    group's NICs: cost.estimate.stage_costs; TP groups stay inside ClusterSpec.common_node_gpus); FP8 only where
+    every group has it."""
+    groups = tuple(NodeGroup(base.name, nodes, base.gpu, base.intra_node, base.inter_node, base.compute,
+                             gpus_per_node=base.gpus_per_node) for base, nodes in parts)
     gpus = [group.gpu for group in groups]
     fastest = max(groups, key=lambda group: group.gpu.peak_flops)
     envelope = replace(fastest.gpu, name=" + ".join(dict.fromkeys(gpu.name for gpu in gpus)),
@@ -195,6 +195,7 @@ def mixed_cluster(name: str, parts: tuple[tuple[ClusterSpec, int], ...]) -> Clus
     fastest_network = max((group.inter_node for group in groups), key=lambda link: link.effective_bandwidth)
     first = parts[0][0]
     return replace(first, name=name, num_nodes=sum(nodes for _, nodes in parts), gpu=envelope,
+                   gpus_per_node=max(base.gpus_per_node for base, _ in parts),
                    intra_node=fastest.intra_node, inter_node=fastest_network, compute=fastest.compute,
                    node_groups=groups)
 

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> None:
     model = model_from_args(args, args.padded_vocab_size or tokenizer.vocab_size)  # the rows the planner prices
     patches.apply_all()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    gpus_per_node = planning.gpus_per_node_from_env(world_size)
+    gpus_per_node = planning.gpus_per_node_from_env(world_size, cluster_name=args.auto_parallel_cluster)
     plan = choose_plan(args, model, world_size, settings, gpus_per_node)
     adjustments = [*adjustments, *override_lines(args, plan)]
     settings = with_plan_recompute_modules(args, settings, plan)

@@ -17,7 +17,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from collections.abc import Sequence
+from typing import Optional, Union
 
 REPO = Path(__file__).resolve().parents[2]
 SPAWN_ENV = "MEGATRON_AUTO_TEST_SPAWN"
@@ -76,11 +77,24 @@ def free_port() -> int:
             return sock.getsockname()[1]
 
 
-def rank_env(rank: int, world_size: int, port: int, local_world_size: Optional[int] = None) -> dict[str, str]:
-    """torchrun's variables for `rank`; `local_world_size`: ranks per node (all on one node when None)."""
+NodeSizes = Union[int, Sequence[int], None]
+"""Ranks per node: one number for every node, one per node in node-rank order (torchrun agents of different
+--nproc-per-node), or None for all on one node."""
+
+
+def rank_env(rank: int, world_size: int, port: int, local_world_size: NodeSizes = None) -> dict[str, str]:
+    """torchrun's variables for `rank`; `local_world_size`: ranks per node (NodeSizes). torchrun numbers the
+    ranks node by node, so a rank's node is the one whose ranks it falls in."""
     env = dict(os.environ)
-    per_node = local_world_size or world_size
-    env.update(RANK=str(rank), LOCAL_RANK=str(rank % per_node), WORLD_SIZE=str(world_size),
+    sizes = local_world_size if isinstance(local_world_size, Sequence) else \
+        [local_world_size or world_size] * (world_size // (local_world_size or world_size))
+    assert sum(sizes) == world_size, f"nodes of {list(sizes)} ranks hold no world of {world_size}"
+    first = 0
+    for node, per_node in enumerate(sizes):
+        if rank < first + per_node:
+            break
+        first += per_node
+    env.update(RANK=str(rank), LOCAL_RANK=str(rank - first), GROUP_RANK=str(node), WORLD_SIZE=str(world_size),
                LOCAL_WORLD_SIZE=str(per_node),
                MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
                PYTHONPATH=os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")])),
@@ -168,7 +182,7 @@ def _fork_server() -> Optional[ForkServer]:
 
 
 def _start_rank(rank: int, world_size: int, port: int, argv: list[str], log_path: Path,
-                local_world_size: Optional[int] = None):
+                local_world_size: NodeSizes = None):
     """One rank of `python argv...`: forked from the server when the script is a path, spawned otherwise."""
     env = rank_env(rank, world_size, port, local_world_size)
     server = _fork_server() if argv[0].endswith(".py") else None
@@ -215,9 +229,9 @@ def _wait_failing_fast(procs: list, deadline: float, fail_fast_s: float) -> floa
 
 
 def launch(world_size: int, argv: list[str], timeout_s: float, log_dir: Path,
-           local_world_size: Optional[int] = None, fail_fast_s: Optional[float] = None) -> LaunchResult:
-    """Run `python argv...` on `world_size` ranks (in nodes of `local_world_size`, torchrun's LOCAL_WORLD_SIZE,
-    when given); kill every rank if any exceeds `timeout_s`, or, with `fail_fast_s`, when they still run that
+           local_world_size: NodeSizes = None, fail_fast_s: Optional[float] = None) -> LaunchResult:
+    """Run `python argv...` on `world_size` ranks (in nodes of `local_world_size` ranks, torchrun's LOCAL_WORLD_SIZE:
+    NodeSizes); kill every rank if any exceeds `timeout_s`, or, with `fail_fast_s`, when they still run that
     long after one rank failed."""
     port, start = free_port(), time.perf_counter()
     log_dir.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,10 @@
 """Issue 39: a plan made for a mixed cluster runs as Megatron-Core runs any uneven pipeline.
 
-Four gloo ranks in two "nodes" of two (torchrun's LOCAL_WORLD_SIZE 2) stand for a cluster whose second node group
-runs at a third of the first's speed (a cluster file the test writes). Under --auto-parallel the search gives the
-fast group's stage more layers, in interleaved chunks (a --pipeline-model-parallel-layout), the log names each
-group's node ranks, and the run trains with its loss falling. That uneven splits compute what one process computes
+Four gloo ranks stand for a cluster of unlike nodes (a cluster file the test writes): one "node" of two ranks
+beside two of one rank each (torchrun agents of --nproc-per-node 2, 1 and 1: LOCAL_WORLD_SIZE differs per node),
+the one-rank nodes running at a third of the first's speed. Under --auto-parallel the search gives the fast node's
+stage more layers, in interleaved chunks (a --pipeline-model-parallel-layout), the log names each group's node
+ranks and node size, and the run trains with its loss falling. That uneven splits compute what one process computes
 is tests/runtime/test_equivalence.py's pp2_uneven_3_1 and, interleaved, pp2_vp2_pipeline_layout.
 """
 from __future__ import annotations
@@ -28,21 +29,21 @@ def _cluster_file(tmp_path) -> str:
 
     cpu = CLUSTER_PRESETS["cpu-gloo"]
     fast = replace(cpu, name="cpu-fast", gpus_per_node=2)
-    slow = replace(fast, name="cpu-slow", gpu=replace(cpu.gpu, peak_flops=cpu.gpu.peak_flops / 3))
+    slow = replace(cpu, name="cpu-slow", gpus_per_node=1, gpu=replace(cpu.gpu, peak_flops=cpu.gpu.peak_flops / 3))
     path = tmp_path / "cpu-mixed.json"
-    path.write_text(json.dumps(serde.to_dict(mixed_cluster("cpu-mixed", ((fast, 1), (slow, 1))))))
+    path.write_text(json.dumps(serde.to_dict(mixed_cluster("cpu-mixed", ((fast, 1), (slow, 2))))))
     return str(path)
 
 
-def test_a_mixed_cluster_plan_puts_more_layers_on_the_fast_group_and_trains(tmp_path):
+def test_a_mixed_cluster_of_unlike_nodes_puts_more_layers_on_the_fast_node_and_trains(tmp_path):
     argv = [*ARGV, "--auto-parallel-cluster", _cluster_file(tmp_path)]
-    result = launch(4, argv, timeout_s=300, log_dir=tmp_path / "logs", local_world_size=2)
+    result = launch(4, argv, timeout_s=300, log_dir=tmp_path / "logs", local_world_size=(2, 1, 1))
     assert result.ok, result.output[-4000:]
-    assert "node groups: cpu-fast at node rank 0, cpu-slow at node rank 1" in result.output
+    assert "node groups: cpu-fast at node rank 0 (2 GPUs each), cpu-slow at node ranks 1-2 (1 GPU each)" in result.output
     layout = re.search(r"--pipeline-model-parallel-layout (\S+)", result.output)
     assert layout, result.output[-4000:]
     chunks = chunk_layers_of_layout(layout.group(1), 2, 8)
     assert len(chunks) > 2  # interleaved: the uneven stages in chunks (search/mixed_splits.py interleaved_layouts)
-    assert sum(chunks[::2]) > 4  # the fast group's stage (chunks 0, 2, ...) holds most of the 8 layers
+    assert sum(chunks[::2]) > 4  # the fast node's stage (chunks 0, 2, ...) holds most of the 8 layers
     losses = [float(x) for x in re.findall(r"iteration +\d+/ +12 \|.*\| lm loss: (\S+) \|", result.output)]
     assert len(losses) == 12 and sum(losses[-3:]) / 3 < sum(losses[:3]) / 3
