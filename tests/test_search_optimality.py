@@ -16,7 +16,7 @@ from megatron_auto.search.experts import valid_for_layer
 from megatron_auto.search.space import StageContext, prune_strategies
 from megatron_auto.search.uniform import UniformConfig, build_uniform_plan, divisors, megatron_uneven_splits
 from megatron_auto.specs.model import uniform_model
-from megatron_auto.specs.presets import CLUSTER_PRESETS
+from megatron_auto.specs.presets import CLUSTER_PRESETS, with_node_speeds
 from megatron_auto.specs.profiles import ClusterProfile, CollectiveCurve, MeasuredCosts
 from megatron_auto.specs.training import GIB, TrainingSpec
 
@@ -37,6 +37,10 @@ _CURVES = tuple(CollectiveCurve(op, n, 1, False, _SIZES, tuple(scale * (1e-5 + b
 SLOW_RS_CLUSTER = replace(CLUSTER, measured=MeasuredCosts(cluster=replace(RUNTIME_PROFILE, curves=_CURVES,
                                                                           step_overhead_s=0.0,
                                                                           micro_batch_overhead_s=0.0)))
+
+# Two nodes of two GPUs, the second at half speed (a node group of its own: issue 39): each stage is priced on its
+# own node's GPUs, and the DP's stage tables must follow.
+SLOW_NODE_CLUSTER = with_node_speeds(replace(CLUSTER, num_nodes=2, gpus_per_node=2), (1.0, 0.5))
 
 
 def _brute_force_hybrid(training, constraints, cluster=CLUSTER, every_embedding=False):
@@ -93,7 +97,8 @@ def _compositions(total, parts):
             yield (first,) + rest
 
 
-@pytest.mark.parametrize("cluster", [CLUSTER, OVERHEAD_CLUSTER], ids=["analytic", "runtime-overhead"])
+@pytest.mark.parametrize("cluster", [CLUSTER, OVERHEAD_CLUSTER, SLOW_NODE_CLUSTER],
+                         ids=["analytic", "runtime-overhead", "slow-node"])
 @pytest.mark.parametrize("budget_gib", [0.1, 0.12, 0.16, 0.25, 40.0])
 def test_hybrid_dp_equals_brute_force(budget_gib, cluster):
     training = TrainingSpec(global_batch_size=8, memory_budget_bytes=int(budget_gib * GIB))

@@ -31,6 +31,7 @@ from .megatron_space import SpaceStats
 from .partition import best_partition, partition_lower_bound
 from .relaxation import relaxed_spans
 from .space import StageContext, prune_strategies
+from .stage_bound import stage_views
 from .tables import LayerTables, StageFixed, layer_tables, stage_fixed
 from .integers import divisors
 
@@ -139,10 +140,11 @@ def _run_stage_dp(tables, fixed, budget, rows, unit, ceiling_units):
                     last_extra=fixed.exit_transition), units
 
 
-def _lower_bound(tables: LayerTables, fixed: list[StageFixed], m: int) -> float:
+def _lower_bound(tables: tuple[LayerTables, ...], fixed: list[StageFixed], m: int) -> float:
     """No plan with these tables beats this: (m - 1) max T + sum T >= sum T (m - 1 + p) / p,
-    and sum T >= each layer's fastest strategy plus the stages' fixed parts (memory ignored)."""
-    total = float(tables.time.min(axis=1).sum()) + sum(f.time for f in fixed)
+    and sum T >= each layer's fastest strategy on any stage plus the stages' fixed parts (memory ignored)."""
+    fastest = np.min([table.time.min(axis=1) for table in _distinct(tables)], axis=0)
+    total = float(fastest.sum()) + sum(f.time for f in fixed)
     return total * (m - 1 + len(fixed)) / len(fixed)
 
 
@@ -152,7 +154,9 @@ class Candidate:
 
     pp: int
     samples: int
-    tables: LayerTables
+    tables: tuple[LayerTables, ...]
+    """Per stage: its layers' cost tables, on its node group's GPUs (one object for every stage of a uniform
+    cluster)."""
     embedding: LayerStrategy
     fixed: tuple[StageFixed, ...]
     lower_bound: float
@@ -173,22 +177,29 @@ def _prepare(model, cluster, training, constraints, pp, samples, stats, options:
         stats.drop("boundary-splits", len(strategies))
         return []
     m = training.global_batch_size // samples
-    tables = layer_tables(model, cluster, training, strategies, samples, m,
-                          (constraints.expert_parallel, constraints.expert_tensor_parallel))
+    views = stage_views(cluster, pp)  # a mixed cluster's stages each priced on their own node group
+    pins = (constraints.expert_parallel, constraints.expert_tensor_parallel)
+    priced = {view: layer_tables(model, view, training, strategies, samples, m, pins) for view in dict.fromkeys(views)}
+    tables = tuple(priced[view] for view in views)
     candidates = []
     for tp in sorted({s.tp for s in strategies}) if options.tune_embedding else [None]:
         embedding = embedding_layout(strategies, tp)
-        fixed = tuple(stage_fixed(model, cluster, training, embedding, s, pp, samples, m, tables.strategies,
-                                  boundary or embedding) for s in range(pp))
+        fixed = tuple(stage_fixed(model, views[s], training, embedding, s, pp, samples, m, tables[s].strategies,
+                                  boundary or embedding, job=cluster) for s in range(pp))
         candidates.append(Candidate(pp, samples, tables, embedding, fixed, _lower_bound(tables, list(fixed), m)))
     return candidates
+
+
+def _distinct(items: tuple) -> list:
+    """`items` without repeats of one object, in order (the stages of one node group share their tables)."""
+    return list({id(item): item for item in items}.values())
 
 
 def _relaxed_bound(candidate: Candidate, model, budget: float, max_len: int, m: int, enough: float) -> float:
     """No plan of this candidate beats the partition bound of its relaxed spans (relaxation.py):
     every exact span is at least its relaxed one, and the schedule's (m - 1) max + sum grows
     with each span (partition.py)."""
-    spans = relaxed_spans(candidate.tables, list(candidate.fixed), budget, max_len, model.num_layers,
+    spans = relaxed_spans(candidate.tables[0], list(candidate.fixed), budget, max_len, model.num_layers,
                           model.is_uniform())
     return partition_lower_bound(spans, model.num_layers, m, enough)
 
@@ -201,19 +212,21 @@ def _solve(candidate: Candidate, model, cluster, training, options, stats,
     m = training.global_batch_size // candidate.samples
     # The fewest communicators any plan of this depth creates: estimate_plan checks the plan found.
     tied = not model.untie_embeddings_and_output_weights
-    budget = allocated_limit_bytes(cluster, training, communicator_count((), pp, tied))
-    if budget <= 0:
+    budgets = [allocated_limit_bytes(view, training, communicator_count((), pp, tied))
+               for view in stage_views(cluster, pp)]  # each stage within its own GPU's memory
+    if min(budgets) <= 0:
         return None
-    unit = budget / options.memory_units
+    units = [budget / options.memory_units for budget in budgets]
     max_len = min(model.num_layers - pp + 1, int(options.max_stage_factor * math.ceil(model.num_layers / pp)) + 1)
-    if incumbent < math.inf and core_share(cluster) == 1.0:
+    if incumbent < math.inf and core_share(cluster) == 1.0 and not cluster.is_mixed:
         with stats.timed("hybrid space: relaxed bound"):
-            if _relaxed_bound(candidate, model, budget, max_len, m, incumbent) >= incumbent:
+            if _relaxed_bound(candidate, model, budgets[0], max_len, m, incumbent) >= incumbent:
                 stats.drop("memory-relaxed-bound")
                 return None
     with stats.timed("hybrid space: layer DP"):
-        spans, ceilings = _span_times(tables, fixed, budget, max_len, unit, model.is_uniform(), model.num_layers)
-    stats.evaluated += pp * len(tables.strategies)
+        spans, ceilings = _stage_span_times(tables, fixed, budgets, max_len, units, model.is_uniform(),
+                                            model.num_layers)
+    stats.evaluated += sum(len(table.strategies) for table in tables)
     with stats.timed("hybrid space: pipeline partition"):
         partition = best_partition(spans, model.num_layers, m)
     if partition is None:
@@ -221,13 +234,30 @@ def _solve(candidate: Candidate, model, cluster, training, options, stats,
     chunks = []
     for s, (start, length) in enumerate(zip(partition.starts, partition.lengths)):
         rows = slice(start, start + length)
-        result, units = _run_stage_dp(tables, fixed[s], budget, rows, unit, ceilings[s][start, length])
-        chunks.append(Chunk(tuple(tables.strategies[j] for j in backtrack(result, units, length))))
+        result, used = _run_stage_dp(tables[s], fixed[s], budgets[s], rows, units[s], ceilings[s][start, length])
+        chunks.append(Chunk(tuple(tables[s].strategies[j] for j in backtrack(result, used, length))))
     plan = Plan(space="hybrid", world_size=cluster.world_size, pipeline_parallel=pp,
                 global_batch_size=training.global_batch_size, num_micro_batches=m, chunks=tuple(chunks),
                 embedding=candidate.embedding, model=model, cluster=cluster.name)
     plan = replace(plan, prediction=estimate_plan(plan, model, cluster, training))
     return plan if plan.prediction.fits else None
+
+
+def _stage_span_times(tables: tuple[LayerTables, ...], fixed: list[StageFixed], budgets: list[float], max_len: int,
+                      units: list[float], uniform: bool, num_layers: int):
+    """_span_times of every stage, run once for the stages that share their tables and budget (all of them on a
+    uniform cluster; a mixed cluster's node group each)."""
+    spans, ceilings = [None] * len(fixed), [None] * len(fixed)
+    shared: dict[tuple[int, float], list[int]] = {}
+    for stage in range(len(fixed)):
+        shared.setdefault((id(tables[stage]), budgets[stage]), []).append(stage)
+    for stages in shared.values():
+        first = stages[0]
+        found = _span_times(tables[first], [fixed[s] for s in stages], budgets[first], max_len, units[first],
+                            uniform, num_layers)
+        for stage, span, ceiling in zip(stages, *found):
+            spans[stage], ceilings[stage] = span, ceiling
+    return spans, ceilings
 
 
 def search_hybrid(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, constraints: SearchConstraints,

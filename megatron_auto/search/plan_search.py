@@ -66,9 +66,6 @@ def _space_problem(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     if space == "hybrid" and model.mtp_num_layers:
         return (f"model '{model.name}' has multi-token prediction, which the hybrid space does not plan yet (its "
                 "runtime builds no MTP modules): search the megatron space")
-    if space == "hybrid" and cluster.is_mixed:
-        return (f"cluster '{cluster.name}' mixes node groups, which the hybrid space does not plan yet: search the "
-                "megatron space")
     if space == "hybrid" and training.moe_ep_overlap:
         return ("--overlap-moe-expert-parallel-comm runs Megatron-Core's combined 1F1B schedule, which the hybrid "
                 "space does not plan (its runtime runs its own schedule): search the megatron space")

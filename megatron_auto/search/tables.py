@@ -24,6 +24,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
 from .experts import valid_for_layer
+from .stage_bound import stage_views
 
 
 @dataclass(frozen=True)
@@ -156,15 +157,20 @@ class StageFixed:
 
 def stage_fixed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, embedding: LayerStrategy,
                 stage: int, pp: int, micro_batch_samples: int, num_micro_batches: int,
-                strategies: tuple[LayerStrategy, ...], boundary: LayerStrategy) -> StageFixed:
-    """Mirror of estimate.stage_costs for the non-layer parts of stage `stage` (v = 1, 1F1B)."""
+                strategies: tuple[LayerStrategy, ...], boundary: LayerStrategy,
+                job: Optional[ClusterSpec] = None) -> StageFixed:
+    """Mirror of estimate.stage_costs for the non-layer parts of stage `stage` (v = 1, 1F1B). `job`: the whole
+    cluster where `cluster` is this stage's node group of a mixed one (stage_bound.stage_views), whose p2p runs at
+    the pace of the slowest group's links."""
+    job = job or cluster
     parts = embedding_cost(model, embedding, micro_batch_samples // embedding.dp, cluster, training, pp)
     acc = StageCost(grad_overlap=comm_model(cluster).grad_overlap)
     if stage == 0:
         _add_part(acc, parts.embedding)
     if stage < pp - 1:
-        acc.micro_batch_s += pipeline_p2p_time(model.hidden_size, model.seq_length, micro_batch_samples,
-                                               cluster.world_size // pp, pp, cluster, training.activation_bytes)
+        acc.micro_batch_s += max(pipeline_p2p_time(model.hidden_size, model.seq_length, micro_batch_samples,
+                                                   job.world_size // pp, pp, view, training.activation_bytes)
+                                 for view in dict.fromkeys(stage_views(job, pp)))
     head = StageCost(units=1, grad_overlap=comm_model(cluster).grad_overlap)
     if stage == pp - 1:
         _add_part(head, parts.head)
