@@ -100,9 +100,8 @@ def test_the_plan_balances_layers_over_the_groups_and_beats_the_slower_kind_ever
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["--space", "hybrid"], "hybrid space does not plan"),
     (["--num-nodes", "8"], "leave --num-nodes out"),
-    (["--gpus-per-node", "4"], "nodes of 8 GPUs in every group"),
+    (["--gpus-per-node", "4"], "has 4 nodes of 8 GPUs in its groups; leave --gpus-per-node out"),
     (["--precision", "fp8"], "no FP8 tensor cores"),
 ])
 def test_what_a_mixed_cluster_cannot_do_is_one_line_and_exit_2(capsys, argv, words):
