@@ -30,16 +30,18 @@ import tempfile
 from pathlib import Path
 
 from benchmarks.docs_sections import publish
+from megatron_auto.pipeline_layout import chunk_layers_of_layout
 
 HEADING = "## Stragglers: re-planned at run time"
 COMMAND = ".venv/bin/python -m benchmarks.bench_stragglers"
 REPO = Path(__file__).resolve().parents[1]
 NODES = 4
-MODEL = ["--num-layers", "16", "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "128",
+NUM_LAYERS, PIPELINE = 16, 4
+MODEL = ["--num-layers", str(NUM_LAYERS), "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "128",
          "--max-position-embeddings", "128", "--micro-batch-size", "2", "--global-batch-size", "16",
          "--lr", "3e-3", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "512",
          "--log-interval", "1", "--eval-iters", "0", "--hidden-dropout", "0", "--attention-dropout", "0",
-         "--pipeline-model-parallel-size", "4", "--auto-parallel", "--auto-parallel-straggler-interval", "3"]
+         "--pipeline-model-parallel-size", str(PIPELINE), "--auto-parallel", "--auto-parallel-straggler-interval", "3"]
 ITERATION = re.compile(r" iteration +(\d+)/ +\d+ \|.*?per iteration \(ms\): (\S+) \|.*\| lm loss: (\S+) \|")
 REPLAN = re.compile(r"stragglers: iteration (\d+): (.*?); re-planned, .*?--pipeline-model-parallel-layout (\S+)")
 
@@ -54,9 +56,13 @@ def replans(log: str) -> list[tuple[int, str, str]]:
     return [(int(i), measured, layout) for i, measured, layout in REPLAN.findall(log)]
 
 
-def layout_stage_layers(layout: str) -> list[int]:
-    """Decoder layers per stage of a one-chunk-per-stage --pipeline-model-parallel-layout ("Et*5|t*5|t*2|t*4L")."""
-    return [sum(int(n or 1) for n in re.findall(r"t(?:\*(\d+))?", chunk)) for chunk in layout.split("|")]
+def layout_stage_layers(layout: str) -> str:
+    """Decoder layers per stage of a --pipeline-model-parallel-layout over the job's PIPELINE stages, with the
+    chunks per stage where it interleaves ("Et*3|t*3|t|t*2|t*2|t*2|t|t*2L": "5, 5, 2, 4 in 2 chunks each")."""
+    chunks = chunk_layers_of_layout(layout, PIPELINE, NUM_LAYERS)
+    stages = [sum(chunks[stage::PIPELINE]) for stage in range(PIPELINE)]
+    virtual = len(chunks) // PIPELINE
+    return ", ".join(map(str, stages)) + (f" in {virtual} chunks each" if virtual > 1 else "")
 
 
 def before_and_after(log: str) -> tuple[list[float], list[float]]:
@@ -115,7 +121,7 @@ def row(base: float, iterations_: int) -> str:
     gain = re.search(r"\(([+-][\d.]+%)\)", measured).group(1)
     before, after = before_and_after(log)
     b, a = statistics.median(before), statistics.median(after)
-    split = ", ".join(map(str, layout_stage_layers(layout)))
+    split = layout_stage_layers(layout)
     return (f"| {base:g} | {at} | {slowdown}x | {split} | -{gain[1:]} | {b:.0f} ms | {a:.0f} ms | {a / b - 1:+.1%} "
             f"| {healthy:.0f} ms |")
 

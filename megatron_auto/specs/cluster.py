@@ -209,7 +209,8 @@ class ClusterSpec(CachedHash):
 
     def node_ranks(self) -> tuple[tuple[int, int], ...]:
         """(first rank, ranks) of every node, in node-rank order (torchrun numbers the ranks node by node)."""
-        sizes = [self.group_gpus_per_node(i) for i, group in enumerate(self.node_groups) for _ in range(group.num_nodes)]
+        sizes = [self.group_gpus_per_node(index) for index, group in enumerate(self.node_groups)
+                 for _ in range(group.num_nodes)]
         sizes = sizes or [self.gpus_per_node] * self.num_nodes
         return tuple((sum(sizes[:node]), size) for node, size in enumerate(sizes))
 
