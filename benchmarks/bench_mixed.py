@@ -31,14 +31,14 @@ JOBS = (("llama3-8b", 128), ("llama2-13b", 256), ("llama3-70b", 128), ("mixtral-
 MIXED = "mixed-h100-a100"
 
 
-def best(name: str, cluster: list[str], batch: int):
-    """(the plan `megatron-auto plan --model NAME CLUSTER... --global-batch-size BATCH` finds, the CPU seconds its
-    search took), or None when nothing fits."""
+def best(name: str, cluster: list[str], batch: int, space: str = "megatron"):
+    """(the plan `megatron-auto plan --model NAME CLUSTER... --global-batch-size BATCH --space SPACE` finds, the CPU
+    seconds its search took), or None when nothing fits."""
     argv = ["plan", "--model", name, *cluster, "--global-batch-size", str(batch)]
     model, found_cluster, training = load_job(build_parser().parse_args(argv))[:3]
     started = time.process_time()
     try:
-        plan = search_plan(model, found_cluster, training, "megatron", choose_recompute_modules=True).plan
+        plan = search_plan(model, found_cluster, training, space, choose_recompute_modules=True).plan
     except UserError:
         return None
     return plan, time.process_time() - started
@@ -50,18 +50,21 @@ def _seconds(found) -> float | None:
 
 def job_line(name: str, batch: int) -> str:
     mixed = best(name, ["--cluster", MIXED], batch)
+    hybrid = best(name, ["--cluster", MIXED], batch, "hybrid")
     a100 = _seconds(best(name, ["--cluster", "dgx-a100-80gb", "--num-nodes", "4"], batch))
     h100 = _seconds(best(name, ["--cluster", "dgx-h100-80gb", "--num-nodes", "2"], batch))
     if mixed is None:
-        return f"| {name} | {batch} | nothing fits | | {a100 or 'nothing fits'} | {h100 or 'nothing fits'} | |"
+        return f"| {name} | {batch} | nothing fits | | {a100 or 'nothing fits'} | {h100 or 'nothing fits'} | | |"
     plan, seconds = mixed
     ours = _seconds(mixed)
     flags = megatron_flags(plan)
     tp = flags[flags.index("--tensor-model-parallel-size") + 1]
     split = ", ".join(map(str, plan.stage_layer_counts()))
+    chunks = f" in {plan.virtual_stages} chunks each" if plan.virtual_stages > 1 else ""
     cell = lambda t: f"{t:.2f} s ({t / ours:.2f}x)" if t is not None else "nothing fits"  # noqa: E731
-    return (f"| {name} | {batch} | {ours:.2f} s | tp{tp} pp{plan.pipeline_parallel}, layers {split} | "
-            f"{cell(a100)} | {cell(h100)} | {seconds:.2f} |")
+    per_layer = f"{cell(_seconds(hybrid))}, {hybrid[0].space} plan" if hybrid else "nothing fits"
+    return (f"| {name} | {batch} | {ours:.2f} s | tp{tp} pp{plan.pipeline_parallel}, layers {split}{chunks} | "
+            f"{per_layer} | {cell(a100)} | {cell(h100)} | {seconds:.2f} |")
 
 
 def render() -> str:
@@ -69,10 +72,13 @@ def render() -> str:
              f"Command: `{COMMAND}`. Predicted iteration time of the planner's plan for the `{MIXED}` preset "
              "(each stage on its own node group, H100 stages first), beside the best plan for 4 DGX-A100 nodes "
              "(every GPU as the slower kind) and for the 2 DGX-H100 nodes alone; in parentheses, how many times "
-             "the mixed plan's time. Predictions only: no mixed cluster has been measured. Search: CPU seconds "
-             "of the mixed cluster's search on this machine.", "",
-             "| model | batch | mixed plan | its layout | 4 x DGX-A100 | 2 x DGX-H100 | search s |",
-             "|---|---|---|---|---|---|---|"]
+             "the mixed plan's time. The hybrid space (`--space hybrid`: a strategy per layer, each stage's layer DP "
+             "on its own group's tables and memory) may give a stage another TP degree than its neighbours; it "
+             "also weighs the megatron space's best, so its cell names the space whose plan won. Predictions only: "
+             "no mixed cluster has been measured. Search: CPU seconds of the mixed cluster's megatron-space search "
+             "on this machine.", "",
+             "| model | batch | mixed plan | its layout | hybrid space | 4 x DGX-A100 | 2 x DGX-H100 | search s |",
+             "|---|---|---|---|---|---|---|---|"]
     return "\n".join(lines + [job_line(name, batch) for name, batch in JOBS]) + "\n"
 
 
