@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from megatron_auto.cost.estimate import estimate_plan, stage_busy_seconds
-from megatron_auto.runtime import stragglers
+from megatron_auto.runtime import node_speed, stragglers
 from megatron_auto.runtime.planning import cluster_for_world
 from megatron_auto.search import SearchConstraints, search_plan
 from megatron_auto.search.mixed_splits import _apportion, mixed_stage_splits
@@ -73,13 +73,13 @@ def test_only_two_windows_in_a_row_that_agree_are_acted_on():
 
 def test_the_injected_slowdown_is_read_per_rank(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    env = {stragglers.SLOW_ENV: "2:2"}
-    assert [stragglers.injected_slowdown(rank, env) for rank in range(4)] == [1.0, 1.0, 2.0, 1.0]
-    env = {stragglers.SLOW_ENV: "1:2:3"}
-    assert [stragglers.injected_slowdown(rank, env) for rank in range(3)] == [3.0, 6.0, 3.0]
-    assert stragglers.injected_slowdown(0, {}) == 1.0
+    env = {node_speed.SLOW_ENV: "2:2"}
+    assert [node_speed.injected_slowdown(rank, env) for rank in range(4)] == [1.0, 1.0, 2.0, 1.0]
+    env = {node_speed.SLOW_ENV: "1:2:3"}
+    assert [node_speed.injected_slowdown(rank, env) for rank in range(3)] == [3.0, 6.0, 3.0]
+    assert node_speed.injected_slowdown(0, {}) == 1.0
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    assert stragglers.injected_slowdown(1, {stragglers.SLOW_ENV: "1:2"}) == 1.0
+    assert node_speed.injected_slowdown(1, {node_speed.SLOW_ENV: "1:2"}) == 1.0
 
 
 class _FakeTime:

@@ -9,7 +9,7 @@ from typing import Optional
 from ..errors import UserError
 from ..kernel_choice import resolve_attention_backend, resolve_bias_fusions, resolve_optimizer_impl
 from ..specs import ClusterSpec, ModelSpec, TrainingSpec, load_cluster, load_model
-from ..specs.presets import with_node_speeds
+from ..specs.presets import with_measured_speeds, with_node_speeds
 from ..specs.training import DEFAULT_MOE_LOAD_IMBALANCE, DEFAULT_RECOMPUTE_MODULES, GIB, recompute_modules_problem
 
 CPU_CLUSTER_PRESET = "cpu-gloo"
@@ -141,11 +141,13 @@ def load_job(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Training
             raise UserError(f"{flag} is required")
     model = load_model(args.model)
     cluster = attach_profiles(load_cluster_arg(args.cluster, args.num_nodes, args.gpus_per_node), args)
-    if getattr(args, "node_speeds", None):
+    if getattr(args, "node_speeds", None):  # the user's speeds stand in for any the profile measured
         try:
             cluster = with_node_speeds(cluster, tuple(args.node_speeds))
         except ValueError as error:
             raise UserError(f"--node-speeds: {error}") from None
+    else:
+        cluster = with_measured_speeds(cluster)
     training = training_spec(args, cluster.name, args.global_batch_size)
     problem = recompute_modules_problem(model.layers, training.recompute_modules)
     if problem:

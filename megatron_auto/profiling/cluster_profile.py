@@ -12,6 +12,7 @@ import torch.distributed as dist
 from ..specs.profiles import ClusterProfile, CollectiveCurve
 from .cluster_bench import (OPS, ClusterBenchConfig, compute_chunk, group_shapes, tiled_groups, time_collective,
                             time_p2p)
+from .node_speeds import measure_node_speeds
 from .overlap import grad_overlap_fraction
 
 logger = logging.getLogger(__name__)
@@ -86,8 +87,10 @@ def profile_cluster(config: ClusterBenchConfig, progress: Optional[Callable[[flo
                 progress(done / total)
         curves.append(CollectiveCurve("p2p", 2, b - a, inter, tuple(config.message_bytes), tuple(seconds)))
     overlap = grad_overlap_fraction(device, max(config.message_bytes) // FLOAT_BYTES)
+    speeds = measure_node_speeds(device)
     if progress:
         progress(1.0)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     return ClusterProfile(name=config.name, backend=backend, device=name, world_size=world,
-                          gpus_per_node=per_node, curves=tuple(curves), grad_overlap_fraction=overlap)
+                          gpus_per_node=per_node, curves=tuple(curves), grad_overlap_fraction=overlap,
+                          node_speeds=speeds)

@@ -11,6 +11,7 @@ from ..plan import Plan, load_plan
 from ..search.constraints import SearchConstraints
 from ..specs.cluster import ClusterSpec
 from ..specs.loaders import load_cluster
+from ..specs.presets import with_measured_speeds
 from ..specs.model import ModelSpec
 from ..specs.profiles import measured_costs
 from ..specs.training import TrainingSpec
@@ -107,8 +108,8 @@ def job_cluster(world_size: int, cluster_name: str | None = None, profiles: Sequ
     cluster = cluster_for_world(load_cluster(cluster_name or detect_cluster_name()), world_size, gpus_per_node, rank)
     if not cluster.is_mixed:  # a mixed cluster's groups name their GPUs, and every rank must price the same ones
         cluster = with_device_capacity(cluster, device_total_bytes())
-    if profiles:
-        cluster = dataclasses.replace(cluster, measured=measured_costs(list(profiles)))
+    if profiles:  # a profile of this job's nodes also lends their measured speeds
+        cluster = with_measured_speeds(dataclasses.replace(cluster, measured=measured_costs(list(profiles))))
     return cluster
 
 

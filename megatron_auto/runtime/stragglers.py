@@ -41,16 +41,14 @@ from ..plan import Plan
 from ..specs.cluster import ClusterSpec
 from ..specs.presets import with_node_speeds
 from .memory_check import stage_of_rank
+from .node_speed import SPEED_STEP, injected_slowdown, rounded_speed
 from .session import is_logging_rank, save_now, stop_iteration
 
 logger = logging.getLogger(__name__)
 
-SLOW_ENV = "MEGATRON_AUTO_SLOW_RANK"
 MIN_GAIN = 0.05
 """The least predicted saving of a re-plan (a share of the running plan's iteration at the measured speeds);
 below it the job keeps its plan and logs the finding."""
-SPEED_STEP = 0.05
-"""Measured speeds are rounded to this step, so that timing noise does not make new plans."""
 COUNTED = ("forward-compute", "backward-compute")
 
 
@@ -62,17 +60,6 @@ class Policy:
     """How far from the job's median a rank's busy seconds per predicted second may be."""
     interval: int = 100
     """Iterations per check window (0: no watch)."""
-
-
-def injected_slowdown(rank: int, environ=os.environ) -> float:
-    """How many times its own compute time each of this rank's passes lasts under `MEGATRON_AUTO_SLOW_RANK`
-    (1.0: as long as it computes, and always on CUDA)."""
-    text = environ.get(SLOW_ENV)
-    if not text or torch.cuda.is_available():
-        return 1.0
-    parts = text.split(":")
-    base = float(parts[2]) if len(parts) > 2 else 1.0
-    return base * (float(parts[1]) if int(parts[0]) == rank else 1.0)
 
 
 class _Idle:
@@ -176,14 +163,9 @@ def judge(busy_s: Sequence[float], predicted_s: Sequence[float], node_ranks: Seq
     for (first, count), speed in zip(node_ranks, speeds):
         worst = max(slowdowns[first:first + count])
         if worst > 1.0 + threshold or (worst < 1.0 - threshold and speed < 1.0):
-            speed = _rounded(speed / worst)
+            speed = rounded_speed(speed / worst)
         new_speeds.append(speed)
     return Finding(slowdowns, tuple(new_speeds), tuple(speeds))
-
-
-def _rounded(speed: float) -> float:
-    """A speed in (0, 1] in SPEED_STEP steps."""
-    return min(1.0, max(SPEED_STEP, round(round(speed / SPEED_STEP) * SPEED_STEP, 6)))
 
 
 class PlanReplaced(Exception):
@@ -220,7 +202,7 @@ def confirmed(previous: Optional[Finding], current: Finding) -> Optional[Finding
     moved = [_direction(a, b) for a, b in zip(previous.node_speeds, previous.planned)]
     if moved != [_direction(a, b) for a, b in zip(current.node_speeds, current.planned)]:
         return None
-    speeds = tuple(_rounded((a + b) / 2) for a, b in zip(previous.node_speeds, current.node_speeds))
+    speeds = tuple(rounded_speed((a + b) / 2) for a, b in zip(previous.node_speeds, current.node_speeds))
     slowdowns = tuple((a + b) / 2 for a, b in zip(previous.slowdowns, current.slowdowns))
     return Finding(slowdowns, speeds, current.planned)
 

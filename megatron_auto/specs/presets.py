@@ -223,6 +223,16 @@ def with_node_speeds(cluster: ClusterSpec, speeds: tuple[float, ...]) -> Cluster
             groups.append(replace(group, name=name, num_nodes=1, speed_factor=factor))
     return replace(cluster, node_groups=tuple(groups)) if len(groups) > 1 or groups[0].speed_factor < 1 else cluster
 
+def with_measured_speeds(cluster: ClusterSpec) -> ClusterSpec:
+    """`cluster` at the node speeds its attached cluster profile measured (`profile-cluster`: ClusterProfile.
+    node_speeds) where the profile measured as many nodes as the cluster has and one ran slow; else unchanged (a
+    profile of a few nodes still lends its collective curves to a larger job)."""
+    profile = cluster.measured.cluster if cluster.measured is not None else None
+    if profile is None or len(profile.node_speeds) != cluster.num_nodes or min(profile.node_speeds) >= 1.0:
+        return cluster
+    return with_node_speeds(cluster, profile.node_speeds)
+
+
 # 2 DGX-H100 nodes (node ranks 0-1) beside 2 DGX-A100 80GB nodes (2-3): the example of issue 39.
 CLUSTER_PRESETS["mixed-h100-a100"] = mixed_cluster(
     "mixed-h100-a100", ((CLUSTER_PRESETS["dgx-h100-80gb"], 2), (CLUSTER_PRESETS["dgx-a100-80gb"], 2)))

@@ -76,6 +76,9 @@ class ClusterProfile(CachedHash):
     micro_batch_overhead_s: float = 0.0
     """Seconds the runtime spends per micro-batch per model chunk outside the profiled layers:
     schedule, batch, embedding, LM head and loss (validation/profile_runtime.py; 0: unmeasured)."""
+    node_speeds: tuple[float, ...] = ()
+    """Per node in node-rank order: its GPUs' measured matmul speed against the job's healthy ranks, in (0, 1]
+    (profiling/node_speeds.py); planned with as --node-speeds is. (): not measured."""
     kind: str = CLUSTER_PROFILE_KIND
     """Record type tag, so `--profile` can tell the two kinds of file apart."""
     schema_version: int = PROFILE_SCHEMA_VERSION
@@ -85,6 +88,8 @@ class ClusterProfile(CachedHash):
         _check_version(self.schema_version, PROFILE_SCHEMA_VERSION, "cluster profile")
         if self.kind != CLUSTER_PROFILE_KIND:
             raise ValueError(f"kind must be {CLUSTER_PROFILE_KIND!r}")
+        if any(not 0.0 < speed <= 1.0 for speed in self.node_speeds):
+            raise ValueError(f"node_speeds are shares of the modelled speed, in (0, 1]: got {list(self.node_speeds)}")
 
 
 @dataclass(frozen=True)
