@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import tokenizer_files
-from launcher import REPO, launch, rank_env
+from launcher import REPO, launch, rank_env, run_script
 
 LINES = REPO / "tests" / "launch_lines"
 SCRIPTS = sorted(path.stem for path in LINES.glob("*.sh"))
@@ -94,10 +94,11 @@ def with_checkpoints_in(argv: list[str], directory: Path) -> list[str]:
 
 
 def _preprocess(prefix: Path, tokenizer_flags: list[str]) -> str:
-    """tools/preprocess_data.py over the shipped corpus with these tokenizer flags; the data prefix."""
-    done = subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", "data/tiny_corpus.jsonl",
-                           "--output-prefix", str(prefix), "--append-eod", *tokenizer_flags],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env=rank_env(0, 1, 0))
+    """tools/preprocess_data.py over the shipped corpus with these tokenizer flags; the data prefix. The
+    script runs forked from the fork server (launcher.run_script), which has torch imported already: about
+    4 s of CPU less per run than a fresh interpreter; the files it writes are the same."""
+    done = run_script(["tools/preprocess_data.py", "--input", "data/tiny_corpus.jsonl", "--output-prefix",
+                       str(prefix), "--append-eod", *tokenizer_flags], rank_env(0, 1, 0), timeout_s=300)
     assert done.returncode == 0, done.stderr
     return f"{prefix}_text_document"
 
