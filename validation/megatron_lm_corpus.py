@@ -13,8 +13,8 @@ temporary directory by default), which --render turns into the table again witho
 The corpus is tests/megatron_lm_cases/cases.json (Megatron-LM 0.16.1's GPT and MoE functional-test cases shrunk to
 4 ranks by its shrink.py). Each case whose recorded dry-run verdict is "plans" runs for --iterations iterations
 (logging each), as it is and with --auto-parallel; the cases the dry run refuses are listed with their reason. The
-runs go in batches of --per-launch command lines through tests/runtime/launch_lines_worker.py under
-tests/runtime/launcher.py's `launch` (ranks forked from its fork server, torch and megatron-core imported once). A
+runs go in batches of --per-launch command lines through validation/launch_lines.py under
+validation/launcher.py's `launch` (ranks forked from its fork server, torch and megatron-core imported once). A
 line that crashes a rank (its peers are killed --fail-fast-s seconds later) or runs past --line-timeout-s (the
 ranks dump their stacks and exit) is recorded as failed with its error line, and the next launch resumes after it.
 """
@@ -32,13 +32,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Optional
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.append(str(REPO / "tests" / "runtime"))  # the distributed tests' launcher and worker, as they import
-from launch_lines_worker import FramedRun, framed_runs  # noqa: E402
+from validation.launch_lines import FramedRun, framed_runs
 
+REPO = Path(__file__).resolve().parents[1]
 CASES_FILE = REPO / "tests" / "megatron_lm_cases" / "cases.json"
 DOCS = REPO / "docs" / "megatron_lm_corpus.md"
-WORKER = "tests/runtime/launch_lines_worker.py"
+WORKER = "validation/launch_lines.py"
 COMMAND = ".venv/bin/python -m validation.megatron_lm_corpus"
 WORLD_SIZE = 4
 VARIANTS = {"flags": [], "auto": ["--auto-parallel"]}
@@ -153,7 +152,7 @@ def corpus_lines(cases: list[dict], iterations: int, line_timeout_s: float) -> l
 
 def run_lines(lines: list[dict], per_launch: int, fail_fast_s: float, work: Path) -> dict[str, Row]:
     """Run `lines` in launches of up to `per_launch`, each resuming after the line the previous one failed on."""
-    from launcher import launch
+    from validation.launcher import launch
 
     rows, pending, number = {}, list(lines), 0
     while pending:

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from launcher import REPO, free_port, rank_env
+from validation.launcher import REPO, free_port, rank_env
 from megatron_auto import train
 from megatron_auto.train import pretrain
 

@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from checkpoint_files import checkpoint_tensors as _tensors, logged_losses as _losses
-from launcher import REPO, free_port, launch, rank_env
+from validation.launcher import REPO, free_port, launch, rank_env
 from megatron_auto.errors import UserError
 from megatron_auto.runtime import checkpoint
 
@@ -70,7 +70,7 @@ def _kill_tagged(tag: str) -> None:
 
 def _direct(args: list[str], nproc: int, log_dir: Path):
     """The ranks started as torchrun starts them, without its agent (whose own report of a failed
-    worker would hide whether ours stopped with one line): tests/runtime/launcher.py."""
+    worker would hide whether ours stopped with one line): validation/launcher.py."""
     return launch(nproc, ["tools/pretrain_gpt.py", *TINY, *(TWO_RANKS if nproc == 2 else []), *args], 300, log_dir)
 
 

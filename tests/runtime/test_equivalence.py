@@ -16,7 +16,7 @@ import math
 import pytest
 
 import precision_checks
-from launcher import run_cases
+from validation.launcher import run_cases
 from worker_stats import thread_bound
 
 RTOL = 2e-5

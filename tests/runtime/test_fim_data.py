@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import tokenizer_files
-from launcher import REPO, launch, rank_env
+from validation.launcher import REPO, launch, rank_env
 from megatron_auto.runtime.fim import token_ids, tokenizer_for
 from megatron_auto.runtime.gpt_data import GPTDatasets
 from megatron_auto.runtime.settings import DataSettings, FimSettings

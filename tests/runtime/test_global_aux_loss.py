@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import re
 
-from launcher import launch
+from validation.launcher import launch
 
 ARGV = ["tools/pretrain_gpt.py", "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", "64", "--max-position-embeddings", "64", "--micro-batch-size", "2", "--global-batch-size",

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from launcher import REPO, rank_env
+from validation.launcher import REPO, rank_env
 from megatron_auto.errors import UserError
 from megatron_auto.runtime.gpt_data import (GPTDatasets, check_bin_matches_idx, parse_blend, parse_split,
                                             split_sizes)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from checkpoint_files import checkpoint_tensors, logged_losses
-from launcher import REPO, launch
+from validation.launcher import REPO, launch
 from megatron_auto import train
 from megatron_auto.plan import Chunk, LayerStrategy, Plan, save_plan
 

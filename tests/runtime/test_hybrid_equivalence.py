@@ -14,7 +14,7 @@ import math
 import pytest
 
 import precision_checks
-from launcher import run_cases
+from validation.launcher import run_cases
 from worker_stats import thread_bound
 from megatron_auto.plan import save_plan
 from megatron_auto.runtime.planning import cluster_for_world

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import re
 
-from launcher import launch
+from validation.launcher import launch
 from megatron_auto import train
 
 TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",

@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from launcher import run_cases
+from validation.launcher import run_cases
 from worker_stats import thread_bound
 from megatron_auto.runtime import kernels
 from megatron_auto.specs.model import uniform_model

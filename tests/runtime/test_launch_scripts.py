@@ -3,7 +3,7 @@
 Each script is run by bash as a user would, with a `torchrun` shim on PATH that records the
 command line; the recorded lines then run on 4 gloo ranks as they are, and again with their
 parallel sizes removed and `--auto-parallel` added (all but llama3_8b_fsdp.sh: AUTO_SCRIPTS). All
-runs share one launch (launch_lines_worker.py), so torch and megatron-core are imported once per rank.
+runs share one launch (validation/launch_lines.py), so torch and megatron-core are imported once per rank.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 import tokenizer_files
-from launcher import REPO, launch, rank_env, run_script
+from validation.launcher import REPO, launch, rank_env, run_script
 
 LINES = REPO / "tests" / "launch_lines"
 SCRIPTS = sorted(path.stem for path in LINES.glob("*.sh"))
@@ -139,7 +139,7 @@ def runs(tmp_path_factory, files) -> dict:
             plan.append({"name": f"{script}:auto", "argv": with_checkpoints_in(without_parallel_sizes(argv),
                                                                                 tmp / f"{script}-auto-ckpt")})
     (tmp / "runs.json").write_text(json.dumps(plan))
-    result = launch(WORLD_SIZE, ["tests/runtime/launch_lines_worker.py", str(tmp / "runs.json"),
+    result = launch(WORLD_SIZE, ["validation/launch_lines.py", str(tmp / "runs.json"),
                                  str(tmp / "codes.json")], timeout_s=900, log_dir=tmp / "logs")
     assert result.ok, result.output[-8000:]
     codes = json.loads((tmp / "codes.json").read_text())

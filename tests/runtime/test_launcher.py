@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-import launcher
+from validation import launcher
 
 SCRIPT = """
 import os, sys, threading, time

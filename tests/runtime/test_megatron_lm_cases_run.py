@@ -3,7 +3,7 @@ ranks) run end to end, as they are and with --auto-parallel, and train with thei
 
 The dry runs of every case are tests/test_megatron_lm_cases.py; these run a GPT case with a pipeline of 4 and
 interleaving, a MoE case with expert parallelism and the distributed optimizer, and a LLaMA-style case (RoPE,
-SwiGLU, RMSNorm, GQA, bf16) for 16 iterations instead of their 4, all in one launch (launch_lines_worker.py).
+SwiGLU, RMSNorm, GQA, bf16) for 16 iterations instead of their 4, all in one launch (validation/launch_lines.py).
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from launch_lines_worker import framed_runs
-from launcher import launch
+from validation.launch_lines import framed_runs
+from validation.launcher import launch
 
 CASES_FILE = Path(__file__).resolve().parents[1] / "megatron_lm_cases" / "cases.json"
 NAMES = ("gpt3_7b_tp1_pp4_memory_speed", "gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_optimizer",
@@ -31,7 +31,7 @@ def runs(tmp_path_factory) -> dict:
     plan = [{"name": f"{name}:{variant}", "argv": [*cases[name], *ITERATIONS, *extra]}
             for name in NAMES for variant, extra in VARIANTS.items()]
     (tmp / "runs.json").write_text(json.dumps(plan))
-    result = launch(4, ["tests/runtime/launch_lines_worker.py", str(tmp / "runs.json"), str(tmp / "codes.json")],
+    result = launch(4, ["validation/launch_lines.py", str(tmp / "runs.json"), str(tmp / "codes.json")],
                     timeout_s=900, log_dir=tmp / "logs")
     assert result.ok, result.output[-8000:]
     codes = json.loads((tmp / "codes.json").read_text())

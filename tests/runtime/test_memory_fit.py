@@ -4,7 +4,7 @@ from __future__ import annotations
 import math
 import re
 
-from launcher import launch
+from validation.launcher import launch
 from megatron_auto.runtime import memory_check, oom
 from megatron_auto.specs.training import GIB
 

@@ -12,7 +12,7 @@ import math
 
 import pytest
 
-from launcher import run_cases
+from validation.launcher import run_cases
 
 RTOL = 1e-5
 """fp32 on CPU: the layouts sum the same products in other orders (TP splits the GEMMs, DP the batch),

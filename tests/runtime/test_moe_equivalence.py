@@ -38,7 +38,7 @@ import math
 
 import pytest
 
-from launcher import run_cases
+from validation.launcher import run_cases
 
 STEPS = 5
 RTOL = 1e-5

@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from launcher import launch, rank_env, run_script
+from validation.launcher import launch, rank_env, run_script
 
 ARGV = ["tools/pretrain_gpt.py", "--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4",
         "--seq-length", "64", "--max-position-embeddings", "64", "--micro-batch-size", "2", "--global-batch-size",

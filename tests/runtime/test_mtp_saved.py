@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from launcher import run_cases
+from validation.launcher import run_cases
 from megatron_auto.cost.layer_cost import layer_cost
 from megatron_auto.cost.mtp import mtp_cost
 from megatron_auto.plan import LayerStrategy

@@ -7,7 +7,7 @@ with the other pytest worker moves the ratio little; the bound below allows eith
 """
 from __future__ import annotations
 
-from launcher import launch
+from validation.launcher import launch
 from megatron_auto.specs.profiles import load_profile
 
 

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from checkpoint_files import checkpoint_tensors, logged_losses
-from launcher import launch
+from validation.launcher import launch
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
         "--max-position-embeddings", "32", "--mock-data", "--tokenizer-type", "NullTokenizer", "--vocab-size", "256",

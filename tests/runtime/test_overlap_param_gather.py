@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from launcher import launch
+from validation.launcher import launch
 
 from megatron_auto.runtime.config import overlaps_param_gather
 from megatron_auto.runtime.layout import MegatronLayout

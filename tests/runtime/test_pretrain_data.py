@@ -10,7 +10,7 @@ import sys
 import pytest
 
 import tokenizer_files
-from launcher import REPO, launch, rank_env
+from validation.launcher import REPO, launch, rank_env
 
 TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
         "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8",

@@ -7,7 +7,7 @@ import re
 
 import pytest
 
-from launcher import REPO
+from validation.launcher import REPO
 from megatron_auto import train
 from megatron_auto.errors import UserError
 from megatron_auto.runtime.manual_plan import plan_from_flags

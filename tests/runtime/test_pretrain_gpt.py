@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from launcher import REPO, launch, rank_env, run_script
+from validation.launcher import REPO, launch, rank_env, run_script
 
 TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
         "--max-position-embeddings", "64"]

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from launcher import REPO, free_port, rank_env
+from validation.launcher import REPO, free_port, rank_env
 
 from megatron_auto.specs.profiles import COLLECTIVES, load_profile
 from validation.heavy_lock import held_lock_fds, lock_prefix
@@ -106,7 +106,7 @@ _LAYER_CASES = [
 
 @pytest.fixture(scope="module")
 def layer_traces(tmp_path_factory) -> dict:
-    from launcher import run_cases
+    from validation.launcher import run_cases
 
     return run_cases(tmp_path_factory.mktemp("layer_bench"), 1, "layer_bench_worker.py", _LAYER_CASES, 300)
 

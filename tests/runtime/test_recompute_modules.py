@@ -8,7 +8,7 @@ import re
 
 import pytest
 
-from launcher import launch, run_cases
+from validation.launcher import launch, run_cases
 from worker_stats import thread_bound
 from megatron_auto.cost.layer_cost import layer_cost
 from megatron_auto.plan import LayerStrategy

@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from launcher import free_port, rank_env, run_script
+from validation.launcher import free_port, rank_env, run_script
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
         "--max-position-embeddings", "32", "--mock-data", "--vocab-size", "256", "--micro-batch-size", "2",

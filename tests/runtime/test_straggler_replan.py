@@ -6,7 +6,7 @@ compute (the ranks sleep the rest, as a GPU leaves its host idle: four ranks the
 without time-slicing them, and the passes outweigh the runtime's work between them) and rank 2's twice as long
 again (runtime.stragglers). benchmarks/bench_stragglers.py measures the drop of the step time this way (about 30%)
 and with less of the passes emulated. One launch
-(launch_lines_worker.py) runs three command lines:
+(validation/launch_lines.py) runs three command lines:
 - `replan`: --auto-parallel with --save, the watch every 3 iterations: two windows in a row find node 2 at about
   half speed, the job saves, re-plans with that node's measured speed and resumes under the new plan, and its
   step time drops;
@@ -25,7 +25,7 @@ import statistics
 import pytest
 
 from benchmarks.bench_stragglers import before_and_after, iterations, replans
-from launcher import launch
+from validation.launcher import launch
 from megatron_auto.pipeline_layout import chunk_layers_of_layout
 
 ITERATIONS = 16
@@ -55,7 +55,7 @@ def runs(tmp_path_factory) -> dict:
     (tmp / "runs.json").write_text(json.dumps(lines))
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("MEGATRON_AUTO_SLOW_RANK", "2:2:5")
-        result = launch(4, ["tests/runtime/launch_lines_worker.py", str(tmp / "runs.json"), str(tmp / "codes.json")],
+        result = launch(4, ["validation/launch_lines.py", str(tmp / "runs.json"), str(tmp / "codes.json")],
                         timeout_s=900, log_dir=tmp / "logs", local_world_size=1)
     assert result.ok, result.output[-8000:]
     codes = json.loads((tmp / "codes.json").read_text())

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tokenizer_files
-from launcher import REPO, rank_env
+from validation.launcher import REPO, rank_env
 from megatron_auto.errors import UserError
 from megatron_auto.runtime.tokenizers import TokenizerFiles, make_tokenizer
 

@@ -1,6 +1,6 @@
 """Run several tools/pretrain_gpt.py command lines (megatron_auto.train.main) one after another in the same ranks.
 
-Usage (as each rank, under tests/runtime/launcher.py): launch_lines_worker.py RUNS.json OUT.json.
+Usage (as each rank, under validation/launcher.py): validation/launch_lines.py RUNS.json OUT.json.
 RUNS.json is a list of {"name": ..., "argv": [...]} (optionally "timeout_s": a rank still in that line after
 so many seconds dumps its stack and exits); each run is framed in the log by `#### launch line NAME start` /
 `#### launch line NAME exit CODE (SECONDS s)` (`framed_runs` reads them back), and OUT.json gets {name: code}.

@@ -1,4 +1,5 @@
-"""Start N ranks of a script the way torchrun does (RANK, WORLD_SIZE, MASTER_*), with a hard timeout.
+"""Start N ranks of a script on this machine the way torchrun does (RANK, WORLD_SIZE, MASTER_*), with a hard timeout:
+the multi-rank tests (tests/runtime) and the validation harnesses launch through it.
 
 Ranks are forked from fork_server.py, which has torch and megatron-core imported already; with
 MEGATRON_AUTO_TEST_SPAWN=1 each rank is a fresh `python SCRIPT ARGS...` process instead.
@@ -20,7 +21,7 @@ from pathlib import Path
 from collections.abc import Sequence
 from typing import Optional, Union
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 SPAWN_ENV = "MEGATRON_AUTO_TEST_SPAWN"
 
 
@@ -143,7 +144,8 @@ class ForkServer:
     def __init__(self):
         self.socket_path = os.path.join(tempfile.mkdtemp(prefix="megatron-auto-forks-"), "server.sock")
         env = rank_env(0, 1, 0)
-        for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):
+        for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                     "MASTER_PORT"):
             del env[name]
         self.process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fork_server.py")),
                                          self.socket_path], env=env, cwd=REPO, stdout=subprocess.PIPE,

@@ -1,4 +1,4 @@
-"""Fork server for tests/runtime/launcher.py: one process imports torch, megatron-core (with patches/) and
+"""Fork server for validation/launcher.py: one process imports torch, megatron-core (with patches/) and
 the runtime once, then forks every rank the tests launch from that warm state.
 
 A rank process otherwise spends about 2.5 s of CPU importing them (`python -X importtime -c "import
@@ -27,7 +27,7 @@ Protocol, one Unix-socket connection per rank: the client sends one JSON line {a
 optionally stderr, a file of its own for fd 2};
 the server answers the rank's pid, then its exit code (negative: killed by that signal) when it ends.
 
-    python tests/runtime/fork_server.py SOCKET_PATH     # started by launcher.py, never by hand
+    python validation/fork_server.py SOCKET_PATH     # started by launcher.py, never by hand
 """
 from __future__ import annotations
 
@@ -44,7 +44,6 @@ import sys
 import threading
 import traceback
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 PRELOADED = ("patches",  # torch and megatron-core, patched
@@ -58,10 +57,9 @@ COMPILER = ("torch._dynamo", "torch._inductor.compile_fx")
 
 
 def preload() -> None:
-    sys.path.insert(0, REPO)
+    """Import PRELOADED (the launcher starts the server with the repository on PYTHONPATH, as its ranks)."""
     for name in PRELOADED:
         importlib.import_module(name)
-    sys.path.remove(REPO)
     _import_compiler()
     gc.freeze()
 
@@ -97,7 +95,7 @@ def run_rank(request: dict) -> None:
     os.chdir(request["cwd"])
     script = request["argv"][0]
     sys.argv = list(request["argv"])
-    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` sets it: a rank, not an import
     code = 0
     try:
         runpy.run_path(script, run_name="__main__")
