@@ -128,19 +128,11 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
                         f"{training.attention_backend} one")
 
 
-def stage_clusters(plan: Plan, cluster: ClusterSpec) -> tuple[ClusterSpec, ...]:
-    """The cluster each stage of `plan` runs on: `cluster` itself, or on a mixed cluster its stage's node group
-    (ClusterSpec.stage_cluster)."""
-    if not cluster.is_mixed:
-        return (cluster,) * plan.pipeline_parallel
-    return tuple(cluster.stage_cluster(stage, plan.pipeline_parallel) for stage in range(plan.pipeline_parallel))
-
-
 def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[StageCost]:
     """Per-stage sums of layer, transition, p2p, embedding and LM-head costs, each stage on its own GPUs
-    (stage_clusters); the p2p between stages at the pace of the slowest group's links."""
+    (ClusterSpec.stage_clusters); the p2p between stages at the pace of the slowest group's links."""
     overlap = comm_model(cluster).grad_overlap
-    views = stage_clusters(plan, cluster)
+    views = cluster.stage_clusters(plan.pipeline_parallel)
     stages = [StageCost(grad_overlap=overlap, step_overhead_s=runtime_overhead(view)[0]) for view in views]
     word = training.activation_bytes
     micro_samples = plan.global_batch_size // plan.num_micro_batches
@@ -318,7 +310,7 @@ def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: 
     m, v = plan.num_micro_batches, plan.virtual_stages
     times = [stage_time_per_micro_batch(s, m) for s in stages]
     iteration = pipeline_time(times, m, v)
-    views = stage_clusters(plan, cluster)
+    views = cluster.stage_clusters(plan.pipeline_parallel)
     terms = [stage_memory(plan, i, s, model, views[i], training) for i, s in enumerate(stages)]
     memory = [t.peak_bytes for t in terms]
     communicators = plan_communicators(plan, model)

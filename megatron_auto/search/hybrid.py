@@ -31,7 +31,6 @@ from .megatron_space import SpaceStats
 from .partition import best_partition, partition_lower_bound
 from .relaxation import relaxed_spans
 from .space import StageContext, prune_strategies
-from .stage_bound import stage_views
 from .tables import LayerTables, StageFixed, layer_tables, stage_fixed
 from .integers import divisors
 
@@ -177,7 +176,7 @@ def _prepare(model, cluster, training, constraints, pp, samples, stats, options:
         stats.drop("boundary-splits", len(strategies))
         return []
     m = training.global_batch_size // samples
-    views = stage_views(cluster, pp)  # a mixed cluster's stages each priced on their own node group
+    views = cluster.stage_clusters(pp)  # a mixed cluster's stages each priced on their own node group
     pins = (constraints.expert_parallel, constraints.expert_tensor_parallel)
     priced = {view: layer_tables(model, view, training, strategies, samples, m, pins) for view in dict.fromkeys(views)}
     tables = tuple(priced[view] for view in views)
@@ -213,7 +212,7 @@ def _solve(candidate: Candidate, model, cluster, training, options, stats,
     # The fewest communicators any plan of this depth creates: estimate_plan checks the plan found.
     tied = not model.untie_embeddings_and_output_weights
     budgets = [allocated_limit_bytes(view, training, communicator_count((), pp, tied))
-               for view in stage_views(cluster, pp)]  # each stage within its own GPU's memory
+               for view in cluster.stage_clusters(pp)]  # each stage within its own GPU's memory
     if min(budgets) <= 0:
         return None
     units = [budget / options.memory_units for budget in budgets]

@@ -62,7 +62,7 @@ def stage_floors(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     `sizes`: decoder layers per chunk in Megatron's chunk order (chunk c on stage c % pp)."""
     kind, limit = recompute
     limit = limit if kind == "full" else None
-    views = stage_views(cluster, pp)  # a mixed cluster's stages each on their own group, as estimate_plan's
+    views = cluster.stage_clusters(pp)  # a mixed cluster's stages each on their own group, as estimate_plan's
     priced = {view: _kind_terms(model, view, training, strategy, kind, experts, micro_batch_size)
               for view in dict.fromkeys(views)}
     v = len(sizes) // pp
@@ -95,14 +95,6 @@ def _kind_terms(model, cluster, training, strategy, kind: str, experts, micro_ba
     redone = plain if kind == "none" else layer_terms(model, cluster, training if kind == "selective" else free,
                                                       strategy, kind, experts, micro_batch_size)
     return plain, redone
-
-
-@lru_cache(maxsize=256)
-def stage_views(cluster: ClusterSpec, pp: int) -> tuple[ClusterSpec, ...]:
-    """The cluster each of `pp` stages runs on (ClusterSpec.stage_cluster; all `cluster` where it is uniform)."""
-    if not cluster.is_mixed:
-        return (cluster,) * pp
-    return tuple(cluster.stage_cluster(stage, pp) for stage in range(pp))
 
 
 def least_selective_peak(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, strategy: LayerStrategy,

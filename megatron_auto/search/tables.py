@@ -24,7 +24,6 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
 from .experts import valid_for_layer
-from .stage_bound import stage_views
 
 
 @dataclass(frozen=True)
@@ -160,7 +159,7 @@ def stage_fixed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
                 strategies: tuple[LayerStrategy, ...], boundary: LayerStrategy,
                 job: Optional[ClusterSpec] = None) -> StageFixed:
     """Mirror of estimate.stage_costs for the non-layer parts of stage `stage` (v = 1, 1F1B). `job`: the whole
-    cluster where `cluster` is this stage's node group of a mixed one (stage_bound.stage_views), whose p2p runs at
+    cluster where `cluster` is this stage's node group of a mixed one (ClusterSpec.stage_clusters), whose p2p runs at
     the pace of the slowest group's links."""
     job = job or cluster
     parts = embedding_cost(model, embedding, micro_batch_samples // embedding.dp, cluster, training, pp)
@@ -170,7 +169,7 @@ def stage_fixed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     if stage < pp - 1:
         acc.micro_batch_s += max(pipeline_p2p_time(model.hidden_size, model.seq_length, micro_batch_samples,
                                                    job.world_size // pp, pp, view, training.activation_bytes)
-                                 for view in dict.fromkeys(stage_views(job, pp)))
+                                 for view in dict.fromkeys(job.stage_clusters(pp)))
     head = StageCost(units=1, grad_overlap=comm_model(cluster).grad_overlap)
     if stage == pp - 1:
         _add_part(head, parts.head)

@@ -268,6 +268,13 @@ class ClusterSpec(CachedHash):
             return (0,) * pipeline_parallel
         return tuple(_slowest(self, span) for span in self.stage_spans(pipeline_parallel))
 
+    def stage_clusters(self, pipeline_parallel: int) -> tuple["ClusterSpec", ...]:
+        """The cluster each of `pipeline_parallel` stages runs on (stage_cluster): this one for every stage of a
+        uniform cluster. One tuple per depth, so that the cost model's caches, keyed on the views, serve every plan."""
+        if not self.node_groups:
+            return (self,) * pipeline_parallel
+        return _stage_clusters(self, pipeline_parallel)
+
     def stage_cluster(self, stage: int, pipeline_parallel: int) -> "ClusterSpec":
         """The cluster that stage `stage` of `pipeline_parallel` runs on: this one; on a mixed cluster its node
         group's view, or for a stage whose ranks straddle groups the slowest one's, with the least memory and the
@@ -336,6 +343,11 @@ def _group_view(cluster: ClusterSpec, index: int) -> ClusterSpec:
 @lru_cache(maxsize=256)
 def _stage_spans(cluster: ClusterSpec, pipeline_parallel: int) -> tuple[tuple[int, ...], ...]:
     return cluster._spans(pipeline_parallel)
+
+
+@lru_cache(maxsize=256)
+def _stage_clusters(cluster: ClusterSpec, pipeline_parallel: int) -> tuple[ClusterSpec, ...]:
+    return tuple(cluster.stage_cluster(stage, pipeline_parallel) for stage in range(pipeline_parallel))
 
 
 @lru_cache(maxsize=256)
