@@ -60,8 +60,8 @@ def published_mapping(virtual_stages: int) -> dict:
     from megatron_auto.specs import TrainingSpec, load_cluster, load_model
 
     model, cluster, training = load_model("mixtral-8x7b"), load_cluster("dgx-h100-80gb", 8), TrainingSpec(256)
-    config = UniformConfig(tp=1, pp=4, micro_batch_size=1, virtual_stages=virtual_stages, distributed_optimizer=True,
-                           expert_parallel=8, expert_tensor_parallel=1)
+    config = UniformConfig(tp=1, pp=4, micro_batch_size=1, vp=virtual_stages, distributed_optimizer=True,
+                           ep=8, etp=1)
     prediction = estimate_plan(build_uniform_plan(model, cluster, training, config), model, cluster, training)
     return dict(time=prediction.iteration_time_s, tflops=prediction.tflops_per_gpu,
                 memory=prediction.device_memory_gib, fits=prediction.fits)
@@ -104,7 +104,7 @@ def alternative_rows(model_name: str, nodes: int, batch: int) -> list[str]:
             "| ep comm s |",
             "|---|---|---|---|---|---|---|---|---|"]
     for tp, pp, ep, etp in ALTERNATIVES[model_name]:
-        pinned = SearchConstraints(tp=tp, pp=pp, expert_parallel=ep, expert_tensor_parallel=etp)
+        pinned = SearchConstraints(tp=tp, pp=pp, ep=ep, etp=etp)
         try:
             plan = search_plan(model, cluster, training, "megatron", pinned).plan
         except UserError as error:

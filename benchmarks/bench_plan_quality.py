@@ -133,7 +133,7 @@ def _degrees(model, cluster, training, window, pair, incumbent, quick) -> GridRe
 def describe_config(config: Optional[UniformConfig]) -> str:
     if config is None:
         return "-"
-    text = f"t{config.tp} p{config.pp} mbs{config.micro_batch_size} v{config.virtual_stages}"
+    text = f"t{config.tp} p{config.pp} mbs{config.micro_batch_size} v{config.vp}"
     text += " sp" if config.sequence_parallel else ""
     text += " do" if config.distributed_optimizer else ""
     text += f" rc={config.recompute}" + (f"/{config.recompute_num_layers}" if config.recompute_num_layers else "")

@@ -16,6 +16,7 @@ from . import serde
 from .serde import CachedHash, checked
 from .errors import UserError
 from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS
+from .parallel_dims import ParallelDims
 from .specs.model import ModelSpec, _check_version
 from .specs.training import DEFAULT_RECOMPUTE_MODULES
 
@@ -51,45 +52,38 @@ class LayerStrategy(CachedHash):
     samples and weights; tp * cp * dp equals the GPUs of the stage (Megatron-Core's rank order tp-cp-ep-dp-pp)."""
 
     def __post_init__(self) -> None:
-        if self.tp < 1 or self.dp < 1 or not isinstance(self.cp, int) or self.cp < 1:
-            raise ValueError(f"tp, cp and dp must be at least 1, got tp={self.tp} cp={self.cp} dp={self.dp}")
+        self.dims  # noqa: B018 -- builds the layer's ParallelDims, which checks the degrees
         if self.zero not in (0, 1, 2, 3):
             raise ValueError(f"zero must be 0, 1, 2 or 3, got {self.zero}")
         if self.recompute not in RECOMPUTE_KINDS:
             raise ValueError(f"recompute must be one of {RECOMPUTE_KINDS}, got {self.recompute!r}")
         if self.sp and self.tp == 1:
             raise ValueError("sequence parallelism needs tp > 1")
-        self._check_experts()
 
-    def _check_experts(self) -> None:
-        """Megatron-Core's expert groups partition the tp*cp*dp ranks of a stage: etp*ep*expert_dp = tp*cp*dp."""
-        if not isinstance(self.ep, int) or self.ep < 1:
-            raise ValueError(f"ep must be at least 1, got {self.ep!r}")
-        if self.etp is not None and (not isinstance(self.etp, int) or self.etp < 1):
-            raise ValueError(f"etp must be at least 1 (or unset), got {self.etp!r}")
-        if self.gpus % (self.ep * self.expert_tp):
-            raise ValueError(f"ep x etp = {self.ep} x {self.expert_tp} does not divide tp x cp x dp = {self.gpus}")
+    @cached_property
+    def dims(self) -> ParallelDims:
+        """The layer's degrees on its stage (pp and vp are the plan's): Megatron-Core's groups must partition
+        its tp x cp x dp ranks, the expert groups included."""
+        return ParallelDims(tp=self.tp, cp=self.cp, dp=self.dp, ep=self.ep, etp=self.etp)
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.cp * self.dp
+        return self.dims.stage_gpus
 
     @property
     def gradient_dp(self) -> int:
-        """Ranks that hold the same weights and reduce their gradients together: dp x cp (Megatron-Core's
-        data-parallel group with context parallelism; the distributed optimizer shards over it too)."""
-        return self.dp * self.cp
+        """Ranks that reduce their gradients together: dp x cp (ParallelDims.gradient_dp)."""
+        return self.dims.gradient_dp
 
     @property
     def expert_tp(self) -> int:
         """Tensor-parallel degree of the experts: etp, or tp when unset."""
-        return self.tp if self.etp is None else self.etp
+        return self.dims.expert_tp
 
     @property
     def expert_dp(self) -> int:
-        """Data-parallel degree of the experts: tp * cp * dp / (ep * etp) (Megatron-Core's expert data parallel
-        group)."""
-        return self.gpus // (self.ep * self.expert_tp)
+        """Data-parallel degree of the experts (ParallelDims.expert_dp)."""
+        return self.dims.expert_dp
 
     def layout(self) -> tuple[int, int, int, bool, int]:
         """What decides where the layer's tensors live; recompute does not."""

@@ -128,14 +128,14 @@ def test_a_cp_rank_does_its_share_of_the_attention_and_half_the_rest():
 def test_flags_name_context_parallelism_and_the_runtime_layout_carries_it():
     plan = build_uniform_plan(LLAMA, H100.with_nodes(4), BF16,
                               UniformConfig(tp=4, pp=2, micro_batch_size=1, sequence_parallel=True,
-                                            distributed_optimizer=True, context_parallel=2))
+                                            distributed_optimizer=True, cp=2))
     assert plan.embedding.cp == 2 and plan.embedding.dp == 2
     flags = megatron_flags(plan)
     assert flags[flags.index("--context-parallel-size") + 1] == "2"
     assert "--context-parallel-size" not in megatron_flags(build_uniform_plan(
         LLAMA, H100.with_nodes(4), BF16, UniformConfig(tp=4, pp=2, micro_batch_size=1)))
     layout = layout_from_plan(plan)
-    assert (layout.context_parallel, layout.data_parallel, layout.world_size) == (2, 2, 32)
+    assert (layout.dims.cp, layout.dims.dp, layout.dims.world_size) == (2, 2, 32)
     assert estimate_plan(plan, LLAMA, H100.with_nodes(4), BF16).breakdown.cp_comm_s > 0
 
 
@@ -159,7 +159,7 @@ def test_estimate_prices_llama3_70b_with_context_parallelism_where_it_alone_fits
 
 
 @pytest.mark.parametrize("extra, fragment", [
-    (["--cp", "3"], "does not divide the world size"),
+    (["--cp", "3"], "world size 128 is not divisible by TP 4 x CP 3 x PP 4 = 48"),
     (["--cp", "2", "--dp", "8"], "--dp 8 does not match"),
     (["--cp", "2", "--attention-backend", "unfused"], "flash"),
 ])

@@ -170,7 +170,7 @@ def test_the_search_leaves_out_full_recomputation_under_ep_overlap_as_megatron_r
     model, cluster = load_model("tiny-deepseek-moe"), load_cluster("dgx-h100-80gb", 1)
     training = TrainingSpec(64, moe_ep_overlap=True)
     refused = UniformConfig(tp=1, pp=1, micro_batch_size=1, distributed_optimizer=True, recompute="full",
-                            expert_parallel=2)
+                            ep=2)
     with pytest.raises(UserError, match="full recomputation"):
         build_uniform_plan(model, cluster, training, refused)
     result = search_plan(model, cluster, training, "megatron", choose_recompute_modules=True)

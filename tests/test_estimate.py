@@ -81,7 +81,7 @@ def test_more_data_parallelism_with_the_same_per_gpu_work_is_not_slower_per_samp
 
 def test_interleaving_shrinks_the_bubble():
     plain = predict(pp=2, micro_batch_size=1)[1]
-    interleaved = predict(pp=2, micro_batch_size=1, virtual_stages=4)[1]
+    interleaved = predict(pp=2, micro_batch_size=1, vp=4)[1]
     assert interleaved.breakdown.bubble_s < plain.breakdown.bubble_s
     assert interleaved.iteration_time_s < plain.iteration_time_s
 

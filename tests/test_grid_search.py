@@ -115,7 +115,7 @@ def test_grid_with_expert_parallel_equals_megatron_search(budget_gib):
     searched = search_plan(MOE_MODEL, CLUSTER, training, "megatron").plan
     assert grid.time_s == pytest.approx(searched.prediction.iteration_time_s, rel=1e-12)
     # Expert parallelism wins here (the grid had every ep, the search's rules must not have lost it).
-    assert grid.config.expert_parallel > 1
+    assert grid.config.ep > 1
     moe_strategies = {s for layer, s in zip(MOE_MODEL.layers, searched.layer_strategies) if layer.moe}
     assert len(moe_strategies) >= 1 and all(s.ep > 1 for s in moe_strategies)
 
@@ -148,7 +148,7 @@ def test_counting_embedding_and_loss_in_the_split_gives_interleaved_plans_both_s
     training = TrainingSpec(global_batch_size=16)
     grid = grid_search(model, cluster, training, split_window=1)
     searched = search_plan(model, cluster, training, "megatron").plan
-    assert grid.config.account_for == (True, True) and grid.config.virtual_stages == 4
+    assert grid.config.account_for == (True, True) and grid.config.vp == 4
     assert searched.prediction.iteration_time_s == pytest.approx(grid.time_s, rel=1e-12)
     assert [len(c.layers) for c in searched.chunks] == [1] + [2] * 6 + [1]
     line = megatron_flags(searched)
@@ -157,7 +157,7 @@ def test_counting_embedding_and_loss_in_the_split_gives_interleaved_plans_both_s
     # What --auto-parallel-plan runs: the plan file gives the same chunks, and Megatron-Core's settings.
     save_plan(searched, tmp_path / "plan.json")
     layout = layout_from_plan(load_plan(tmp_path / "plan.json"))
-    assert (layout.virtual_stages, layout.account_for_embedding, layout.account_for_loss) == (4, True, True)
+    assert (layout.dims.vp, layout.account_for_embedding, layout.account_for_loss) == (4, True, True)
     for module in (grid_module, space_module):
         monkeypatch.setattr(module, "ACCOUNTED", ())
     without = search_plan(model, cluster, training, "megatron").plan
@@ -177,7 +177,7 @@ def test_chunk_sizes_follow_megatron_core_s_split(layers, pp, account_for, v, si
     from megatron_auto.search.uniform import chunk_sizes, virtual_stage_choices
 
     model = uniform_model("chunks", layers, 512, 8, seq_length=512, vocab_size=4096)
-    config = UniformConfig(tp=1, pp=pp, micro_batch_size=1, virtual_stages=v, account_for=account_for)
+    config = UniformConfig(tp=1, pp=pp, micro_batch_size=1, vp=v, account_for=account_for)
     assert chunk_sizes(layers, config) == sizes
     choices = virtual_stage_choices(model, config)
     assert (v in choices) == (sizes is not None and (v > 1 or not any(account_for)))

@@ -20,6 +20,7 @@ SCANNED_DIRS = ("megatron_auto", "patches", "benchmarks", "validation", "tools")
 PLANNING_MODULES = (
     "megatron_auto.specs", "megatron_auto.cost", "megatron_auto.search", "megatron_auto.plan",
     "megatron_auto.errors", "megatron_auto.kernel_choice", "megatron_auto.limits", "megatron_auto.serde",
+    "megatron_auto.parallel_dims",
 )
 PLANNING_THIRD_PARTY = frozenset({"numpy"})
 

@@ -73,7 +73,7 @@ def test_groups_of_one_kind_price_as_the_uniform_cluster():
     uniform = H100.with_nodes(4)
     model, training = load_model("llama3-70b"), TrainingSpec(128)
     for pp, v in ((2, 1), (4, 1), (4, 5)):
-        config = UniformConfig(tp=8, pp=pp, micro_batch_size=1, virtual_stages=v, sequence_parallel=True,
+        config = UniformConfig(tp=8, pp=pp, micro_batch_size=1, vp=v, sequence_parallel=True,
                                distributed_optimizer=True, recompute="full")
         plan = build_uniform_plan(model, uniform, training, config)
         ours, theirs = (estimate_plan(plan, model, c, training) for c in (same, uniform))
@@ -155,7 +155,7 @@ def _brute_force(model, cluster, training, every_v: bool = False) -> float:
         for mbs, (split, chunks, v) in itertools.product(divisors(training.global_batch_size // dp), layouts):
             config = UniformConfig(tp=tp, pp=pp, micro_batch_size=mbs, sequence_parallel=tp > 1,
                                    distributed_optimizer=dp > 1, stage_layers=split, chunk_layers=chunks,
-                                   virtual_stages=v)
+                                   vp=v)
             try:
                 prediction = estimate_plan(build_uniform_plan(model, cluster, training, config), model, cluster,
                                            training)
@@ -187,7 +187,7 @@ def test_the_search_is_at_least_as_fast_as_every_interleaved_layout_tried_one_by
     eight_b = load_model("llama3-8b")
     model, training = replace(eight_b, layers=eight_b.layers[:10]), TrainingSpec(8)
     assert len(list(_compositions(model.num_layers, 2))) <= EXHAUSTIVE_SPLITS
-    plans = [search_plan(model, cluster, training, "megatron", SearchConstraints(virtual_stages=v)).plan
+    plans = [search_plan(model, cluster, training, "megatron", SearchConstraints(vp=v)).plan
              for v in range(1, model.num_layers // 2 + 1)]  # each chunk count pinned, as a user would pin it
     best = min(plans, key=lambda plan: plan.prediction.iteration_time_s)
     assert best.virtual_stages > 1 and len(set(best.stage_layer_counts())) > 1
@@ -234,7 +234,7 @@ def test_on_a_slow_node_uneven_stages_interleave_only_at_a_pinned_chunk_count():
     model, training = load_model("llama3-8b"), TrainingSpec.for_precision("bf16", 8)
     plan = search_plan(model, cluster, training, "megatron").plan
     assert plan.virtual_stages == 1 and len(set(plan.stage_layer_counts())) > 1
-    pinned = search_plan(model, cluster, training, "megatron", SearchConstraints(virtual_stages=5)).plan
+    pinned = search_plan(model, cluster, training, "megatron", SearchConstraints(vp=5)).plan
     counts = pinned.stage_layer_counts()
     assert pinned.virtual_stages == 5 and len(set(counts)) > 1 and counts[2] == min(counts)
     assert tuple(len(chunk.layers) for chunk in pinned.chunks) == chunk_layout(counts, 5)
@@ -256,7 +256,7 @@ def test_the_stage_floors_stay_below_the_estimate_on_a_mixed_cluster():
                                  for layout in _layouts(split)):
             config = UniformConfig(tp=tp, pp=pp, micro_batch_size=mbs, sequence_parallel=True,
                                    distributed_optimizer=True, stage_layers=split, recompute=recompute,
-                                   chunk_layers=chunks, virtual_stages=v)
+                                   chunk_layers=chunks, vp=v)
             prediction = estimate_plan(build_uniform_plan(model, cluster, training, config), model, cluster,
                                        training)
             floors = candidate_floors(model, cluster, training, config, v, memory=True)

@@ -44,12 +44,12 @@ def test_transformer_engines_fused_norms_leave_layernorm_out():
     layernorm = replace(fused, recompute_modules=("layernorm",))
     model = load_model("llama2-7b")
     priced = {kind: estimate_plan(plan_from_flags(model, 8, ManualParallelism(
-        tensor_parallel=2, micro_batch_size=2, global_batch_size=64, recompute_granularity=kind)),
+        tp=2, micro_batch_size=2, global_batch_size=64, recompute_granularity=kind)),
         model, H100, layernorm) for kind in (None, "selective")}
     assert priced["selective"].peak_memory_gib == priced[None].peak_memory_gib
     assert priced["selective"].iteration_time_s == priced[None].iteration_time_s
     local = estimate_plan(plan_from_flags(model, 8, ManualParallelism(
-        tensor_parallel=2, micro_batch_size=2, global_batch_size=64, recompute_granularity="selective")),
+        tp=2, micro_batch_size=2, global_batch_size=64, recompute_granularity="selective")),
         model, H100, replace(layernorm, fused_norms=False))
     assert local.peak_memory_gib < priced[None].peak_memory_gib  # the local spec's norms are freed
 

@@ -36,7 +36,7 @@ def manual(layers_per_chunk, strategy, pp=2, world=8, batch=16, m=4, **kw) -> Pl
 # --- round trip -----------------------------------------------------------------
 
 def test_plan_with_prediction_round_trips_exactly(tmp_path):
-    plan = uniform(virtual_stages=2, sequence_parallel=True, distributed_optimizer=True, recompute="full")
+    plan = uniform(vp=2, sequence_parallel=True, distributed_optimizer=True, recompute="full")
     plan = replace(plan, prediction=estimate_plan(plan, MODEL, CLUSTER, TRAINING))
     assert serde.from_dict(Plan, json.loads(serde.dumps(plan))) == plan
     save_plan(plan, tmp_path / "plan.json")
@@ -209,8 +209,8 @@ def test_flags_uneven_one_side_only():
 
 
 def test_flags_virtual_stages():
-    assert megatron_flags(uniform(virtual_stages=2)) == BASE + ["--num-layers-per-virtual-pipeline-stage", "2"]
-    assert megatron_flags(uniform(virtual_stages=4)) == BASE + ["--num-layers-per-virtual-pipeline-stage", "1"]
+    assert megatron_flags(uniform(vp=2)) == BASE + ["--num-layers-per-virtual-pipeline-stage", "2"]
+    assert megatron_flags(uniform(vp=4)) == BASE + ["--num-layers-per-virtual-pipeline-stage", "1"]
 
 
 def test_flags_full_recompute_uniform_and_block():
@@ -219,7 +219,7 @@ def test_flags_full_recompute_uniform_and_block():
     assert megatron_flags(uniform(recompute="full", recompute_num_layers=3)) == BASE + [
         "--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", "3"]
     # Block recompute counts per virtual chunk: 2-layer chunks, the first layer of each recomputed.
-    flags = megatron_flags(uniform(recompute="full", recompute_num_layers=1, virtual_stages=2))
+    flags = megatron_flags(uniform(recompute="full", recompute_num_layers=1, vp=2))
     assert flags == BASE + ["--num-layers-per-virtual-pipeline-stage", "2", "--recompute-granularity", "full",
                             "--recompute-method", "block", "--recompute-num-layers", "1"]
 

@@ -37,7 +37,7 @@ def test_megatron_plan_table_has_layout_prediction_and_exact_flags():
 
 def test_interleaved_stage_lists_its_chunks_and_layers():
     plan = build_uniform_plan(MODEL, CLUSTER, TRAINING, UniformConfig(tp=2, pp=2, micro_batch_size=2,
-                                                                      virtual_stages=2))
+                                                                      vp=2))
     table = plan_table(plan)
     assert "stage 0: 4 layers in chunks 0, 2\n    layers 0-1, 4-5: tp2·dp2\n" in table
     assert "prediction" not in table  # no prediction recorded, none shown
@@ -46,7 +46,7 @@ def test_interleaved_stage_lists_its_chunks_and_layers():
 def test_the_stage_that_runs_the_mtp_modules_says_so():
     model = replace(MODEL, position_embedding_type="rope", mtp_num_layers=2)
     plan = build_uniform_plan(model, CLUSTER, TRAINING, UniformConfig(tp=2, pp=2, micro_batch_size=2,
-                                                                      virtual_stages=2))
+                                                                      vp=2))
     table = plan_table(plan)
     assert "stage 1: 4 layers in chunks 1, 3 + 2 MTP modules\n" in table
     assert table.count("MTP module") == 1

@@ -55,7 +55,7 @@ def test_png_of_a_hybrid_plan(tmp_path):
 
 
 def test_png_of_an_interleaved_plan_without_prediction(tmp_path):
-    config = UniformConfig(tp=1, pp=2, micro_batch_size=1, virtual_stages=2, recompute="selective")
+    config = UniformConfig(tp=1, pp=2, micro_batch_size=1, vp=2, recompute="selective")
     plan = replace(build_uniform_plan(MODEL, CLUSTER, TrainingSpec(8), config), prediction=None)
     draw_plan_png(plan, tmp_path / "v.png")
     _assert_png(tmp_path / "v.png")

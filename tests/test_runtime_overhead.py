@@ -42,7 +42,7 @@ def test_estimate_adds_the_step_and_per_micro_batch_overhead(mbs):
 
 
 def test_interleaved_stages_pay_the_micro_batch_overhead_per_chunk():
-    config = UniformConfig(tp=1, pp=2, micro_batch_size=1, virtual_stages=2)
+    config = UniformConfig(tp=1, pp=2, micro_batch_size=1, vp=2)
     plan = build_uniform_plan(MODEL, BASE, TRAINING, config)
     after = estimate_plan(plan, MODEL, OVERHEAD, TRAINING)
     assert after.breakdown.runtime_s == pytest.approx(STEP_S + 2 * plan.num_micro_batches * CHUNK_S)

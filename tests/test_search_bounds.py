@@ -82,7 +82,7 @@ def test_pipeline_lower_bound_never_exceeds_a_plan_of_the_flags():
     compared = 0
     for tp, pp, recompute, sp in itertools.product((1, 2, 4), (1, 2, 4), ("none", "selective", "full"), (False, True)):
         for mbs, v in itertools.product((1, 2, 4), (1, 2)):
-            config = UniformConfig(tp=tp, pp=pp, micro_batch_size=mbs, virtual_stages=v, sequence_parallel=sp,
+            config = UniformConfig(tp=tp, pp=pp, micro_batch_size=mbs, vp=v, sequence_parallel=sp,
                                    recompute=recompute)
             try:
                 plan = build_uniform_plan(model, cluster, training, config)

@@ -70,8 +70,8 @@ def _configs(model: ModelSpec, cluster, training, cp: int = 1):
         for (ep, etp), distributed in itertools.product(expert_degree_choices(model, tp, tp * cp * dp)[:3],
                                                         (False, True)):
             base = UniformConfig(tp=tp, pp=pp, micro_batch_size=1, sequence_parallel=tp > 1,
-                                 distributed_optimizer=distributed, expert_parallel=ep, expert_tensor_parallel=etp,
-                                 context_parallel=cp)
+                                 distributed_optimizer=distributed, ep=ep, etp=etp,
+                                 cp=cp)
             for recompute, layers in (("none", None), ("selective", None), ("full", None), ("full", 1)):
                 yield replace(base, recompute=recompute, recompute_num_layers=layers)
 
@@ -90,7 +90,7 @@ def test_stage_floors_never_exceed_the_estimate(job):
         training = replace(base_training, recompute_modules=modules)
         dp = cluster.world_size // (config.tp * config.pp * cp)
         for mbs, v in itertools.product((1, 2, 4), virtual_stage_choices(model, config)):
-            sized = replace(config, micro_batch_size=mbs, virtual_stages=v)
+            sized = replace(config, micro_batch_size=mbs, vp=v)
             try:
                 plan = build_uniform_plan(model, cluster, training, sized)
                 prediction = estimate_plan(plan, model, cluster, training)

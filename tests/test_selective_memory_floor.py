@@ -86,7 +86,7 @@ def test_no_set_fits_only_where_no_set_fits(job):
     for tp, pp, mbs in itertools.product((1, 2, 4), (1, 2), (1, 2, 4)):
         config = UniformConfig(tp=tp, pp=pp, micro_batch_size=mbs, sequence_parallel=tp > 1,
                                distributed_optimizer=True, recompute="selective",
-                               expert_parallel=2 if model.layers[-1].moe else 1)
+                               ep=2 if model.layers[-1].moe else 1)
         for v in virtual_stage_choices(model, config) or [1]:
             if not no_module_set_fits(model, cluster, base, config, v):
                 continue
@@ -94,7 +94,7 @@ def test_no_set_fits_only_where_no_set_fits(job):
             for modules in candidate_module_sets(model, base):
                 training = replace(base, recompute_modules=modules)
                 try:
-                    plan = build_uniform_plan(model, cluster, training, replace(config, virtual_stages=v))
+                    plan = build_uniform_plan(model, cluster, training, replace(config, vp=v))
                 except UserError:
                     continue
                 assert not estimate_plan(plan, model, cluster, training).fits

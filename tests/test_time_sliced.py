@@ -94,7 +94,7 @@ def test_pipeline_bubble_is_filled_by_the_other_stage():
 @pytest.mark.parametrize("config", [
     UniformConfig(tp=2, pp=2, micro_batch_size=1), UniformConfig(tp=1, pp=1, micro_batch_size=2),
     UniformConfig(tp=1, pp=2, micro_batch_size=1), UniformConfig(tp=1, pp=4, micro_batch_size=1),
-    UniformConfig(tp=1, pp=2, micro_batch_size=1, virtual_stages=2), UniformConfig(tp=4, pp=1, micro_batch_size=4),
+    UniformConfig(tp=1, pp=2, micro_batch_size=1, vp=2), UniformConfig(tp=4, pp=1, micro_batch_size=4),
     UniformConfig(tp=1, pp=2, micro_batch_size=2, recompute="selective")])
 def test_estimate_and_bound_on_a_time_sliced_cluster(config):
     model = uniform_model("m", 4, 64, 4, 32, 128)
@@ -107,7 +107,7 @@ def test_estimate_and_bound_on_a_time_sliced_cluster(config):
     # compute (a pipeline's fill and drain). With one stage whose ranks all wait at once
     # (pure DP: the gradient sync; one TP group of all ranks) nothing is shared.
     assert sliced < summed if config.pp > 1 else sliced == pytest.approx(summed)
-    bound = pipeline_lower_bound(model, shared, training, config, config.micro_batch_size, config.virtual_stages)
+    bound = pipeline_lower_bound(model, shared, training, config, config.micro_batch_size, config.vp)
     assert bound <= sliced
     if (config.tp, config.pp) == (1, 1):
         # 4 ranks' layer compute at a whole core over 2 cores: nearly the whole step (the rest is

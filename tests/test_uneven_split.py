@@ -110,7 +110,7 @@ def test_no_split_megatron_accepts_is_one_line_exit_2(capsys):
 
 def test_other_flag_errors_still_surface_first(capsys):
     assert main([*LLAMA_405B, "--virtual-stages", "8", "--micro-batch-size", "3"]) == 2
-    assert "global batch 2048 is not divisible by micro-batch 3" in capsys.readouterr().err
+    assert "global batch 2048 is not divisible by micro batch x DP = 24 (3 x 8)" in capsys.readouterr().err
 
 
 def megatron_core_chunks(flags: list[str], num_layers: int, pp: int) -> list[int]:

@@ -94,7 +94,7 @@ FULL_CONFIGS = {
     "pp2 dp2 mbs2": UniformConfig(tp=1, pp=2, micro_batch_size=2),
     "pp4 mbs1": UniformConfig(tp=1, pp=4, micro_batch_size=1),
     "pp2 tp2 mbs2": UniformConfig(tp=2, pp=2, micro_batch_size=2),
-    "pp2 v2 dp2 mbs2": UniformConfig(tp=1, pp=2, micro_batch_size=2, virtual_stages=2),
+    "pp2 v2 dp2 mbs2": UniformConfig(tp=1, pp=2, micro_batch_size=2, vp=2),
 }
 def mixed_hybrid_plan(job: "Job", micro_batches: int) -> Plan:
     """A per-layer plan stock Megatron cannot express: two tp2·dp2 layers, then two dp4 ZeRO-1 layers."""

@@ -8,6 +8,7 @@ from typing import Optional
 
 from ..cost.estimate import estimate_plan
 from ..errors import UserError
+from ..parallel_dims import ParallelDims
 from ..megatron_flags import FSDP_SHARDING, flag_groups
 from ..pipeline_layout import LAYOUT_FLAG, chunk_layers_of_layout
 from ..plan import Plan, load_plan
@@ -33,14 +34,10 @@ LAYOUT_FLAGS = ("tp", "pp", "dp", "cp", "micro_batch_size", "virtual_stages", "r
 
 def check_dp(args: argparse.Namespace, cluster: ClusterSpec) -> None:
     """--tp x --pp (x --cp) must divide the world, and --dp, when given, must be what is left."""
-    world, cp = cluster.world_size, args.cp or 1
-    named = f"tp {args.tp} x pp {args.pp}" + (f" x cp {cp}" if cp > 1 else "")
-    if world % (args.tp * args.pp * cp):
-        raise UserError(f"{named} = {args.tp * args.pp * cp} does not divide the "
-                        f"world size {world} ({cluster.num_nodes} node(s) x {cluster.gpus_per_node} GPUs)")
-    if args.dp is not None and args.dp != world // (args.tp * args.pp * cp):
-        raise UserError(f"--dp {args.dp} does not match the world size: {world} GPUs / "
-                        f"({named}) = {world // (args.tp * args.pp * cp)}")
+    try:
+        ParallelDims.for_world(cluster.world_size, tp=args.tp, pp=args.pp, cp=args.cp or 1, dp=args.dp)
+    except UserError as error:
+        raise UserError(f"{error} ({cluster.num_nodes} node(s) x {cluster.gpus_per_node} GPUs)") from None
 
 
 def split_from_args(args: argparse.Namespace, num_layers: int) -> tuple[Optional[tuple[int, ...]], tuple[bool, bool]]:
@@ -91,12 +88,12 @@ def config_from_args(args: argparse.Namespace, num_layers: int) -> UniformConfig
     sharding = fsdp_stage(args)
     return UniformConfig(
         tp=args.tp, pp=args.pp, micro_batch_size=args.micro_batch_size or 1,
-        virtual_stages=virtual, sequence_parallel=bool(sequence_parallel_flag(args)),
+        vp=virtual, sequence_parallel=bool(sequence_parallel_flag(args)),
         distributed_optimizer=bool(args.distributed_optimizer) or sharding == 1,
         recompute=args.recompute or "none", fsdp_sharding=sharding if sharding >= 2 else 0,
         recompute_num_layers=recompute_num_layers(args),
         stage_layers=stage_layers, account_for=account_for, chunk_layers=chunk_layers,
-        expert_parallel=args.ep or 1, expert_tensor_parallel=args.etp, context_parallel=args.cp or 1,
+        ep=args.ep or 1, etp=args.etp, cp=args.cp or 1,
     )
 
 

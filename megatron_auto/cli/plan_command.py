@@ -25,9 +25,9 @@ def constraints_from_args(args: argparse.Namespace) -> SearchConstraints:
         distributed = sharding == 1
     return SearchConstraints(
         tp=args.tp, pp=args.pp, dp=args.dp, micro_batch_size=args.micro_batch_size,
-        virtual_stages=args.virtual_stages, sequence_parallel=sequence_parallel_flag(args),
+        vp=args.virtual_stages, sequence_parallel=sequence_parallel_flag(args),
         distributed_optimizer=distributed, recompute=args.recompute,
-        expert_parallel=args.ep, expert_tensor_parallel=args.etp, context_parallel=args.cp,
+        ep=args.ep, etp=args.etp, cp=args.cp,
         fsdp_sharding=sharding if sharding >= 2 else None,
     )
 

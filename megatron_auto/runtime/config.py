@@ -40,10 +40,8 @@ def padded_vocab_size(vocab_size: int, settings: TrainSettings, tensor_parallel:
 
 def check_layout(layout: MegatronLayout) -> None:
     """Cross-field checks Megatron would otherwise fail on deep inside model construction."""
-    if layout.sequence_parallel and layout.tensor_parallel == 1:
+    if layout.sequence_parallel and layout.dims.tp == 1:
         raise UserError("--sequence-parallel needs --tensor-model-parallel-size > 1")
-    if layout.virtual_stages > 1 and layout.pipeline_parallel < 2:
-        raise UserError("virtual pipeline stages need --pipeline-model-parallel-size >= 2")
 
 
 def moe_spec_of(model: ModelSpec):
@@ -75,8 +73,8 @@ def moe_fields(model: ModelSpec, layout: MegatronLayout, settings: TrainSettings
         # Megatron's "no z-loss" is None: a coefficient of 0 would be tracked as z_loss / 0.
         moe_z_loss_coeff=moe.z_loss_coeff or None,
         moe_layer_freq=[int(layer.moe is not None) for layer in model.layers],
-        expert_model_parallel_size=layout.expert_parallel,
-        expert_tensor_parallel_size=layout.expert_tensor_parallel,
+        expert_model_parallel_size=layout.dims.ep,
+        expert_tensor_parallel_size=layout.dims.etp,
         moe_grouped_gemm=kernels.kernels_for_run(model, settings).grouped_gemm,
         **settings.moe.config_fields(),
     )
@@ -157,7 +155,7 @@ def mtp_fields(model: ModelSpec, layout: MegatronLayout) -> dict:
     --mtp-loss-scaling-factor); none without MTP (Megatron's mtp_num_layers None)."""
     if not model.mtp_num_layers:
         return {}
-    problem = mtp_error(model.position_embedding_type, layout.context_parallel, layout.recompute_method,
+    problem = mtp_error(model.position_embedding_type, layout.dims.cp, layout.recompute_method,
                         layout.recompute_num_layers, layout.pipeline_layout, model.mtp_num_layers)
     if problem:
         raise UserError(problem)
@@ -213,10 +211,10 @@ def xavier_init(settings: TrainSettings) -> dict:
 def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: TrainSettings, backend: str):
     """The TransformerConfig of a GPT model under `layout`."""
     check_layout(layout)
-    if layout.context_parallel > 1 and kernels.kernels_for_run(model, settings).attention != "flash":
-        raise UserError(f"context parallelism {layout.context_parallel} runs on the flash core attention "
+    if layout.dims.cp > 1 and kernels.kernels_for_run(model, settings).attention != "flash":
+        raise UserError(f"context parallelism {layout.dims.cp} runs on the flash core attention "
                         f"(--attention-backend flash or auto), not {settings.attention_backend}")
-    if layout.context_parallel > 1 and mla_spec_of(model) is not None:
+    if layout.dims.cp > 1 and mla_spec_of(model) is not None:
         raise UserError(MLA_CONTEXT_PARALLEL)
     if settings.rotary_interleaved and mla_spec_of(model) is not None:
         raise UserError("--rotary-interleaved does not work with --multi-latent-attention (megatron-core's "
@@ -235,10 +233,10 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
         apply_query_key_layer_scaling=settings.apply_query_key_layer_scaling,
         init_method_std=settings.init_method_std,
         **xavier_init(settings),
-        tensor_model_parallel_size=layout.tensor_parallel,
-        pipeline_model_parallel_size=layout.pipeline_parallel,
-        context_parallel_size=layout.context_parallel,
-        virtual_pipeline_model_parallel_size=layout.virtual_stages if layout.virtual_stages > 1 else None,
+        tensor_model_parallel_size=layout.dims.tp,
+        pipeline_model_parallel_size=layout.dims.pp,
+        context_parallel_size=layout.dims.cp,
+        virtual_pipeline_model_parallel_size=layout.dims.vp if layout.dims.vp > 1 else None,
         num_layers_in_first_pipeline_stage=layout.first_stage_layers,
         num_layers_in_last_pipeline_stage=layout.last_stage_layers,
         account_for_embedding_in_pipeline_split=layout.account_for_embedding,

@@ -67,7 +67,7 @@ class BatchSlicer:
     def sample_indices(self, iteration: int, micro_batch: int, first_sample: Optional[int] = None) -> range:
         """Global indices of this rank's samples in micro-batch `micro_batch` of `iteration` (whose first
         sample is `first_sample`, by default iteration x global batch)."""
-        mbs, dp = self.layout.micro_batch_size, self.layout.data_parallel
+        mbs, dp = self.layout.micro_batch_size, self.layout.dims.dp
         if first_sample is None:
             first_sample = iteration * self.layout.global_batch_size
         start = first_sample + micro_batch * mbs * dp + self.dp_rank * mbs
@@ -101,7 +101,7 @@ def micro_batches(source, slicer: BatchSlicer, iteration: int, device: torch.dev
 def iterators_for_chunks(source, slicer: BatchSlicer, iteration: int, device: torch.device,
                          split: str = "train", first_sample: Optional[int] = None):
     """One iterator per model chunk (the interleaved schedule pulls each separately)."""
-    if slicer.layout.virtual_stages == 1:
+    if slicer.layout.dims.vp == 1:
         return micro_batches(source, slicer, iteration, device, split, first_sample)
     return [micro_batches(source, slicer, iteration, device, split, first_sample)
-            for _ in range(slicer.layout.virtual_stages)]
+            for _ in range(slicer.layout.dims.vp)]

@@ -86,22 +86,22 @@ def initialize_parallel(layout: MegatronLayout, timeout_s: float) -> None:
     from megatron.core import parallel_state
 
     world = torch.distributed.get_world_size()
-    if layout.world_size != world:
-        raise ValueError(f"layout needs {layout.world_size} ranks, the job has {world}")
+    if layout.dims.world_size != world:
+        raise ValueError(f"layout needs {layout.dims.world_size} ranks, the job has {world}")
     destroy_parallel_groups()
     parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=layout.tensor_parallel,
-        pipeline_model_parallel_size=layout.pipeline_parallel,
-        virtual_pipeline_model_parallel_size=layout.virtual_stages if layout.virtual_stages > 1 else None,
-        expert_model_parallel_size=layout.expert_parallel,
-        expert_tensor_parallel_size=layout.expert_tensor_parallel,
-        context_parallel_size=layout.context_parallel,
+        tensor_model_parallel_size=layout.dims.tp,
+        pipeline_model_parallel_size=layout.dims.pp,
+        virtual_pipeline_model_parallel_size=layout.dims.vp if layout.dims.vp > 1 else None,
+        expert_model_parallel_size=layout.dims.ep,
+        expert_tensor_parallel_size=layout.dims.etp,
+        context_parallel_size=layout.dims.cp,
         distributed_timeout_minutes=timeout_s / 60,  # a float: sub-minute timeouts in tests
         create_gloo_process_groups=False,
     )
     logger.debug("rank %d: tp=%d cp=%d pp=%d dp=%d vp=%d ep=%d etp=%s", torch.distributed.get_rank(),
-                 layout.tensor_parallel, layout.context_parallel, layout.pipeline_parallel, layout.data_parallel,
-                 layout.virtual_stages, layout.expert_parallel, layout.expert_tensor_parallel)
+                 layout.dims.tp, layout.dims.cp, layout.dims.pp, layout.dims.dp,
+                 layout.dims.vp, layout.dims.ep, layout.dims.etp)
 
 
 def shutdown() -> None:

@@ -12,22 +12,20 @@ from typing import Optional
 
 from ..errors import UserError
 from ..megatron_flags import flag_groups, megatron_flags
+from ..parallel_dims import ParallelDims
 from ..plan import Plan
 
 
 @dataclass(frozen=True)
 class MegatronLayout:
-    """Megatron-Core's parallel settings for one run."""
+    """Megatron-Core's settings for one run: its parallel degrees, its batch and how its layers split."""
 
-    tensor_parallel: int
-    pipeline_parallel: int
-    data_parallel: int
+    dims: ParallelDims
+    """tp, cp, dp, pp, vp, ep, etp (parallel_dims.py)."""
     micro_batch_size: int
     """Samples per micro-batch per data-parallel replica."""
     num_micro_batches: int
     global_batch_size: int
-    virtual_stages: int = 1
-    """Model chunks per pipeline stage (Megatron's virtual pipeline size)."""
     first_stage_layers: Optional[int] = None
     last_stage_layers: Optional[int] = None
     account_for_embedding: bool = False
@@ -43,16 +41,6 @@ class MegatronLayout:
     recompute_num_layers: Optional[int] = None
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
-    expert_parallel: int = 1
-    """Megatron's --expert-model-parallel-size (MoE layers)."""
-    expert_tensor_parallel: Optional[int] = None
-    """Megatron's --expert-tensor-parallel-size; None = tensor_parallel (Megatron's default)."""
-    context_parallel: int = 1
-    """Megatron's --context-parallel-size: each sequence split over this many ranks."""
-
-    @property
-    def world_size(self) -> int:
-        return self.tensor_parallel * self.context_parallel * self.pipeline_parallel * self.data_parallel
 
 
 def _parse_flags(flags: list[str]) -> dict[str, object]:
@@ -92,14 +80,14 @@ def layout_from_plan(plan: Plan) -> MegatronLayout:
     per_virtual_stage = number("num_layers_per_virtual_pipeline_stage")
     pipeline_layout = flags.get("pipeline_model_parallel_layout")
     ep, etp = expert_layout(plan)
+    dims = ParallelDims(tp=int(flags["tensor_model_parallel_size"]), cp=plan.embedding.cp, dp=plan.embedding.dp,
+                        pp=int(flags["pipeline_model_parallel_size"]),
+                        vp=plan.virtual_stages if per_virtual_stage or pipeline_layout else 1, ep=ep, etp=etp)
     return MegatronLayout(
-        tensor_parallel=int(flags["tensor_model_parallel_size"]),
-        pipeline_parallel=int(flags["pipeline_model_parallel_size"]),
-        data_parallel=plan.embedding.dp,
+        dims=dims,
         micro_batch_size=int(flags["micro_batch_size"]),
         num_micro_batches=plan.num_micro_batches,
         global_batch_size=int(flags["global_batch_size"]),
-        virtual_stages=plan.virtual_stages if per_virtual_stage or pipeline_layout else 1,
         first_stage_layers=number("decoder_first_pipeline_num_layers"),
         last_stage_layers=number("decoder_last_pipeline_num_layers"),
         account_for_embedding=bool(flags.get("account_for_embedding_in_pipeline_split", False)),
@@ -110,7 +98,4 @@ def layout_from_plan(plan: Plan) -> MegatronLayout:
         recompute_num_layers=number("recompute_num_layers"),
         sequence_parallel=bool(flags.get("sequence_parallel", False)),
         distributed_optimizer=bool(flags.get("use_distributed_optimizer", False)),
-        expert_parallel=ep,
-        expert_tensor_parallel=etp,
-        context_parallel=plan.embedding.cp,
     )

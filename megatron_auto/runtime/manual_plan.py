@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from ..errors import UserError
+from ..parallel_dims import ParallelDims
 from ..pipeline_layout import LAYOUT_FLAG, chunk_layers_of_layout
 from ..plan import Chunk, LayerStrategy, Plan
 from ..search.uniform import UniformConfig, chunk_sizes, stage_layer_counts
@@ -17,10 +18,12 @@ from ..specs.model import ModelSpec
 
 @dataclass(frozen=True)
 class ManualParallelism:
-    """Megatron-LM's parallelism flags."""
+    """Megatron-LM's parallelism flags; the data-parallel degree is what the world leaves (`dims`)."""
 
-    tensor_parallel: int = 1
-    pipeline_parallel: int = 1
+    tp: int = 1
+    """--tensor-model-parallel-size."""
+    pp: int = 1
+    """--pipeline-model-parallel-size."""
     micro_batch_size: int = 1
     global_batch_size: Optional[int] = None
     """None means micro_batch_size x data-parallel size (one micro-batch)."""
@@ -38,12 +41,17 @@ class ManualParallelism:
     recompute_num_layers: Optional[int] = None
     sequence_parallel: bool = False
     distributed_optimizer: bool = False
-    expert_parallel: int = 1
+    ep: int = 1
     """--expert-model-parallel-size (MoE layers only)."""
-    expert_tensor_parallel: Optional[int] = None
-    """--expert-tensor-parallel-size; None = tensor_parallel (Megatron's default)."""
-    context_parallel: int = 1
+    etp: Optional[int] = None
+    """--expert-tensor-parallel-size; None = tp (Megatron's default)."""
+    cp: int = 1
     """--context-parallel-size: each sequence split over this many ranks."""
+
+    def dims(self, world_size: int, vp: int = 1) -> ParallelDims:
+        """The degrees on `world_size` ranks; UserError when they do not fit it."""
+        return ParallelDims.for_world(world_size, tp=self.tp, cp=self.cp, pp=self.pp, vp=vp, ep=self.ep,
+                                      etp=self.etp)
 
 
 def chunk_layer_counts(num_layers: int, pp: int, flags: ManualParallelism) -> list[int]:
@@ -66,8 +74,7 @@ def chunk_layer_counts(num_layers: int, pp: int, flags: ManualParallelism) -> li
     if counted % (per_chunk * pp):
         split = f"into chunks of {per_chunk}" if flags.layers_per_virtual_stage else "evenly"
         raise UserError(f"{what} do not split {split} over {pp} pipeline stages")
-    config = UniformConfig(tp=1, pp=pp, micro_batch_size=1, virtual_stages=counted // (per_chunk * pp),
-                           account_for=account_for)
+    config = UniformConfig(tp=1, pp=pp, micro_batch_size=1, vp=counted // (per_chunk * pp), account_for=account_for)
     sizes = chunk_sizes(num_layers, config)
     if sizes is None and pp < 2:
         raise UserError("--num-layers-per-virtual-pipeline-stage needs --pipeline-model-parallel-size 2 or more "
@@ -110,47 +117,33 @@ def _recompute_kinds(flags: ManualParallelism, chunk_sizes: list[int]) -> list[l
     return [["full"] * n for n in chunk_sizes]
 
 
-def check_expert_flags(model: ModelSpec, tp: int, dp: int, flags: ManualParallelism) -> None:
-    """UserError unless Megatron-Core can form the expert groups: a MoE model, and ep x etp dividing
-    tp x cp x dp (the expert groups partition the tp x cp x dp ranks of a pipeline stage)."""
-    if flags.expert_parallel == 1 and flags.expert_tensor_parallel is None:
-        return
-    if not any(layer.moe is not None for layer in model.layers):
+def check_expert_flags(model: ModelSpec, flags: ManualParallelism) -> None:
+    """UserError for expert flags on a dense model; how ep x etp fits the ranks is ParallelDims' check."""
+    if (flags.ep, flags.etp) != (1, None) and not any(layer.moe is not None for layer in model.layers):
         raise UserError("--expert-model-parallel-size/--expert-tensor-parallel-size need a MoE model (--num-experts)")
-    etp, cp = flags.expert_tensor_parallel or tp, flags.context_parallel
-    if (tp * cp * dp) % (flags.expert_parallel * etp):
-        named, sizes = ("TP x CP x DP", f"{tp} x {cp} x {dp}") if cp > 1 else ("TP x DP", f"{tp} x {dp}")
-        raise UserError(f"world size {tp * cp * dp * flags.pipeline_parallel} does not fit expert parallelism: "
-                        f"EP x expert TP = {flags.expert_parallel} x {etp} must divide {named} = {sizes}")
 
 
-def _layer_strategy(layer, tp: int, dp: int, zero: int, flags: ManualParallelism, recompute: str) -> LayerStrategy:
-    experts = (dict(ep=flags.expert_parallel, etp=flags.expert_tensor_parallel) if layer.moe is not None else {})
-    return LayerStrategy(tp=tp, dp=dp, zero=zero, sp=flags.sequence_parallel, recompute=recompute,
-                         cp=flags.context_parallel, **experts)
+def _layer_strategy(layer, dims: ParallelDims, zero: int, flags: ManualParallelism, recompute: str) -> LayerStrategy:
+    experts = dict(ep=dims.ep, etp=dims.etp) if layer.moe is not None else {}
+    return LayerStrategy(tp=dims.tp, dp=dims.dp, zero=zero, sp=flags.sequence_parallel, recompute=recompute,
+                         cp=dims.cp, **experts)
 
 
 def plan_from_flags(model: ModelSpec, world_size: int, flags: ManualParallelism) -> Plan:
     """The megatron-space Plan of these flags on `world_size` ranks."""
-    tp, pp, cp = flags.tensor_parallel, flags.pipeline_parallel, flags.context_parallel
-    if world_size % (tp * pp * cp):
-        named = "TP x PP x CP" if cp > 1 else "TP x PP"
-        raise UserError(f"world size {world_size} is not divisible by {named} = {tp * pp * cp}")
-    dp = world_size // (tp * pp * cp)
-    global_batch = flags.global_batch_size or flags.micro_batch_size * dp
-    if global_batch % (flags.micro_batch_size * dp):
-        raise UserError(f"global batch {global_batch} is not divisible by micro batch x DP = {flags.micro_batch_size * dp}")
-    chunk_sizes = chunk_layer_counts(model.num_layers, pp, flags)
-    virtual = len(chunk_sizes) // pp
+    check_expert_flags(model, flags)
+    dims = flags.dims(world_size)
+    global_batch = flags.global_batch_size or flags.micro_batch_size * dims.dp
+    num_micro_batches = dims.micro_batches(global_batch, flags.micro_batch_size)
+    chunk_sizes = chunk_layer_counts(model.num_layers, dims.pp, flags)
     zero = 1 if flags.distributed_optimizer else 0
-    check_expert_flags(model, tp, dp, flags)
     try:
         layers = iter(model.layers)
-        chunks = tuple(Chunk(tuple(_layer_strategy(next(layers), tp, dp, zero, flags, kind) for kind in kinds))
+        chunks = tuple(Chunk(tuple(_layer_strategy(next(layers), dims, zero, flags, kind) for kind in kinds))
                        for kinds in _recompute_kinds(flags, chunk_sizes))
-        return Plan(space="megatron", world_size=world_size, pipeline_parallel=pp, global_batch_size=global_batch,
-                    num_micro_batches=global_batch // (flags.micro_batch_size * dp), chunks=chunks,
-                    embedding=LayerStrategy(tp=tp, dp=dp, zero=zero, sp=flags.sequence_parallel, cp=cp),
-                    virtual_stages=virtual, model=model, cluster="manual")
+        return Plan(space="megatron", world_size=world_size, pipeline_parallel=dims.pp, global_batch_size=global_batch,
+                    num_micro_batches=num_micro_batches, chunks=chunks,
+                    embedding=LayerStrategy(tp=dims.tp, dp=dims.dp, zero=zero, sp=flags.sequence_parallel, cp=dims.cp),
+                    virtual_stages=len(chunk_sizes) // dims.pp, model=model, cluster="manual")
     except ValueError as error:
         raise UserError(f"the parallelism flags do not form a valid plan: {error}") from None

@@ -8,6 +8,7 @@ import torch
 
 from ..specs.model import ModelSpec
 from .layout import MegatronLayout
+from ..parallel_dims import ParallelDims
 from .settings import TrainSettings
 
 logger = logging.getLogger(__name__)
@@ -95,8 +96,8 @@ def build_chunks(model: ModelSpec, layout: MegatronLayout, settings: TrainSettin
     from megatron.core.models.gpt import GPTModel
 
     chunks = []
-    virtual = layout.virtual_stages > 1
-    for vp_stage in range(layout.virtual_stages):
+    virtual = layout.dims.vp > 1
+    for vp_stage in range(layout.dims.vp):
         stage = vp_stage if virtual else None
         chunk = GPTModel(
             config=config,
@@ -139,8 +140,8 @@ def first_decoder_layer(model: ModelSpec, settings: TrainSettings, device: torch
     shard, and its experts' (a MoE model's)."""
     from .config import DTYPES, transformer_config
 
-    layout = layout or MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
-                                      num_micro_batches=1, global_batch_size=1)
+    layout = layout or MegatronLayout(ParallelDims(), micro_batch_size=1, num_micro_batches=1,
+                                      global_batch_size=1)
     layout = replace(layout, recompute_granularity=recompute_granularity)
     config = transformer_config(model, layout, settings, "nccl" if device.type == "cuda" else "gloo")
     torch.manual_seed(0)

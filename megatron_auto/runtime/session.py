@@ -124,10 +124,10 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
     layout = layout_from_plan(plan)
     distributed.initialize_parallel(layout, settings.timeout_s)
     models.set_random_seed(settings.seed)
-    padded_vocab = configs.padded_vocab_size(settings.data.vocab_size, settings, layout.tensor_parallel)
+    padded_vocab = configs.padded_vocab_size(settings.data.vocab_size, settings, layout.dims.tp)
     tconfig = configs.transformer_config(model_spec, layout, settings, backend)
     chunks = models.build_chunks(model_spec, layout, settings, tconfig, padded_vocab, device)
-    models.check_built_chunks(chunks, tuple(len(chunk.layers) for chunk in plan.chunks), layout.pipeline_parallel)
+    models.check_built_chunks(chunks, tuple(len(chunk.layers) for chunk in plan.chunks), layout.dims.pp)
     chunks = models.wrap_float16(chunks, tconfig)
     model = models.wrap_ddp(chunks, tconfig, configs.ddp_config(layout, settings))
     optimizer = get_megatron_optimizer(configs.optimizer_config(layout, settings), model,
@@ -146,7 +146,7 @@ def build_session(plan: Plan, model_spec: ModelSpec, settings: TrainSettings, ba
 
 def _batch_sizer(settings: TrainSettings, layout: MegatronLayout) -> BatchSizer:
     """The run's batch sizer; UserError before any work when a batch of the ramp does not split evenly."""
-    check_divisible(settings.batch_ramp, layout.global_batch_size, layout.micro_batch_size, layout.data_parallel)
+    check_divisible(settings.batch_ramp, layout.global_batch_size, layout.micro_batch_size, layout.dims.dp)
     return BatchSizer(settings.batch_ramp, layout.global_batch_size)
 
 
@@ -214,7 +214,7 @@ def iteration_layout(session: Session) -> MegatronLayout:
     if session.settings.batch_ramp is None:
         return session.layout
     batch = session.sizer.batch(session.consumed_samples)
-    per_micro_batch = session.layout.micro_batch_size * session.layout.data_parallel
+    per_micro_batch = session.layout.micro_batch_size * session.layout.dims.dp
     return dataclasses.replace(session.layout, global_batch_size=batch, num_micro_batches=batch // per_micro_batch)
 
 

@@ -23,7 +23,7 @@ class SearchConstraints:
     """Data-parallel degree of every layer."""
     micro_batch_size: Optional[int] = None
     """Samples per micro-batch per data-parallel replica."""
-    virtual_stages: Optional[int] = None
+    vp: Optional[int] = None
     """Chunks per pipeline stage."""
     sequence_parallel: Optional[bool] = None
     """Force Megatron sequence parallelism on or off."""
@@ -31,11 +31,11 @@ class SearchConstraints:
     """Force Megatron's distributed optimizer (ZeRO-1) on or off."""
     recompute: Optional[str] = None
     """Force one recomputation kind on every layer: none, selective or full."""
-    expert_parallel: Optional[int] = None
+    ep: Optional[int] = None
     """Expert-parallel degree of every MoE layer (--expert-model-parallel-size)."""
-    expert_tensor_parallel: Optional[int] = None
+    etp: Optional[int] = None
     """Expert tensor-parallel degree of every MoE layer (--expert-tensor-parallel-size)."""
-    context_parallel: Optional[int] = None
+    cp: Optional[int] = None
     """Context-parallel degree (--context-parallel-size): each sequence split over this many ranks."""
     fsdp_sharding: Optional[int] = None
     """Megatron-FSDP on every layer at this ZeRO stage, 2 or 3 (--use-megatron-fsdp with

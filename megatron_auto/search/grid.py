@@ -110,8 +110,8 @@ def _base_configs(model, cluster, training, tp, pp, split_window) -> Iterator[Un
         for mbs, v, (ep, etp) in itertools.product(divisors(training.global_batch_size // dp), virtual, experts):
             for sp in ((False, True) if tp > 1 else (False,)):
                 for distributed in (False, True):
-                    yield replace(probe, micro_batch_size=mbs, virtual_stages=v, sequence_parallel=sp,
-                                  distributed_optimizer=distributed, expert_parallel=ep, expert_tensor_parallel=etp)
+                    yield replace(probe, micro_batch_size=mbs, vp=v, sequence_parallel=sp,
+                                  distributed_optimizer=distributed, ep=ep, etp=etp)
 
 
 def recompute_variants(config: UniformConfig, model: ModelSpec) -> list[UniformConfig]:

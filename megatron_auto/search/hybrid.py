@@ -177,7 +177,7 @@ def _prepare(model, cluster, training, constraints, pp, samples, stats, options:
         return []
     m = training.global_batch_size // samples
     views = cluster.stage_clusters(pp)  # a mixed cluster's stages each priced on their own node group
-    pins = (constraints.expert_parallel, constraints.expert_tensor_parallel)
+    pins = (constraints.ep, constraints.etp)
     priced = {view: layer_tables(model, view, training, strategies, samples, m, pins) for view in dict.fromkeys(views)}
     tables = tuple(priced[view] for view in views)
     candidates = []

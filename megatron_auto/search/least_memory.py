@@ -30,8 +30,8 @@ def least_memory_gib(model: ModelSpec, cluster: ClusterSpec, training: TrainingS
         zero = 3 if space == "hybrid" and dp > 1 else (1 if dp > 1 else 0)
         lean = LayerStrategy(tp=tp, dp=dp, zero=zero, sp=tp > 1, recompute="full")
         embedding = LayerStrategy(tp=tp, dp=dp, zero=min(zero, 1), sp=tp > 1)
-        experts = expert_degree_choices(model, tp, tp * dp, None, constraints.expert_parallel,
-                                        constraints.expert_tensor_parallel)
+        experts = expert_degree_choices(model, tp, tp * dp, None, constraints.ep,
+                                        constraints.etp)
         if not experts:
             continue
         ep, etp = max(experts, key=lambda pair: pair[0] * (tp if pair[1] is None else pair[1]))

@@ -98,8 +98,8 @@ def context_parallel_choices(model: ModelSpec, cluster: ClusterSpec, training: T
     NVIDIA's recipes run them (Llama 3.1 405B at TP8 x CP2, 1M tokens at TP8 x CP32): the K/V ring's
     cross-node hops are priced at the NICs of the group's ranks per node (cost/context_parallel.py)."""
     rest = cluster.world_size // (tp * pp)
-    if constraints.context_parallel is not None:
-        cp = constraints.context_parallel
+    if constraints.cp is not None:
+        cp = constraints.cp
         return [cp] if rest % cp == 0 and training.global_batch_size % (rest // cp) == 0 else []
     choices = [1] if training.global_batch_size % rest == 0 else []
     mla = any(layer.mla is not None for layer in model.distinct_layers)
@@ -170,7 +170,7 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
 def _promise(model, cluster, training, tp: int, pp: int, cp: int = 1) -> float:
     """The least pipeline_lower_bound of (tp, pp, cp) over micro-batch sizes, memory ignored: walking
     the degrees in this order finds a fast plan early, so the bound prunes more of the rest."""
-    config = UniformConfig(tp=tp, pp=pp, micro_batch_size=1, sequence_parallel=True, context_parallel=cp)
+    config = UniformConfig(tp=tp, pp=pp, micro_batch_size=1, sequence_parallel=True, cp=cp)
     dp = config_dp(cluster, config)
     most_virtual = model.num_layers // pp if model.num_layers % pp == 0 else 1
     return min(pipeline_lower_bound(model, cluster, training, config, mbs, most_virtual)
@@ -220,7 +220,7 @@ def _plans_for_degrees(model, cluster, training, constraints, degrees, stats, in
             stats.drop("lower-bound", len(recompute_choices(constraints)))
             continue
         for recompute in recompute_choices(constraints):
-            if recompute == "full" and training.moe_ep_overlap and base.expert_parallel > 1:
+            if recompute == "full" and training.moe_ep_overlap and base.ep > 1:
                 stats.drop("ep-overlap-without-full-recompute")  # Megatron-Core refuses it (cost/ep_overlap.py)
                 continue
             with stats.timed(f"megatron space: recompute {recompute}"):
@@ -253,8 +253,8 @@ def _base_configs_and_drops(model, cluster, training, constraints, degrees):
     tp, pp, cp = degrees
     dp = cluster.world_size // (tp * pp * cp)
     drops = []
-    experts = expert_degree_choices(model, tp, tp * cp * dp, cluster.common_node_gpus, constraints.expert_parallel,
-                                    constraints.expert_tensor_parallel)
+    experts = expert_degree_choices(model, tp, tp * cp * dp, cluster.common_node_gpus, constraints.ep,
+                                    constraints.etp)
     if not experts:
         drops.append(("expert-degrees", 1))
     splits = [(split, account_for, None) for split, account_for in pipeline_splits(model, pp)]
@@ -265,11 +265,11 @@ def _base_configs_and_drops(model, cluster, training, constraints, degrees):
                                 distributed, experts)
     configs = []
     for (split, account_for, layout), sp, distributed, (ep, etp) in choices:
-        virtual = len(layout) // pp if layout else constraints.virtual_stages or 1
+        virtual = len(layout) // pp if layout else constraints.vp or 1
         base = UniformConfig(tp=tp, pp=pp, micro_batch_size=constraints.micro_batch_size or 1,
-                             virtual_stages=virtual, sequence_parallel=sp, distributed_optimizer=distributed,
+                             vp=virtual, sequence_parallel=sp, distributed_optimizer=distributed,
                              stage_layers=split, account_for=account_for, chunk_layers=layout,
-                             expert_parallel=ep, expert_tensor_parallel=etp, context_parallel=cp,
+                             ep=ep, etp=etp, cp=cp,
                              fsdp_sharding=constraints.fsdp_sharding or 0)
         if states_overflow(model, cluster, training, base):
             drops.append(("states-exceed-memory", len(recompute_choices(constraints))))
@@ -291,7 +291,7 @@ def _mixed_splits(model, cluster, training, constraints, degrees) -> list[tuple]
     takes a stage's chunks as equal, which they are not here."""
     tp, pp, cp = degrees
     splits = mixed_stage_splits(model, cluster, training, tp, pp, cp)
-    chunks = constraints.virtual_stages if constraints.virtual_stages and constraints.virtual_stages > 1 else None
+    chunks = constraints.vp if constraints.vp and constraints.vp > 1 else None
     return [(split, (False, False), None) for split in splits] + [
         (split, (False, False), layout) for split in splits for layout in
         (interleaved_layouts(split, chunks) if chunks else [])]
@@ -332,12 +332,12 @@ def _best_for_recompute(model, cluster, training, constraints, config: UniformCo
                  bound: float = incumbent) -> Optional[Plan]:
         stats.evaluated += 1
         fixed = micro_batch or constraints.micro_batch_size
-        chunks = virtual or constraints.virtual_stages
+        chunks = virtual or constraints.vp
         try:
             return best_uniform_plan(model, cluster, training,
                                      replace(config, recompute_num_layers=num_layers,
                                              micro_batch_size=fixed or config.micro_batch_size,
-                                             virtual_stages=chunks or config.virtual_stages),
+                                             vp=chunks or config.vp),
                                      choose_micro_batch=fixed is None, choose_virtual_stages=chunks is None,
                                      incumbent=bound, drop_unfit=num_layers is None)
         except UserError:
@@ -362,7 +362,7 @@ def _best_for_recompute(model, cluster, training, constraints, config: UniformCo
         if pipeline_lower_bound(model, cluster, training, config, size, virtual) >= \
                 min(incumbent, best.prediction.iteration_time_s if best is not None else math.inf):
             continue   # no layer count recomputed at this pair beats what is known (the bound omits recompute)
-        sized = replace(config, micro_batch_size=size, virtual_stages=virtual)
+        sized = replace(config, micro_batch_size=size, vp=virtual)
         if _floor_overflows(model, cluster, training, sized, None):
             continue   # not even every layer recomputed fits at this pair
         longest = max(chunk_sizes(model.num_layers, sized) or (0,))
@@ -375,8 +375,8 @@ def _best_for_recompute(model, cluster, training, constraints, config: UniformCo
 
 def _virtual_choices(model: ModelSpec, config: UniformConfig, constraints: SearchConstraints) -> list[int]:
     """The chunk counts best_uniform_plan would choose among (every divisor of an even stage)."""
-    if constraints.virtual_stages:
-        return [constraints.virtual_stages]
+    if constraints.vp:
+        return [constraints.vp]
     return virtual_stage_choices(model, config) or [1]
 
 
@@ -384,7 +384,7 @@ def _floor_overflows(model, cluster, training, config: UniformConfig, layers: Op
     """Whether the memory floor of `config` (search/stage_bound.py), the first `layers` layers of every chunk
     fully recomputed (None: all of them), overflows the device: then no plan of these numbers fits."""
     counted = replace(config, recompute_num_layers=layers)
-    floors = candidate_floors(model, cluster, training, counted, config.virtual_stages, memory=True)
+    floors = candidate_floors(model, cluster, training, counted, config.vp, memory=True)
     return floors is not None and floors.peak_bytes > 0 and cannot_fit(model, cluster, training, counted, floors)
 
 

@@ -135,8 +135,8 @@ def _search_space(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     """
     if space not in ("megatron", "hybrid"):
         raise UserError(f"unknown search space '{space}'; choose megatron or hybrid")
-    check_expert_constraints(model, cluster.world_size, constraints.expert_parallel,
-                             constraints.expert_tensor_parallel)
+    check_expert_constraints(model, cluster.world_size, constraints.ep,
+                             constraints.etp)
     started = time.perf_counter()
     stats = SpaceStats()
     share = 0.3 if space == "hybrid" else 1.0

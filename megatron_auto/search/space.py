@@ -88,7 +88,7 @@ def raw_strategies(gpus: int, model: ModelSpec | None = None, gpus_per_node: int
     for tp in divisors(gpus):
         experts = [(1, None)]
         if model is not None:
-            pinned = (constraints.expert_parallel, constraints.expert_tensor_parallel)
+            pinned = (constraints.ep, constraints.etp)
             experts += [pair for pair in expert_degree_choices(model, tp, gpus, gpus_per_node, *pinned)
                         if pair != (1, None)]
         for zero in (0, 1, 2, 3):

@@ -37,7 +37,7 @@ def splits_as_given(model: ModelSpec, config: UniformConfig) -> bool:
 
 def split_candidates(model: ModelSpec, config: UniformConfig, fixed_virtual_stages: bool) -> list[UniformConfig]:
     """`config` under every split Megatron-LM accepts for its pp: each --account-for-embedding/loss pair, then
-    each first/last-stage split; only those that build at config.virtual_stages (when fixed) or at some
+    each first/last-stage split; only those that build at config.vp (when fixed) or at some
     virtual-stage count (virtual_stage_choices) otherwise."""
     if config.pp < 2:
         return []
@@ -57,12 +57,12 @@ def best_split_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     candidates = split_candidates(model, config, fixed_virtual_stages=not choose_virtual_stages)
     if not candidates:
         raise UserError(f"{model.num_layers} layers do not split over {config.pp} pipeline stages"
-                        + (f" x {config.virtual_stages} chunks" if not choose_virtual_stages else "")
+                        + (f" x {config.vp} chunks" if not choose_virtual_stages else "")
                         + ", evenly or by any split Megatron-LM accepts (--decoder-first/last-pipeline-num-"
                         "layers, --account-for-embedding/loss-in-pipeline-split)")
     first = candidates[0]
     if choose_virtual_stages:
-        first = replace(first, virtual_stages=(virtual_stage_choices(model, first) or [1])[0])
+        first = replace(first, vp=(virtual_stage_choices(model, first) or [1])[0])
     build_uniform_plan(model, cluster, training, first)  # surfaces the reason the other flags cannot work
     best: Optional[Plan] = None
     for candidate in candidates:

@@ -31,14 +31,10 @@ def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
                        config: UniformConfig) -> Plan:
     """The Plan that Megatron runs for these flags; UserError when they cannot work."""
     world = cluster.world_size
-    tp, pp, v, cp = config.tp, config.pp, config.virtual_stages, config.context_parallel
-    if world % (tp * pp * cp):
-        raise UserError(f"tp x pp x cp = {tp * pp * cp} does not divide the {world} GPUs")
-    dp = config_dp(cluster, config)
-    per_step = config.micro_batch_size * dp
-    if training.global_batch_size % per_step:
-        raise UserError(f"global batch {training.global_batch_size} is not divisible by micro-batch "
-                        f"{config.micro_batch_size} x dp {dp}")
+    tp, pp, v, cp = config.tp, config.pp, config.vp, config.cp
+    dims = config.dims(world)
+    num_micro_batches = dims.micro_batches(training.global_batch_size, config.micro_batch_size)
+    dp = dims.dp
     sizes = chunk_sizes(model.num_layers, config)
     if sizes is None:
         counted = f" (and {sum(config.account_for)} counted for the embedding/loss)" if any(config.account_for) else ""
@@ -56,7 +52,7 @@ def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
     try:
         return Plan(space="megatron", world_size=world, pipeline_parallel=pp,
                     global_batch_size=training.global_batch_size,
-                    num_micro_batches=training.global_batch_size // per_step, chunks=chunks,
+                    num_micro_batches=num_micro_batches, chunks=chunks,
                     embedding=strategy, virtual_stages=v, model=model, cluster=cluster.name)
     except ValueError as error:
         raise UserError(str(error)) from None
@@ -65,11 +61,11 @@ def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
 def _expert_strategy(model: ModelSpec, strategy: LayerStrategy, config: UniformConfig) -> Optional[LayerStrategy]:
     """The MoE layers' strategy (None for a dense model); UserError for expert flags Megatron rejects."""
     if not moe_layers(model):
-        if config.expert_parallel != 1 or config.expert_tensor_parallel is not None:
+        if config.ep != 1 or config.etp is not None:
             raise UserError(f"model '{model.name}' has no MoE layers: expert parallelism does not apply")
         return None
     try:
-        return replace(strategy, ep=config.expert_parallel, etp=config.expert_tensor_parallel)
+        return replace(strategy, ep=config.ep, etp=config.etp)
     except ValueError as error:
         raise UserError(str(error)) from None
 
@@ -104,7 +100,7 @@ def states_overflow(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     count or recomputation makes these flags fit (activations only add to it)."""
     strategy = LayerStrategy(tp=config.tp, dp=config_dp(cluster, config),
                              zero=config.zero,
-                             sp=config.sequence_parallel and config.tp > 1, cp=config.context_parallel)
+                             sp=config.sequence_parallel and config.tp > 1, cp=config.cp)
     state = min(layer_cost(spec, config.layer_strategy(spec, strategy), 1, model.seq_length, cluster,
                            training).state_bytes for spec in model.distinct_layers)
     most_layers = max(config_stage_layers(model.num_layers, config) or (0,))
@@ -127,7 +123,7 @@ def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Training
     dp = config_dp(cluster, config)
     micro_batches = divisors(training.global_batch_size // dp) if choose_micro_batch else [config.micro_batch_size]
     if not choose_virtual_stages:
-        virtual = [config.virtual_stages]
+        virtual = [config.vp]
     else:
         virtual = virtual_choices if virtual_choices is not None else virtual_stage_choices(model, config)
     best: Optional[Plan] = None
@@ -175,7 +171,7 @@ def _best_virtual(model, cluster, training, config: UniformConfig, virtual: list
             single_overflowed = v == 1
             continue
         try:
-            plan = build_uniform_plan(model, cluster, training, replace(config, virtual_stages=v))
+            plan = build_uniform_plan(model, cluster, training, replace(config, vp=v))
         except UserError:
             continue
         prediction = estimate_plan(plan, model, cluster, training)

@@ -5,6 +5,7 @@ from dataclasses import dataclass, replace
 from typing import Optional
 
 from ..errors import UserError
+from ..parallel_dims import ParallelDims
 from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
@@ -22,8 +23,8 @@ class UniformConfig:
     """--pipeline-model-parallel-size."""
     micro_batch_size: int
     """--micro-batch-size: samples per micro-batch per data-parallel replica."""
-    virtual_stages: int = 1
-    """Chunks per pipeline stage (--num-layers-per-virtual-pipeline-stage = layers / (pp x v))."""
+    vp: int = 1
+    """Chunks per pipeline stage (--num-layers-per-virtual-pipeline-stage = layers / (pp x vp))."""
     sequence_parallel: bool = False
     """--sequence-parallel."""
     distributed_optimizer: bool = False
@@ -41,11 +42,11 @@ class UniformConfig:
     chunk_layers: Optional[tuple[int, ...]] = None
     """--pipeline-model-parallel-layout: decoder layers of every chunk, in chunk order (pp x virtual_stages of
     them); None: the split of stage_layers and account_for."""
-    expert_parallel: int = 1
+    ep: int = 1
     """--expert-model-parallel-size: EP degree of every MoE layer."""
-    expert_tensor_parallel: Optional[int] = None
+    etp: Optional[int] = None
     """--expert-tensor-parallel-size of every MoE layer; None: tp (Megatron's default)."""
-    context_parallel: int = 1
+    cp: int = 1
     """--context-parallel-size: each sequence split over this many ranks (priced by `estimate`; the
     search keeps 1)."""
     fsdp_sharding: int = 0
@@ -57,9 +58,14 @@ class UniformConfig:
         """The ZeRO stage every layer runs: Megatron-FSDP's, else 1 with the distributed optimizer."""
         return self.fsdp_sharding or (1 if self.distributed_optimizer else 0)
 
+    def dims(self, world_size: int) -> ParallelDims:
+        """The degrees on `world_size` ranks, dp what they leave; UserError when they do not fit."""
+        return ParallelDims.for_world(world_size, tp=self.tp, cp=self.cp, pp=self.pp, vp=self.vp, ep=self.ep,
+                                      etp=self.etp)
+
     def layer_strategy(self, layer, strategy: LayerStrategy) -> LayerStrategy:
         """`strategy` with this config's expert degrees on a MoE layer."""
-        return with_experts(layer, strategy, self.expert_parallel, self.expert_tensor_parallel)
+        return with_experts(layer, strategy, self.ep, self.etp)
 
 
 def even_split(num_layers: int, parts: int) -> Optional[tuple[int, ...]]:
@@ -129,9 +135,9 @@ def chunk_sizes(num_layers: int, config: UniformConfig) -> Optional[tuple[int, .
     Megatron cannot build `config`'s split: unequal stages with virtual stages, or a chunk without layers."""
     if config.chunk_layers is not None:
         given = config.chunk_layers
-        fits = len(given) == config.pp * config.virtual_stages and sum(given) == num_layers and min(given) >= 1
+        fits = len(given) == config.pp * config.vp and sum(given) == num_layers and min(given) >= 1
         return given if fits else None
-    stages, v = config_stage_layers(num_layers, config), config.virtual_stages
+    stages, v = config_stage_layers(num_layers, config), config.vp
     if stages is None or len(stages) != config.pp or sum(stages) != num_layers or min(stages) < 1:
         return None
     if v == 1:
@@ -157,7 +163,7 @@ def virtual_stage_choices(model: ModelSpec, config: UniformConfig) -> list[int]:
             return []
         per_stage = counted_stage_layers(model.num_layers, config)
         layers = model.num_layers
-        return [v for v in divisors(per_stage) if v > 1 and chunk_sizes(layers, replace(config, virtual_stages=v))]
+        return [v for v in divisors(per_stage) if v > 1 and chunk_sizes(layers, replace(config, vp=v))]
     if config.pp < 2 or stages is None or len(set(stages)) > 1:
         return [1]
     return divisors(stages[0])
@@ -165,4 +171,4 @@ def virtual_stage_choices(model: ModelSpec, config: UniformConfig) -> list[int]:
 
 def config_dp(cluster: ClusterSpec, config: UniformConfig) -> int:
     """The data-parallel degree the flags leave: world / (tp x pp x cp)."""
-    return cluster.world_size // (config.tp * config.pp * config.context_parallel)
+    return cluster.world_size // (config.tp * config.pp * config.cp)

@@ -36,9 +36,9 @@ def pipeline_lower_bound(model: ModelSpec, cluster: ClusterSpec, training: Train
     dp = config_dp(cluster, config)
     recompute = config.recompute if config.recompute != "full" else "none"
     strategy = _layer_strategy(config.tp, dp, config.zero,
-                               config.sequence_parallel and config.tp > 1, recompute, config.context_parallel)
+                               config.sequence_parallel and config.tp > 1, recompute, config.cp)
     m = training.global_batch_size // (micro_batch_size * dp)
-    experts = (config.expert_parallel, config.expert_tensor_parallel)
+    experts = (config.ep, config.etp)
     if recompute != "selective":
         training = set_free(training)  # what selective recomputation re-runs changes none of these layers
     work, compute_total = _bound_work(model, cluster, training, strategy, experts, micro_batch_size)
@@ -98,8 +98,8 @@ def layout_key(config: UniformConfig, micro_batch_size: int) -> tuple:
     """Every field of `config` but its recomputation and chunk count, at `micro_batch_size`: what a floor
     without recomputation reads beside the chunk count."""
     return (config.tp, config.pp, micro_batch_size, config.sequence_parallel, config.zero,
-            config.stage_layers, config.account_for, config.chunk_layers, config.expert_parallel,
-            config.expert_tensor_parallel, config.context_parallel)
+            config.stage_layers, config.account_for, config.chunk_layers, config.ep,
+            config.etp, config.cp)
 
 
 def _floor_layout(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig,
@@ -113,8 +113,8 @@ def _floor_layout(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     if profiled_cpu_cores(cluster) or sizes is None or training.global_batch_size % (mbs * dp):
         return None
     strategy = _layer_strategy(config.tp, dp, config.zero,
-                               config.sequence_parallel and config.tp > 1, "none", config.context_parallel)
-    return (strategy, (config.expert_parallel, config.expert_tensor_parallel), sizes,
+                               config.sequence_parallel and config.tp > 1, "none", config.cp)
+    return (strategy, (config.ep, config.etp), sizes,
             training.global_batch_size // (mbs * dp))
 
 
@@ -144,7 +144,7 @@ def cannot_fit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, c
     estimate_plan's fits test (cost.peak_memory.device_bytes <= device_budget_bytes) with the plan's
     communicators (cost.estimate.plan_communicators), which read only the TP and DP degrees that every layer
     and the embedding of these flags share."""
-    strategy = _layer_strategy(config.tp, config_dp(cluster, config), 0, False, "none", config.context_parallel)
+    strategy = _layer_strategy(config.tp, config_dp(cluster, config), 0, False, "none", config.cp)
     communicators = communicator_count({strategy}, config.pp, not model.untie_embeddings_and_output_weights)
     return device_bytes(floors.peak_bytes, cluster, communicators) > device_budget_bytes(cluster, training)
 
@@ -152,7 +152,7 @@ def cannot_fit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, c
 @lru_cache(maxsize=1 << 14)
 def _split(num_layers: int, pp: int, stage_layers, account_for, chunk_layers, virtual_stages: int):
     """uniform_config.chunk_sizes of the split these fields give, memoised."""
-    return chunk_sizes(num_layers, UniformConfig(tp=1, pp=pp, micro_batch_size=1, virtual_stages=virtual_stages,
+    return chunk_sizes(num_layers, UniformConfig(tp=1, pp=pp, micro_batch_size=1, vp=virtual_stages,
                                                  stage_layers=stage_layers, account_for=account_for,
                                                  chunk_layers=chunk_layers))
 

@@ -22,7 +22,7 @@ def own_flags_plan(args: argparse.Namespace, model: ModelSpec, world_size: int, 
     from megatron_auto.cost.estimate import estimate_plan
 
     flags = manual_flags(args)
-    flags = dataclasses.replace(flags, sequence_parallel=flags.sequence_parallel and flags.tensor_parallel > 1)
+    flags = dataclasses.replace(flags, sequence_parallel=flags.sequence_parallel and flags.tp > 1)
     try:
         own = plan_from_flags(model, world_size, flags)
         training = dataclasses.replace(basis.training, global_batch_size=own.global_batch_size)

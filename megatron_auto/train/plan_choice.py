@@ -22,7 +22,7 @@ from .log import logger
 def manual_flags(args: argparse.Namespace) -> ManualParallelism:
     """The launch line's parallelism flags, with Megatron-LM's defaults where absent."""
     return ManualParallelism(
-        tensor_parallel=args.tensor_model_parallel_size or 1, pipeline_parallel=args.pipeline_model_parallel_size or 1,
+        tp=args.tensor_model_parallel_size or 1, pp=args.pipeline_model_parallel_size or 1,
         micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
         layers_per_virtual_stage=args.num_layers_per_virtual_pipeline_stage,
         first_stage_layers=args.decoder_first_pipeline_num_layers, last_stage_layers=args.decoder_last_pipeline_num_layers,
@@ -32,8 +32,8 @@ def manual_flags(args: argparse.Namespace) -> ManualParallelism:
         recompute_granularity=args.recompute_granularity, recompute_method=args.recompute_method,
         recompute_num_layers=args.recompute_num_layers, sequence_parallel=bool(args.sequence_parallel),
         distributed_optimizer=bool(args.use_distributed_optimizer),
-        expert_parallel=args.expert_model_parallel_size or 1, expert_tensor_parallel=args.expert_tensor_parallel_size,
-        context_parallel=args.context_parallel_size)
+        ep=args.expert_model_parallel_size or 1, etp=args.expert_tensor_parallel_size,
+        cp=args.context_parallel_size)
 
 
 def search_constraints(args: argparse.Namespace, model: ModelSpec) -> SearchConstraints:
@@ -45,11 +45,11 @@ def search_constraints(args: argparse.Namespace, model: ModelSpec) -> SearchCons
     micro_batch = args.micro_batch_size if args.batch_ramp is not None else None
     return SearchConstraints(tp=args.tensor_model_parallel_size, pp=args.pipeline_model_parallel_size,
                              micro_batch_size=micro_batch,
-                             virtual_stages=virtual, sequence_parallel=None,  # SP: the planner's choice
+                             vp=virtual, sequence_parallel=None,  # SP: the planner's choice
                              distributed_optimizer=args.use_distributed_optimizer,
-                             recompute=args.recompute_granularity, expert_parallel=args.expert_model_parallel_size,
-                             expert_tensor_parallel=args.expert_tensor_parallel_size,
-                             context_parallel=args.context_parallel_size if args.context_parallel_size > 1 else None)
+                             recompute=args.recompute_granularity, ep=args.expert_model_parallel_size,
+                             etp=args.expert_tensor_parallel_size,
+                             cp=args.context_parallel_size if args.context_parallel_size > 1 else None)
 
 
 def training_for_job(args: argparse.Namespace, settings: TrainSettings, world_size: int) -> TrainingSpec:
@@ -135,7 +135,7 @@ def _ramp_splits(args: argparse.Namespace, plan) -> bool:
     if plan.space != "megatron":
         return True
     layout = layout_from_plan(plan)
-    unit = layout.micro_batch_size * layout.data_parallel
+    unit = layout.micro_batch_size * layout.dims.dp
     return all(batch % unit == 0 for batch in args.batch_ramp.batch_sizes(args.global_batch_size))
 
 

@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from megatron_auto.profiling import layer_bench  # noqa: E402
 from megatron_auto.profiling.model_profile import _setup_megatron  # noqa: E402
 from megatron_auto.runtime.config import transformer_config  # noqa: E402
+from megatron_auto.parallel_dims import ParallelDims  # noqa: E402
 from megatron_auto.runtime.layout import MegatronLayout  # noqa: E402
 from megatron_auto.runtime.model import build_chunks  # noqa: E402
 from megatron_auto.runtime.settings import TrainSettings  # noqa: E402
@@ -45,8 +46,8 @@ class OpLog(TorchDispatchMode):
 
 def runtime_layer(model, settings: TrainSettings):
     """(layer 0 of the runtime's GPTModel, its forward keywords)."""
-    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=BATCH,
-                            num_micro_batches=1, global_batch_size=BATCH)
+    layout = MegatronLayout(ParallelDims(), micro_batch_size=BATCH, num_micro_batches=1,
+                            global_batch_size=BATCH)
     config = transformer_config(model, layout, settings, "gloo")
     chunk = build_chunks(model, layout, settings, config, model.vocab_size, torch.device("cpu"))[0]
     chunk = chunk.to(layer_bench.DTYPES[settings.precision])

@@ -24,6 +24,7 @@ import torch  # noqa: E402
 
 from megatron_auto.profiling.cluster_profile import init_from_env  # noqa: E402
 from megatron_auto.profiling.layer_bench import saved_activation_bytes  # noqa: E402
+from megatron_auto.parallel_dims import ParallelDims  # noqa: E402
 from megatron_auto.runtime.layout import MegatronLayout  # noqa: E402
 from megatron_auto.runtime.model import first_decoder_layer  # noqa: E402
 from megatron_auto.runtime.settings import MoESettings, TrainSettings  # noqa: E402
@@ -45,9 +46,9 @@ def processed_copies(layer) -> list[int]:
 
 def stage_layout(case: dict, world_size: int) -> MegatronLayout:
     dp = world_size // case["tp"]
-    return MegatronLayout(tensor_parallel=case["tp"], pipeline_parallel=1, data_parallel=dp, micro_batch_size=1,
-                          num_micro_batches=1, global_batch_size=dp, sequence_parallel=case["tp"] > 1,
-                          expert_parallel=case["ep"], expert_tensor_parallel=case["etp"])
+    return MegatronLayout(ParallelDims(tp=case["tp"], dp=dp, ep=case["ep"], etp=case["etp"]),
+                          micro_batch_size=1, num_micro_batches=1, global_batch_size=dp,
+                          sequence_parallel=case["tp"] > 1)
 
 
 def run_case(case: dict, world_size: int) -> dict:

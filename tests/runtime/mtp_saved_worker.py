@@ -23,6 +23,7 @@ import torch  # noqa: E402
 from megatron_auto.profiling.cluster_profile import init_from_env  # noqa: E402
 from megatron_auto.profiling.layer_bench import saved_bytes_of  # noqa: E402
 from megatron_auto.runtime.config import transformer_config  # noqa: E402
+from megatron_auto.parallel_dims import ParallelDims  # noqa: E402
 from megatron_auto.runtime.layout import MegatronLayout  # noqa: E402
 from megatron_auto.runtime.model import build_chunks  # noqa: E402
 from megatron_auto.runtime.mtp_metrics import reset_mtp_loss_tracker  # noqa: E402
@@ -36,8 +37,8 @@ def whole_model(model, tp: int):
     """The runtime's GPTModel of `model` at TP `tp` (with SP above 1), PP1, in fp32 with the unfused core,
     seeded alike every build."""
     settings = TrainSettings(precision="fp32", attention_backend="unfused")
-    layout = MegatronLayout(tensor_parallel=tp, pipeline_parallel=1, data_parallel=1, micro_batch_size=BATCH,
-                            num_micro_batches=1, global_batch_size=BATCH, sequence_parallel=tp > 1)
+    layout = MegatronLayout(ParallelDims(tp=tp, dp=1), micro_batch_size=BATCH, num_micro_batches=1,
+                            global_batch_size=BATCH, sequence_parallel=tp > 1)
     config = transformer_config(model, layout, settings, "gloo")
     torch.manual_seed(0)
     return build_chunks(model, layout, settings, config, model.vocab_size, torch.device("cpu"))[0]

@@ -129,7 +129,7 @@ CASES = [
     ("query_groups_zero", ["--group-query-attention", "--num-query-groups", "0"], 1, "num_query_groups must be"),
     ("hidden_vs_heads", ["--hidden-size", "33"], 1, "hidden_size 33 is not divisible by num_attention_heads 2"),
     ("world_vs_model_parallel", ["--tensor-model-parallel-size", "3", "--num-attention-heads", "3",
-                                 "--hidden-size", "48"], 2, "world size 2 is not divisible by TP x PP = 3"),
+                                 "--hidden-size", "48"], 2, "world size 2 is not divisible by TP 3 x PP 1 = 3"),
     ("virtual_stages_vs_layers", ["--global-batch-size", "4", "--pipeline-model-parallel-size", "2",
                                   "--num-layers", "4", "--num-layers-per-virtual-pipeline-stage", "3"], 2,
      "do not split into chunks of 3"),
@@ -273,6 +273,7 @@ def test_the_timeout_reaches_megatrons_groups_unrounded(monkeypatch):
 
     from megatron_auto.runtime import distributed
     from megatron_auto.runtime.hybrid import hybrid_runtime as hybrid_session
+    from megatron_auto.parallel_dims import ParallelDims
     from megatron_auto.runtime.layout import MegatronLayout
 
     given = []
@@ -281,7 +282,7 @@ def test_the_timeout_reaches_megatrons_groups_unrounded(monkeypatch):
                         lambda **kwargs: given.append(kwargs["distributed_timeout_minutes"]))
     monkeypatch.setattr(distributed.torch.distributed, "get_world_size", lambda: 1)
     monkeypatch.setattr(distributed.torch.distributed, "get_rank", lambda: 0)
-    distributed.initialize_parallel(MegatronLayout(1, 1, 1, 1, 1, 1), 30.0)
+    distributed.initialize_parallel(MegatronLayout(ParallelDims(), 1, 1, 1), 30.0)
     plan = type("OnePipelineStage", (), {"pipeline_parallel": 1, "virtual_stages": 1})()
     hybrid_session.initialize_parallel(plan, 30.0)
     assert given == [0.5, 0.5]

@@ -10,6 +10,7 @@ from megatron_auto.errors import UserError
 from megatron_auto.runtime import session as sessions
 from megatron_auto.runtime.batch_schedule import BatchRamp, BatchSizer, check_divisible, parse_step_schedule
 from megatron_auto.runtime.data import BatchSlicer
+from megatron_auto.parallel_dims import ParallelDims
 from megatron_auto.runtime.layout import MegatronLayout
 from megatron_auto.runtime.settings import TrainSettings
 
@@ -71,7 +72,7 @@ def test_every_batch_of_the_ramp_must_split_into_micro_batches():
 
 
 def test_iterations_read_consecutive_samples_and_step_the_schedule_by_their_batch(monkeypatch):
-    layout = MegatronLayout(1, 1, 2, 2, num_micro_batches=3, global_batch_size=12)
+    layout = MegatronLayout(ParallelDims(dp=2), 2, num_micro_batches=3, global_batch_size=12)
     settings = TrainSettings(train_iters=7, batch_ramp=BatchRamp(rampup=(4, 4, 16)))
     session = SimpleNamespace(settings=settings, layout=layout, slicer=BatchSlicer(layout, 1), source=None,
                               iteration=0, consumed_samples=0, current_batch=0, history=[], model=[],

@@ -44,51 +44,51 @@ def _four_rank_cases(tmp) -> list[dict]:
     init = {"load_weights": str(tmp / "init")}
     return [
         {"name": "dp4", "flags": BATCH, **init},
-        {"name": "tp2_dp2", "flags": {**BATCH, "tensor_parallel": 2}, **init},
-        {"name": "tp2_sp_dp2", "flags": {**BATCH, "tensor_parallel": 2, "sequence_parallel": True}, **init},
-        {"name": "pp2_uneven_3_1", "flags": {**BATCH, "pipeline_parallel": 2, "first_stage_layers": 3,
+        {"name": "tp2_dp2", "flags": {**BATCH, "tp": 2}, **init},
+        {"name": "tp2_sp_dp2", "flags": {**BATCH, "tp": 2, "sequence_parallel": True}, **init},
+        {"name": "pp2_uneven_3_1", "flags": {**BATCH, "pp": 2, "first_stage_layers": 3,
                                              "last_stage_layers": 1}, **init},
-        {"name": "pp2_vp2", "flags": {**BATCH, "pipeline_parallel": 2, "layers_per_virtual_stage": 1}, **init},
-        {"name": "distopt_tp2_dp2", "flags": {**BATCH, "tensor_parallel": 2, "distributed_optimizer": True},
+        {"name": "pp2_vp2", "flags": {**BATCH, "pp": 2, "layers_per_virtual_stage": 1}, **init},
+        {"name": "distopt_tp2_dp2", "flags": {**BATCH, "tp": 2, "distributed_optimizer": True},
          "save": str(tmp / "distopt"), "save_interval": 3, **init},
-        {"name": "selective_recompute_tp2_dp2", "flags": {**BATCH, "tensor_parallel": 2,
+        {"name": "selective_recompute_tp2_dp2", "flags": {**BATCH, "tp": 2,
                                                           "recompute_granularity": "selective"}, **init},
-        {"name": "full_recompute_pp2_dp2", "flags": {**BATCH, "pipeline_parallel": 2, "recompute_granularity": "full",
+        {"name": "full_recompute_pp2_dp2", "flags": {**BATCH, "pp": 2, "recompute_granularity": "full",
                                                      "recompute_method": "uniform", "recompute_num_layers": 1},
          **init},
-        {"name": "resume_1rank_ckpt_as_tp2_pp2", "flags": {**BATCH, "tensor_parallel": 2, "pipeline_parallel": 2},
+        {"name": "resume_1rank_ckpt_as_tp2_pp2", "flags": {**BATCH, "tp": 2, "pp": 2},
          "resume": str(tmp / "reference"), "resume_step": 3},
-        {"name": "llama_tp2_sp_dp2", "model": "llama", "flags": {**BATCH, "tensor_parallel": 2,
+        {"name": "llama_tp2_sp_dp2", "model": "llama", "flags": {**BATCH, "tp": 2,
                                                                  "sequence_parallel": True},
          "load_weights": str(tmp / "init_llama")},
-        {"name": "llama_pp2_dp2", "model": "llama", "flags": {**BATCH, "pipeline_parallel": 2},
+        {"name": "llama_pp2_dp2", "model": "llama", "flags": {**BATCH, "pp": 2},
          "load_weights": str(tmp / "init_llama")},
         # 6 layers, the embedding and the loss counted as layers: chunks of 1, 2, 2 and 1 layers (PP2 x VP2).
         {"name": "pp2_vp2_account_for_embedding_and_loss", "model": "gpt6",
-         "flags": {**BATCH, "pipeline_parallel": 2, "layers_per_virtual_stage": 2, "account_for_embedding": True,
+         "flags": {**BATCH, "pp": 2, "layers_per_virtual_stage": 2, "account_for_embedding": True,
                    "account_for_loss": True}, "load_weights": str(tmp / "init_gpt6")},
         # --pipeline-model-parallel-layout: chunks of 1, 2, 1 and 2 layers, which no other flag expresses.
         # fp32 only: the layout changes which layers a chunk builds, not how they compute.
         {"name": "pp2_vp2_pipeline_layout", "model": "gpt6", "fp32_only": True,
-         "flags": {**BATCH, "pipeline_parallel": 2, "pipeline_layout": "Et|t*2|t|(t)*2,L"},
+         "flags": {**BATCH, "pp": 2, "pipeline_layout": "Et|t*2|t|(t)*2,L"},
          "load_weights": str(tmp / "init_gpt6")},
         # Context parallelism: each rank holds 2 of 4 chunks of every sequence (flash core attention, which the
         # CP attention needs; the reference's unfused core differs by rounding only). Its bf16 twins too.
-        {"name": "cp2_dp2", "flags": {**BATCH, "context_parallel": 2},
+        {"name": "cp2_dp2", "flags": {**BATCH, "cp": 2},
          "settings": {"attention_backend": "flash"}, **init},
         {"name": "llama_tp2_sp_cp2", "model": "llama",
-         "flags": {**BATCH, "tensor_parallel": 2, "sequence_parallel": True, "context_parallel": 2},
+         "flags": {**BATCH, "tp": 2, "sequence_parallel": True, "cp": 2},
          "settings": {"attention_backend": "flash"}, "load_weights": str(tmp / "init_llama")},
         # Multi-latent attention (worker_models.mla_model, YaRN as DeepSeek-V2 sets it): TP2 with SP on the flash
         # core, PP2 on the unfused MLA core, and without a query latent (DeepSeek-V2-Lite's form).
-        {"name": "mla_tp2_sp_dp2", "model": "mla", "flags": {**BATCH, "tensor_parallel": 2, "sequence_parallel": True},
+        {"name": "mla_tp2_sp_dp2", "model": "mla", "flags": {**BATCH, "tp": 2, "sequence_parallel": True},
          "settings": {**MLA_SETTINGS, "attention_backend": "flash"}, "load_weights": str(tmp / "init_mla")},
-        {"name": "mla_pp2_dp2", "model": "mla", "flags": {**BATCH, "pipeline_parallel": 2}, "settings": MLA_SETTINGS,
+        {"name": "mla_pp2_dp2", "model": "mla", "flags": {**BATCH, "pp": 2}, "settings": MLA_SETTINGS,
          "load_weights": str(tmp / "init_mla")},
-        {"name": "mla_no_q_lora_tp2_dp2", "model": "mla_no_q_lora", "flags": {**BATCH, "tensor_parallel": 2},
+        {"name": "mla_no_q_lora_tp2_dp2", "model": "mla_no_q_lora", "flags": {**BATCH, "tp": 2},
          "settings": MLA_SETTINGS, "load_weights": str(tmp / "init_mla_no_q_lora")},
         *_mtp_four_rank_cases(tmp),
-        {"name": "vpp_batched_p2p_refused", "flags": {**BATCH, "pipeline_parallel": 2, "layers_per_virtual_stage": 1},
+        {"name": "vpp_batched_p2p_refused", "flags": {**BATCH, "pp": 2, "layers_per_virtual_stage": 1},
          "force_batch_p2p": True, "expect_error": True, "steps": 1, **init},
     ]
 
@@ -97,17 +97,17 @@ def _mtp_four_rank_cases(tmp) -> list[dict]:
     return [
         # Multi-token prediction (worker_models.mtp_model, one MTP module): TP2, TP2 with SP, and PP2 with the word
         # embedding tied to the head and untied (the MTP stage then holds its own copy of the embedding).
-        {"name": "mtp_tp2_dp2", "model": "mtp", "fp32_only": True, "flags": {**BATCH, "tensor_parallel": 2},
+        {"name": "mtp_tp2_dp2", "model": "mtp", "fp32_only": True, "flags": {**BATCH, "tp": 2},
          "load_weights": str(tmp / "init_mtp")},
-        {"name": "mtp_tp2_sp_dp2", "model": "mtp", "flags": {**BATCH, "tensor_parallel": 2, "sequence_parallel": True},
+        {"name": "mtp_tp2_sp_dp2", "model": "mtp", "flags": {**BATCH, "tp": 2, "sequence_parallel": True},
          "load_weights": str(tmp / "init_mtp")},
-        {"name": "mtp_pp2_dp2", "model": "mtp", "flags": {**BATCH, "pipeline_parallel": 2},
+        {"name": "mtp_pp2_dp2", "model": "mtp", "flags": {**BATCH, "pp": 2},
          "load_weights": str(tmp / "init_mtp")},
         {"name": "mtp_untied_pp2_dp2", "model": "mtp_untied", "fp32_only": True,
-         "flags": {**BATCH, "pipeline_parallel": 2}, "load_weights": str(tmp / "init_mtp_untied")},
+         "flags": {**BATCH, "pp": 2}, "load_weights": str(tmp / "init_mtp_untied")},
         # Interleaved: the MTP module runs in the last rank's last chunk (megatron-core's mtp_on_this_rank).
         {"name": "mtp_pp2_vp2", "model": "mtp", "fp32_only": True,
-         "flags": {**BATCH, "pipeline_parallel": 2, "layers_per_virtual_stage": 1},
+         "flags": {**BATCH, "pp": 2, "layers_per_virtual_stage": 1},
          "load_weights": str(tmp / "init_mtp")},
     ]
 
@@ -120,7 +120,7 @@ WRONG_MLA_SCALE = (24 / 16) ** 0.5
 
 
 def _eight_rank_cases(tmp) -> list[dict]:
-    layout = {**BATCH, "tensor_parallel": 2, "pipeline_parallel": 2}
+    layout = {**BATCH, "tp": 2, "pp": 2}
     return [
         {"name": "tp2_pp2_dp2", "flags": layout, "load_weights": str(tmp / "init")},
         {"name": "resume_4rank_distopt_ckpt_as_tp2_pp2_dp2", "flags": {**layout, "distributed_optimizer": True},
@@ -181,7 +181,7 @@ def reference(references) -> dict:
 
 @pytest.fixture(scope="module")
 def four_rank(workdir, references) -> dict:
-    fp16 = {"name": "fp16_pp2_dp2", "flags": {**BATCH, "pipeline_parallel": 2}, "steps": FP16_STEPS,
+    fp16 = {"name": "fp16_pp2_dp2", "flags": {**BATCH, "pp": 2}, "steps": FP16_STEPS,
             "data_vocab_size": LEARNABLE_VOCAB, "settings": FP16_SETTINGS}
     return _run(workdir, 4, with_bf16(_four_rank_cases(workdir)) + [_dropped_grad_sync_case(workdir), fp16,
                                                                      _wrong_mla_scale_case(workdir),
@@ -229,7 +229,7 @@ def test_mla_cases_run_multi_latent_attention_on_both_cores(references, four_ran
 
 def _wrong_mla_scale_case(tmp) -> dict:
     """A broken MLA run (TP2 x DP2): its core attention's softmax scale leaves out the rotated channels."""
-    return {"name": "mla_tp2_dp2_wrong_softmax_scale", "model": "mla", "flags": {**BATCH, "tensor_parallel": 2},
+    return {"name": "mla_tp2_dp2_wrong_softmax_scale", "model": "mla", "flags": {**BATCH, "tp": 2},
             "settings": MLA_SETTINGS, "load_weights": str(tmp / "init_mla"), "softmax_scale_factor": WRONG_MLA_SCALE}
 
 
@@ -351,9 +351,9 @@ MICRO_BATCHES = 4
 def _mtp_scale_cases(tmp) -> list[dict]:
     """A broken MTP run (TP2 x DP2) whose MTP loss gradient is twice its weight (the schedule's 1 / micro-batches
     scale doubled), and an fp16 run whose dynamic loss scale backs off (FP16_SETTINGS)."""
-    return [{"name": "mtp_tp2_dp2_wrong_mtp_scale", "model": "mtp", "flags": {**BATCH, "tensor_parallel": 2},
+    return [{"name": "mtp_tp2_dp2_wrong_mtp_scale", "model": "mtp", "flags": {**BATCH, "tp": 2},
              "load_weights": str(tmp / "init_mtp"), "mtp_scale_factor": 2.0},
-            {"name": "mtp_fp16_pp2_dp2", "model": "mtp", "flags": {**BATCH, "pipeline_parallel": 2}, "steps": 6,
+            {"name": "mtp_fp16_pp2_dp2", "model": "mtp", "flags": {**BATCH, "pp": 2}, "steps": 6,
              "data_vocab_size": LEARNABLE_VOCAB, "settings": FP16_SETTINGS}]
 
 

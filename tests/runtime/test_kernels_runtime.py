@@ -243,7 +243,7 @@ CP_MODEL_CASES = [
 ONE_RANK_CASES += CP_MODEL_CASES
 TWO_RANK_CASES = KERNEL_CASES + CP_CASES + CP_MODEL_CASES + [
     {"name": "optimizer_tp2", "kind": "optimizer",
-     "flags": {"global_batch_size": 4, "micro_batch_size": 1, "tensor_parallel": 2}},
+     "flags": {"global_batch_size": 4, "micro_batch_size": 1, "tp": 2}},
     {"name": "optimizer_distopt_dp2", "kind": "optimizer",
      "flags": {"global_batch_size": 4, "micro_batch_size": 1, "distributed_optimizer": True}},
 ]
@@ -401,11 +401,11 @@ def flash_runs(tmp_path_factory) -> dict:
     ], timeout_s=240)
     init = {"load_weights": str(tmp / "init")}
     parallel = run_cases(tmp, 4, "equivalence_worker.py", [
-        {"name": "tp2_dp2_selective_recompute", "flags": {**BATCH, "tensor_parallel": 2,
+        {"name": "tp2_dp2_selective_recompute", "flags": {**BATCH, "tp": 2,
                                                           "recompute_granularity": "selective"}, **init, **_flash()},
-        {"name": "pp2_dp2_fused_adam", "flags": {**BATCH, "pipeline_parallel": 2}, **init,
+        {"name": "pp2_dp2_fused_adam", "flags": {**BATCH, "pp": 2}, **init,
          **_flash(optimizer_impl="fused", grad_accumulation_fusion="on")},
-        {"name": "llama_tp2_sp_dp2", "model": "llama", "flags": {**BATCH, "tensor_parallel": 2,
+        {"name": "llama_tp2_sp_dp2", "model": "llama", "flags": {**BATCH, "tp": 2,
                                                                  "sequence_parallel": True},
          "load_weights": str(tmp / "init_llama"), **_flash(grad_accumulation_fusion="on")},
     ], timeout_s=360)

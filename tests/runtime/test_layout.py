@@ -17,11 +17,11 @@ MODEL = uniform_model("t", 4, 64, 4, seq_length=32, vocab_size=256)
 
 
 def test_manual_flags_round_trip_through_the_plan():
-    flags = ManualParallelism(tensor_parallel=2, pipeline_parallel=2, micro_batch_size=1, global_batch_size=8,
+    flags = ManualParallelism(tp=2, pp=2, micro_batch_size=1, global_batch_size=8,
                               first_stage_layers=3, last_stage_layers=1, sequence_parallel=True,
                               distributed_optimizer=True, recompute_granularity="selective")
     layout = layout_from_plan(plan_from_flags(MODEL, 8, flags))
-    assert (layout.tensor_parallel, layout.pipeline_parallel, layout.data_parallel) == (2, 2, 2)
+    assert (layout.dims.tp, layout.dims.pp, layout.dims.dp) == (2, 2, 2)
     assert (layout.micro_batch_size, layout.num_micro_batches) == (1, 4)
     assert (layout.first_stage_layers, layout.last_stage_layers) == (3, 1)
     assert layout.sequence_parallel and layout.distributed_optimizer
@@ -29,12 +29,12 @@ def test_manual_flags_round_trip_through_the_plan():
 
 
 def test_virtual_stages_and_full_recompute():
-    flags = ManualParallelism(pipeline_parallel=2, layers_per_virtual_stage=1, global_batch_size=4,
+    flags = ManualParallelism(pp=2, layers_per_virtual_stage=1, global_batch_size=4,
                               recompute_granularity="full", recompute_method="block", recompute_num_layers=1)
     plan = plan_from_flags(MODEL, 2, flags)
     assert plan.virtual_stages == 2
     layout = layout_from_plan(plan)
-    assert layout.virtual_stages == 2
+    assert layout.dims.vp == 2
     assert (layout.recompute_granularity, layout.recompute_method, layout.recompute_num_layers) == ("full", "uniform", 1)
 
 
@@ -54,14 +54,14 @@ def test_megatron_stage_split():
 ])
 def test_embedding_and_loss_counted_in_the_pipeline_split_as_megatron_core_builds_them(
         layers, pp, per_chunk, embedding, loss, expected):
-    flags = ManualParallelism(pipeline_parallel=pp, layers_per_virtual_stage=per_chunk,
+    flags = ManualParallelism(pp=pp, layers_per_virtual_stage=per_chunk,
                               account_for_embedding=embedding, account_for_loss=loss)
     assert chunk_layer_counts(layers, pp, flags) == expected
 
 
 def test_a_virtual_split_that_counts_embedding_and_loss_round_trips_through_megatron_flags():
     model = uniform_model("t6", 6, 64, 4, seq_length=32, vocab_size=256)
-    flags = ManualParallelism(pipeline_parallel=2, layers_per_virtual_stage=2, global_batch_size=4,
+    flags = ManualParallelism(pp=2, layers_per_virtual_stage=2, global_batch_size=4,
                               account_for_embedding=True, account_for_loss=True)
     plan = plan_from_flags(model, 2, flags)
     assert [len(c.layers) for c in plan.chunks] == [1, 2, 2, 1] and plan.virtual_stages == 2
@@ -69,9 +69,9 @@ def test_a_virtual_split_that_counts_embedding_and_loss_round_trips_through_mega
     assert line[line.index("--num-layers-per-virtual-pipeline-stage") + 1] == "2"
     assert "--account-for-embedding-in-pipeline-split" in line and "--account-for-loss-in-pipeline-split" in line
     layout = layout_from_plan(plan)
-    assert (layout.virtual_stages, layout.account_for_embedding, layout.account_for_loss) == (2, True, True)
+    assert (layout.dims.vp, layout.account_for_embedding, layout.account_for_loss) == (2, True, True)
     loss_only = plan_from_flags(uniform_model("t7", 7, 64, 4, seq_length=32, vocab_size=256), 2,
-                                ManualParallelism(pipeline_parallel=2, layers_per_virtual_stage=2, global_batch_size=4,
+                                ManualParallelism(pp=2, layers_per_virtual_stage=2, global_batch_size=4,
                                                   account_for_loss=True))
     assert [len(c.layers) for c in loss_only.chunks] == [2, 2, 2, 1]
     assert "--account-for-embedding-in-pipeline-split" not in megatron_flags(loss_only)
@@ -79,10 +79,10 @@ def test_a_virtual_split_that_counts_embedding_and_loss_round_trips_through_mega
 
 
 @pytest.mark.parametrize("flags, message", [
-    (dict(pipeline_parallel=2, account_for_embedding=True, first_stage_layers=1), "cannot go with"),
-    (dict(pipeline_parallel=2, account_for_embedding=True), "do not split evenly"),
-    (dict(pipeline_parallel=2, layers_per_virtual_stage=3, account_for_loss=True), "chunks of 3"),
-    (dict(pipeline_parallel=2, layers_per_virtual_stage=1, account_for_embedding=True, account_for_loss=True),
+    (dict(pp=2, account_for_embedding=True, first_stage_layers=1), "cannot go with"),
+    (dict(pp=2, account_for_embedding=True), "do not split evenly"),
+    (dict(pp=2, layers_per_virtual_stage=3, account_for_loss=True), "chunks of 3"),
+    (dict(pp=2, layers_per_virtual_stage=1, account_for_embedding=True, account_for_loss=True),
      "without decoder layers"),
 ])
 def test_pipeline_splits_megatron_core_would_not_build_are_user_errors(flags, message):
@@ -92,7 +92,7 @@ def test_pipeline_splits_megatron_core_would_not_build_are_user_errors(flags, me
 
 def test_fewer_counted_layers_than_stages_is_a_user_error():
     with pytest.raises(UserError, match="1 layers and 2 counted for the embedding/loss do not split evenly over 4"):
-        chunk_layer_counts(1, 4, ManualParallelism(pipeline_parallel=4, account_for_embedding=True,
+        chunk_layer_counts(1, 4, ManualParallelism(pp=4, account_for_embedding=True,
                                                    account_for_loss=True))
 
 
@@ -100,7 +100,7 @@ def test_chunks_beyond_megatrons_split_flags_are_written_as_a_pipeline_layout():
     """Chunk sizes no split flag expresses go to Megatron-Core as --pipeline-model-parallel-layout, and the layout
     read back gives the same chunks (what the runtime builds: model.check_built_chunks)."""
     model = uniform_model("t6", 6, 64, 4, seq_length=32, vocab_size=256)
-    plan = plan_from_flags(model, 2, ManualParallelism(pipeline_parallel=2, layers_per_virtual_stage=2,
+    plan = plan_from_flags(model, 2, ManualParallelism(pp=2, layers_per_virtual_stage=2,
                                                        global_batch_size=4, account_for_embedding=True,
                                                        account_for_loss=True))
     first, second, third, last = plan.chunks  # 1, 2, 2 and 1 layers
@@ -112,12 +112,12 @@ def test_chunks_beyond_megatrons_split_flags_are_written_as_a_pipeline_layout():
         assert line[line.index("--pipeline-model-parallel-layout") + 1] == expected
         assert "--num-layers-per-virtual-pipeline-stage" not in line
         layout = layout_from_plan(odd)
-        assert (layout.pipeline_layout, layout.virtual_stages) == (expected, 2)
-        again = plan_from_flags(model, 2, ManualParallelism(pipeline_parallel=2, global_batch_size=4,
+        assert (layout.pipeline_layout, layout.dims.vp) == (expected, 2)
+        again = plan_from_flags(model, 2, ManualParallelism(pp=2, global_batch_size=4,
                                                             pipeline_layout=expected))
         assert [len(c.layers) for c in again.chunks] == [len(c.layers) for c in chunks]
     # One chunk per stage with unequal middle stages: only a layout says it.
-    flags = ManualParallelism(pipeline_parallel=4, global_batch_size=4, pipeline_layout="Et|ttt|tt|ttL")
+    flags = ManualParallelism(pp=4, global_batch_size=4, pipeline_layout="Et|ttt|tt|ttL")
     stages = plan_from_flags(uniform_model("t8", 8, 64, 4, seq_length=32, vocab_size=256), 4, flags)
     assert stages.stage_layer_counts() == (1, 3, 2, 2) and stages.virtual_stages == 1
     assert layout_from_plan(stages).pipeline_layout == "Et|t*3|t*2|t*2L"
@@ -138,7 +138,7 @@ def test_chunks_beyond_megatrons_split_flags_are_written_as_a_pipeline_layout():
 ])
 def test_pipeline_layouts_megatron_core_or_this_runtime_would_not_build_are_user_errors(flags, message):
     with pytest.raises(UserError) as error:
-        plan_from_flags(MODEL, 2, ManualParallelism(pipeline_parallel=2, global_batch_size=4, **flags))
+        plan_from_flags(MODEL, 2, ManualParallelism(pp=2, global_batch_size=4, **flags))
     assert message in str(error.value)
 
 
@@ -149,7 +149,7 @@ def test_a_layout_of_several_chunks_needs_two_pipeline_stages():
 
 def test_world_size_that_does_not_divide_is_a_user_error():
     with pytest.raises(UserError, match="not divisible"):
-        plan_from_flags(MODEL, 6, ManualParallelism(tensor_parallel=4))
+        plan_from_flags(MODEL, 6, ManualParallelism(tp=4))
 
 
 MOE_MODEL = uniform_model("m", 4, 64, 4, seq_length=32, vocab_size=256, num_experts=4, moe_layer_freq=2,
@@ -157,15 +157,15 @@ MOE_MODEL = uniform_model("m", 4, 64, 4, seq_length=32, vocab_size=256, num_expe
 
 
 @pytest.mark.parametrize("flags, expected", [
-    (dict(expert_parallel=2), (2, None)),
-    (dict(expert_parallel=2, tensor_parallel=2, sequence_parallel=True), (2, None)),
-    (dict(expert_parallel=4, expert_tensor_parallel=1, tensor_parallel=2, sequence_parallel=True), (4, 1)),
+    (dict(ep=2), (2, None)),
+    (dict(ep=2, tp=2, sequence_parallel=True), (2, None)),
+    (dict(ep=4, etp=1, tp=2, sequence_parallel=True), (4, 1)),
     (dict(), (1, None)),
 ])
 def test_expert_degrees_reach_the_layout_on_the_moe_layers_only(flags, expected):
     plan = plan_from_flags(MOE_MODEL, 8, ManualParallelism(global_batch_size=8, **flags))
     layout = layout_from_plan(plan)
-    assert (layout.expert_parallel, layout.expert_tensor_parallel) == expected
+    assert (layout.dims.ep, layout.dims.etp) == expected
     dense = [s for layer, s in zip(MOE_MODEL.layers, plan.layer_strategies) if layer.moe is None]
     assert dense and all((s.ep, s.etp) == (1, None) for s in dense)
 

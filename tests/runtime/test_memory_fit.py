@@ -73,7 +73,7 @@ def test_stage_of_rank_follows_megatron_rank_order():
     from megatron_auto.specs.model import uniform_model
 
     model = uniform_model("m", 4, 64, 4, seq_length=32, vocab_size=128)
-    plan = plan_from_flags(model, 8, ManualParallelism(tensor_parallel=2, pipeline_parallel=2, global_batch_size=8))
+    plan = plan_from_flags(model, 8, ManualParallelism(tp=2, pp=2, global_batch_size=8))
     assert [memory_check.stage_of_rank(plan, r) for r in range(8)] == [0, 0, 0, 0, 1, 1, 1, 1]
 
 

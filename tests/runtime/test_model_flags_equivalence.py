@@ -30,13 +30,13 @@ def results(tmp_path_factory) -> dict:
             "save_initial": init},
            {"name": "decoupled_reference", "model": "qwen3", "flags": {"global_batch_size": 8, "micro_batch_size": 2},
             "load_weights": init, "settings": DECOUPLED}]
-    four = [{"name": "tp2_sp_dp2", "model": "qwen3", "flags": {**BATCH, "tensor_parallel": 2, "sequence_parallel": True},
+    four = [{"name": "tp2_sp_dp2", "model": "qwen3", "flags": {**BATCH, "tp": 2, "sequence_parallel": True},
              "load_weights": init},
-            {"name": "pp2_dp2", "model": "qwen3", "flags": {**BATCH, "pipeline_parallel": 2}, "load_weights": init},
-            {"name": "per_token_tp2_dp2", "model": "qwen3", "flags": {**BATCH, "tensor_parallel": 2},
+            {"name": "pp2_dp2", "model": "qwen3", "flags": {**BATCH, "pp": 2}, "load_weights": init},
+            {"name": "per_token_tp2_dp2", "model": "qwen3", "flags": {**BATCH, "tp": 2},
              "load_weights": init, "settings": {"calculate_per_token_loss": True}},
             {"name": "decoupled_tp2_pp2", "model": "qwen3",
-             "flags": {**BATCH, "tensor_parallel": 2, "pipeline_parallel": 2}, "load_weights": init,
+             "flags": {**BATCH, "tp": 2, "pp": 2}, "load_weights": init,
              "settings": DECOUPLED}]
     return {**run_cases(tmp, 1, "equivalence_worker.py", one, timeout_s=300),
             **run_cases(tmp, 4, "equivalence_worker.py", four, timeout_s=400)}

@@ -7,6 +7,7 @@ import dataclasses
 import pytest
 
 from megatron_auto.errors import UserError
+from megatron_auto.parallel_dims import ParallelDims
 from megatron_auto.plan import Chunk, LayerStrategy, Plan
 from worker_models import llama_model, mtp_model
 
@@ -23,7 +24,7 @@ def test_the_hybrid_runtime_refuses_an_mtp_model():
 
 
 @pytest.mark.parametrize("layout, words", [
-    (dict(context_parallel=2), "multi-token prediction with context parallelism is not run"),
+    (dict(dims=ParallelDims(cp=2, dp=1)), "multi-token prediction with context parallelism is not run"),
     (dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=2),
      "needs --recompute-num-layers 1, not 2"),
 ])
@@ -33,8 +34,8 @@ def test_the_config_refuses_what_megatron_asserts_or_this_runtime_does_not_run(l
     from megatron_auto.runtime.layout import MegatronLayout
     from megatron_auto.runtime.settings import TrainSettings
 
-    base = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
-                          num_micro_batches=1, global_batch_size=1)
+    base = MegatronLayout(ParallelDims(), micro_batch_size=1, num_micro_batches=1,
+                          global_batch_size=1)
     settings = TrainSettings(train_iters=1, attention_backend="flash")
     with pytest.raises(UserError, match=words):
         configs.transformer_config(mtp_model("mtp"), dataclasses.replace(base, **layout), settings, "gloo")

@@ -5,10 +5,12 @@ and a checkpoint saved right after a step must hold the gathered weights (its fi
 on stale ones before runtime.step.sync_parameters)."""
 from __future__ import annotations
 
+import dataclasses
 import re
 
 from validation.launcher import launch
 
+from megatron_auto.parallel_dims import ParallelDims
 from megatron_auto.runtime.config import overlaps_param_gather
 from megatron_auto.runtime.layout import MegatronLayout
 from megatron_auto.runtime.settings import TrainSettings
@@ -47,9 +49,9 @@ def test_overlapped_gather_trains_like_the_plain_one_and_resumes_exactly(tmp_pat
 def test_overlap_is_on_with_cuda_or_when_asked_and_needs_the_distributed_optimizer(monkeypatch):
     import torch
 
-    distopt = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=2, micro_batch_size=1,
-                             num_micro_batches=1, global_batch_size=2, distributed_optimizer=True)
-    plain = MegatronLayout(**{**distopt.__dict__, "distributed_optimizer": False})
+    distopt = MegatronLayout(ParallelDims(dp=2), micro_batch_size=1, num_micro_batches=1,
+                             global_batch_size=2, distributed_optimizer=True)
+    plain = dataclasses.replace(distopt, distributed_optimizer=False)
     assert not overlaps_param_gather(distopt, TrainSettings())  # CPU: off by default
     assert overlaps_param_gather(distopt, TrainSettings(overlap_param_gather=True))
     assert not overlaps_param_gather(plain, TrainSettings(overlap_param_gather=True))

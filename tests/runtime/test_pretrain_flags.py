@@ -305,6 +305,7 @@ def test_a_pipeline_layout_reaches_the_plan_and_is_the_planners_under_auto_paral
 
 def test_run_flags_reach_the_settings_and_megatrons_configs():
     from megatron_auto.runtime import config as configs
+    from megatron_auto.parallel_dims import ParallelDims
     from megatron_auto.runtime.layout import MegatronLayout
 
     args = train.parse_args(BASE + ["--decoupled-lr", "5e-4", "--decoupled-min-lr", "4.5e-5",
@@ -315,8 +316,8 @@ def test_run_flags_reach_the_settings_and_megatrons_configs():
     settings = train.settings_from_args(args, 512)
     assert (settings.check_for_nan, settings.exit_duration_s, settings.load_optimizer) == (False, 90.0, False)
     assert settings.lr_warmup_init == 1e-5
-    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
-                            num_micro_batches=1, global_batch_size=1)
+    layout = MegatronLayout(ParallelDims(), micro_batch_size=1, num_micro_batches=1,
+                            global_batch_size=1)
     optimizer = configs.optimizer_config(layout, settings)
     assert (optimizer.decoupled_lr, optimizer.decoupled_min_lr) == (5e-4, 4.5e-5)
     model = train.model_from_args(args, 512)
@@ -344,10 +345,11 @@ def test_run_flags_reach_the_settings_and_megatrons_configs():
 def test_mtp_flags_reach_the_model_spec_and_megatrons_config():
     """Megatron-LM's defaults (no MTP; weight 0.1 when on) and its None for "no MTP" in TransformerConfig."""
     from megatron_auto.runtime import config as configs
+    from megatron_auto.parallel_dims import ParallelDims
     from megatron_auto.runtime.layout import MegatronLayout
 
-    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
-                            num_micro_batches=1, global_batch_size=1)
+    layout = MegatronLayout(ParallelDims(), micro_batch_size=1, num_micro_batches=1,
+                            global_batch_size=1)
     rope = BASE + ["--position-embedding-type", "rope"]
     for flags, depths, weight in ((rope, 0, 0.1), (rope + ["--mtp-num-layers", "2"], 2, 0.1),
                                   (rope + ["--mtp-num-layers", "1", "--mtp-loss-scaling-factor", "0.3"], 1, 0.3)):
@@ -362,10 +364,11 @@ def test_xavier_uniform_initialisation_reaches_every_init_method_of_the_config()
     import torch
 
     from megatron_auto.runtime import config as configs
+    from megatron_auto.parallel_dims import ParallelDims
     from megatron_auto.runtime.layout import MegatronLayout
 
-    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
-                            num_micro_batches=1, global_batch_size=1)
+    layout = MegatronLayout(ParallelDims(), micro_batch_size=1, num_micro_batches=1,
+                            global_batch_size=1)
     tiny = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
             "--train-iters", "1", "--mock-data"]
     for flags, xavier in ((tiny, False), (tiny + ["--init-method-xavier-uniform"], True)):
@@ -460,10 +463,11 @@ def test_only_rank_0_reports_the_search(monkeypatch, rank, level):
 
 def test_fp16_loss_scaling_flags_reach_the_settings_and_megatrons_optimizer_config():
     from megatron_auto.runtime.config import optimizer_config
+    from megatron_auto.parallel_dims import ParallelDims
     from megatron_auto.runtime.layout import MegatronLayout
 
-    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
-                            num_micro_batches=1, global_batch_size=1)
+    layout = MegatronLayout(ParallelDims(), micro_batch_size=1, num_micro_batches=1,
+                            global_batch_size=1)
     args = train.parse_args(BASE + ["--fp16", "--initial-loss-scale", "65536", "--min-loss-scale", "2",
                                            "--loss-scale-window", "50", "--hysteresis", "3"])
     settings = train.settings_from_args(args, 256)
@@ -532,12 +536,13 @@ DEEPSEEK_V2_LITE_MLA = ["--multi-latent-attention", "--kv-lora-rank", "512", "--
 
 def _mla_config(flags: list[str]):
     from megatron_auto.runtime import config as configs
+    from megatron_auto.parallel_dims import ParallelDims
     from megatron_auto.runtime.layout import MegatronLayout
 
     args = train.parse_args(["--num-layers", "2", "--hidden-size", "2048", "--num-attention-heads", "16",
                                     "--seq-length", "128", "--train-iters", "1", "--mock-data", *flags])
-    layout = MegatronLayout(tensor_parallel=1, pipeline_parallel=1, data_parallel=1, micro_batch_size=1,
-                            num_micro_batches=1, global_batch_size=1)
+    layout = MegatronLayout(ParallelDims(), micro_batch_size=1, num_micro_batches=1,
+                            global_batch_size=1)
     model = train.model_from_args(args, 512)
     return model, configs.transformer_config(model, layout, train.settings_from_args(args, 512), "gloo")
 
@@ -610,7 +615,7 @@ def test_auto_parallel_with_a_growing_batch_keeps_the_micro_batch_and_a_dp_that_
     # Batches 2 then 16 (from 1M tokens): micro-batch 1 (pinned) x DP must divide 2.
     _, plan = _choose(job + ["--step-batch-size-schedule", "0:2", "1M:16", "--micro-batch-size", "1"])
     layout = layout_from_plan(plan)
-    assert layout.global_batch_size == 16 and layout.micro_batch_size == 1 and layout.data_parallel in (1, 2)
+    assert layout.global_batch_size == 16 and layout.micro_batch_size == 1 and layout.dims.dp in (1, 2)
 
 
 MIXTRAL = ["--num-experts", "8", "--moe-router-topk", "2", "--moe-ffn-hidden-size", "14336",
@@ -669,7 +674,7 @@ def test_recompute_modules_reach_the_settings_the_priced_spec_and_the_plan_file_
     training = train.training_for_job(args, settings, world_size=8)
     assert settings.recompute_modules == training.recompute_modules == ("mlp", "layernorm")
     model = train.model_from_args(args, 512)
-    plan = plan_from_flags(model, 8, ManualParallelism(tensor_parallel=8, micro_batch_size=1, global_batch_size=8,
+    plan = plan_from_flags(model, 8, ManualParallelism(tp=8, micro_batch_size=1, global_batch_size=8,
                                                        recompute_granularity="selective"))
     priced = replace(plan, prediction=estimate_plan(plan, model, CLUSTER_PRESETS["dgx-h100-80gb"], training))
     train.check_plan_runs(priced, settings, model)  # priced as it runs
@@ -692,7 +697,7 @@ def test_without_recompute_modules_the_run_takes_the_plans():
     settings = train.settings_from_args(args, 512)
     assert settings.recompute_modules == ("core_attn",)  # Megatron-LM's default until a plan says otherwise
     model = train.model_from_args(args, 512)
-    plan = plan_from_flags(model, 8, ManualParallelism(tensor_parallel=8, micro_batch_size=1, global_batch_size=8,
+    plan = plan_from_flags(model, 8, ManualParallelism(tp=8, micro_batch_size=1, global_batch_size=8,
                                                        recompute_granularity="selective"))
     training = replace(train.training_for_job(args, settings, 8), recompute_modules=("mlp",))
     priced = replace(plan, prediction=estimate_plan(plan, model, CLUSTER_PRESETS["dgx-h100-80gb"], training))

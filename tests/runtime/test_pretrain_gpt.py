@@ -58,7 +58,7 @@ def test_plan_for_another_world_size_is_refused_with_one_line(tmp_path):
     from megatron_auto.specs.model import uniform_model
 
     model = uniform_model("m", 4, 64, 4, seq_length=64, vocab_size=257)
-    save_plan(plan_from_flags(model, 4, ManualParallelism(tensor_parallel=2, global_batch_size=8)), tmp_path / "p.json")
+    save_plan(plan_from_flags(model, 4, ManualParallelism(tp=2, global_batch_size=8)), tmp_path / "p.json")
     done = _pretrain([*TINY, "--train-iters", "1", "--mock-data", "--tokenizer-type", "ByteTokenizer",
                       "--auto-parallel-plan", str(tmp_path / "p.json")], fresh=True)
     assert done.returncode == 2

@@ -7,6 +7,7 @@ from ...plan import LayerStrategy, Plan
 from ...specs.model import ModelSpec
 from .. import config as configs
 from ..layout import MegatronLayout
+from ...parallel_dims import ParallelDims
 from ..settings import TrainSettings
 
 RECOMPUTE = {"none": (None, None, None), "selective": ("selective", None, None), "full": ("full", "uniform", 1)}
@@ -16,12 +17,11 @@ def strategy_layout(plan: Plan, strategy: LayerStrategy) -> MegatronLayout:
     """A one-stage Megatron layout with this strategy's TP, SP, recompute, optimizer sharding and experts."""
     granularity, method, num_layers = RECOMPUTE[strategy.recompute]
     per_micro_batch = plan.global_batch_size // plan.num_micro_batches
-    return MegatronLayout(
-        tensor_parallel=strategy.tp, pipeline_parallel=1, data_parallel=strategy.dp,
-        micro_batch_size=per_micro_batch // strategy.dp, num_micro_batches=plan.num_micro_batches,
-        global_batch_size=plan.global_batch_size, recompute_granularity=granularity,
-        recompute_method=method, recompute_num_layers=num_layers, sequence_parallel=strategy.sp,
-        distributed_optimizer=strategy.zero == 1, expert_parallel=strategy.ep, expert_tensor_parallel=strategy.etp)
+    return MegatronLayout(ParallelDims(tp=strategy.tp, dp=strategy.dp, ep=strategy.ep, etp=strategy.etp),
+                          micro_batch_size=per_micro_batch // strategy.dp, num_micro_batches=plan.num_micro_batches,
+                          global_batch_size=plan.global_batch_size, recompute_granularity=granularity,
+                          recompute_method=method, recompute_num_layers=num_layers, sequence_parallel=strategy.sp,
+                          distributed_optimizer=strategy.zero == 1)
 
 
 def needs_per_token_loss(plan: Plan) -> bool:

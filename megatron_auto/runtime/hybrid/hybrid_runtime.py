@@ -19,6 +19,7 @@ from ...plan import Plan
 from ...specs.model import ModelSpec
 from .. import data, distributed
 from ..layout import MegatronLayout
+from ...parallel_dims import ParallelDims
 from ..settings import TrainSettings
 from .build import build_model, pg_collection, BuildContext
 from .finalize import finalize_grads
@@ -73,10 +74,9 @@ def initialize_parallel(plan: Plan, timeout_s: float) -> None:
 def data_layout(plan: Plan) -> MegatronLayout:
     """Batch slicing of the embedding's layout (the ranks that read tokens and labels)."""
     per_micro_batch = plan.global_batch_size // plan.num_micro_batches
-    return MegatronLayout(tensor_parallel=plan.embedding.tp, pipeline_parallel=plan.pipeline_parallel,
-                          data_parallel=plan.embedding.dp, micro_batch_size=per_micro_batch // plan.embedding.dp,
-                          num_micro_batches=plan.num_micro_batches, global_batch_size=plan.global_batch_size,
-                          virtual_stages=plan.virtual_stages)
+    dims = ParallelDims(tp=plan.embedding.tp, dp=plan.embedding.dp, pp=plan.pipeline_parallel, vp=plan.virtual_stages)
+    return MegatronLayout(dims, micro_batch_size=per_micro_batch // plan.embedding.dp,
+                          num_micro_batches=plan.num_micro_batches, global_batch_size=plan.global_batch_size)
 
 
 def _p2p_shape(plan: Plan, seq_length: int) -> tuple[int, int]:
