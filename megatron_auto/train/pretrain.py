@@ -41,9 +41,7 @@ def megatron_lm_adjustments(args: argparse.Namespace) -> list[str]:
     if args.moe_token_dispatcher_type == "flex":
         warnings_given.append("--moe-token-dispatcher-type flex: DeepEP/HybridEP kernels are not available here; "
                               "the alltoall dispatcher moves the same tokens")
-    if args.sequence_parallel and args.auto_parallel:
-        pass
-    elif args.sequence_parallel and (args.tensor_model_parallel_size or 1) == 1:
+    if args.sequence_parallel and not args.auto_parallel and (args.tensor_model_parallel_size or 1) == 1:
         args.sequence_parallel = False
         warnings_given.append("Disabling sequence parallelism because tensor model parallelism is disabled")
     return warnings_given
