@@ -180,7 +180,8 @@ def test_the_search_is_at_least_as_fast_as_every_split_tried_one_by_one():
 def test_the_search_is_at_least_as_fast_as_every_interleaved_layout_tried_one_by_one():
     """Ten Llama 3 8B layers on two single-GPU H100 nodes, node 1 at half speed: every split is searched, and the
     best of the searches at each pinned chunk count is no slower than any (tp, pp, micro-batch, split, v of 1 up
-    to the fewest layers of a stage) priced one by one; here the best of them interleaves uneven stages."""
+    to the fewest layers of a stage) priced one by one. The searches at 2, 3 and 4 chunks interleave uneven
+    stages; replayed chunk by chunk (cost.estimate.interleaved_iteration) none of them beats the one-chunk 9, 1."""
     from megatron_auto.specs.presets import with_node_speeds
 
     cluster = with_node_speeds(_single_gpu_nodes(2), (1.0, 0.5))
@@ -190,7 +191,7 @@ def test_the_search_is_at_least_as_fast_as_every_interleaved_layout_tried_one_by
     plans = [search_plan(model, cluster, training, "megatron", SearchConstraints(vp=v)).plan
              for v in range(1, model.num_layers // 2 + 1)]  # each chunk count pinned, as a user would pin it
     best = min(plans, key=lambda plan: plan.prediction.iteration_time_s)
-    assert best.virtual_stages > 1 and len(set(best.stage_layer_counts())) > 1
+    assert sum(plan.virtual_stages > 1 and len(set(plan.stage_layer_counts())) > 1 for plan in plans) >= 3
     assert best.prediction.iteration_time_s <= _brute_force(model, cluster, training, every_v=True) * (1 + 1e-12)
 
 

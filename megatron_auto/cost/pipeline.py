@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Sequence
 
+FORWARD, BACKWARD = "F", "B"
+
 
 def pipeline_time(stage_times: Sequence[float], num_micro_batches: int, virtual_stages: int = 1) -> float:
     """Seconds for all micro-batches to pass forward and backward through all stages."""
@@ -57,3 +59,70 @@ def warmup_chunk_forwards(stages: int, chunks: int, stage: int) -> int:
     if chunks == 1:
         return stages - stage - 1
     return (stages - stage - 1) * 2 + (chunks - 1) * stages
+
+
+def schedule_order(stages: int, micro_batches: int, chunks: int, stage: int,
+                   schedule: str = "1f1b") -> list[tuple[str, int, int]]:
+    """(kind, chunk, micro-batch) in the order stage `stage` runs them."""
+    total = micro_batches * chunks
+    warmup = total if schedule == "gpipe" else min(warmup_chunk_forwards(stages, chunks, stage), total)
+    forwards = [_virtual(k, stages, chunks, True) for k in range(total)]
+    backwards = [_virtual(k, stages, chunks, False) for k in range(total)]
+    order = [(FORWARD, *f) for f in forwards[:warmup]]
+    for index in range(total - warmup):
+        order += [(FORWARD, *forwards[warmup + index]), (BACKWARD, *backwards[index])]
+    return order + [(BACKWARD, *b) for b in backwards[total - warmup:]]
+
+
+def _virtual(k: int, stages: int, chunks: int, forward: bool) -> tuple[int, int]:
+    """(chunk, micro-batch) of a stage's k-th chunk forward or backward (Megatron-Core's
+    get_model_chunk_id: micro-batches in groups of p, chunk by chunk)."""
+    if chunks == 1:
+        return 0, k
+    in_group = k % (stages * chunks)
+    chunk = in_group // stages
+    micro_batch = (k // (stages * chunks)) * stages + in_group % stages
+    return (chunk if forward else chunks - 1 - chunk), micro_batch
+
+
+def dependency(kind: str, chunk: int, micro_batch: int, stage: int, stages: int,
+               chunks: int) -> tuple[str, int, int, int] | None:
+    """The operation (kind, chunk, micro-batch, stage) that must finish first, if any."""
+    if kind == FORWARD:
+        if stage > 0:
+            return FORWARD, chunk, micro_batch, stage - 1
+        return (FORWARD, chunk - 1, micro_batch, stages - 1) if chunk > 0 else None
+    if stage < stages - 1:
+        return BACKWARD, chunk, micro_batch, stage + 1
+    if chunk < chunks - 1:
+        return BACKWARD, chunk + 1, micro_batch, 0
+    return FORWARD, chunk, micro_batch, stage
+
+
+def chunked_pipeline_time(chunk_times: Sequence[Sequence[tuple[float, float]]], num_micro_batches: int,
+                          tails: Sequence[float] = (), schedule: str = "1f1b") -> float:
+    """Seconds of an iteration whose chunks differ: Megatron-Core's schedule replayed operation by operation
+    (`schedule_order`, `dependency`), each stage running its chunk forwards and backwards in its order, each as
+    soon as the stage is free and what it needs has finished, then its tail (`tails`: exposed gradient sync and
+    optimizer step). `chunk_times[s][c]`: (forward, backward) seconds of one micro-batch through chunk c of stage
+    s, the p2p each sends included. With equal chunks this is `pipeline_time` (tests/test_chunked_pipeline.py)."""
+    stages, chunks = len(chunk_times), len(chunk_times[0])
+    orders = [schedule_order(stages, num_micro_batches, chunks, s, schedule) for s in range(stages)]
+    position, free = [0] * stages, [0.0] * stages
+    finished: dict[tuple[str, int, int, int], float] = {}
+    while True:
+        progressed = False
+        for s in range(stages):
+            while position[s] < len(orders[s]):
+                kind, chunk, micro_batch = orders[s][position[s]]
+                needed = dependency(kind, chunk, micro_batch, s, stages, chunks)
+                if needed is not None and needed not in finished:
+                    break
+                start = max(free[s], finished[needed] if needed is not None else 0.0)
+                free[s] = start + chunk_times[s][chunk][0 if kind == FORWARD else 1]
+                finished[(kind, chunk, micro_batch, s)] = free[s]
+                position[s], progressed = position[s] + 1, True
+        if all(p == len(order) for p, order in zip(position, orders)):
+            return max(f + (tails[s] if tails else 0.0) for s, f in enumerate(free))
+        if not progressed:
+            raise RuntimeError("pipeline schedule deadlocked")  # a bug in the order, never the input

@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .pipeline import warmup_chunk_forwards
+from .pipeline import BACKWARD, FORWARD, dependency, schedule_order
 
-FORWARD, BACKWARD, SYNC, STEP = "F", "B", "sync", "step"
+SYNC, STEP = "sync", "step"
 
 
 @dataclass(frozen=True)
@@ -47,44 +47,9 @@ class StageLoad:
     """Per iteration: the exposed gradient sync (waiting only)."""
     step_work: float
     """Per iteration: the optimizer step and the runtime's per-step work."""
-
-
-def schedule_order(stages: int, micro_batches: int, chunks: int, stage: int,
-                   schedule: str = "1f1b") -> list[tuple[str, int, int]]:
-    """(kind, chunk, micro-batch) in the order stage `stage` runs them."""
-    total = micro_batches * chunks
-    warmup = total if schedule == "gpipe" else min(warmup_chunk_forwards(stages, chunks, stage), total)
-    forwards = [_virtual(k, stages, chunks, True) for k in range(total)]
-    backwards = [_virtual(k, stages, chunks, False) for k in range(total)]
-    order = [(FORWARD, *f) for f in forwards[:warmup]]
-    for index in range(total - warmup):
-        order += [(FORWARD, *forwards[warmup + index]), (BACKWARD, *backwards[index])]
-    return order + [(BACKWARD, *b) for b in backwards[total - warmup:]]
-
-
-def _virtual(k: int, stages: int, chunks: int, forward: bool) -> tuple[int, int]:
-    """(chunk, micro-batch) of a stage's k-th chunk forward or backward (Megatron-Core's
-    get_model_chunk_id: micro-batches in groups of p, chunk by chunk)."""
-    if chunks == 1:
-        return 0, k
-    in_group = k % (stages * chunks)
-    chunk = in_group // stages
-    micro_batch = (k // (stages * chunks)) * stages + in_group % stages
-    return (chunk if forward else chunks - 1 - chunk), micro_batch
-
-
-def dependency(kind: str, chunk: int, micro_batch: int, stage: int, stages: int,
-               chunks: int) -> tuple[str, int, int, int] | None:
-    """The operation (kind, chunk, micro-batch, stage) that must finish first, if any."""
-    if kind == FORWARD:
-        if stage > 0:
-            return FORWARD, chunk, micro_batch, stage - 1
-        return (FORWARD, chunk - 1, micro_batch, stages - 1) if chunk > 0 else None
-    if stage < stages - 1:
-        return BACKWARD, chunk, micro_batch, stage + 1
-    if chunk < chunks - 1:
-        return BACKWARD, chunk + 1, micro_batch, 0
-    return FORWARD, chunk, micro_batch, stage
+    chunk_weights: tuple[float, ...] = ()
+    """Each chunk's operations as a multiple of `forward` and `backward` (which are the stage's per-chunk mean);
+    empty: every chunk alike."""
 
 
 def shared_compute_times(running: dict[int, tuple[float, float]], loads: list[StageLoad],
@@ -113,8 +78,9 @@ def simulate_iteration(loads: list[StageLoad], micro_batches: int, chunks: int, 
     orders = [schedule_order(stages, micro_batches, chunks, s, schedule) + [(SYNC, 0, 0), (STEP, 0, 0)]
               for s in range(stages)]
     position, left = [0] * stages, [0.0] * stages
+    weighted = any(load.chunk_weights for load in loads)
     finished: set[tuple[str, int, int, int]] = set()
-    durations: dict[tuple[tuple[int, str], ...], dict[int, float]] = {}
+    durations: dict[tuple[tuple[int, str, int], ...], dict[int, float]] = {}
     now = 0.0
     while any(p < len(order) for p, order in zip(position, orders)):
         for s in range(stages):
@@ -122,11 +88,12 @@ def simulate_iteration(loads: list[StageLoad], micro_batches: int, chunks: int, 
                 kind, chunk, micro_batch = orders[s][position[s]]
                 needed = dependency(kind, chunk, micro_batch, s, stages, chunks) if kind in (FORWARD, BACKWARD) else None
                 left[s] = 1.0 if needed is None or needed in finished else 0.0
-        kinds = tuple((s, orders[s][position[s]][0]) for s in range(stages) if left[s] > 0)
+        kinds = tuple((s, orders[s][position[s]][0], orders[s][position[s]][1] if weighted else 0)
+                      for s in range(stages) if left[s] > 0)
         if not kinds:
             raise RuntimeError("pipeline schedule deadlocked")  # a bug in the order, never the input
         if kinds not in durations:  # few distinct sets of running operations recur all along
-            running = {s: _operation(loads[s], kind) for s, kind in kinds}
+            running = {s: _operation(loads[s], kind, chunk) for s, kind, chunk in kinds}
             compute = shared_compute_times(running, loads, cores)
             durations[kinds] = {s: compute[s] + running[s][1] for s in running}
         duration = durations[kinds]
@@ -141,9 +108,10 @@ def simulate_iteration(loads: list[StageLoad], micro_batches: int, chunks: int, 
     return now
 
 
-def _operation(load: StageLoad, kind: str) -> tuple[float, float]:
+def _operation(load: StageLoad, kind: str, chunk: int) -> tuple[float, float]:
+    weight = load.chunk_weights[chunk] if load.chunk_weights and kind in (FORWARD, BACKWARD) else 1.0
     if kind == FORWARD:
-        return load.forward
+        return load.forward[0] * weight, load.forward[1] * weight
     if kind == BACKWARD:
-        return load.backward
+        return load.backward[0] * weight, load.backward[1] * weight
     return (0.0, load.sync) if kind == SYNC else (load.step_work, 0.0)

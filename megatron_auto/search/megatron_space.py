@@ -287,8 +287,8 @@ def _mixed_splits(model, cluster, training, constraints, degrees) -> list[tuple]
     interleaved layouts are not offered unasked because they ran far slower than predicted: the straggler re-plan's
     5, 5, 2, 4 in 2 chunks per stage was predicted 32.6% faster than the running plan and measured 11% faster
     (tests/runtime/test_straggler_replan.py) and 3.6% slower (benchmarks/bench_stragglers.py), where the same split
-    in one chunk per stage was predicted 27.6% and measured 29.6% faster: the pipeline formula (cost/pipeline.py)
-    takes a stage's chunks as equal, which they are not here."""
+    in one chunk per stage was predicted 27.6% and measured 29.6% faster. Replaying unequal chunks one by one
+    (cost.estimate.interleaved_iteration) does not explain the gap (docs/cost_model.md, section 15)."""
     tp, pp, cp = degrees
     splits = mixed_stage_splits(model, cluster, training, tp, pp, cp)
     chunks = constraints.vp if constraints.vp and constraints.vp > 1 else None
