@@ -18,7 +18,7 @@ from ..errors import UserError
 from ..plan import Plan
 from ..specs.model import ModelSpec
 from . import checkpoint, config as configs, data, distributed, faults, kernels, metrics, schedule, stopping
-from . import checkpoint_rotation, moe_metrics, mtp_metrics, tensorboard_log
+from . import checkpoint_rotation, moe_metrics, mtp_metrics, tensorboard_log, teardown
 from . import model as models
 from .batch_schedule import BatchSizer, check_divisible
 from .layout import MegatronLayout, layout_from_plan
@@ -383,6 +383,9 @@ def close(session: Session) -> None:
     """End `session` on this rank: drop its model, optimizer and data, and destroy the process groups it built
     (Megatron's and the hybrid runtime's), their threads with them. The job's default group stays for the
     next session (a re-plan, a test's next case); distributed.shutdown ends it."""
+    teardown.forget_autograd_graphs(session.model)
+    moe_metrics.reset_aux_loss_tracker()  # its entries hold the routers' reduce groups
+    mtp_metrics.reset_mtp_loss_tracker()
     for name in ("model", "optimizer", "scheduler", "source", "slicer", "hybrid"):
         setattr(session, name, None)
     distributed.destroy_parallel_groups()  # it collects the dropped model's reference cycles too
