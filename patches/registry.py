@@ -31,7 +31,7 @@ ON_CUDA = {
 (the record's `cuda_condition` says when, in words)."""
 
 KIND_ON_CUDA = {"cpu-gloo": ("no",), "torch-fallback": ("when-needed",), "upstream-bug": ("yes",),
-                "speed-memory": ("yes", "when-needed")}
+                "speed-memory": ("yes", "when-needed", "no")}
 """The ON_CUDA values each kind allows."""
 
 STAGES = ("apply", "import")
@@ -93,6 +93,8 @@ PATCHES = (
     _cpu("vpp_batched_p2p_guard", "never for gloo while batch_isend_irecv keeps its gloo semantics; drop it once "
                                   "Megatron-Core itself refuses the combination."),
     _cpu("dist_checkpointing_cuda", "dist_checkpointing takes its device from the process group backend."),
+    PatchRecord("dist_checkpointing_results_queue", "speed-memory", "no",
+                "megatron-core makes its results queue only for asynchronous saves."),
     _cpu("distrib_optimizer_gather", "megatron-core moves the shard to the group's device instead of CUDA."),
     _bug("fully_reshardable_bucket_offsets", "the megatron-core in use contains that fix."),
     _fallback("distrib_optimizer_torch_adam_step", NO_TE_APEX + " (torch's Adam runs)",
