@@ -2,8 +2,8 @@
 
 xdist hands a worker its next file when it finishes one, by default the files with the most tests first
 (--loadscope-reorder), which left the longest multi-rank files, a few tests each, to the end: one worker ran
-test_straggler_replan.py (about 200 s) and the launch lines alone while the other had nothing left. Here test_straggler_replan.py goes first (its ranks sleep most of
-their passes, and its step times must drop after the re-plan: beside another file's multi-rank compute they did
+test_straggler_replan.py (about 200 s) and the launch lines alone while the other had nothing left. Here
+test_straggler_replan.py goes first (its ranks sleep most of their passes, and its step times must drop after the re-plan: beside another file's multi-rank compute they did
 not, 2026-11-29), beside the single-process files outside tests/runtime; then the files below, longest first
 (seconds measured in one `make test` on two cores, 2026-11-29, each beside the other worker's files); then the
 rest of tests/runtime as xdist would order them. Nothing else changes: every test runs, in

@@ -48,10 +48,10 @@ class ManualParallelism:
     cp: int = 1
     """--context-parallel-size: each sequence split over this many ranks."""
 
-    def dims(self, world_size: int, vp: int = 1) -> ParallelDims:
-        """The degrees on `world_size` ranks; UserError when they do not fit it."""
-        return ParallelDims.for_world(world_size, tp=self.tp, cp=self.cp, pp=self.pp, vp=vp, ep=self.ep,
-                                      etp=self.etp)
+    def dims(self, world_size: int) -> ParallelDims:
+        """The degrees on `world_size` ranks (one chunk per stage: the split flags decide the chunks);
+        UserError when they do not fit it."""
+        return ParallelDims.for_world(world_size, tp=self.tp, cp=self.cp, pp=self.pp, ep=self.ep, etp=self.etp)
 
 
 def chunk_layer_counts(num_layers: int, pp: int, flags: ManualParallelism) -> list[int]:

@@ -39,6 +39,7 @@ import math
 import pytest
 
 from validation.launcher import run_cases
+from worker_stats import thread_bound
 
 STEPS = 5
 RTOL = 1e-5
@@ -287,3 +288,12 @@ def test_checkpoint_keeps_the_expert_bias(four_rank, references):
     result = four_rank["resume_deepseek_ep2_ckpt_as_ep4"]
     assert result["iterations"] == [4, 5]
     assert_matches(result, references["deepseek_reference"])
+
+
+def test_closing_each_moe_layouts_session_ends_its_groups_threads(four_rank):
+    """A closed MoE model outlived its session through its token dispatchers' last routing probabilities, whose
+    autograd graph holds DDP's hooks and so the model and its gloo groups (runtime/teardown.py,
+    forget_autograd_graphs): each 4-rank case left its groups' threads behind. The bound, stated by
+    worker_stats.thread_bound, is the first case's count plus less than one gloo group's threads."""
+    closed = [result["threads_closed"] for result in four_rank.values() if "threads_closed" in result]
+    assert len(closed) > 5 and max(closed) <= thread_bound(closed), (thread_bound(closed), closed)
