@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import statistics
 
 import pytest
 
@@ -83,9 +82,15 @@ def test_the_job_replans_off_the_slow_rank_and_matches_the_uninterrupted_run(run
 
 
 def test_the_step_time_drops_after_the_replan(runs):
+    """The fastest step after the re-plan beats the fastest before it. The least of each window is the step least
+    slowed by whatever else runs on the machine (another test file's ranks add time, never take it away); a
+    median moved with that load, and failed once when the steps before the re-plan ran on a quiet machine and
+    those after it beside another file's compute. Without the re-plan stage 2 keeps its 4 layers at half speed
+    and every step's floor stays where it was (bench_stragglers' medians: 6.8 s before, 4.8 s after, 4.5 s with no
+    straggler)."""
     before, after = before_and_after(runs["replan"][1])
     assert len(before) >= 4 and len(after) >= 6
-    assert statistics.median(after) < statistics.median(before), (before, after)
+    assert min(after) < min(before), (before, after)
 
 
 def test_with_manual_flags_the_watch_logs_the_plan_and_keeps_the_flags(runs):
