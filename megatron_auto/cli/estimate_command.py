@@ -18,8 +18,8 @@ from ..search.uniform import (UniformConfig, best_uniform_plan, build_uniform_pl
 from ..search.uneven_split import best_split_plan, splits_as_given
 from ..specs import ClusterSpec, load_model
 from ..specs.training import recompute_modules_problem
-from .job import (attach_profiles, fit_cluster_to_world, load_cluster_arg, load_job, sequence_parallel_flag,
-                  training_spec)
+from .job import (attach_profiles, cuda_graph_impl_arg, fit_cluster_to_world, load_cluster_arg, load_job,
+                  offload_job_problem, sequence_parallel_flag, training_spec)
 from .output import flags_or_none, print_json, summary, write_plan
 
 SPLIT_FLAGS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
@@ -146,7 +146,8 @@ def estimate_file(args: argparse.Namespace) -> Plan:
         raise UserError(f"the plan's cluster '{cluster_name}' cannot be loaded ({error}); give --cluster") from None
     cluster = attach_profiles(fit_cluster_to_world(cluster, plan.world_size, args), args)
     training = training_spec(args, cluster.name, args.global_batch_size or plan.global_batch_size)
-    problem = recompute_modules_problem(model.layers, training.recompute_modules)
+    problem = (recompute_modules_problem(model.layers, training.recompute_modules)
+               or offload_job_problem(cluster, training, ()))
     if problem:
         raise UserError(problem)
     return replace(plan, prediction=estimate_plan(plan, model, cluster, training))
@@ -175,8 +176,14 @@ def _picked_line(plan: Plan, picked: list[str]) -> str:
 
 
 def run_estimate(args: argparse.Namespace) -> int:
-    if args.tp_comm_overlap == "search":
-        raise UserError("--tp-comm-overlap search is plan's choice; estimate prices the flags given: on or off")
+    for flag, value in (("--tp-comm-overlap", args.tp_comm_overlap), ("--cuda-graph-impl", args.cuda_graph_impl),
+                        ("--fine-grained-activation-offloading", args.fine_grained_activation_offloading)):
+        if value == "search":
+            raise UserError(f"{flag} search is plan's choice; estimate prices the flags given")
+    if args.recompute == "full" and cuda_graph_impl_arg(args) != "none" and "full_iteration" not in (
+            args.cuda_graph_scope or ()):
+        raise UserError("--recompute full runs CUDA graphs only with --cuda-graph-scope full_iteration "
+                        "(as in Megatron-Core)")
     if args.plan is not None:
         plan, picked = estimate_file(args), []
     else:

@@ -10,6 +10,7 @@ from ..errors import UserError
 from ..kernel_choice import resolve_attention_backend, resolve_bias_fusions, resolve_optimizer_impl
 from ..specs import ClusterSpec, ModelSpec, TrainingSpec, load_cluster, load_model
 from ..specs.presets import with_measured_speeds, with_node_speeds
+from ..specs.host_knobs import DEFAULT_MIN_OFFLOADED_TENSOR_SIZE
 from ..specs.training import DEFAULT_MOE_LOAD_IMBALANCE, DEFAULT_RECOMPUTE_MODULES, GIB, recompute_modules_problem
 
 CPU_CLUSTER_PRESET = "cpu-gloo"
@@ -122,7 +123,62 @@ def recipe_options(args: argparse.Namespace, precision: str, on_gpu: bool) -> di
         if precision == "fp32":
             raise UserError("--grad-reduce-in-bf16 needs 16-bit or fp8 training, not fp32")
         options["grad_bytes"] = 2
-    return options
+    return {**options, **host_knob_options(args)}
+
+
+def host_knob_options(args: argparse.Namespace) -> dict:
+    """CUDA graphs and fine-grained activation offloading as TrainingSpec fields, as Megatron-LM 0.16.1 reads its
+    flags (arguments.py: --enable-cuda-graph is local, --external-cuda-graph transformer_engine; `full` alone is the
+    whole layer); a `search` value leaves its knob off here (knob_switches)."""
+    impl = cuda_graph_impl_arg(args)
+    offload = getattr(args, "fine_grained_activation_offloading", "off")
+    modules = offload_modules_arg(args) if offload == "on" else ()
+    return dict(cuda_graph_impl=impl if impl != "search" else "none",
+                cuda_graph_scope=cuda_graph_scope_arg(args) if impl not in ("none", "search") else (),
+                offload_modules=modules,
+                min_offloaded_tensor_size=getattr(args, "min_offloaded_tensor_size", DEFAULT_MIN_OFFLOADED_TENSOR_SIZE))
+
+
+def knob_switches(args: argparse.Namespace) -> tuple[dict, ...]:
+    """The TrainingSpec fields `plan` weighs turning on (`search` values): CUDA graphs of --cuda-graph-scope
+    (transformer_engine's, or local's for full_iteration), then offloading of --offload-modules."""
+    switches = []
+    if cuda_graph_impl_arg(args) == "search":
+        scope = cuda_graph_scope_arg(args)
+        switches.append(dict(cuda_graph_impl="local" if scope == ("full_iteration",) else "transformer_engine",
+                             cuda_graph_scope=scope))
+    if getattr(args, "fine_grained_activation_offloading", "off") == "search":
+        switches.append(dict(offload_modules=offload_modules_arg(args),
+                             min_offloaded_tensor_size=args.min_offloaded_tensor_size))
+    return tuple(switches)
+
+
+def cuda_graph_impl_arg(args: argparse.Namespace) -> str:
+    """--cuda-graph-impl, or what --enable-cuda-graph / --external-cuda-graph stand for (refused beside it)."""
+    impl = getattr(args, "cuda_graph_impl", None)
+    older = [flag for flag, on in (("--enable-cuda-graph", getattr(args, "enable_cuda_graph", False)),
+                                   ("--external-cuda-graph", getattr(args, "external_cuda_graph", False))) if on]
+    if len(older) > 1:
+        raise UserError("--enable-cuda-graph and --external-cuda-graph cannot be given together (as in Megatron-LM)")
+    if older and impl not in (None, "none"):
+        raise UserError(f"do not give {older[0]} with --cuda-graph-impl (as in Megatron-LM)")
+    if older:
+        return "local" if older[0] == "--enable-cuda-graph" else "transformer_engine"
+    return impl or "none"
+
+
+def cuda_graph_scope_arg(args: argparse.Namespace) -> tuple[str, ...]:
+    scope = tuple(getattr(args, "cuda_graph_scope", None) or ())
+    if "full" in scope and scope != ("full",):
+        raise UserError("--cuda-graph-scope full (the whole layer) cannot be given with other scopes")
+    return () if scope == ("full",) else scope
+
+
+def offload_modules_arg(args: argparse.Namespace) -> tuple[str, ...]:
+    modules = tuple(getattr(args, "offload_modules", None) or ())
+    if not modules:
+        raise UserError("--fine-grained-activation-offloading needs --offload-modules (as in Megatron-Core)")
+    return modules
 
 
 def sequence_parallel_flag(args: argparse.Namespace) -> Optional[bool]:
@@ -149,7 +205,26 @@ def load_job(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Training
     else:
         cluster = with_measured_speeds(cluster)
     training = training_spec(args, cluster.name, args.global_batch_size)
-    problem = recompute_modules_problem(model.layers, training.recompute_modules)
+    switches = knob_switches(args)
+    problem = recompute_modules_problem(model.layers, training.recompute_modules) or offload_job_problem(
+        cluster, training, switches)
     if problem:
         raise UserError(problem)
+    try:  # what plan may turn on must run beside the rest
+        replace(training, **{key: value for switch in switches for key, value in switch.items()})
+    except ValueError as error:
+        raise UserError(str(error)) from None
     return model, cluster, training
+
+
+def offload_job_problem(cluster: ClusterSpec, training: TrainingSpec, switches: tuple[dict, ...]) -> Optional[str]:
+    """Why this job cannot offload activations, or None: Megatron-LM runs offloading with Transformer Engine's
+    layers only (arguments.py), and pricing it needs the GPU's host link."""
+    if not training.offload_modules and not any("offload_modules" in switch for switch in switches):
+        return None
+    if not training.fused_norms:
+        return "--fine-grained-activation-offloading runs with --transformer-impl transformer_engine only"
+    if cluster.gpu.host_link_bytes_per_s <= 0:
+        return (f"--fine-grained-activation-offloading: cluster '{cluster.name}' gives its GPU no host link "
+                "bandwidth (gpu.host_link_bytes_per_s)")
+    return None

@@ -9,6 +9,7 @@ from ..cost.fp8 import FP8_FORMATS, FP8_RECIPES
 from ..kernel_choice import ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMULATION_FUSIONS, OPTIMIZER_IMPLS
 from ..megatron_flags import FSDP_SHARDING
 from ..plan import RECOMPUTE_KINDS, SPACES
+from ..specs.host_knobs import CUDA_GRAPH_IMPLS, DEFAULT_MIN_OFFLOADED_TENSOR_SIZE, OFFLOAD_MODULES
 from ..specs.training import (DEFAULT_MOE_LOAD_IMBALANCE, FLEX_DISPATCHER_BACKENDS, MOE_TOKEN_DISPATCHERS,
                               RECOMPUTE_MODULES)
 
@@ -135,6 +136,49 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
                              "(Megatron-LM's default where TE imports; this runtime does not run it)")
 
 
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got {text!r}")
+    return value
+
+
+RUNTIME_NOTE = "; megatron-auto's own runtime accepts it without effect and its plans never price it"
+
+
+def add_host_knob_arguments(parser: argparse.ArgumentParser) -> None:
+    """CUDA graphs and fine-grained activation offloading, Megatron-LM 0.16.1's names (docs/cost_model.md, "CUDA
+    graphs" and "Activation offloading")."""
+    parser.add_argument("--cuda-graph-impl", choices=(*CUDA_GRAPH_IMPLS, "search"), default=None,
+                        help="price CUDA graphs that replay each layer's kernels without the host's per-op time "
+                             "(default none); `search` (plan only): weigh transformer_engine graphs of "
+                             "--cuda-graph-scope (local for full_iteration) and keep them where the plan is faster"
+                             + RUNTIME_NOTE)
+    parser.add_argument("--enable-cuda-graph", action="store_true",
+                        help="Megatron-LM's older spelling of --cuda-graph-impl local")
+    parser.add_argument("--external-cuda-graph", action="store_true",
+                        help="Megatron-LM's older spelling of --cuda-graph-impl transformer_engine")
+    parser.add_argument("--cuda-graph-scope", nargs="+", metavar="SCOPE",
+                        help="what the graphs capture: attn, mlp, moe, moe_router, moe_preprocess "
+                             "(transformer_engine) or full_iteration (local); default (or `full`): the whole layer")
+    parser.add_argument("--cuda-graph-warmup-steps", type=non_negative_int, metavar="N",
+                        help="accepted as Megatron-LM takes it; the eager warm-up iterations are not priced")
+    parser.add_argument("--fine-grained-activation-offloading", nargs="?", const="on", default="off",
+                        choices=("on", "off", "search"),
+                        help="price the saved inputs of --offload-modules sent to host memory over PCIe and "
+                             "reloaded one layer ahead in backward; `search` (plan only): weigh it and keep it "
+                             "where the plan is faster" + RUNTIME_NOTE)
+    parser.add_argument("--offload-modules", nargs="+", choices=OFFLOAD_MODULES, metavar="MODULE",
+                        help=f"the modules whose input is offloaded: {', '.join(OFFLOAD_MODULES)}")
+    parser.add_argument("--min-offloaded-tensor-size", type=non_negative_int,
+                        default=DEFAULT_MIN_OFFLOADED_TENSOR_SIZE, metavar="ELEMENTS",
+                        help=f"saved tensors smaller than this stay on the device (default "
+                             f"{DEFAULT_MIN_OFFLOADED_TENSOR_SIZE}, Megatron-LM's)")
+
+
 def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) -> None:
     """--model, --cluster, --num-nodes, --global-batch-size and the memory/precision knobs."""
     parser.add_argument("--model", required=required, metavar="PRESET|FILE.json",
@@ -163,6 +207,7 @@ def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) ->
                              "Transformer Engine, the rest in bf16")
     add_fp8_arguments(parser)
     add_recipe_arguments(parser)
+    add_host_knob_arguments(parser)
     parser.add_argument("--attention-backend", choices=ATTENTION_BACKENDS, default="auto",
                         help="core attention to price, Megatron-LM's names (auto: what the runtime runs on "
                              "that cluster: flash on GPUs, unfused on cpu-gloo)")

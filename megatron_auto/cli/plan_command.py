@@ -10,7 +10,7 @@ from ..cost.estimate import estimate_plan
 from ..report import node_group_lines, plan_table
 from ..search.constraints import SearchConstraints
 from .estimate_command import fsdp_stage
-from .job import load_job, sequence_parallel_flag
+from .job import knob_switches, load_job, sequence_parallel_flag
 from .output import print_json, summary, write_plan
 from .progress import ProgressBar
 
@@ -62,7 +62,8 @@ def run_plan(args: argparse.Namespace) -> int:
     with ProgressBar("searching") as progress:
         result = search_plan(model, cluster, training, space=args.space, constraints=constraints,
                              progress=progress, choose_recompute_modules=args.recompute_modules is None,
-                             choose_tp_comm_overlap=args.tp_comm_overlap == "search")
+                             choose_tp_comm_overlap=args.tp_comm_overlap == "search",
+                             switches=knob_switches(args))
     plan = result.plan
     if plan.prediction is None:
         plan = replace(plan, prediction=estimate_plan(plan, model, cluster, training))

@@ -16,6 +16,8 @@ from .flops import model_flops_per_iteration
 from .fp8 import fp8_problem
 from .layer_cost import LayerCost, layer_cost
 from .ep_overlap import ep_overlap_runs
+from .activation_offload import offload_flags
+from .cuda_graphs import cuda_graph_flags
 from .memory import in_flight_micro_batches, tied_embedding_grad_bytes
 from .peak_memory import (StageMemory, communicator_count, device_budget_bytes, device_bytes, memory_breakdown,
                           reserved_bytes)
@@ -370,7 +372,8 @@ def iteration_and_bubble(plan: Plan, stages: list[StageCost], times: list[float]
 def recipe_flags(plan: Plan, model: ModelSpec, training: TrainingSpec) -> tuple[str, ...]:
     """The Megatron-LM flags that run what `training` prices beyond the layout: FP8 through Transformer Engine,
     TP communication overlap where a layer has tp > 1 with SP, gradients reduced in bf16, the flex dispatcher,
-    and EP overlap where a MoE layer has ep > 1."""
+    EP overlap where a MoE layer has ep > 1, CUDA graphs (cost/cuda_graphs.py) and activation offloading
+    (cost/activation_offload.py)."""
     flags: list[str] = []
     if training.fp8:
         flags += ["--fp8-format", training.fp8_format, "--fp8-recipe", training.fp8_recipe]
@@ -385,6 +388,7 @@ def recipe_flags(plan: Plan, model: ModelSpec, training: TrainingSpec) -> tuple[
         flags += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", training.moe_flex_backend]
     if ep_overlap_runs(plan, model, training):
         flags += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
+    flags += cuda_graph_flags(plan.distinct_strategies, training) + offload_flags(training)
     return tuple(flags)
 
 

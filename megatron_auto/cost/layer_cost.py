@@ -18,6 +18,8 @@ from .communication import dp_comm_time, tp_comm_time, zero3_comm_time
 from .context_parallel import (attention_core_extra_times, cp_qkv_kept_width, gradient_strategy, kv_exchange_time,
                                local_sequence, ring_kv_exchange_time)
 from .compute import ComputeTimes, module_forward_shares, recompute_time
+from .activation_offload import RESIDENT_LAYERS, offload_exposed_seconds, offloaded_bytes
+from .cuda_graphs import graph_static_input_bytes, graphed_cluster
 from .tp_overlap import exposed_tp_seconds, linear_gemm_seconds, sm_margin_seconds, tp_overlap_applies
 from .layer_kernels import fused_accumulation_saving
 from .fp8 import fp8_layer_delta, fp8_saved_input_savings, fp8_weight_copy_bytes
@@ -86,11 +88,36 @@ def _without_recompute_modules(training: TrainingSpec) -> TrainingSpec:
 def _layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,
                 cluster: ClusterSpec, training: TrainingSpec) -> LayerCost:
     if strategy.cp > 1:
-        return context_parallel_layer_cost(layer, strategy, samples, seq, cluster, training)
-    dense = _shared_dense_part(layer, dense_view(strategy), samples, seq, cluster, training)
-    if layer.moe is None:
-        return dense
-    return _with_priced_experts(dense, layer, strategy, samples, seq, cluster, training)
+        cost = context_parallel_layer_cost(layer, strategy, samples, seq, cluster, training)
+    else:
+        cost = _shared_dense_part(layer, dense_view(strategy), samples, seq, cluster, training)
+        if layer.moe is not None:
+            cost = _with_priced_experts(cost, layer, strategy, samples, seq, cluster, training)
+    if training.cuda_graph_impl == "none" and not training.offload_modules:
+        return cost
+    return _with_host_knobs(cost, layer, strategy, samples, seq, cluster, training)
+
+
+def _host_knob_bytes(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,
+                     training: TrainingSpec) -> tuple[float, float]:
+    """(bytes the CUDA graphs' static inputs keep, bytes offloaded to the host) per micro-batch in flight, at the
+    local sequence under CP."""
+    if strategy.cp > 1:
+        strategy, seq = gradient_strategy(strategy), local_sequence(seq, strategy)
+    return (graph_static_input_bytes(layer, strategy, seq, samples, training),
+            offloaded_bytes(layer, strategy, seq, samples, training))
+
+
+def _with_host_knobs(cost: LayerCost, layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,
+                     cluster: ClusterSpec, training: TrainingSpec) -> LayerCost:
+    """`cost` with the CUDA graphs' static inputs kept (cost/cuda_graphs.py) and the offloaded activations on the
+    host, two layers' worth on the device while a layer runs, and the copies that outlast the passes
+    (cost/activation_offload.py)."""
+    static, offloaded = _host_knob_bytes(layer, strategy, samples, seq, training)
+    forward, backward = offload_exposed_seconds(offloaded, cost.forward_s, cost.backward_s, cluster)
+    return replace(cost, forward_s=cost.forward_s + forward, backward_s=cost.backward_s + backward,
+                   activation_bytes=cost.activation_bytes + static - offloaded,
+                   transient_bytes=cost.transient_bytes + RESIDENT_LAYERS * offloaded)
 
 
 @lru_cache(maxsize=4096)
@@ -182,10 +209,11 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
     """A dense layer, or a MoE layer's dense part: attention, norms, router weights and the shared expert
     (LayerSpec.dense_ffn_hidden_size, .dense_parameters)."""
     word = training.activation_bytes
-    times = compute_model(cluster).layer_times(layer, seq, samples, strategy.tp, strategy.sp, cluster, word,
-                                               training.attention_backend)
+    host = graphed_cluster(layer, strategy, cluster, training)  # CUDA graphs lower the host floor
+    times = compute_model(host).layer_times(layer, seq, samples, strategy.tp, strategy.sp, host, word,
+                                            training.attention_backend)
     if training.grad_accumulation_fusion:
-        saved = fused_accumulation_saving(layer, seq, samples, strategy.tp, cluster, word, times.backward_s)
+        saved = fused_accumulation_saving(layer, seq, samples, strategy.tp, host, word, times.backward_s)
         times = replace(times, backward_s=times.backward_s - saved)
     if training.fp8:
         times = _in_fp8(times, layer, seq, samples, strategy, cluster, training)
@@ -194,7 +222,7 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
         times = replace(times, forward_s=times.forward_s + forward, backward_s=times.backward_s + backward)
     selective = training.selective_modules(layer)
     recompute = recompute_time(times, strategy.recompute, selective, _module_shares(layer, strategy, samples, seq,
-                                                                                   cluster, training, selective))
+                                                                                   host, training, selective))
     compute = times.forward_s + times.backward_s + recompute
     params = layer.dense_parameters
     zero3 = zero3_comm_time(params, strategy, cluster, training, strategy.recompute == "full")
@@ -238,6 +266,8 @@ def kept_activation_bytes(layer: LayerSpec, strategy: LayerStrategy, samples: in
         if not _core_recomputed(layer, strategy, training):
             extra = _whole_sequence_kv_bytes(layer, strategy, samples, dense_seq, training)
     kept = _dense_kept_bytes(layer, dense_view, samples, dense_seq, cluster, training, selective)[1] + extra
+    static, offloaded = _host_knob_bytes(layer, strategy, samples, seq, training)
+    kept += static - offloaded
     if layer.moe is None:
         return kept
     return kept + expert_activation_bytes(layer, dense_seq, samples, dense_view, training,

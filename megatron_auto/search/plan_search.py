@@ -32,15 +32,18 @@ log = logging.getLogger(__name__)
 def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, space: str = "megatron",
                 constraints: SearchConstraints = SearchConstraints(),
                 progress: Optional[Callable[[float], None]] = None,
-                choose_recompute_modules: bool = False, choose_tp_comm_overlap: bool = False) -> SearchResult:
+                choose_recompute_modules: bool = False, choose_tp_comm_overlap: bool = False,
+                switches: tuple[dict, ...] = ()) -> SearchResult:
     """The fastest plan that fits; UserError with the least memory any plan needs when none fits.
 
     `choose_recompute_modules`: also choose what selective recomputation re-runs (search.module_sets);
     otherwise it re-runs `training.recompute_modules`. `choose_tp_comm_overlap`: also weigh Transformer
-    Engine's TP communication overlap (--tp-comm-overlap, cost/tp_overlap.py), a run-wide switch: the search
-    under it prunes with the plan found without it, and the faster plan wins.
+    Engine's TP communication overlap (--tp-comm-overlap, cost/tp_overlap.py), a run-wide switch. `switches`:
+    more run-wide switches to weigh, each TrainingSpec fields to set (cli.job.knob_switches: CUDA graphs,
+    activation offloading). Each switch is searched on top of the best spec so far, pruned with its plan, and
+    kept where its plan is faster (or where it alone fits).
     """
-    problem = _space_problem(model, cluster, training, space)
+    problem = _space_problem(model, cluster, training, space) or _switches_problem(switches, space)
     if problem:
         raise UserError(problem)
     clear_search_caches()  # shared by this call's searches only (search/pruning.py)
@@ -51,14 +54,31 @@ def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
                                       constraints, progress, incumbent)
         return _search_space(model, cluster, spec, space, constraints, progress, incumbent)
 
-    result = search(training)
-    if not choose_tp_comm_overlap or training.tp_comm_overlap:
-        return result
-    overlapped = search(replace(training, tp_comm_overlap=True), _fitting_time(result.plan))
-    faster = overlapped if overlapped is not None else result
-    return replace(faster, search_time_s=result.search_time_s + (overlapped.search_time_s if overlapped else 0.0),
-                   candidates_evaluated=result.candidates_evaluated
-                   + (overlapped.candidates_evaluated if overlapped else 0))
+    overlap = (dict(tp_comm_overlap=True),) if choose_tp_comm_overlap and not training.tp_comm_overlap else ()
+    return _search_with_switches(search, training, (*overlap, *switches))
+
+
+def _search_with_switches(search, training: TrainingSpec, switches: tuple[dict, ...]) -> SearchResult:
+    """search(training), then each switch on top of the fastest spec so far (search_plan); the search times and
+    candidates of every search that returned a plan are summed. Raises the first UserError when none fits."""
+    best, spec, refusal, spent, evaluated = None, training, None, 0.0, 0
+    for fields in ({}, *switches):
+        tried = replace(spec, **fields)
+        try:
+            found = search(tried, _fitting_time(best.plan) if best is not None else math.inf)
+        except UserError as error:
+            if not switches:
+                raise
+            refusal = refusal or error
+            continue
+        if found is None:
+            continue
+        spent, evaluated = spent + found.search_time_s, evaluated + found.candidates_evaluated
+        if best is None or _fitting_time(found.plan) < _fitting_time(best.plan):
+            best, spec = found, tried
+    if best is None:
+        raise refusal
+    return replace(best, search_time_s=spent, candidates_evaluated=evaluated)
 
 
 def _space_problem(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, space: str) -> Optional[str]:
@@ -66,10 +86,22 @@ def _space_problem(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     if space == "hybrid" and model.mtp_num_layers:
         return (f"model '{model.name}' has multi-token prediction, which the hybrid space does not plan yet (its "
                 "runtime builds no MTP modules): search the megatron space")
+    if space == "hybrid" and (training.cuda_graph_impl != "none" or training.offload_modules):
+        return _HOST_KNOBS_HYBRID
     if space == "hybrid" and training.moe_ep_overlap:
         return ("--overlap-moe-expert-parallel-comm runs Megatron-Core's combined 1F1B schedule, which the hybrid "
                 "space does not plan (its runtime runs its own schedule): search the megatron space")
     return fp8_problem(cluster, training.fp8_recipe) if training.fp8 else None
+
+
+_HOST_KNOBS_HYBRID = ("CUDA graphs and activation offloading are Megatron-LM's; the hybrid space's plans run on "
+                      "megatron-auto's runtime, which runs neither: search the megatron space")
+
+
+def _switches_problem(switches: tuple[dict, ...], space: str) -> Optional[str]:
+    """Why the search cannot weigh these switches in `space`, or None."""
+    knobs = {"cuda_graph_impl", "offload_modules"}
+    return _HOST_KNOBS_HYBRID if space == "hybrid" and any(knobs & set(switch) for switch in switches) else None
 
 
 def _module_set_searcher(model: ModelSpec, cluster: ClusterSpec, space: str, constraints: SearchConstraints):

@@ -40,6 +40,10 @@ class GpuSpec:
     """Streaming multiprocessors, for the share that communication kernels take from a GEMM beside them
     (cost/tp_overlap.py); 0: not modelled."""
 
+    host_link_bytes_per_s: float = 0.0
+    """Achieved copy bandwidth between device and pinned host memory, each direction (PCIe), for activations
+    offloaded to the host (cost/activation_offload.py); 0: not modelled, and offloading is refused."""
+
     @property
     def capacity_bytes(self) -> int:
         """The usable device memory: the default memory budget."""

@@ -126,6 +126,14 @@ H100_COMPUTE = ComputeEfficiency(max_fraction=0.7435, half_dim=100.0, latency_s=
 # 1.99-2.08 ms backward at micro-batch 1 and 2 alike (host-bound), over 66 and 86 ops (cost/layer_kernels.py).
 H100_KERNEL_LAUNCH_S = 25e-6
 
+# Device <-> pinned host copies over each GPU's own x16 link, one direction: the H100 SXM5 datasheet gives PCIe Gen5
+# 128 GB/s (both directions), the A100 SXM4 datasheet PCIe Gen4 64 GB/s. A copy reaches at most ~90% of the lanes'
+# rate (128b/130b coding and ~24 bytes of TLP header per 256-byte payload); 0.8 is taken for what pinned
+# cudaMemcpyAsync reaches beside training traffic (not measured here; docs/cost_model.md "Activation offloading").
+HOST_LINK_EFFICIENCY = 0.8
+H100_HOST_LINK_BYTES_PER_S = 64e9 * HOST_LINK_EFFICIENCY
+A100_HOST_LINK_BYTES_PER_S = 32e9 * HOST_LINK_EFFICIENCY
+
 # Memory outside the model's tensors on an H100 80GB (data/reference/h100/README.md, torch.cuda.mem_get_info):
 # 79.18 GiB usable; CUDA context 0.61 GiB plus 0.06 GiB of cuBLAS workspace; 0.55 GiB per NCCL communicator.
 H100_USABLE_BYTES = round(79.18 * GIB)
@@ -145,7 +153,8 @@ _CUDA_MEMORY = dict(framework_overhead_bytes=0, cuda_context_bytes=CUDA_CONTEXT_
 CLUSTER_PRESETS: dict[str, ClusterSpec] = {
     "dgx-a100-80gb": ClusterSpec(
         name="dgx-a100-80gb", num_nodes=1, gpus_per_node=8,
-        gpu=GpuSpec("A100-SXM4-80GB", 80 * GIB, 312e12, 2.0e12, sm_count=108),  # SMs: A100 datasheet
+        gpu=GpuSpec("A100-SXM4-80GB", 80 * GIB, 312e12, 2.0e12, sm_count=108,  # SMs: A100 datasheet
+                    host_link_bytes_per_s=A100_HOST_LINK_BYTES_PER_S),
         intra_node=LinkSpec(300e9, 5e-6, efficiency=0.78),   # NVLink 3, 300 GB/s each way
         inter_node=LinkSpec(25e9, 10e-6, efficiency=0.85),   # 1x HDR 200 Gb/s per GPU
         compute=A100_COMPUTE, **_CUDA_MEMORY,
@@ -154,7 +163,7 @@ CLUSTER_PRESETS: dict[str, ClusterSpec] = {
         name="dgx-h100-80gb", num_nodes=1, gpus_per_node=8,
         gpu=GpuSpec("H100-SXM5-80GB", 80 * GIB, 989e12, 3.35e12, kernel_launch_s=H100_KERNEL_LAUNCH_S,
                     usable_memory_bytes=H100_USABLE_BYTES, fp8_peak_flops=1979e12,  # FP8: datasheet, dense
-                    sm_count=132),  # H100 SXM5 datasheet
+                    sm_count=132, host_link_bytes_per_s=H100_HOST_LINK_BYTES_PER_S),  # H100 SXM5 datasheet
         intra_node=LinkSpec(450e9, 5e-6, efficiency=0.78),   # NVLink 4, 450 GB/s each way
         inter_node=LinkSpec(50e9, 10e-6, efficiency=0.85),   # 1x NDR 400 Gb/s per GPU
         compute=H100_COMPUTE, **_CUDA_MEMORY,
@@ -191,7 +200,8 @@ def mixed_cluster(name: str, parts: tuple[tuple[ClusterSpec, int], ...]) -> Clus
                        memory_bandwidth_bytes_per_s=max(gpu.memory_bandwidth_bytes_per_s for gpu in gpus),
                        kernel_launch_s=min(gpu.kernel_launch_s for gpu in gpus),
                        fp8_peak_flops=min(gpu.fp8_peak_flops for gpu in gpus),
-                       sm_count=max(gpu.sm_count for gpu in gpus))
+                       sm_count=max(gpu.sm_count for gpu in gpus),
+                       host_link_bytes_per_s=max(gpu.host_link_bytes_per_s for gpu in gpus))
     fastest_network = max((group.inter_node for group in groups), key=lambda link: link.effective_bandwidth)
     first = parts[0][0]
     return replace(first, name=name, num_nodes=sum(nodes for _, nodes in parts), gpu=envelope,

@@ -8,6 +8,7 @@ from ..kernel_choice import PRICED_ATTENTION, PRICED_OPTIMIZER
 from ..limits import MAX_GLOBAL_BATCH
 from ..serde import CachedHash
 
+from .host_knobs import DEFAULT_MIN_OFFLOADED_TENSOR_SIZE, cuda_graph_problem, offload_problem
 from .model import _check_version
 
 TRAINING_SCHEMA_VERSION = 1
@@ -123,6 +124,19 @@ class TrainingSpec(CachedHash):
     """The layers run Transformer Engine's spec, whose norms are fused into the next GEMM
     (TELayerNormColumnParallelLinear): megatron-core then leaves `layernorm` recomputation undone
     (transformer_layer.py recomputes a norm only when it is a module of its own), so it frees nothing."""
+    cuda_graph_impl: str = "none"
+    """CUDA graphs that replay the layers' kernels without the host issuing each op: none, local (Megatron-Core's
+    own) or transformer_engine (TE's make_graphed_callables) [--cuda-graph-impl; --enable-cuda-graph is local,
+    --external-cuda-graph transformer_engine] (cost/cuda_graphs.py). megatron-auto's runtime does not capture them."""
+    cuda_graph_scope: tuple[str, ...] = ()
+    """What each layer's graphs capture [--cuda-graph-scope]: () the whole layer; attn, mlp, moe, moe_router,
+    moe_preprocess (transformer_engine) or full_iteration (local) (specs/host_knobs.py)."""
+    offload_modules: tuple[str, ...] = ()
+    """Modules whose saved input goes to host memory over PCIe in forward and comes back in backward
+    [--fine-grained-activation-offloading --offload-modules] (cost/activation_offload.py); () is off.
+    megatron-auto's runtime keeps every activation on the device."""
+    min_offloaded_tensor_size: int = DEFAULT_MIN_OFFLOADED_TENSOR_SIZE
+    """Saved tensors of fewer elements stay on the device [--min-offloaded-tensor-size]."""
 
     def __post_init__(self) -> None:
         _check_version(self.schema_version, TRAINING_SCHEMA_VERSION, "training spec")
@@ -143,6 +157,11 @@ class TrainingSpec(CachedHash):
                              f"got {self.optimizer_impl!r}")
         self._check_moe()
         self._check_recompute_modules()
+        problem = (cuda_graph_problem(self.cuda_graph_impl, self.cuda_graph_scope)
+                   or offload_problem(self.offload_modules, self.min_offloaded_tensor_size, self.cuda_graph_impl,
+                                      self.cuda_graph_scope))
+        if problem:
+            raise ValueError(problem)
         if self.cross_entropy_fusion not in CROSS_ENTROPY_FUSIONS:
             raise ValueError(f"cross entropy fusion must be one of {', '.join(CROSS_ENTROPY_FUSIONS)}, "
                              f"got {self.cross_entropy_fusion!r}")

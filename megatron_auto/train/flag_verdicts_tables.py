@@ -19,8 +19,11 @@ RERUN = ("Megatron-LM's rerun state machine (its default --rerun-mode validate_r
          "whose loss is NaN, Inf or spiky to tell a transient fault from a deterministic one) is not run here; "
          "a NaN/Inf loss or gradient stops the run with one line naming the iteration "
          "(--check-for-nan-in-loss-and-grad)")
-CUDA_GRAPHS = KERNEL + " (CUDA graphs replay the same kernels; they are not captured here)"
+PRICED_ELSEWHERE = ("; --auto-parallel leaves it out of the plan it prices, while `megatron-auto plan`/`estimate` "
+                    "price it for Megatron-LM runs")
+CUDA_GRAPHS = KERNEL + " (CUDA graphs replay the same kernels; they are not captured here" + PRICED_ELSEWHERE + ")"
 OFFLOAD = "activations stay on the device (and are priced there); offloading moves memory, not math"
+FINE_OFFLOAD = OFFLOAD + PRICED_ELSEWHERE
 ONE_LOGGER = SINK + " (NVIDIA's one-logger telemetry)"
 FP_LOW = "read only with fp8/fp4 training, which is refused"
 MUON = "read only by --optimizer muon/dist_muon, which is refused"
@@ -46,8 +49,8 @@ NO_EFFECT = {
     "--cuda-graph-impl": CUDA_GRAPHS, "--cuda-graph-scope": CUDA_GRAPHS,
     "--no-clone-scatter-output-in-embedding": "a memory detail of the embedding's output; the values are the same",
     "--distribute-saved-activations": LAYOUT + " (recompute checkpoints split over TP ranks: memory, not math)",
-    "--fine-grained-activation-offloading": OFFLOAD, "--offload-modules": OFFLOAD,
-    "--min-offloaded-tensor-size": OFFLOAD, "--cpu-offloading-num-layers": OFFLOAD,
+    "--fine-grained-activation-offloading": FINE_OFFLOAD, "--offload-modules": FINE_OFFLOAD,
+    "--min-offloaded-tensor-size": FINE_OFFLOAD, "--cpu-offloading-num-layers": OFFLOAD,
     "--mtp-standalone": LAYOUT + " (the MTP modules sit on the last pipeline stage)",
     "--enable-experimental": "Megatron-Core's gate for experimental features; this runtime builds none of them",
     "--te-precision-config-file": FP_LOW, "--first-last-layers-bf16": FP_LOW,
