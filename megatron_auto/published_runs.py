@@ -115,9 +115,11 @@ def _flags_of(row: dict) -> tuple[str, ...]:
 
 RECIPE_KNOBS = {"--fp8-recipe": 1, "--moe-token-dispatcher-type": 1, "--moe-flex-dispatcher-backend": 1,
                 "--overlap-moe-expert-parallel-comm": 0, "--delay-wgrad-compute": 0, "--cross-entropy-loss-fusion": 0,
-                "--cross-entropy-fusion-impl": 1}
+                "--cross-entropy-fusion-impl": 1, "--cuda-graph-impl": 1, "--cuda-graph-scope": None,
+                "--fine-grained-activation-offloading": 0, "--offload-modules": None,
+                "--min-offloaded-tensor-size": 1}
 """Flags of a row's `estimate_flags` that are its recipe's knobs, not its layout (with how many values each
-takes): the planner's plan for the same job is priced with them too."""
+takes; None: every value up to the next flag): the planner's plan for the same job is priced with them too."""
 
 
 def _row_flags(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -126,8 +128,11 @@ def _row_flags(row: dict) -> tuple[tuple[str, ...], tuple[str, ...]]:
     while given:
         flag = given.pop(0)
         if flag in RECIPE_KNOBS:
-            knobs += [flag, *given[:RECIPE_KNOBS[flag]]]
-            del given[:RECIPE_KNOBS[flag]]
+            count = RECIPE_KNOBS[flag]
+            if count is None:
+                count = next((i for i, token in enumerate(given) if token.startswith("--")), len(given))
+            knobs += [flag, *given[:count]]
+            del given[:count]
         else:
             layout.append(flag)
     return tuple(layout), tuple(knobs)

@@ -110,6 +110,10 @@ def test_estimate_takes_megatron_lms_spellings_and_the_plan_carries_the_flags(ca
     assert older["megatron_flags"][-2:] == ["--cuda-graph-impl", "local"]
     assert scoped["megatron_flags"][-4:] == ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "attn"]
     assert "--cuda-graph-impl" not in eager["megatron_flags"]
+    iteration = _run(capsys, *flags, "--cuda-graph-impl", "local", "--cuda-graph-scope", "full_iteration",
+                     "--recompute", "full")
+    assert iteration["megatron_flags"][-5:] == ["--cuda-graph-impl", "local", "--cuda-graph-scope", "full_iteration",
+                                                "--no-check-for-nan-in-loss-and-grad"]  # arguments.py asserts it
 
 
 @pytest.mark.parametrize("extra, words", [
@@ -122,6 +126,12 @@ def test_estimate_refuses_in_one_line(capsys, extra, words):
     assert main(["estimate", *HOST_BOUND, "--pp", "1", *extra]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and "\n" not in err
+
+
+def test_plan_refuses_full_recompute_beside_layer_graphs_in_one_line(capsys):
+    assert main(["plan", *HOST_BOUND, "--recompute", "full", "--enable-cuda-graph"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "full_iteration" in err and "\n" not in err
 
 
 def test_plan_search_keeps_graphs_where_they_pay_and_not_in_the_hybrid_space(capsys):

@@ -57,6 +57,14 @@ def test_a_rows_recipe_knobs_go_to_the_planner_and_its_layout_flags_to_estimate_
     assert "--fp8-recipe" not in run.flags
 
 
+def test_cuda_graph_and_offload_knobs_of_a_row_are_recipe_knobs_with_all_their_values():
+    knobs = ["--cuda-graph-impl", "transformer_engine", "--cuda-graph-scope", "attn", "moe_router",
+             "--fine-grained-activation-offloading", "--offload-modules", "core_attn", "attn_proj"]
+    run = run_from_row({**ROW, "estimate_flags": [*knobs, "--account-for-loss-in-pipeline-split"]})
+    assert run.recipe[-len(knobs):] == tuple(knobs)
+    assert run.flags[-1] == "--account-for-loss-in-pipeline-split" and "attn" not in run.flags
+
+
 def test_a_row_is_priced_as_estimate_prices_it():
     priced = price_run(run_from_row(ROW))
     assert priced.error is None and priced.estimate.embedding.cp == 2

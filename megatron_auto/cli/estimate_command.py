@@ -18,7 +18,7 @@ from ..search.uniform import (UniformConfig, best_uniform_plan, build_uniform_pl
 from ..search.uneven_split import best_split_plan, splits_as_given
 from ..specs import ClusterSpec, load_model
 from ..specs.training import recompute_modules_problem
-from .job import (attach_profiles, cuda_graph_impl_arg, fit_cluster_to_world, load_cluster_arg, load_job,
+from .job import (attach_profiles, fit_cluster_to_world, graph_recompute_problem, load_cluster_arg, load_job,
                   offload_job_problem, sequence_parallel_flag, training_spec)
 from .output import flags_or_none, print_json, summary, write_plan
 
@@ -180,10 +180,9 @@ def run_estimate(args: argparse.Namespace) -> int:
                         ("--fine-grained-activation-offloading", args.fine_grained_activation_offloading)):
         if value == "search":
             raise UserError(f"{flag} search is plan's choice; estimate prices the flags given")
-    if args.recompute == "full" and cuda_graph_impl_arg(args) != "none" and "full_iteration" not in (
-            args.cuda_graph_scope or ()):
-        raise UserError("--recompute full runs CUDA graphs only with --cuda-graph-scope full_iteration "
-                        "(as in Megatron-Core)")
+    problem = graph_recompute_problem(args)
+    if problem:
+        raise UserError(problem)
     if args.plan is not None:
         plan, picked = estimate_file(args), []
     else:

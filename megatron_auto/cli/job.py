@@ -167,6 +167,16 @@ def cuda_graph_impl_arg(args: argparse.Namespace) -> str:
     return impl or "none"
 
 
+def graph_recompute_problem(args: argparse.Namespace) -> Optional[str]:
+    """Why --recompute full cannot run beside the CUDA graphs asked for, or None (Megatron-Core's
+    transformer_config.py: full recompute only under a full_iteration graph)."""
+    if args.recompute != "full" or cuda_graph_impl_arg(args) in ("none", "search"):
+        return None
+    if "full_iteration" in (getattr(args, "cuda_graph_scope", None) or ()):
+        return None
+    return "--recompute full runs CUDA graphs only with --cuda-graph-scope full_iteration (as in Megatron-Core)"
+
+
 def cuda_graph_scope_arg(args: argparse.Namespace) -> tuple[str, ...]:
     scope = tuple(getattr(args, "cuda_graph_scope", None) or ())
     if "full" in scope and scope != ("full",):

@@ -7,10 +7,11 @@ import sys
 from dataclasses import replace
 
 from ..cost.estimate import estimate_plan
+from ..errors import UserError
 from ..report import node_group_lines, plan_table
 from ..search.constraints import SearchConstraints
 from .estimate_command import fsdp_stage
-from .job import knob_switches, load_job, sequence_parallel_flag
+from .job import graph_recompute_problem, knob_switches, load_job, sequence_parallel_flag
 from .output import print_json, summary, write_plan
 from .progress import ProgressBar
 
@@ -53,6 +54,9 @@ def log_search(result) -> None:
 
 
 def run_plan(args: argparse.Namespace) -> int:
+    problem = graph_recompute_problem(args)
+    if problem:
+        raise UserError(problem)
     model, cluster, training = load_job(args)
     from ..search import search_plan  # after the inputs are checked: the search is the heavy import
 

@@ -11,9 +11,9 @@ When. After a module's forward, its group is copied on a device-to-host stream (
 the next modules compute; at the start of a group's backward the next group to be needed is reloaded on a
 host-to-device stream (on_group_start_backward -> bulk_reload), one group ahead, and the compute waits for it
 only at that group's backward (on_group_commit_backward). So per layer the copy is exposed only where it
-outlasts the layer's own pass: max(0, bytes / host link - forward) in forward, the same against the backward in
-backward (PCIe is full duplex: the two directions do not contend). The copies' HBM traffic (at most ~2% of an
-H100's) is not priced.
+outlasts the layer's own pass: max(0, bytes / host link - forward) in forward, the same against the backward (with
+the layer's recomputation, which runs in it) in backward (PCIe is full duplex: the two directions do not
+contend). The copies' HBM traffic (at most ~2% of an H100's) is not priced.
 
 What stays. The device holds a layer's offloaded bytes while they are copied out and again once reloaded: the
 reload one group ahead means the layer in backward and the next one (two layers' worth), and

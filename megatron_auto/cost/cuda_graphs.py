@@ -96,8 +96,14 @@ def graph_static_input_bytes(layer: LayerSpec, strategy: LayerStrategy, seq: int
 def cuda_graph_flags(strategies, training: TrainingSpec) -> list[str]:
     """Megatron-LM's flags for the graphs `training` prices on layers of `strategies`: none where no layer is
     captured, or where one runs full recompute outside a full_iteration graph (Megatron-Core refuses that run;
-    only a hybrid plan, which our runtime runs without graphs, can mix it with captured layers)."""
+    only a hybrid plan, which our runtime runs without graphs, can mix it with captured layers). With them, what
+    Megatron-LM 0.16.1's arguments.py asserts beside them: --no-check-for-nan-in-loss-and-grad under a
+    full_iteration graph, and --moe-pad-experts-for-cuda-graph-inference (read by inference alone) for local
+    graphs with expert parallelism."""
     if training.cuda_graph_impl == "none" or not all(graphs_apply(s, training) for s in strategies):
         return []
     scope = ["--cuda-graph-scope", *training.cuda_graph_scope] if training.cuda_graph_scope else []
-    return ["--cuda-graph-impl", training.cuda_graph_impl, *scope]
+    nan_check = ["--no-check-for-nan-in-loss-and-grad"] if "full_iteration" in training.cuda_graph_scope else []
+    pad = (["--moe-pad-experts-for-cuda-graph-inference"]
+           if training.cuda_graph_impl == "local" and any(s.ep > 1 for s in strategies) else [])
+    return ["--cuda-graph-impl", training.cuda_graph_impl, *scope, *nan_check, *pad]

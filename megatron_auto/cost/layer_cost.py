@@ -114,7 +114,7 @@ def _with_host_knobs(cost: LayerCost, layer: LayerSpec, strategy: LayerStrategy,
     host, two layers' worth on the device while a layer runs, and the copies that outlast the passes
     (cost/activation_offload.py)."""
     static, offloaded = _host_knob_bytes(layer, strategy, samples, seq, training)
-    forward, backward = offload_exposed_seconds(offloaded, cost.forward_s, cost.backward_s, cluster)
+    forward, backward = offload_exposed_seconds(offloaded, cost.forward_s, cost.backward_s + cost.recompute_s, cluster)
     return replace(cost, forward_s=cost.forward_s + forward, backward_s=cost.backward_s + backward,
                    activation_bytes=cost.activation_bytes + static - offloaded,
                    transient_bytes=cost.transient_bytes + RESIDENT_LAYERS * offloaded)
