@@ -48,6 +48,13 @@ def _require(module: str, kind: str):
                         f"(pip install '{module}', or the runtime extra of megatron-auto)") from None
 
 
+def import_megatron_core() -> None:
+    """Import megatron-core as the runtime does, with torch.compile's machinery deferred to a compiled function's
+    first call (patches/deferred_compile.py): about 3 s less for a process that never compiles, such as
+    tools/preprocess_data.py."""
+    import patches  # noqa: F401  (importing the package imports megatron-core so)
+
+
 def _existing_file(path: Optional[str], flag: str, kind: str) -> str:
     if not path:
         raise UserError(f"--tokenizer-type {kind} needs {flag}")
@@ -192,9 +199,10 @@ def hugging_face(files: TokenizerFiles) -> RustTokenizer:
 def sentencepiece_model(kind: str, files: TokenizerFiles) -> CoreTokenizer:
     """megatron-core's SentencePieceTokenizer (all three SentencePiece types map to it)."""
     _require("sentencepiece", kind)
+    model = _existing_file(files.tokenizer_model, "--tokenizer-model", kind)  # before megatron-core's import (~4 s)
+    import_megatron_core()
     from megatron.core.tokenizers.text.libraries import SentencePieceTokenizer
 
-    model = _existing_file(files.tokenizer_model, "--tokenizer-model", kind)
     return CoreTokenizer(kind, SentencePieceTokenizer(model))
 
 
@@ -202,10 +210,11 @@ def tiktoken_vocab(files: TokenizerFiles, vocab_size: Optional[int]) -> CoreToke
     """megatron-core's TikTokenTokenizer over Megatron's tiktoken JSON vocabulary."""
     kind = "TikTokenizer"
     _require("tiktoken", kind)
+    path = _existing_file(files.tokenizer_model, "--tokenizer-model", kind)  # before megatron-core's import
+    import_megatron_core()
     from megatron.core.tokenizers.text.libraries import TikTokenTokenizer
     from megatron.core.tokenizers.text.libraries.tiktoken_tokenizer import DEFAULT_TIKTOKEN_MAX_VOCAB
 
-    path = _existing_file(files.tokenizer_model, "--tokenizer-model", kind)
     if not path.endswith(".json"):
         raise UserError(f"--tokenizer-model {path}: TikTokenizer reads Megatron's tiktoken JSON vocabulary (*.json)")
     size = vocab_size or DEFAULT_TIKTOKEN_MAX_VOCAB

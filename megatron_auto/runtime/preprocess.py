@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Iterator
 
 from ..errors import UserError
+from .file_tokenizers import import_megatron_core
 
 
 def documents(path: Path, key: str):
@@ -25,6 +26,8 @@ def documents(path: Path, key: str):
 def build(input_path: Path, out: str, key: str, tokenizer, append_eod: bool) -> tuple[int, int]:
     """Write OUT.{bin,idx} from the documents under `key`; return (documents, tokens)."""
     import torch
+
+    import_megatron_core()
     from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder
 
     Path(out).parent.mkdir(parents=True, exist_ok=True)

@@ -78,17 +78,18 @@ def log_tokenizer_and_data(args: argparse.Namespace, tokenizer) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    """Choose and check the plan before any work, then train it under its process groups."""
+    """Choose and check the plan before any work, then train it under its process groups. The tokenizer and the
+    settings are read first: a bad file or flag is refused before torch and megatron-core are imported (~4 s)."""
+    adjustments = megatron_lm_adjustments(args)
+    tokenizer = tokenizer_from_flags(args)
+    settings = settings_from_args(args, tokenizer.vocab_size, tokenizer.eod)
+    model = model_from_args(args, args.padded_vocab_size or tokenizer.vocab_size)  # the rows the planner prices
     import patches
     from megatron_auto.runtime import checkpoint, distributed, fit, planning, session
     from megatron_auto.runtime.kernels import use_matmul_flags
     from megatron_auto.runtime.stragglers import Policy
 
-    adjustments = megatron_lm_adjustments(args)
     use_matmul_flags(args.disable_bf16_reduced_precision_matmul)
-    tokenizer = tokenizer_from_flags(args)
-    settings = settings_from_args(args, tokenizer.vocab_size, tokenizer.eod)
-    model = model_from_args(args, args.padded_vocab_size or tokenizer.vocab_size)  # the rows the planner prices
     patches.apply_all()
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     gpus_per_node = planning.gpus_per_node_from_env(world_size, cluster_name=args.auto_parallel_cluster)
@@ -137,21 +138,27 @@ def main(argv: list[str] | None = None) -> int:
     each error is one line on stderr."""
     args = parse_args(argv)
     configure_logging()
-    from megatron_auto.runtime.faults import peer_failure
-    from megatron_auto.runtime.stopping import TrainingDiverged
-
     try:
         run(args)
     except UserError as error:
         sys.stderr.write(f"error: {error}\n")
         return 2
-    except TrainingDiverged as error:  # Megatron-LM stops with an error too (its rerun state machine)
-        sys.stderr.write(f"error: {error}\n")
-        return 1
-    except RuntimeError as error:  # a peer that stalled or died: one line, and torchrun may restart the job
-        said = peer_failure(error)
+    except Exception as error:  # noqa: BLE001  (re-raised unless it is one of the run failures below)
+        said = _run_failure(error)
         if said is None:
             raise
         sys.stderr.write(f"error: {said}\n")
         return 1
     return 0
+
+
+def _run_failure(error: Exception) -> str | None:
+    """The line for a run that training stopped (Megatron-LM stops with an error too, its rerun state machine) or a
+    peer that stalled or died (torchrun may restart the job); None for any other error. Imported here: a refusal
+    before the run needs neither torch nor megatron-core."""
+    from megatron_auto.runtime.faults import peer_failure
+    from megatron_auto.runtime.stopping import TrainingDiverged
+
+    if isinstance(error, TrainingDiverged):
+        return str(error)
+    return peer_failure(error) if isinstance(error, RuntimeError) else None

@@ -4,15 +4,13 @@ data, bad combinations as one line and exit status 2, and a short 2-rank run who
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from collections import Counter
 
 import numpy as np
 import pytest
 
 import tokenizer_files
-from validation.launcher import REPO, launch, rank_env
+from validation.launcher import launch, rank_env, run_script
 from megatron_auto.runtime.fim import token_ids, tokenizer_for
 from megatron_auto.runtime.gpt_data import GPTDatasets
 from megatron_auto.runtime.settings import DataSettings, FimSettings
@@ -37,9 +35,8 @@ def corpus(tmp_path_factory) -> tuple[str, list[str]]:
     model.add_special_tokens(SENTINELS)
     model.save(str(directory / "tokenizer.json"))
     flags = ["--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(directory)]
-    done = subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", "data/tiny_corpus.jsonl",
-                           "--output-prefix", str(root / "c"), "--append-eod", *flags],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env=rank_env(0, 1, 0))
+    done = run_script(["tools/preprocess_data.py", "--input", "data/tiny_corpus.jsonl", "--output-prefix",
+                       str(root / "c"), "--append-eod", *flags], rank_env(0, 1, 0), timeout_s=300)
     assert done.returncode == 0, done.stderr
     return str(root / "c_text_document"), flags
 

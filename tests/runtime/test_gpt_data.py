@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from validation.launcher import REPO, rank_env
+from validation.launcher import REPO, rank_env, run_script
 from megatron_auto.errors import UserError
 from megatron_auto.runtime.gpt_data import (GPTDatasets, check_bin_matches_idx, parse_blend, parse_split,
                                             split_sizes)
@@ -22,9 +22,9 @@ DOCUMENTS = 700  # lines of data/tiny_corpus.jsonl
 def prefixes(tmp_path_factory) -> tuple[str, str]:
     """Two byte-level datasets of the corpus (the second a copy under another name)."""
     root = tmp_path_factory.mktemp("datasets")
-    done = subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", "data/tiny_corpus.jsonl",
-                           "--output-prefix", str(root / "a"), "--tokenizer-type", "ByteTokenizer", "--append-eod"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env=rank_env(0, 1, 0))
+    done = run_script(["tools/preprocess_data.py", "--input", "data/tiny_corpus.jsonl", "--output-prefix",
+                       str(root / "a"), "--tokenizer-type", "ByteTokenizer", "--append-eod"], rank_env(0, 1, 0),
+                      timeout_s=300)
     assert done.returncode == 0, done.stderr
     for suffix in (".bin", ".idx"):
         shutil.copy(root / f"a_text_document{suffix}", root / f"b_text_document{suffix}")

@@ -4,13 +4,11 @@ each split's own (--train-data-path, --valid-data-path)."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import pytest
 
 import tokenizer_files
-from validation.launcher import REPO, launch, rank_env
+from validation.launcher import launch, rank_env, run_script
 
 TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2", "--seq-length", "32",
         "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
@@ -18,9 +16,8 @@ TINY = ["--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "2"
 
 
 def _preprocess(prefix, tokenizer_flags: list[str]) -> str:
-    done = subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", "data/tiny_corpus.jsonl",
-                           "--output-prefix", str(prefix), "--append-eod", *tokenizer_flags],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env=rank_env(0, 1, 0))
+    done = run_script(["tools/preprocess_data.py", "--input", "data/tiny_corpus.jsonl", "--output-prefix", str(prefix),
+                       "--append-eod", *tokenizer_flags], rank_env(0, 1, 0), timeout_s=300)
     assert done.returncode == 0, done.stderr
     return f"{prefix}_text_document"
 

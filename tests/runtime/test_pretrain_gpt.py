@@ -3,11 +3,10 @@ from __future__ import annotations
 
 import re
 import subprocess
-import sys
 
 import pytest
 
-from validation.launcher import REPO, launch, rank_env, run_script
+from validation.launcher import launch, rank_env, run_script
 
 TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "64",
         "--max-position-embeddings", "64"]
@@ -16,9 +15,8 @@ TINY = ["--num-layers", "4", "--hidden-size", "64", "--num-attention-heads", "4"
 @pytest.fixture(scope="module")
 def dataset(tmp_path_factory) -> str:
     prefix = tmp_path_factory.mktemp("data") / "tiny"
-    done = subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", "data/tiny_corpus.jsonl",
-                           "--output-prefix", str(prefix), "--tokenizer-type", "ByteTokenizer", "--append-eod"],
-                          cwd=REPO, capture_output=True, text=True, timeout=120, env=rank_env(0, 1, 0))
+    done = run_script(["tools/preprocess_data.py", "--input", "data/tiny_corpus.jsonl", "--output-prefix", str(prefix),
+                       "--tokenizer-type", "ByteTokenizer", "--append-eod"], rank_env(0, 1, 0), timeout_s=120)
     assert done.returncode == 0, done.stderr
     assert "700 documents" in done.stdout
     return f"{prefix}_text_document"

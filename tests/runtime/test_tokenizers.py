@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import tokenizer_files
-from validation.launcher import REPO, rank_env
+from validation.launcher import REPO, rank_env, run_script
 from megatron_auto.errors import UserError
 from megatron_auto.runtime.tokenizers import TokenizerFiles, make_tokenizer
 
@@ -98,9 +98,11 @@ def test_malformed_files_are_user_errors(files, tmp_path):
         make_tokenizer("TikTokenizer", files=TokenizerFiles(tokenizer_model=str(files["tiktoken"])))
 
 
-def _preprocess(args: list[str]) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "tools/preprocess_data.py", "--input", "data/tiny_corpus.jsonl", *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env=rank_env(0, 1, 0))
+def _preprocess(args: list[str], fresh: bool = False) -> subprocess.CompletedProcess:
+    """tools/preprocess_data.py, forked from the launcher's fork server (torch and megatron-core imported once), or
+    a `fresh` interpreter where a test reads everything it prints."""
+    return run_script(["tools/preprocess_data.py", "--input", "data/tiny_corpus.jsonl", *args], rank_env(0, 1, 0),
+                      timeout_s=300, fresh=fresh)
 
 
 @pytest.mark.parametrize("append_eod", [True, False])
@@ -121,7 +123,7 @@ def test_preprocess_writes_each_document_with_eod_as_megatron(files, tmp_path, a
 
 def test_preprocess_refuses_a_missing_model_with_one_line(tmp_path):
     done = _preprocess(["--output-prefix", str(tmp_path / "x"), "--tokenizer-type", "Llama2Tokenizer",
-                        "--tokenizer-model", str(tmp_path / "absent.model")])
+                        "--tokenizer-model", str(tmp_path / "absent.model")], fresh=True)
     assert done.returncode == 2
     assert done.stderr.strip().splitlines() == [f"error: --tokenizer-model {tmp_path / 'absent.model'}: no such file "
                                                 "(tokenizer files must be local)"]
