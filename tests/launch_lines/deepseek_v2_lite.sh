@@ -68,7 +68,7 @@ MODEL_ARGS=" \
 
 TRAINING_ARGS=" \
     --global-batch-size 4 \
-    --train-iters 20 \
+    --train-iters 14 \
     --lr 1e-3 \
     --min-lr 1e-4 \
     --lr-warmup-iters 2 \
@@ -76,7 +76,7 @@ TRAINING_ARGS=" \
     --weight-decay 0.1 \
     --clip-grad 1.0 \
     --eval-iters 2 \
-    --eval-interval 10 \
+    --eval-interval 7 \
     --log-interval 1 \
 "
 
