@@ -27,7 +27,7 @@ from benchmarks.bench_stragglers import before_and_after, iterations, replans
 from validation.launcher import launch
 from megatron_auto.pipeline_layout import chunk_layers_of_layout
 
-ITERATIONS = 16
+ITERATIONS = 14
 MODEL = ["--num-layers", "16", "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "128",
          "--max-position-embeddings", "128", "--micro-batch-size", "2", "--global-batch-size", "16",
          "--lr", "3e-3", "--mock-data", "--tokenizer-type", "NullTokenizer",
@@ -89,7 +89,7 @@ def test_the_step_time_drops_after_the_replan(runs):
     and every step's floor stays where it was (bench_stragglers' medians: 6.8 s before, 4.8 s after, 4.5 s with no
     straggler)."""
     before, after = before_and_after(runs["replan"][1])
-    assert len(before) >= 4 and len(after) >= 6
+    assert len(before) >= 4 and len(after) >= 4
     assert min(after) < min(before), (before, after)
 
 
