@@ -3,7 +3,7 @@ ranks) run end to end, as they are and with --auto-parallel, and train with thei
 
 The dry runs of every case are tests/test_megatron_lm_cases.py; these run a GPT case with a pipeline of 4 and
 interleaving, a MoE case with expert parallelism and the distributed optimizer, and a LLaMA-style case (RoPE,
-SwiGLU, RMSNorm, GQA, bf16) for 16 iterations instead of their 4, all in one launch (validation/launch_lines.py).
+SwiGLU, RMSNorm, GQA, bf16) for 12 iterations instead of their 4, all in one launch (validation/launch_lines.py).
 """
 from __future__ import annotations
 
@@ -19,7 +19,8 @@ from validation.launcher import launch
 CASES_FILE = Path(__file__).resolve().parents[1] / "megatron_lm_cases" / "cases.json"
 NAMES = ("gpt3_7b_tp1_pp4_memory_speed", "gpt3_moe_mcore_te_ep8_resume_torch_dist_dist_optimizer",
          "gpt3_mcore_reruns_disable")
-ITERATIONS = ["--train-iters", "16", "--eval-interval", "16", "--log-interval", "1"]
+STEPS = 12
+ITERATIONS = ["--train-iters", str(STEPS), "--eval-interval", str(STEPS), "--log-interval", "1"]
 VARIANTS = {"flags": [], "auto": ["--auto-parallel"]}
 
 
@@ -44,6 +45,6 @@ def runs(tmp_path_factory) -> dict:
 def test_the_case_trains_and_its_loss_falls(runs, name, variant):
     code, log = runs[(name, variant)]
     assert code == 0, log[-4000:]
-    losses = [float(x) for x in re.findall(r" iteration +\d+/ +16 \|.*\| lm loss: (\S+) \|", log)]
-    assert len(losses) == 16, log[-3000:]
+    losses = [float(x) for x in re.findall(rf" iteration +\d+/ +{STEPS} \|.*\| lm loss: (\S+) \|", log)]
+    assert len(losses) == STEPS, log[-3000:]
     assert sum(losses[-4:]) / 4 < sum(losses[:3]) / 3, losses
