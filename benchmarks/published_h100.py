@@ -72,9 +72,22 @@ def summary_lines(results: list[PricedRun]) -> list[str]:
             if errors:
                 lines.append(f"- {collection}, {precision}: {len(errors)} rows, mean |error| "
                              f"{sum(errors) / len(errors):.1%}, worst {max(errors):.1%}")
+    lines += release_year_lines(results)
     priced = [r for r in results if r.estimate is not None]
     fits = sum(r.estimate.prediction.fits for r in priced)
     lines.append(f"- predicted to fit: {fits} of {len(results)} ({len(results) - len(priced)} not priced)")
+    return lines
+
+
+def release_year_lines(results: list[PricedRun]) -> list[str]:
+    """The signed and absolute step error of the rows whose software came out in each year: the same job measured
+    in two releases can differ by more than the model's error (the rows' `release`)."""
+    lines = []
+    for year in sorted({r.run.release_year for r in results if r.run.release_year}):
+        errors = [r.step_error for r in results if r.run.release_year == year and r.step_error is not None]
+        if errors:
+            lines.append(f"- software of {year}: {len(errors)} rows, mean error {sum(errors) / len(errors):+.1%}, "
+                         f"mean |error| {sum(map(abs, errors)) / len(errors):.1%}")
     return lines
 
 

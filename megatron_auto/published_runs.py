@@ -10,6 +10,7 @@ time those TFLOP/s imply under the source's FLOP count (`megatron_lm_flops`).
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -45,6 +46,17 @@ class PublishedRun:
     source: str
     collection: str = ""
     """The rows file it came from (its folder and name), to summarise each collection apart."""
+    release: str = ""
+    """The software that ran it, as the row names it (e.g. "NeMo 24.07", "Megatron-Core r0.8.0 (README 2024-07)")."""
+
+    @property
+    def release_year(self) -> Optional[int]:
+        """The year of that software: a NeMo container's YY.MM, or a date the row gives; None when neither."""
+        nemo = re.search(r"NeMo (\d\d)\.\d\d", self.release)
+        if nemo:
+            return 2000 + int(nemo.group(1))
+        dated = re.search(r"\b(20\d\d)-\d\d", self.release)
+        return int(dated.group(1)) if dated else None
 
     @property
     def num_nodes(self) -> int:
@@ -180,7 +192,7 @@ def run_from_row(row: dict) -> PublishedRun:
         id=row["id"], model=model, num_gpus=row["num_gpus"], gpus_per_node=row["gpus_per_node"],
         global_batch_size=row["global_batch_size"], precision=row["precision_class"].lower(),
         flags=_flags_of(row), recipe=tuple(_recipe_flags(row)), measured_step_s=_measured_step_s(row, model),
-        source=f"{source['repo']}/{source['path']}@{source['commit'][:7]}")
+        source=f"{source['repo']}/{source['path']}@{source['commit'][:7]}", release=row.get("release") or "")
 
 
 def load_runs(*paths: Path) -> list[PublishedRun]:

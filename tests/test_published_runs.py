@@ -96,3 +96,24 @@ def test_an_unstated_micro_batch_is_shown_at_every_size_that_fits():
     picked = priced.estimate.local_micro_batch(priced.estimate.embedding)
     assert len(errors) >= 2 and errors[picked] == pytest.approx(priced.step_error)
     assert errors[picked] == min(errors.values())  # the fastest that fits: the optimistic end
+
+
+@pytest.mark.parametrize("release, year", [("NeMo 24.07", 2024), ("NeMo 25.11 container (Megatron-Bridge)", 2025),
+                                           ("NeMo 24.09 container (dgxc-benchmarking v24.11.1)", 2024),
+                                           ("Megatron-Core r0.8.0 (README 2024-07)", 2024),
+                                           ("MCore v0.9 (README commit c230e0d, 2024-11-21)", 2024), ("", None)])
+def test_a_rows_release_gives_the_year_of_its_software(release, year):
+    assert run_from_row({**ROW, "release": release}).release_year == year
+
+
+def test_the_summary_gives_each_years_mean_error():
+    from dataclasses import replace
+
+    from types import SimpleNamespace
+
+    from benchmarks.published_h100 import release_year_lines
+
+    results = [SimpleNamespace(run=replace(run_from_row(ROW), release=release), step_error=error)
+               for release, error in (("NeMo 24.07", -0.10), ("NeMo 24.03.01", -0.08), ("NeMo 25.04", 0.02))]
+    assert release_year_lines(results) == ["- software of 2024: 2 rows, mean error -9.0%, mean |error| 9.0%",
+                                           "- software of 2025: 1 rows, mean error +2.0%, mean |error| 2.0%"]
