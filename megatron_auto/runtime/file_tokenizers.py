@@ -48,13 +48,6 @@ def _require(module: str, kind: str):
                         f"(pip install '{module}', or the runtime extra of megatron-auto)") from None
 
 
-def import_megatron_core() -> None:
-    """Import megatron-core as the runtime does, with torch.compile's machinery deferred to a compiled function's
-    first call (patches/deferred_compile.py): about 3 s less for a process that never compiles, such as
-    tools/preprocess_data.py."""
-    import patches  # noqa: F401  (importing the package imports megatron-core so)
-
-
 def _existing_file(path: Optional[str], flag: str, kind: str) -> str:
     if not path:
         raise UserError(f"--tokenizer-type {kind} needs {flag}")
@@ -200,7 +193,7 @@ def sentencepiece_model(kind: str, files: TokenizerFiles) -> CoreTokenizer:
     """megatron-core's SentencePieceTokenizer (all three SentencePiece types map to it)."""
     _require("sentencepiece", kind)
     model = _existing_file(files.tokenizer_model, "--tokenizer-model", kind)  # before megatron-core's import (~4 s)
-    import_megatron_core()
+    import patches  # noqa: F401  (megatron-core with torch.compile deferred: patches/deferred_compile.py)
     from megatron.core.tokenizers.text.libraries import SentencePieceTokenizer
 
     return CoreTokenizer(kind, SentencePieceTokenizer(model))
@@ -211,7 +204,7 @@ def tiktoken_vocab(files: TokenizerFiles, vocab_size: Optional[int]) -> CoreToke
     kind = "TikTokenizer"
     _require("tiktoken", kind)
     path = _existing_file(files.tokenizer_model, "--tokenizer-model", kind)  # before megatron-core's import
-    import_megatron_core()
+    import patches  # noqa: F401  (as above)
     from megatron.core.tokenizers.text.libraries import TikTokenTokenizer
     from megatron.core.tokenizers.text.libraries.tiktoken_tokenizer import DEFAULT_TIKTOKEN_MAX_VOCAB
 
