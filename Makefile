@@ -21,8 +21,12 @@ $(STAMP): pyproject.toml setup.py Makefile
 
 # Two pytest workers, one test file each at a time (--dist loadfile: a file's launched ranks and module
 # fixtures stay in one worker): the launches' process start-up and waits overlap the other worker's compute.
+# Files go out in tests/conftest.py's order (--no-loadscope-reorder keeps xdist's own order, most tests
+# first, from replacing it). The repository's modules are compiled once first: where
+# PYTHONDONTWRITEBYTECODE is set, as on this machine, every process and forked rank would compile them again.
 test: venv
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile tests
+	$(BIN)/python -m compileall -q megatron_auto patches validation benchmarks tools tests
+	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 demo: demo-plan demo-train
 

@@ -218,5 +218,14 @@ def test_layering_check_catches_a_torch_import(tmp_path):
     assert forbidden_planning_imports("megatron_auto.search.bad", path) == ["megatron_auto.runtime"]
 
 
+def test_entry_points_and_harnesses_leave_the_import_path_alone():
+    """tools/, benchmarks/ and validation/ import the repository by package name (`python -m`, or PYTHONPATH
+    for the ranks the launcher forks), never by editing sys.path (issue 38)."""
+    edits = [f"{path.relative_to(ROOT)}:{number}" for top in ("tools", "benchmarks", "validation")
+             for path in sorted((ROOT / top).rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if "sys.path" in line]
+    assert not edits, edits
+
+
 if __name__ == "__main__":
     sys.exit(pytest.main([__file__, "-q"]))

@@ -7,8 +7,11 @@ session of its own, takes the environment, working directory and argv it was sen
 stderr to its log and runs the script as `__main__`, as `python SCRIPT ARGS...` would. Nothing in the
 preloaded modules reads the environment at import (the runtime reads RANK, MASTER_PORT, fault and OOM
 injections when it runs), and the server imports them with OMP_NUM_THREADS=1, as every rank sets it.
-Unlike fresh processes, forked ranks share the server's string-hash seed and numpy's unseeded state;
-tests/runtime/test_launcher.py checks they otherwise run a script as `python` does.
+Unlike fresh processes, forked ranks share the server's string-hash seed and numpy's unseeded state, and
+the first entry of their import path is the repository (the server runs as `python -m
+validation.fork_server` from it), not the script's folder: the scripts run here import what they share by
+package (`tests.runtime.worker_stats`, `megatron_auto`), which works from either, as the repository is on
+every rank's PYTHONPATH. tests/runtime/test_launcher.py checks they otherwise run a script as `python` does.
 
 Two more things are done once here rather than in every rank (both CPU only; what a rank computes is the same):
 - torch.compile's machinery (torch._dynamo, torch._inductor.compile_fx and the inductor backend's lookup) is
@@ -27,7 +30,7 @@ Protocol, one Unix-socket connection per rank: the client sends one JSON line {a
 optionally stderr, a file of its own for fd 2};
 the server answers the rank's pid, then its exit code (negative: killed by that signal) when it ends.
 
-    python validation/fork_server.py SOCKET_PATH     # started by launcher.py, never by hand
+    python -m validation.fork_server SOCKET_PATH     # started by launcher.py, never by hand
 """
 from __future__ import annotations
 
@@ -49,7 +52,8 @@ import traceback
 PRELOADED = ("patches",  # torch and megatron-core, patched
              "megatron_auto.runtime.checkpoint", "megatron_auto.runtime.data", "megatron_auto.runtime.distributed",
              "megatron_auto.runtime.fit", "megatron_auto.runtime.model", "megatron_auto.runtime.session",
-             "megatron_auto.runtime.step", "megatron_auto.runtime.hybrid.hybrid_runtime")
+             "megatron_auto.runtime.step", "megatron_auto.runtime.hybrid.hybrid_runtime",
+             "megatron_auto.train.pretrain")  # what tools/pretrain_gpt.py runs: its flags, the planner
 
 
 COMPILER = ("torch._dynamo", "torch._inductor.compile_fx")
@@ -95,7 +99,6 @@ def run_rank(request: dict) -> None:
     os.chdir(request["cwd"])
     script = request["argv"][0]
     sys.argv = list(request["argv"])
-    sys.path[0] = os.path.dirname(os.path.abspath(script))  # as `python SCRIPT` sets it: a rank, not an import
     code = 0
     try:
         runpy.run_path(script, run_name="__main__")

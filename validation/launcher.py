@@ -139,7 +139,7 @@ class ForkedRank:
 
 
 class ForkServer:
-    """fork_server.py, started on first use and stopped when the test session ends."""
+    """validation/fork_server.py, started on first use and stopped when the test session ends."""
 
     def __init__(self):
         self.socket_path = os.path.join(tempfile.mkdtemp(prefix="megatron-auto-forks-"), "server.sock")
@@ -147,9 +147,9 @@ class ForkServer:
         for name in ("RANK", "LOCAL_RANK", "GROUP_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
                      "MASTER_PORT"):
             del env[name]
-        self.process = subprocess.Popen([sys.executable, str(Path(__file__).with_name("fork_server.py")),
-                                         self.socket_path], env=env, cwd=REPO, stdout=subprocess.PIPE,
-                                        stdin=subprocess.DEVNULL, start_new_session=True)
+        self.process = subprocess.Popen([sys.executable, "-m", "validation.fork_server", self.socket_path], env=env,
+                                        cwd=REPO, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                        start_new_session=True)
         ready = self.process.stdout.readline()
         if ready != b"ready\n":
             raise RuntimeError(f"fork server did not start (exit {self.process.wait()})")

@@ -40,9 +40,9 @@ from megatron_auto.runtime import distributed, session  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, MoESettings, TrainSettings  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
-from worker_stats import thread_count  # noqa: E402
-from worker_models import (deepseek_style_moe_model, llama_model, mixed_moe_model, mla_model,  # noqa: E402
-                           mtp_model, qwen3_model, swiglu_moe_model)
+from tests.runtime.worker_stats import thread_count  # noqa: E402
+from tests.runtime.worker_models import (deepseek_style_moe_model, llama_model, mixed_moe_model,  # noqa: E402
+                                         mla_model, mtp_model, qwen3_model, swiglu_moe_model)
 
 MODEL = uniform_model("equivalence-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
                       seq_length=32, vocab_size=256)

@@ -34,8 +34,8 @@ from megatron_auto.runtime import distributed, session  # noqa: E402
 from megatron_auto.runtime.manual_plan import ManualParallelism, plan_from_flags  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
-from worker_models import llama_model, mla_model, qwen3_model  # noqa: E402
-from worker_stats import thread_count  # noqa: E402
+from tests.runtime.worker_models import llama_model, mla_model, qwen3_model  # noqa: E402
+from tests.runtime.worker_stats import thread_count  # noqa: E402
 
 MODEL = uniform_model("hybrid-gpt", num_layers=4, hidden_size=64, num_attention_heads=4,
                       seq_length=32, vocab_size=256)

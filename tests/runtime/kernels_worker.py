@@ -24,7 +24,7 @@ import torch  # noqa: E402
 from megatron_auto.runtime import distributed  # noqa: E402
 from megatron_auto.runtime.settings import DataSettings, TrainSettings  # noqa: E402
 from megatron_auto.specs.model import uniform_model  # noqa: E402
-from worker_stats import group_thread_count, thread_count  # noqa: E402
+from tests.runtime.worker_stats import group_thread_count, thread_count  # noqa: E402
 
 HIDDEN, HEADS, SEQ, BATCH = 64, 4, 32, 2
 

@@ -29,7 +29,7 @@ from megatron_auto.runtime.layout import MegatronLayout  # noqa: E402
 from megatron_auto.runtime.model import first_decoder_layer  # noqa: E402
 from megatron_auto.runtime.settings import MoESettings, TrainSettings  # noqa: E402
 from megatron_auto.specs.model import MLASpec, uniform_model  # noqa: E402
-from worker_stats import thread_count  # noqa: E402
+from tests.runtime.worker_stats import thread_count  # noqa: E402
 
 SEQ, BATCH = 16, 2
 

@@ -1,5 +1,6 @@
 """The test launcher's forked ranks behave as `python SCRIPT ARGS...` processes do: the same argv,
-environment, working directory, output and exit status, whether forked from fork_server.py or spawned."""
+environment, working directory, output and exit status, whether forked from fork_server.py or spawned
+(one difference, by design: a forked script's folder is not first on its import path; fork_server's docstring)."""
 from __future__ import annotations
 
 import subprocess
@@ -11,7 +12,8 @@ from validation import launcher
 SCRIPT = """
 import os, sys, threading, time
 print("argv", sys.argv[1:], "rank", os.environ["RANK"], "of", os.environ["WORLD_SIZE"], "cwd", os.getcwd())
-print("main", __name__, "path0", sys.path[0] == os.path.dirname(os.path.abspath(__file__)))
+import validation.launcher  # the repository's packages import by name, forked or spawned (fork_server's docstring)
+print("main", __name__, "imports", validation.launcher.__name__)
 sys.stderr.write("to stderr\\n")
 mode = sys.argv[1]
 if mode == "thread":  # a non-daemon thread is joined before the process ends, as at interpreter exit
@@ -34,7 +36,7 @@ def mode(request, monkeypatch):
 
 
 @pytest.mark.parametrize("argument, codes, words", [
-    ("ok", (0, 0), ["argv ['ok'] rank 0 of 2", "argv ['ok'] rank 1 of 2", "main __main__ path0 True",
+    ("ok", (0, 0), ["argv ['ok'] rank 0 of 2", "argv ['ok'] rank 1 of 2", "main __main__ imports validation.launcher",
                     "to stderr"]),
     ("3", (3, 3), ["rank 1 of 2"]),
     ("message", (1, 1), ["stopped with a message"]),
