@@ -273,8 +273,9 @@ def _elastic_agent(port: int, args: list[str], log: Path, tag: str, env: dict) -
 
     TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1: with the store shared (torch's default), the agent that
     was rank 0 skips publishing the new round's MASTER_ADDR and a membership change hangs
-    (pytorch/pytorch#135712); README says so for users."""
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1:2", "--nproc-per-node", "2",
+    (pytorch/pytorch#135712); README says so for users. quiet_port_torchrun.py is torchrun with the
+    workers' MASTER_PORT drawn below the ephemeral range, where no other test's sockets land."""
+    command = [sys.executable, str(Path(__file__).with_name("quiet_port_torchrun.py")), "--nnodes", "1:2", "--nproc-per-node", "2",
                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "elastic-test",
                "--rdzv-conf", "join_timeout=120,last_call_timeout=1", "--max-restarts", "2",
                "--monitor-interval", "0.2", "tools/pretrain_gpt.py", *TINY, *args]
