@@ -9,19 +9,24 @@
    failed (both on fresh clones, 2026-11-29).
 2. The files in tests/ itself: they plan and price in the pytest process or one CLI process at a
    time, about one core, so the straggler's ranks share the machine with a steady load.
-3. The files whose launches take longest, longest first (one `make test`, same day: launch lines
-   176 s, checkpoint safety 170, equivalence 160, hybrid equivalence 96, profiling 92, MoE equivalence
-   77, hybrid checkpoints 62; no other file over 55), so that no long file starts near the end.
-4. The rest of tests/runtime, short files that even out the two workers' ends.
+3. The files whose launches take longest, longest first (their wall times in one `make test` from a
+   fresh clone, same day: checkpoint safety 230 s, launch lines 218, equivalence 208, profiling 154,
+   hybrid equivalence 104, hybrid checkpoints 87, MoE equivalence 76, then 58 down to 19 s), so that
+   no long file starts near the end: with only the first seven placed, two files of about 55 s ran
+   last and one worker finished 81 s after the other.
+4. The rest of tests/runtime, files of 16 s or less, which even out the two workers' ends.
 
 A worker takes its next file when the one it runs has two tests or fewer left.
 """
 from __future__ import annotations
 
 FIRST = "runtime/test_straggler_replan.py"
-LONGEST = ("runtime/test_launch_scripts.py", "runtime/test_checkpoint_safety.py", "runtime/test_equivalence.py",
-           "runtime/test_hybrid_equivalence.py", "runtime/test_profiling.py", "runtime/test_moe_equivalence.py",
-           "runtime/test_hybrid_checkpoints.py")
+LONGEST = ("runtime/test_checkpoint_safety.py", "runtime/test_launch_scripts.py", "runtime/test_equivalence.py",
+           "runtime/test_profiling.py", "runtime/test_hybrid_equivalence.py", "runtime/test_hybrid_checkpoints.py",
+           "runtime/test_moe_equivalence.py", "runtime/test_memory_fit.py", "runtime/test_run_semantics.py",
+           "runtime/test_kernels_runtime.py", "runtime/test_pretrain_gpt.py", "runtime/test_megatron_lm_cases_run.py",
+           "runtime/test_bad_runs.py", "runtime/test_model_flags_equivalence.py", "runtime/test_hybrid_pretrain.py",
+           "runtime/test_recompute_modules.py")
 
 
 def file_rank(nodeid: str) -> int:
