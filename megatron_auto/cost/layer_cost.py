@@ -20,7 +20,7 @@ from .context_parallel import (attention_core_extra_times, cp_qkv_kept_width, gr
 from .compute import ComputeTimes, module_forward_shares, recompute_time
 from .activation_offload import RESIDENT_LAYERS, offload_exposed_seconds, offloaded_bytes
 from .cuda_graphs import graph_static_input_bytes, graphed_cluster
-from .tp_overlap import exposed_tp_seconds, linear_gemm_seconds, sm_margin_seconds, tp_overlap_applies
+from .tp_overlap import exposed_tp_seconds, linear_gemm_seconds, overlap_gemm_seconds, tp_overlap_applies
 from .layer_kernels import fused_accumulation_saving
 from .fp8 import fp8_layer_delta, fp8_saved_input_savings, fp8_weight_copy_bytes
 from .models import compute_model
@@ -218,7 +218,7 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
     if training.fp8:
         times = _in_fp8(times, layer, seq, samples, strategy, cluster, training)
     if tp_overlap_applies(strategy, training):
-        forward, backward = sm_margin_seconds(layer, seq, samples, strategy.tp, cluster, training)
+        forward, backward = overlap_gemm_seconds(layer, seq, samples, strategy.tp, cluster, training)
         times = replace(times, forward_s=times.forward_s + forward, backward_s=times.backward_s + backward)
     selective = training.selective_modules(layer)
     recompute = recompute_time(times, strategy.recompute, selective, _module_shares(layer, strategy, samples, seq,
