@@ -129,7 +129,7 @@ RECIPE_KNOBS = {"--fp8-recipe": 1, "--moe-token-dispatcher-type": 1, "--moe-flex
                 "--overlap-moe-expert-parallel-comm": 0, "--delay-wgrad-compute": 0, "--cross-entropy-loss-fusion": 0,
                 "--cross-entropy-fusion-impl": 1, "--cuda-graph-impl": 1, "--cuda-graph-scope": None,
                 "--fine-grained-activation-offloading": 0, "--offload-modules": None,
-                "--min-offloaded-tensor-size": 1}
+                "--min-offloaded-tensor-size": 1, "--fp8-param-gather": 0}
 """Flags of a row's `estimate_flags` that are its recipe's knobs, not its layout (with how many values each
 takes; None: every value up to the next flag): the planner's plan for the same job is priced with them too."""
 

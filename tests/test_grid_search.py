@@ -134,8 +134,9 @@ def test_counting_embedding_and_loss_in_the_split_gives_interleaved_plans_both_s
     """14 layers over 2 stages split 7 + 7: interleaved chunks of 7 or 1 only. With the embedding and the loss
     counted as layers (--account-for-embedding/loss-in-pipeline-split), 16 split into 2 x 4 chunks of 2, the
     first and last one layer short; on this job that schedule beats every plan without it, and the grid
-    and the megatron search find the same one. The nodes share one 400 Gb/s NIC (6.25 GB/s a GPU), so that
-    data parallelism across them costs enough for the pipeline to win."""
+    and the megatron search find the same one. The nodes share two 400 Gb/s NICs (12.5 GB/s a GPU), so that
+    data parallelism across them costs enough for the pipeline to win, while the interleaved schedule's fill and
+    drain still wait little on the transfers between the nodes (cost.estimate.interleaved_chain_p2p)."""
     import megatron_auto.search.grid as grid_module
     import megatron_auto.search.megatron_space as space_module
     from megatron_auto.megatron_flags import megatron_flags
@@ -144,7 +145,7 @@ def test_counting_embedding_and_loss_in_the_split_gives_interleaved_plans_both_s
 
     model = uniform_model("account-for", 14, 4096, 32, seq_length=2048, vocab_size=51200)
     h100 = CLUSTER_PRESETS["dgx-h100-80gb"]
-    cluster = replace(h100, num_nodes=2, inter_node=replace(h100.inter_node, bandwidth_bytes_per_s=6.25e9))
+    cluster = replace(h100, num_nodes=2, inter_node=replace(h100.inter_node, bandwidth_bytes_per_s=12.5e9))
     training = TrainingSpec(global_batch_size=16)
     grid = grid_search(model, cluster, training, split_window=1)
     searched = search_plan(model, cluster, training, "megatron").plan

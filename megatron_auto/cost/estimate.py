@@ -45,6 +45,8 @@ class StageCost:
     cp_comm_s: float = 0.0
     """Context parallelism's K/V exchange (cost/context_parallel.py)."""
     pp_comm_s: float = 0.0
+    chain_p2p_s: float = 0.0
+    """Per iteration: the p2p latency the interleaved schedule's fill and drain wait on (interleaved_chain_p2p)."""
     transition_s: float = 0.0
     exposed_dp_s: float = 0.0
     """Per iteration: gradient traffic not hidden behind the last micro-batch's backward."""
@@ -73,6 +75,10 @@ class StageCost:
     """The multi-token prediction modules beside their layers (cost/mtp.py), on the stage of the LM head."""
     grad_overlap: float = 1.0
     """Share of the gradient traffic's overlap window that is really hidden (cost.models.CommModel)."""
+    sync_window_micro_batches: int = 1
+    """How many micro-batches' backward a layer's gradient traffic overlaps (dp_sync_window)."""
+    sync_unhidden: bool = False
+    """Whether the units being added sync last, with no backward left to hide behind (dp_sync_window)."""
     chunk_s: list[float] = field(default_factory=list)
     """Per micro-batch, what each of the stage's chunks adds to micro_batch_s, in chunk order: its layers,
     relayouts, runtime work and p2p, the embedding on the first stage's first chunk, the LM head (and MTP) on
@@ -97,7 +103,9 @@ class StageCost:
 
     def add_dp_comm(self, dp_comm_s: float, backward_s: float, count: int = 1) -> None:
         """Exposed gradient traffic of `count` units (see cost.pipeline.exposed_dp_time)."""
-        hidden = exposed_dp_time(dp_comm_s, backward_s, self.grad_overlap)
+        hidden = exposed_dp_time(dp_comm_s, self.sync_window_micro_batches * backward_s, self.grad_overlap)
+        if self.sync_unhidden:
+            hidden = dp_comm_s
         first = dp_comm_s if self.units == 0 else hidden
         self.exposed_dp_s += first + (count - 1) * hidden
         self.units += count
@@ -140,7 +148,9 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
     (ClusterSpec.stage_clusters); the p2p between stages at the pace of the slowest group's links."""
     overlap = comm_model(cluster).grad_overlap
     views = cluster.stage_clusters(plan.pipeline_parallel)
-    stages = [StageCost(grad_overlap=overlap, step_overhead_s=runtime_overhead(view)[0]) for view in views]
+    window = dp_sync_window(plan)
+    stages = [StageCost(grad_overlap=overlap, step_overhead_s=runtime_overhead(view)[0],
+                        sync_window_micro_batches=window) for view in views]
     word = training.activation_bytes
     micro_samples = plan.global_batch_size // plan.num_micro_batches
     p2p = max(pipeline_p2p_time(model.hidden_size, model.seq_length, micro_samples, plan.gpus_per_stage,
@@ -162,6 +172,7 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
         stage, view = stages[chunk_index % plan.pipeline_parallel], views[chunk_index % plan.pipeline_parallel]
         previous = plan.embedding if chunk_index == 0 else boundary
         compute_before, chunk_start = stage.compute_s, stage.micro_batch_s
+        stage.sync_unhidden = plan.virtual_stages > 1 and chunk_index < plan.pipeline_parallel
         for spec, strategy, count in _chunk_runs(model, layer_index, chunk):
             stage.add_layer(layer_cost(spec, strategy, plan.local_micro_batch(strategy), model.seq_length,
                                        view, training), count)
@@ -175,6 +186,7 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
             chunk_compute = stage.compute_s - compute_before
             stage.add_seconds(exposed_p2p_time(p2p, chunk_compute, plan.virtual_stages, overlap), "pp_comm_s")
         stage.chunk_s.append(stage.micro_batch_s - chunk_start)
+        stage.sync_unhidden = False
     stages[0].chunk_s[0] += parts[0].embedding.micro_batch_s
     head_index = (len(plan.chunks) - 1) % plan.pipeline_parallel
     head_start = stages[head_index].micro_batch_s
@@ -185,7 +197,37 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
     for index, (stage, view) in enumerate(zip(stages, views)):
         stage.optimizer_s = optimizer_step_time(stage.state_bytes, view, training.optimizer_impl)
         stage.exposed_ep_s = unmerged_ep_seconds(stage.ep_hidden_s, plan, index)
+        stage.chain_p2p_s = interleaved_chain_p2p(plan, p2p, overlap)
     return stages
+
+
+def interleaved_chain_p2p(plan: Plan, p2p_s: float, overlap: float) -> float:
+    """Per iteration, the p2p latency an interleaved schedule cannot hide: `p2p_s` is one boundary's forward plus
+    backward transfer of one micro-batch. With overlap_p2p_comm every transfer runs beside compute, but the first
+    micro-batch's forward visits the p x v chunks one after another (each on the next stage, the last chunk of a
+    round on the first) before any backward can start, and the last micro-batch's backward does the same in
+    reverse: 2 (p v - 1) one-way transfers on the critical path whatever m (Megatron-Core's interleaved order
+    replayed with a transfer delay on every stage-to-stage dependency: tests/test_chunked_pipeline.py). Without
+    interleaving each transfer already blocks its stage (exposed_p2p_time); `overlap`: the share the machine
+    hides at all (0 on cpu-gloo, where exposed_p2p_time already charges every transfer)."""
+    if plan.virtual_stages == 1 or plan.pipeline_parallel == 1:
+        return 0.0
+    return overlap * (plan.pipeline_parallel * plan.virtual_stages - 1) * p2p_s
+
+
+def dp_sync_window(plan: Plan) -> int:
+    """Micro-batches of backward that each layer's gradient reduction runs beside. Without interleaving, the last
+    micro-batch's: DDP starts a bucket's reduce-scatter once the last backward has filled it, beside the backward
+    of the layers below (exposed_dp_time). With v > 1 chunks per stage, Megatron-Core's interleaved schedule runs
+    the micro-batches in groups of p per chunk (microbatch_group_size_per_vp_stage, the pipeline size) and starts a
+    chunk's gradient sync after its last micro-batch's backward (schedules.py, forward_backward_pipelining_with_
+    interleaving: is_last_microbatch_for_model_chunk), so the sync runs beside the next chunk's group: min(p, m)
+    micro-batches of backward. The parameter all-gather likewise runs beside a chunk's first group of forwards.
+    The stage's first chunk syncs last, after the whole backward: its layers' traffic is charged in full
+    (StageCost.sync_unhidden), as the first layer's is without interleaving."""
+    if plan.virtual_stages == 1:
+        return 1
+    return max(1, min(plan.pipeline_parallel, plan.num_micro_batches))
 
 
 def _ends(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec):
@@ -262,7 +304,7 @@ def stage_time_per_micro_batch(stage: StageCost, num_micro_batches: int) -> floa
     """A stage's pipeline slot: its micro-batch work plus its once-per-iteration
     gradient sync and optimizer step spread over the m micro-batches, so that the
     steady state (m x the slowest slot) carries the slowest stage's tail in full."""
-    tail = stage.exposed_dp_s + stage.exposed_ep_s + stage.optimizer_s + stage.step_overhead_s
+    tail = stage.exposed_dp_s + stage.exposed_ep_s + stage.chain_p2p_s + stage.optimizer_s + stage.step_overhead_s
     return stage.micro_batch_s + tail / num_micro_batches
 
 
@@ -436,7 +478,8 @@ def interleaved_iteration(stages: list[StageCost], m: int, schedule: str) -> flo
         other = stage.micro_batch_s - stage.compute_s - stage.recompute_s
         backward = (stage.backward_s + stage.recompute_s + other / 2) / stage.micro_batch_s
         chunk_times.append([(seconds * (1 - backward), seconds * backward) for seconds in stage.chunk_s])
-        tails.append(stage.exposed_dp_s + stage.exposed_ep_s + stage.optimizer_s + stage.step_overhead_s)
+        tails.append(stage.exposed_dp_s + stage.exposed_ep_s + stage.chain_p2p_s + stage.optimizer_s
+                     + stage.step_overhead_s)
     return chunked_pipeline_time(chunk_times, m, tails, schedule)
 
 
@@ -444,7 +487,7 @@ def _breakdown(stage: StageCost, m: int, bubble: float) -> TimeBreakdown:
     return TimeBreakdown(
         compute_s=m * stage.compute_s, recompute_s=m * stage.recompute_s, tp_comm_s=m * stage.tp_comm_s,
         ep_comm_s=m * stage.ep_comm_s + stage.exposed_ep_s, cp_comm_s=m * stage.cp_comm_s,
-        dp_comm_s=stage.exposed_dp_s, pp_comm_s=m * stage.pp_comm_s, bubble_s=bubble,
+        dp_comm_s=stage.exposed_dp_s, pp_comm_s=m * stage.pp_comm_s + stage.chain_p2p_s, bubble_s=bubble,
         transition_s=m * stage.transition_s, optimizer_s=stage.optimizer_s,
         runtime_s=m * stage.runtime_s + stage.step_overhead_s,
     )

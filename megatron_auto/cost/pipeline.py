@@ -100,12 +100,14 @@ def dependency(kind: str, chunk: int, micro_batch: int, stage: int, stages: int,
 
 
 def chunked_pipeline_time(chunk_times: Sequence[Sequence[tuple[float, float]]], num_micro_batches: int,
-                          tails: Sequence[float] = (), schedule: str = "1f1b") -> float:
+                          tails: Sequence[float] = (), schedule: str = "1f1b", hop_s: float = 0.0) -> float:
     """Seconds of an iteration whose chunks differ: Megatron-Core's schedule replayed operation by operation
     (`schedule_order`, `dependency`), each stage running its chunk forwards and backwards in its order, each as
     soon as the stage is free and what it needs has finished, then its tail (`tails`: exposed gradient sync and
     optimizer step). `chunk_times[s][c]`: (forward, backward) seconds of one micro-batch through chunk c of stage
-    s, the p2p each sends included. With equal chunks this is `pipeline_time` (tests/test_chunked_pipeline.py)."""
+    s, the p2p each sends included. With equal chunks this is `pipeline_time` (tests/test_chunked_pipeline.py).
+    `hop_s`: a transfer's latency between stages that does not hold up its sender (overlap_p2p_comm): an operation
+    that needs another stage's result starts `hop_s` after it."""
     stages, chunks = len(chunk_times), len(chunk_times[0])
     orders = [schedule_order(stages, num_micro_batches, chunks, s, schedule) for s in range(stages)]
     position, free = [0] * stages, [0.0] * stages
@@ -118,7 +120,8 @@ def chunked_pipeline_time(chunk_times: Sequence[Sequence[tuple[float, float]]], 
                 needed = dependency(kind, chunk, micro_batch, s, stages, chunks)
                 if needed is not None and needed not in finished:
                     break
-                start = max(free[s], finished[needed] if needed is not None else 0.0)
+                ready = 0.0 if needed is None else finished[needed] + (hop_s if needed[3] != s else 0.0)
+                start = max(free[s], ready)
                 free[s] = start + chunk_times[s][chunk][0 if kind == FORWARD else 1]
                 finished[(kind, chunk, micro_batch, s)] = free[s]
                 position[s], progressed = position[s] + 1, True
