@@ -35,7 +35,7 @@ def test_every_flag_the_script_passes_is_accepted():
     calls = _tool_calls()
     assert set(calls) == {"validation.bench_gpu_vs_torch", "validation.profile_gpu_step",
                           "validation.validate_cost_model", "tools/pretrain_gpt.py", "validation.measure_host_floor",
-                          "validation.check_layer_memory", "validation.check_checkpoint_masters"}
+                          "validation.check_layer_memory", "validation.check_checkpoint_masters", "validation.gemm_rates"}
     for tool, flags in calls.items():
         command = [sys.executable, tool] if tool.endswith(".py") else [sys.executable, "-m", tool]
         done = subprocess.run([*command, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)

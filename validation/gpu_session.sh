@@ -15,6 +15,9 @@
 #                                               # activation formula for GPT, grouped-query/RoPE and q/k-norm layers
 #   bash validation/gpu_session.sh validate-a   # validate_cost_model: micro-batch 1/2/4/8 without recompute, + the pick
 #   bash validation/gpu_session.sh validate-b   # validate_cost_model: selective and full recompute, + the pick
+#   bash validation/gpu_session.sh gemm         # 2 minutes: gemm_rates, dense bf16 and FP8, grouped bf16 (MoE experts)
+#                                               # and a sustained 60 s GEMM against the GEMM law (keep gemm_rates.jsonl
+#                                               # as data/reference/h100/gemm_rates_<date>.jsonl)
 #
 # megatron-core is installed from .whl/ when it does not import (the machine has no index).
 # Logs and the docs/benchmarks.md that each step rewrites land in $OUT (default ./gpu_out);
@@ -24,8 +27,8 @@
 set -u
 STEP=${1:-}
 case "$STEP" in
-    smoke|speed|host|memory|validate-a|validate-b) ;;
-    *) echo "usage: bash validation/gpu_session.sh smoke|speed|host|memory|validate-a|validate-b (got '$STEP')" >&2
+    smoke|speed|host|memory|validate-a|validate-b|gemm) ;;
+    *) echo "usage: bash validation/gpu_session.sh smoke|speed|host|memory|validate-a|validate-b|gemm (got '$STEP')" >&2
        exit 2 ;;
 esac
 OUT=${OUT:-$PWD/gpu_out}
@@ -105,5 +108,9 @@ case "$STEP" in
         run 560 validate_b.log python3 -m validation.validate_cost_model --plans "rc=selective" "rc=full" \
             --results "$OUT/validate_b.json" --benchmarks "$OUT/benchmarks.md"
         grep -E "^mbs|pick" "$OUT/validate_b.log"
+        ;;
+    gemm)
+        run 300 gemm_rates.log python3 -m validation.gemm_rates --out "$OUT/gemm_rates.jsonl" --seconds 60
+        grep "^|" "$OUT/gemm_rates.log"
         ;;
 esac
