@@ -72,7 +72,7 @@ def summary_lines(results: list[PricedRun]) -> list[str]:
             if errors:
                 lines.append(f"- {collection}, {precision}: {len(errors)} rows, mean |error| "
                              f"{sum(errors) / len(errors):.1%}, worst {max(errors):.1%}")
-    lines += release_year_lines(results)
+    lines += release_year_lines(results) + stated_layout_lines(results)
     priced = [r for r in results if r.estimate is not None]
     fits = sum(r.estimate.prediction.fits for r in priced)
     lines.append(f"- predicted to fit: {fits} of {len(results)} ({len(results) - len(priced)} not priced)")
@@ -88,6 +88,18 @@ def release_year_lines(results: list[PricedRun]) -> list[str]:
         if errors:
             lines.append(f"- software of {year}: {len(errors)} rows, mean error {sum(errors) / len(errors):+.1%}, "
                          f"mean |error| {sum(map(abs, errors)) / len(errors):.1%}")
+    return lines
+
+
+def stated_layout_lines(results: list[PricedRun]) -> list[str]:
+    """The mean |error| of the rows whose source states its micro-batch, beside those that leave it (and the virtual
+    stages) to estimate's fastest pick, the optimistic end (`unstated_micro_batch_errors`)."""
+    lines = []
+    for stated, words in ((True, "micro-batch stated by the source"), (False, "micro-batch left to estimate")):
+        errors = [abs(r.step_error) for r in results
+                  if r.step_error is not None and ("--micro-batch-size" in r.run.flags) == stated]
+        if errors:
+            lines.append(f"- {words}: {len(errors)} rows, mean |error| {sum(errors) / len(errors):.2%}")
     return lines
 
 

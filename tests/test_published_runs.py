@@ -117,3 +117,21 @@ def test_the_summary_gives_each_years_mean_error():
                for release, error in (("NeMo 24.07", -0.10), ("NeMo 24.03.01", -0.08), ("NeMo 25.04", 0.02))]
     assert release_year_lines(results) == ["- software of 2024: 2 rows, mean error -9.0%, mean |error| 9.0%",
                                            "- software of 2025: 1 rows, mean error +2.0%, mean |error| 2.0%"]
+
+
+def test_the_summary_parts_rows_that_state_their_micro_batch_from_those_left_to_estimate():
+    from types import SimpleNamespace
+
+    from benchmarks.published_h100 import stated_layout_lines
+
+    stated = run_from_row({**ROW, "micro_batch_size": 2})
+    unstated = run_from_row({**ROW, "micro_batch_size": None})
+    results = [SimpleNamespace(run=stated, step_error=-0.10), SimpleNamespace(run=stated, step_error=0.04),
+               SimpleNamespace(run=unstated, step_error=-0.20), SimpleNamespace(run=unstated, step_error=None)]
+    assert stated_layout_lines(results) == ["- micro-batch stated by the source: 2 rows, mean |error| 7.00%",
+                                            "- micro-batch left to estimate: 1 rows, mean |error| 20.00%"]
+
+
+def test_fp8_param_gather_of_a_row_reaches_the_planner():
+    run = run_from_row({**ROW, "estimate_flags": ["--fp8-param-gather"]})
+    assert "--fp8-param-gather" in run.recipe and "--fp8-param-gather" not in run.flags

@@ -76,6 +76,11 @@ def _row(kind: str, name: str, m: int, k: int, n: int, groups: int, seconds: flo
                 tflops=2.0 * groups * m * k * n / seconds / 1e12, **extra)
 
 
+def _refused(kind: str, name: str, m: int, k: int, n: int, groups: int, error: Exception) -> dict:
+    """A shape the GPU's kernel would not run, with the first line of why."""
+    return dict(kind=kind, name=name, m=m, k=k, n=n, groups=groups, error=str(error).splitlines()[0])
+
+
 def measure_dense(torch) -> list[dict]:
     rows = []
     for name, (m, k, n) in DENSE.items():
@@ -93,7 +98,7 @@ def measure_fp8(torch) -> list[dict]:
         try:
             seconds = _timed(lambda: torch._scaled_mm(a, b, scale_a=one, scale_b=one, out_dtype=torch.bfloat16))
         except (RuntimeError, AttributeError) as error:
-            rows.append(dict(kind="fp8", name=name, m=m, k=k, n=n, groups=1, error=str(error).splitlines()[0]))
+            rows.append(_refused("fp8", name, m, k, n, 1, error))
             continue
         rows.append(_row("fp8", name, m, k, n, 1, seconds))
     return rows
@@ -108,8 +113,7 @@ def measure_grouped(torch) -> list[dict]:
         try:
             seconds = _timed(lambda: torch._grouped_mm(a, b, offs=offsets, out_dtype=torch.bfloat16))
         except (RuntimeError, AttributeError, TypeError) as error:
-            rows.append(dict(kind="grouped", name=name, m=m, k=k, n=n, groups=groups,
-                             error=str(error).splitlines()[0]))
+            rows.append(_refused("grouped", name, m, k, n, groups, error))
             continue
         rows.append(_row("grouped", name, m, k, n, groups, seconds))
     return rows

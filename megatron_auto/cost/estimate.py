@@ -103,9 +103,8 @@ class StageCost:
 
     def add_dp_comm(self, dp_comm_s: float, backward_s: float, count: int = 1) -> None:
         """Exposed gradient traffic of `count` units (see cost.pipeline.exposed_dp_time)."""
-        hidden = exposed_dp_time(dp_comm_s, self.sync_window_micro_batches * backward_s, self.grad_overlap)
-        if self.sync_unhidden:
-            hidden = dp_comm_s
+        hidden = dp_comm_s if self.sync_unhidden else exposed_dp_time(
+            dp_comm_s, self.sync_window_micro_batches * backward_s, self.grad_overlap)
         first = dp_comm_s if self.units == 0 else hidden
         self.exposed_dp_s += first + (count - 1) * hidden
         self.units += count
@@ -194,10 +193,11 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
     if model.mtp_num_layers:
         _add_mtp(stages[head_index], plan, model, views[head_index], training)
     stages[head_index].chunk_s[-1] += stages[head_index].micro_batch_s - head_start
+    chain = interleaved_chain_p2p(plan, p2p, overlap)
     for index, (stage, view) in enumerate(zip(stages, views)):
         stage.optimizer_s = optimizer_step_time(stage.state_bytes, view, training.optimizer_impl)
         stage.exposed_ep_s = unmerged_ep_seconds(stage.ep_hidden_s, plan, index)
-        stage.chain_p2p_s = interleaved_chain_p2p(plan, p2p, overlap)
+        stage.chain_p2p_s = chain
     return stages
 
 

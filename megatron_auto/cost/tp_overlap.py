@@ -71,13 +71,15 @@ def overlap_gemm_seconds(layer: LayerSpec, seq: int, samples: int, tp: int, clus
     sms = cluster.gpu.sm_count
     stretch = sms / (sms - USERBUFFER_SMS) if sms > USERBUFFER_SMS else 1.0
 
-    def pieces(gemm, count: int) -> float:
-        """Seconds of `gemm` run as `count` GEMMs of 1/count of its rows, less its seconds whole."""
-        piece = replace(gemm, m=max(1, gemm.m // count))
-        return count * gemm_time(piece, cluster) - gemm_time(gemm, cluster)
+    def whole(gemm) -> float:
+        return gemm_time(gemm, cluster)
 
-    forward = sum(stretch * (pieces(g, PIPELINE_SPLITS) + gemm_time(g, cluster)) - gemm_time(g, cluster)
-                  for g in row_parallel) + sum(pieces(g, tp) for g in inputs)
-    backward = (2 * (stretch - 1.0) * sum(gemm_time(g, cluster) for g in inputs)
-                + sum(pieces(g, tp) for g in row_parallel))
+    def split(gemm, count: int) -> float:
+        """Seconds of `gemm` run as `count` GEMMs of 1/count of its rows."""
+        return count * whole(replace(gemm, m=max(1, gemm.m // count)))
+
+    forward = (sum(stretch * split(g, PIPELINE_SPLITS) - whole(g) for g in row_parallel)
+               + sum(split(g, tp) - whole(g) for g in inputs))
+    backward = (sum(2 * (stretch - 1.0) * whole(g) for g in inputs)
+                + sum(split(g, tp) - whole(g) for g in row_parallel))
     return forward, backward
