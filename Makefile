@@ -12,11 +12,14 @@ TORCH := torch==2.13.0
 venv: $(STAMP)
 
 # torch first: pip finds the CPU build on local disk; then the package, editable, with the runtime extra.
-# (Never add the PyPI package `apex`: megatron-core works without it.)
+# (Never add the PyPI package `apex`: megatron-core works without it.) pip compiles what it installs one file
+# at a time; compileall does it on every core (`make venv` 54 s instead of 66 here). Files that do not
+# compile under this Python (torch ships a few for later ones) are skipped, as pip skips them.
 $(STAMP): pyproject.toml setup.py Makefile
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet $(TORCH)
-	$(BIN)/python -m pip install --quiet -e '.[runtime]' pytest pytest-xdist
+	$(BIN)/python -m pip install --quiet --no-compile $(TORCH)
+	$(BIN)/python -m pip install --quiet --no-compile -e '.[runtime]' pytest pytest-xdist
+	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $(STAMP)
 
 # Two pytest workers, one test file each at a time (--dist loadfile: a file's launched ranks and module
@@ -25,7 +28,7 @@ $(STAMP): pyproject.toml setup.py Makefile
 # first, from replacing it). The repository's modules are compiled once first: where
 # PYTHONDONTWRITEBYTECODE is set, as on this machine, every process and forked rank would compile them again.
 test: venv
-	$(BIN)/python -m compileall -q megatron_auto patches validation benchmarks tools tests
+	$(BIN)/python -m compileall -q -j 0 megatron_auto patches validation benchmarks tools tests
 	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
 
 demo: demo-plan demo-train

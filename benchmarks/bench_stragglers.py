@@ -9,7 +9,7 @@ Four torchrun agents on this machine, one rank each, stand for four nodes of one
 --nproc-per-node 1 --node-rank R`, so LOCAL_WORLD_SIZE is 1 as on such nodes). They train a 16-layer GPT in a
 pipeline of 4 under --auto-parallel with --save, the straggler watch every 3 iterations, and the test-only switch
 MEGATRON_AUTO_SLOW_RANK=2:2:BASE (runtime/stragglers.py): every rank's forward and backward passes last BASE times
-their compute, rank 2's twice that. With BASE 3 each rank's core idles two thirds of a pass, as a GPU leaves its
+their compute (the pass's CPU seconds), rank 2's twice that. With BASE 3 each rank's core idles two thirds of a pass, as a GPU leaves its
 host, so the four ranks run side by side on two cores (with BASE 5 the passes outweigh the runtime's own work
 between them further, as on a GPU); with BASE 1 they time-slice the two cores, which hides much of the slow rank
 behind the others' shared cores (all three are measured). Each row: the iteration the job
@@ -131,8 +131,8 @@ def render(bases: list[float], iterations_: int) -> str:
              f"Command: `{COMMAND}` ({os.cpu_count()} cores here). Four single-rank torchrun agents (four nodes of one "
              "device), a 16-layer GPT (hidden 128, sequence 128, global batch 16) in a pipeline of 4 under "
              "--auto-parallel, rank 2 slowed 2x by MEGATRON_AUTO_SLOW_RANK=2:2:BASE; the straggler watch every 3 "
-             "iterations. Base: how many times its compute every rank's passes last (5, 3: each core idles most of "
-             "a pass, as a GPU's host does; 1: the four ranks time-slice two cores). Measured: the slowdown the "
+             "iterations. Base: how many times its compute (the CPU seconds of the pass) every rank's passes last (5, 3: "
+             "each core idles most of a pass, as a GPU's host does; 1: the four ranks time-slice two cores). Measured: the slowdown the "
              "watch found, the layers per stage of the re-plan (the first plan: 4 per stage), the cost model's "
              "predicted change of the step time (the new plan against the running one, both at the measured speeds), "
              "and the median step time before the re-plan "

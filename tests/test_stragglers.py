@@ -83,16 +83,23 @@ def test_the_injected_slowdown_is_read_per_rank(monkeypatch):
 
 
 class _FakeTime:
-    """perf_counter and sleep of a clock that only moves when told to (or slept on)."""
+    """perf_counter, thread_time and sleep of clocks that only move when told to (the wall clock also when slept on)."""
 
     def __init__(self):
-        self.now = 0.0
+        self.now, self.cpu = 0.0, 0.0
 
     def perf_counter(self) -> float:
         return self.now
 
+    def thread_time(self) -> float:
+        return self.cpu
+
     def sleep(self, seconds: float) -> None:
         self.now += seconds
+
+    def compute(self, cpu_s: float, wall_s: float) -> None:
+        self.cpu += cpu_s
+        self.now += wall_s
 
 
 def test_the_busy_clock_counts_forward_and_backward_passes_stretched_by_the_slowdown(monkeypatch):
@@ -102,10 +109,24 @@ def test_the_busy_clock_counts_forward_and_backward_passes_stretched_by_the_slow
     for name, seconds in (("forward-compute", 0.1), ("backward-compute", 0.2), ("forward-recv", 5.0)):
         timer = clock(name, log_level=2)
         timer.start()
-        fake.now += seconds
+        fake.compute(seconds, seconds)
         timer.stop()
     assert clock.take() == pytest.approx(2.0 * 0.3)  # the receive is waiting, not work
     assert clock.take() == 0.0
+
+
+@pytest.mark.parametrize("wall_s, lasts_s", [(0.1, 0.5), (0.3, 0.5), (0.7, 0.7)])
+def test_a_slowed_pass_lasts_its_cpu_seconds_times_the_slowdown_whatever_shares_its_core(monkeypatch, wall_s, lasts_s):
+    """0.1 s of compute at slowdown 5: 0.5 s, also when other processes stretched the compute to 0.3 s of wall
+    time; a pass stretched beyond 0.5 s sleeps no more."""
+    fake = _FakeTime()
+    monkeypatch.setattr(stragglers, "time", fake)
+    clock = stragglers.BusyClock(torch.device("cpu"), slowdown=5.0)
+    timer = clock("forward-compute")
+    timer.start()
+    fake.compute(0.1, wall_s)
+    timer.stop()
+    assert clock.take() == pytest.approx(lasts_s)
 
 
 def test_stage_busy_seconds_are_the_stages_passes_without_their_waits():

@@ -2,8 +2,9 @@
 measure them (issue 39): the step they are rounded to, and the test-only switch that slows one rank.
 
 A speed is a share of the cost model's pace, in (0, 1]; planning takes it through specs.presets.with_node_speeds.
-`MEGATRON_AUTO_SLOW_RANK=RANK:FACTOR[:BASE]` makes every rank's timed work last BASE times its compute and RANK's
-FACTOR times that (the rest asleep, as a GPU leaves its host idle), on CPU only: the straggler tests and
+`MEGATRON_AUTO_SLOW_RANK=RANK:FACTOR[:BASE]` makes every rank's timed work last BASE times its compute (its CPU
+seconds in the straggler watch's clock) and RANK's FACTOR times that (the rest asleep, as a GPU leaves its host
+idle), on CPU only: the straggler tests and
 benchmarks use it, as the injected out-of-memory serves the memory tests.
 """
 from __future__ import annotations

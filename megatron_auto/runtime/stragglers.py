@@ -19,8 +19,10 @@ with the measured node speeds when one stays slower than the plan.
 Speeds are per node: node groups are the cluster's unit (a slow GPU slows its whole node's share).
 
 On CPU, `MEGATRON_AUTO_SLOW_RANK=RANK:FACTOR[:BASE]` is the tests' slow rank: every rank's forward and backward
-passes last BASE times their compute time (after each the rank sleeps the rest; default 1, as they are) and rank
-RANK's FACTOR x BASE times, as on a throttled GPU. A BASE above 1 leaves each rank's core idle most of a pass, as
+passes last BASE times their compute time, the CPU seconds of the thread that runs them (after each the rank sleeps
+the rest; default 1, as they are), and rank RANK's FACTOR x BASE times, as on a throttled GPU. Counting CPU seconds,
+not wall time, keeps a pass as long whatever else runs on the machine, as a GPU's kernels take as long beside a
+busy host. A BASE above 1 leaves each rank's core idle most of a pass, as
 a GPU leaves its host: four ranks on two cores then run side by side like four devices instead of time-slicing
 their cores, which would otherwise hide most of a slow rank behind the others' shared cores.
 """
@@ -76,14 +78,14 @@ class _PassTimer:
     """One counted timer: host time on CPU, a pair of CUDA events per pass on a GPU."""
 
     def __init__(self, clock: "BusyClock"):
-        self.clock, self._started, self._event = clock, 0.0, None
+        self.clock, self._started, self._started_cpu, self._event = clock, 0.0, 0.0, None
 
     def start(self, barrier: bool = False) -> None:
         if self.clock.on_cuda:
             self._event = torch.cuda.Event(enable_timing=True)
             self._event.record()
         else:
-            self._started = time.perf_counter()
+            self._started, self._started_cpu = time.perf_counter(), time.thread_time()
 
     def stop(self, barrier: bool = False) -> None:
         if self.clock.on_cuda:
@@ -91,9 +93,12 @@ class _PassTimer:
             end.record()
             self.clock.pending.append((self._event, end))
             return
-        elapsed = time.perf_counter() - self._started
         if self.clock.slowdown > 1.0:
-            time.sleep((self.clock.slowdown - 1.0) * elapsed)
+            # The emulated device's pass lasts `slowdown` times the pass's compute, this thread's CPU seconds (the
+            # rank runs one intra-op thread): the other processes that share its core do not lengthen it, as a
+            # busy host does not slow a GPU's kernels.
+            device_s = self.clock.slowdown * (time.thread_time() - self._started_cpu)
+            time.sleep(max(0.0, device_s - (time.perf_counter() - self._started)))
         self.clock.busy_s += time.perf_counter() - self._started
 
 
