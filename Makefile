@@ -22,14 +22,15 @@ $(STAMP): pyproject.toml setup.py Makefile
 	$(BIN)/python -m compileall -qq -j 0 $(VENV)/lib || true
 	touch $(STAMP)
 
-# Two pytest workers, one test file each at a time (--dist loadfile: a file's launched ranks and module
-# fixtures stay in one worker): the launches' process start-up and waits overlap the other worker's compute.
+# Three pytest workers on two cores, one test file each at a time (--dist loadfile: a file's launched ranks and
+# module fixtures stay in one worker): the launches' process start-up, rendezvous, sleeps and timeouts overlap
+# the other workers' compute (pytest 12 min 25 s with three, 14 min 50 s with two, same head, same machine).
 # Files go out in tests/conftest.py's order (--no-loadscope-reorder keeps xdist's own order, most tests
 # first, from replacing it). The repository's modules are compiled once first: where
 # PYTHONDONTWRITEBYTECODE is set, as on this machine, every process and forked rank would compile them again.
 test: venv
 	$(BIN)/python -m compileall -q -j 0 megatron_auto patches validation benchmarks tools tests
-	$(BIN)/python -m pytest -q -n 2 --dist loadfile --no-loadscope-reorder tests
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder tests
 
 demo: demo-plan demo-train
 

@@ -1,5 +1,5 @@
-"""The order `make test` hands test files to its two pytest-xdist workers (`--dist loadfile
---no-loadscope-reorder`).
+"""The order `make test` hands test files to its three pytest-xdist workers (`--dist loadfile
+--no-loadscope-reorder`; the wall times below were measured with two).
 
 1. tests/runtime/test_straggler_replan.py first: its ranks sleep most of each pass (the emulated
    devices) and it asserts that the step time drops after its re-plan, which is fair only while the
@@ -14,7 +14,7 @@
    hybrid equivalence 104, hybrid checkpoints 87, MoE equivalence 76, then 58 down to 19 s), so that
    no long file starts near the end: with only the first seven placed, two files of about 55 s ran
    last and one worker finished 81 s after the other.
-4. The rest of tests/runtime, files of 16 s or less, which even out the two workers' ends.
+4. The rest of tests/runtime, files of 16 s or less, which even out the workers' ends.
 
 A worker takes its next file when the one it runs has two tests or fewer left.
 """
