@@ -1,15 +1,16 @@
 """Issue 39: a straggler found at run time re-plans the job, which goes on from a checkpoint under the new plan.
 
 Four gloo ranks, each a node of its own (LOCAL_WORLD_SIZE 1), train a 16-layer GPT in a pipeline of 4; the
-test-only switch MEGATRON_AUTO_SLOW_RANK=2:2:5 makes every rank's forward and backward passes last five times their
+test-only switch MEGATRON_AUTO_SLOW_RANK=2:3:5 makes every rank's forward and backward passes last five times their
 compute, their CPU seconds (the ranks sleep the rest, as a GPU leaves its host idle: four ranks then share this
 machine's two cores without time-slicing them, and the passes outweigh the runtime's work between them) and rank
-2's twice as long again (runtime.stragglers). benchmarks/bench_stragglers.py measures the drop of the step time this
-way (about 16%) and with less of the passes emulated. One launch
+2's three times as long again (runtime.stragglers). benchmarks/bench_stragglers.py measures the drop of the step time
+this way with rank 2 twice as slow (about 16% at base 5) and with less of the passes emulated: a drop that size is
+within the step time's noise on two cores shared by three test workers, three times as slow is not. One launch
 (validation/launch_lines.py) runs three command lines:
 - `replan`: --auto-parallel with --save, the watch every 3 iterations: two windows in a row find node 2 at about
-  half speed, the job saves, re-plans with that node's measured speed and resumes under the new plan, and its
-  step time drops;
+  a third of its speed, the job saves, re-plans with that node's measured speed and resumes under the new plan, and
+  its step time drops;
 - `reference`: the same job with the watch off (the slow switch acts only through the watch's clock), which
   trains under its first plan to the end: the uninterrupted run the re-planned one must match;
 - `manual`: the same pipeline from the launch line's flags: the watch logs its finding and the plan it would
@@ -53,7 +54,7 @@ def runs(tmp_path_factory) -> dict:
              {"name": "manual", "argv": [*MODEL, *SHORT, "--save", str(tmp / "manual"), *WATCH]}]
     (tmp / "runs.json").write_text(json.dumps(lines))
     with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("MEGATRON_AUTO_SLOW_RANK", "2:2:5")
+        patch.setenv("MEGATRON_AUTO_SLOW_RANK", "2:3:5")
         result = launch(4, ["validation/launch_lines.py", str(tmp / "runs.json"), str(tmp / "codes.json")],
                         timeout_s=900, log_dir=tmp / "logs", local_world_size=1)
     assert result.ok, result.output[-8000:]
@@ -70,7 +71,7 @@ def test_the_job_replans_off_the_slow_rank_and_matches_the_uninterrupted_run(run
     assert found, log[-4000:]
     _, measured, layout = found[0]
     slowdown = float(re.search(r"rank 2 \(node 2\) at (\S+)x", measured).group(1))
-    assert 1.5 < slowdown < 2.6, measured  # twice as slow, within the CPU's noise
+    assert 2.2 < slowdown < 3.9, measured  # three times as slow, within the CPU's noise
     assert re.search(r"measured node speeds: 1, 1, 0\.\d+, 1", measured), measured
     chunks = chunk_layers_of_layout(layout, 4, 16)
     stage_layers = [sum(chunks[stage::4]) for stage in range(4)]  # chunk c on stage c % 4, interleaved or not
@@ -85,10 +86,11 @@ def test_the_step_time_drops_after_the_replan(runs):
     """The fastest step after the re-plan beats the fastest before it. The least of each window is the step least
     slowed by whatever else runs on the machine (another test file's ranks add time, never take it away); a
     median moved with that load, and failed once when the steps before the re-plan ran on a quiet machine and
-    those after it beside another file's compute. Without the re-plan stage 2 keeps its 4 layers at half speed
-    and every step's floor stays where it was (bench_stragglers' medians: 4.2 s before, 3.5 s after, 2.6 s with no
-    straggler). Each pass lasts five times its CPU seconds, which the other worker's load does not stretch
-    (runtime/stragglers.py); as five times its wall time it did, and this failed twice in about 15 runs."""
+    those after it beside another file's compute. Without the re-plan stage 2 keeps its 4 layers at a third of its
+    speed and every step's floor stays where it was (bench_stragglers' medians at twice as slow: 4.2 s before, 3.5 s
+    after, 2.6 s with no straggler; here about 7.7 s before and 3.6 s after, beside two other workers). Each pass lasts five times its CPU seconds, which the other worker's load does not stretch
+    (runtime/stragglers.py); as five times its wall time it did, and this failed twice in about 15 runs. With rank 2
+    twice as slow, not three times, it failed once in five runs beside two other test workers."""
     before, after = before_and_after(runs["replan"][1])
     assert len(before) >= 4 and len(after) >= 4
     assert min(after) < min(before), (before, after)
