@@ -88,9 +88,10 @@ def test_the_step_time_drops_after_the_replan(runs):
     median moved with that load, and failed once when the steps before the re-plan ran on a quiet machine and
     those after it beside another file's compute. Without the re-plan stage 2 keeps its 4 layers at a third of its
     speed and every step's floor stays where it was (bench_stragglers' medians at twice as slow: 4.2 s before, 3.5 s
-    after, 2.6 s with no straggler; here about 7.7 s before and 3.6 s after, beside two other workers). Each pass lasts five times its CPU seconds, which the other worker's load does not stretch
-    (runtime/stragglers.py); as five times its wall time it did, and this failed twice in about 15 runs. With rank 2
-    twice as slow, not three times, it failed once in five runs beside two other test workers."""
+    after, 2.6 s with no straggler; here about 7.7 s before and 3.6 s after, beside two other workers). Each pass
+    lasts five times its CPU seconds, which the other worker's load does not stretch (runtime/stragglers.py); as
+    five times its wall time it did, and this failed twice in about 15 runs. With rank 2 twice as slow, not three
+    times, it failed once in five runs beside two other test workers."""
     before, after = before_and_after(runs["replan"][1])
     assert len(before) >= 4 and len(after) >= 4
     assert min(after) < min(before), (before, after)
