@@ -155,7 +155,9 @@ def render(results: list[PricedRun]) -> str:
              "(global batch x sequence / (tokens/s/GPU x GPUs)), or for the Megatron-LM README rows its TFLOP/s "
              "under Megatron-LM's FLOP count. Layout: the row's own (v and mbs: estimate's pick where the source "
              "is silent); NeMo's rows also reduce gradients in bf16 and overlap TP communication (their "
-             "recipes, megatron_auto/published_runs.py). Planner: `megatron-auto plan` for the same job, with "
+             "recipes, megatron_auto/published_runs.py); NeMo 24.07's Nemotron-4 340B FP8, whose recipe is not "
+             "public, keeps FP8 weights (--fp8-param-gather) as NVIDIA's DGX Cloud recipe of the same layout "
+             "does (SAME_LAYOUT_RECIPES there). Planner: `megatron-auto plan` for the same job, with "
              "its predicted speed-up over the row's layout.", "",
              "| run | precision | GPUs | layout | measured s | predicted s | error | fits | device GiB | planner |",
              "|---|---|---|---|---|---|---|---|---|---|"]

@@ -159,17 +159,29 @@ MEGATRON_README_RECIPE = ("Megatron-LM README, 'Training Speed and Scalability' 
 """What the Megatron-LM README says its scaling runs turned on; gradients stay in fp32 (Megatron-LM's default
 under bf16)."""
 
+SAME_LAYOUT_RECIPES = {
+    "nemo2407_nemotron4_340b_fp8": (
+        ("--fp8-param-gather",),
+        "NVIDIA/dgxc-benchmarking nemotron/configure.sh@35a9aec (+model.fp8_params=${FP8_ENABLED^}, NeMo 24.09): "
+        "the same layout (TP8 PP8 VP12 MBS1, GBS 32 on 128 GPUs), 3.16 s per step in its README_340b.md@143b90d"),
+}
+"""Knobs of shared rows whose source names no recipe, taken from NVIDIA's public recipe of the same layout on
+the same GPUs at the same speed (row id: flags, source). NeMo 24.07's Nemotron-4 340B has no
+NeMo-Framework-Launcher example script, and launcher_scripts/conf/training/nemotron/nemotron_340b.yaml leaves
+FP8 off."""
+
 
 def _recipe_flags(row: dict) -> list[str]:
-    """The knobs the row's recipe turns beyond its table (NEMO_RECIPE_SOURCE, MEGATRON_README_RECIPE, and the
-    row's own RECIPE_KNOBS, e.g. its FP8 recipe, dispatcher and EP overlap; NeMo's
+    """The knobs the row's recipe turns beyond its table (NEMO_RECIPE_SOURCE, MEGATRON_README_RECIPE,
+    SAME_LAYOUT_RECIPES, and the row's own RECIPE_KNOBS, e.g. its FP8 recipe, dispatcher and EP overlap; NeMo's
     and Megatron-Bridge's MoE recipes also batch the experts' GEMMs, moe_grouped_gemm; the Megatron-Core MoE
     README states none). Every row ran Megatron's fused bias + activation and, with Transformer Engine, its
     fused RoPE: Megatron-LM's defaults, and set in NeMo's model configs (LlamaConfig: bias_activation_fusion,
     apply_rope_fusion True)."""
     overlap = ["--tp-comm-overlap"] if row["tp"] > 1 else []
     grouped = ["--moe-grouped-gemm"] if row.get("num_experts") or row.get("model_preset") else []
-    fusions = ["--bias-fusions", "on", "--rope-fusion", *_row_flags(row)[1]]
+    same_layout = SAME_LAYOUT_RECIPES.get(row["id"], ((), ""))[0]
+    fusions = ["--bias-fusions", "on", "--rope-fusion", *_row_flags(row)[1], *same_layout]
     if "NeMo" in row["framework"]:
         return ["--grad-reduce-in-bf16", *overlap, *grouped, *fusions]
     if row["id"].startswith("mlm_readme"):

@@ -74,11 +74,14 @@ def test_a_row_is_priced_as_estimate_prices_it():
     assert price_run(half_node).estimate.world_size == 4
 
 
-def test_every_shared_row_is_priced_and_the_table_says_so():
+def test_every_row_is_priced_every_shared_one_fits_and_the_table_says_so():
     runs = load_runs(*default_row_files())
     assert len(runs) >= 27
     results = [price_run(run) for run in runs]
     assert all(r.error is None for r in results), [r.error for r in results if r.error]
+    shared = [r for r in results if r.run.collection == "reference/published_h100/runs.json"]
+    assert len(shared) == 27
+    assert all(r.estimate.prediction.fits for r in shared), [r.run.id for r in shared if not r.estimate.prediction.fits]
     text = render(results)
     assert text.count("\n| ") == len(results) + 1 and "mean |error|" in text
     assert all(json.loads(SHARED.read_text())["rows"])
@@ -130,6 +133,16 @@ def test_the_summary_parts_rows_that_state_their_micro_batch_from_those_left_to_
                SimpleNamespace(run=unstated, step_error=-0.20), SimpleNamespace(run=unstated, step_error=None)]
     assert stated_layout_lines(results) == ["- micro-batch stated by the source: 2 rows, mean |error| 7.00%",
                                             "- micro-batch left to estimate: 1 rows, mean |error| 20.00%"]
+
+
+def test_a_shared_row_without_a_recipe_takes_the_knobs_of_nvidia_s_recipe_for_the_same_layout():
+    from megatron_auto.published_runs import SAME_LAYOUT_RECIPES
+
+    rows = {row["id"]: row for row in json.loads(SHARED.read_text())["rows"]}
+    for row_id, (knobs, source) in SAME_LAYOUT_RECIPES.items():
+        run = run_from_row(rows[row_id])
+        assert run.recipe[-len(knobs):] == knobs and "@" in source
+    assert "--fp8-param-gather" not in run_from_row(ROW).recipe
 
 
 def test_fp8_param_gather_of_a_row_reaches_the_planner():

@@ -60,6 +60,7 @@ def measure(name: str, shape: dict, backend: str, setup: dict, device) -> dict:
 
     from megatron_auto.profiling.layer_bench import saved_activation_bytes
     from megatron_auto.runtime.config import DTYPES
+    from megatron_auto.runtime.kernels import transformer_engine_available
     from megatron_auto.runtime.model import first_decoder_layer
     from megatron_auto.runtime.settings import TrainSettings
 
@@ -72,7 +73,8 @@ def measure(name: str, shape: dict, backend: str, setup: dict, device) -> dict:
     hidden = torch.randn(seq, batch, layer.hidden_size, device=device, dtype=DTYPES[setup["precision"]],
                          requires_grad=True)
     measured = saved_activation_bytes(module, hidden, **rope)
-    training = TrainingSpec(batch, precision=setup["precision"], attention_backend=backend)
+    te_spec = device.type == "cuda" and transformer_engine_available()  # the spec the runtime built
+    training = TrainingSpec(batch, precision=setup["precision"], attention_backend=backend, fused_norms=te_spec)
     predicted = layer_cost(layer, LayerStrategy(tp=1, dp=1), batch, seq, setup["cluster"], training).activation_bytes
     predicted += seq * seq if backend == "unfused" else 0  # the cached causal mask (bool)
     return dict(case=name, backend=backend, measured_bytes=measured, predicted_bytes=predicted,

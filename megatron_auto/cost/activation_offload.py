@@ -52,7 +52,8 @@ def offloaded_tensors(layer: LayerSpec, strategy: LayerStrategy, seq: int, sampl
     if "layernorm" not in recomputed:
         widths["qkv_linear"] = hidden
     if "core_attn" not in recomputed:
-        widths["core_attn"] = tokens * qkv_kept_width(layer, True, "mla_up_proj" in recomputed) / strategy.tp
+        widths["core_attn"] = tokens * qkv_kept_width(layer, True, "mla_up_proj" in recomputed,
+                                                      training.fused_norms) / strategy.tp
     tensors = {name: (elements, word * elements) for name, elements in widths.items()}
     if layer.moe is not None and not experts_recomputed(layer, strategy, training):
         copies = expert_tokens(layer, seq, samples, strategy, training.moe_load_imbalance)

@@ -231,7 +231,8 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
     rematerialised = attention_backward_extra_bytes(layer, seq, samples, strategy, backend)
     if strategy.recompute != "none":
         kept_without = layer_activation_bytes(layer, seq, samples, _no_recompute(strategy), word,
-                                              cluster.dropout_mask_bytes, backend, fusions=training.fusions)
+                                              cluster.dropout_mask_bytes, backend, fusions=training.fusions,
+                                              te_core=training.fused_norms)
         rematerialised += kept_without - activations
     states = model_state_bytes(params, strategy, training)
     if training.fp8:
@@ -279,7 +280,8 @@ def _dense_kept_bytes(layer: LayerSpec, strategy: LayerStrategy, samples: int, s
     """(what the dense part's kernels keep for backward in the activation type, the same less what FP8's saved
     inputs save): cost.memory.layer_activation_bytes and cost.fp8.fp8_saved_input_savings."""
     kept = layer_activation_bytes(layer, seq, samples, strategy, training.activation_bytes,
-                                  cluster.dropout_mask_bytes, training.attention_backend, selective, training.fusions)
+                                  cluster.dropout_mask_bytes, training.attention_backend, selective, training.fusions,
+                                  te_core=training.fused_norms)
     if not training.fp8:
         return kept, kept
     return kept, kept - _fp8_saved_savings(layer, seq, samples, strategy, training, selective)

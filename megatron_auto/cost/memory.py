@@ -58,7 +58,7 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
                            activation_bytes: int, mask_bytes: int = MASK_BYTES,
                            attention_backend: str = "unfused",
                            selective: frozenset = frozenset({"core_attn"}),
-                           fusions: KernelFusions = UNFUSED) -> float:
+                           fusions: KernelFusions = UNFUSED, te_core: bool = False) -> float:
     """Bytes one layer keeps for backward, per micro-batch on one GPU.
 
     For GPT in 16-bit this is Korthikanti et al.'s (Table 2) sbh(34/t + 5as/(ht)) with SP,
@@ -69,6 +69,8 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
     only the MLP's input (its inner activations are rebuilt), `layernorm` keeps neither norm's output
     nor statistics (Megatron-Core's CheckpointWithoutOutput frees the output after its consumer ran).
     `fusions`: Megatron's fused kernels that keep less (KernelFusions). No dropout mask at probability 0.
+    `te_core`: the core is Transformer Engine's DotProductAttention (TrainingSpec.fused_norms), which keeps
+    contiguous Q, K and V where it runs un-recomputed (qkv_kept_width).
     """
     s, b, h, t = seq, samples, layer.hidden_size, strategy.tp
     word = activation_bytes
@@ -88,7 +90,8 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
     if "mlp" in recomputed:
         mlp_inner = 0
     core_keeps_inputs = attention_backend == "flash" or "core_attn" in recomputed
-    kept_qkv = qkv_kept_width(layer, core_keeps_inputs, "mla_up_proj" in recomputed)
+    te_copies = te_core and attention_backend == "flash" and "core_attn" not in recomputed
+    kept_qkv = qkv_kept_width(layer, core_keeps_inputs, "mla_up_proj" in recomputed, te_copies)
     sharded = word * s * b * (kept_qkv + layer.attention_width + mlp_inner)
     sharded += qk_norm_statistics_bytes(layer, s, b)
     if "core_attn" not in recomputed:
@@ -98,7 +101,8 @@ def layer_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: L
     return replicated / replicated_split + sharded / t + latents + rotary
 
 
-def qkv_kept_width(layer: LayerSpec, core_keeps_inputs: bool, up_recomputed: bool = False) -> float:
+def qkv_kept_width(layer: LayerSpec, core_keeps_inputs: bool, up_recomputed: bool = False,
+                   te_copies: bool = False) -> float:
     """Per token, the width of what the attention keeps of Q, K and V before the TP split (measured exactly
     in the runtime's layer for every case below: tests/runtime/test_recompute_modules.py).
 
@@ -109,11 +113,22 @@ def qkv_kept_width(layer: LayerSpec, core_keeps_inputs: bool, up_recomputed: boo
     unfused core without recompute, with g < a, keeps instead a query it reshapes (a copy, or the one it
     was given) and K and V expanded to a heads (repeat_interleave): 3ad, and the mixed tensor no longer.
     The q/k norms keep their inputs: the grouped query's copy, and the mixed tensor. Multi-latent attention
-    hands any core new contiguous Q, K (a d_q each) and V (a d_v): cost/mla.py mla_qkv_kept_width."""
+    hands any core new contiguous Q, K (a d_q each) and V (a d_v): cost/mla.py mla_qkv_kept_width.
+
+    `te_copies`: Transformer Engine's DotProductAttention, run un-recomputed, keeps what its get_qkv_layout
+    hands the kernel: Q, K and V in one of its layouts, else contiguous copies of each (TE's
+    attention/dot_product_attention/utils.py get_qkv_layout, "force q,k,v to be contiguous"). A new Q or K
+    (RoPE, q/k norms) beside V, a strided view of the mixed tensor, matches no layout, so V is copied and
+    the mixed tensor is freed; without new tensors, MHA's views match sbh3d and the mixed tensor is the
+    q + 2g d kept. Either way the core keeps q + 2 g d; the q/k norms still keep their inputs (the query's
+    copy and, through K, the mixed tensor)."""
     if layer.mla is not None:
         return mla_qkv_kept_width(layer, up_recomputed)
     a, g, d = layer.num_attention_heads, layer.num_query_groups, layer.kv_channels
     q, kv = a * d, g * d
+    if te_copies and core_keeps_inputs:
+        norm_inputs = (q if 1 < g < a else 0) + q + 2 * kv if layer.qk_layernorm else 0
+        return q + 2 * kv + norm_inputs
     query_copied = 1 < g < a
     new_qk = layer.rotary or layer.qk_layernorm
     mixed_kept = layer.qk_layernorm
