@@ -28,9 +28,10 @@ $(STAMP): pyproject.toml setup.py Makefile
 # Files go out in tests/conftest.py's order (--no-loadscope-reorder keeps xdist's own order, most tests
 # first, from replacing it). The repository's modules are compiled once first: where
 # PYTHONDONTWRITEBYTECODE is set, as on this machine, every process and forked rank would compile them again.
+# --durations 20: the log names the slowest cases, where the next minute of the suite is to be won.
 test: venv
 	$(BIN)/python -m compileall -q -j 0 megatron_auto patches validation benchmarks tools tests
-	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder tests
+	$(BIN)/python -m pytest -q -n 3 --dist loadfile --no-loadscope-reorder --durations 20 tests
 
 demo: demo-plan demo-train
 
