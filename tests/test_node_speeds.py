@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
+from fake_clock import FakeClock
 from megatron_auto import serde
 from megatron_auto.cli.main import main
-from megatron_auto.profiling.node_speeds import node_speeds
+from megatron_auto.profiling import node_speeds as node_speeds_module
+from megatron_auto.profiling.node_speeds import matmul_seconds, node_speeds
 from megatron_auto.specs.profiles import ClusterProfile
 
 JOB = ["plan", "--model", "llama3-8b", "--cluster", "dgx-h100-80gb", "--num-nodes", "4", "--gpus-per-node", "1",
@@ -20,6 +23,27 @@ def test_a_node_goes_at_its_slowest_ranks_pace_against_the_healthy_ranks():
     assert node_speeds([1.0, 2.0], [0, 1]) == (1.0, 0.5)  # the faster half is the reference, not the mean of two
     assert node_speeds([1.0, 1.05, 1.0, 1.3], [0, 0, 1, 1]) == (1.0, 0.75)  # 1 / 1.3, in steps of 0.05
     assert node_speeds([1.0, 1.08, 0.95, 1.02], [0, 1, 2, 3]) == (1.0,) * 4  # within NOISE: healthy
+
+
+class _LoadedCore(FakeClock):
+    """Every matmul takes 0.01 s of CPU and, as other processes share the core, 0.02 to 0.04 s of wall time."""
+
+    runs = 0
+
+    def matmul(self, a, b):
+        self.runs += 1
+        self.compute(0.01, 0.01 * (2 + self.runs % 3))
+
+
+@pytest.mark.parametrize("slowdown, seconds", [(None, 0.02), (1.0, 0.01), (2.0, 0.02), (3.0, 0.03)])
+def test_a_slowed_rank_times_its_matmul_as_its_cpu_seconds_times_the_slowdown(monkeypatch, slowdown, seconds):
+    """Off the switch (None) the fastest wall time counts; under it (any factor, 1.0 for the healthy ranks) each run
+    lasts its CPU seconds times the factor, so the load on the cores moves no rank's time and the ratio is the
+    factor's (a slowdown applied to the wall time, as before, would make the slow rank's best 2 x 0.02 s here)."""
+    core = _LoadedCore()
+    monkeypatch.setattr(node_speeds_module, "time", core)
+    monkeypatch.setattr(node_speeds_module.torch, "matmul", core.matmul)
+    assert matmul_seconds(torch.device("cpu"), 4, torch.float32, slowdown) == pytest.approx(seconds)
 
 
 def _profile(tmp_path, speeds) -> str:

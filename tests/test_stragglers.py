@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from fake_clock import FakeClock
 from megatron_auto.cost.estimate import estimate_plan, stage_busy_seconds
 from megatron_auto.runtime import node_speed, stragglers
 from megatron_auto.runtime.planning import cluster_for_world
@@ -77,33 +78,15 @@ def test_the_injected_slowdown_is_read_per_rank(monkeypatch):
     assert [node_speed.injected_slowdown(rank, env) for rank in range(4)] == [1.0, 1.0, 2.0, 1.0]
     env = {node_speed.SLOW_ENV: "1:2:3"}
     assert [node_speed.injected_slowdown(rank, env) for rank in range(3)] == [3.0, 6.0, 3.0]
-    assert node_speed.injected_slowdown(0, {}) == 1.0
+    assert node_speed.injected_slowdown(0, {}) == 1.0 and node_speed.emulated_slowdown(0, {}) is None
+    assert node_speed.emulated_slowdown(0, {node_speed.SLOW_ENV: "1:2"}) == 1.0  # a healthy rank under the switch
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert node_speed.injected_slowdown(1, {node_speed.SLOW_ENV: "1:2"}) == 1.0
-
-
-class _FakeTime:
-    """perf_counter, thread_time and sleep of clocks that only move when told to (the wall clock also when slept on)."""
-
-    def __init__(self):
-        self.now, self.cpu = 0.0, 0.0
-
-    def perf_counter(self) -> float:
-        return self.now
-
-    def thread_time(self) -> float:
-        return self.cpu
-
-    def sleep(self, seconds: float) -> None:
-        self.now += seconds
-
-    def compute(self, cpu_s: float, wall_s: float) -> None:
-        self.cpu += cpu_s
-        self.now += wall_s
+    assert node_speed.emulated_slowdown(1, {node_speed.SLOW_ENV: "1:2"}) is None
 
 
 def test_the_busy_clock_counts_forward_and_backward_passes_stretched_by_the_slowdown(monkeypatch):
-    fake = _FakeTime()
+    fake = FakeClock()
     monkeypatch.setattr(stragglers, "time", fake)
     clock = stragglers.BusyClock(torch.device("cpu"), slowdown=2.0)
     for name, seconds in (("forward-compute", 0.1), ("backward-compute", 0.2), ("forward-recv", 5.0)):
@@ -119,7 +102,7 @@ def test_the_busy_clock_counts_forward_and_backward_passes_stretched_by_the_slow
 def test_a_slowed_pass_lasts_its_cpu_seconds_times_the_slowdown_whatever_shares_its_core(monkeypatch, wall_s, lasts_s):
     """0.1 s of compute at slowdown 5: 0.5 s, also when other processes stretched the compute to 0.3 s of wall
     time; a pass stretched beyond 0.5 s sleeps no more."""
-    fake = _FakeTime()
+    fake = FakeClock()
     monkeypatch.setattr(stragglers, "time", fake)
     clock = stragglers.BusyClock(torch.device("cpu"), slowdown=5.0)
     timer = clock("forward-compute")

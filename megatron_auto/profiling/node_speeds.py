@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 import statistics
 import time
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.distributed as dist
 
-from ..runtime.node_speed import injected_slowdown, rounded_speed
+from ..runtime.node_speed import emulated_pass_end, emulated_slowdown, rounded_speed
 
 NOISE = 0.1
 """Nodes this close to the reference speed count as healthy (1.0)."""
@@ -35,22 +35,23 @@ def node_speeds(seconds: Sequence[float], node_of_rank: Sequence[int]) -> tuple[
     return tuple(speeds)
 
 
-def matmul_seconds(device: torch.device, size: int, dtype: torch.dtype, slowdown: float = 1.0) -> float:
-    """The fastest of REPEATS runs of one size x size matmul on `device` (`slowdown`: the test-only switch's
-    factor, spent asleep inside the timed run as a slow GPU would spend it busy)."""
+def matmul_seconds(device: torch.device, size: int, dtype: torch.dtype, slowdown: Optional[float] = None) -> float:
+    """The fastest of REPEATS runs of one size x size matmul on `device`. `slowdown`: under the test-only switch,
+    each run lasts that many times its CPU seconds, asleep for the rest (runtime.node_speed.emulated_pass_end), so
+    that the other processes on the cores move no rank's time."""
     a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
     best = float("inf")
     for _ in range(REPEATS):
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        started = time.perf_counter()
+        started, started_cpu = time.perf_counter(), time.thread_time()
         torch.matmul(a, b)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        elapsed = time.perf_counter() - started
-        if slowdown > 1.0:
-            time.sleep((slowdown - 1.0) * elapsed)
-        best = min(best, time.perf_counter() - started)
+        if slowdown is None:
+            best = min(best, time.perf_counter() - started)
+        else:
+            best = min(best, emulated_pass_end(started, started_cpu, slowdown, time))
     return best
 
 
@@ -60,7 +61,7 @@ def measure_node_speeds(device: torch.device) -> tuple[float, ...]:
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", str(dist.get_world_size())))
     node = int(os.environ.get("GROUP_RANK", str(rank // per_node)))
     size, dtype = (8192, torch.bfloat16) if device.type == "cuda" else (768, torch.float32)
-    mine = torch.tensor([matmul_seconds(device, size, dtype, injected_slowdown(rank)), float(node)],
+    mine = torch.tensor([matmul_seconds(device, size, dtype, emulated_slowdown(rank)), float(node)],
                         dtype=torch.float64, device=device)
     every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
     dist.all_gather(every, mine)

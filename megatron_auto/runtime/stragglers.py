@@ -43,7 +43,7 @@ from ..plan import Plan
 from ..specs.cluster import ClusterSpec
 from ..specs.presets import with_node_speeds
 from .memory_check import stage_of_rank
-from .node_speed import SPEED_STEP, injected_slowdown, rounded_speed
+from .node_speed import SPEED_STEP, emulated_pass_end, injected_slowdown, rounded_speed
 from .session import is_logging_rank, save_now, stop_iteration
 
 logger = logging.getLogger(__name__)
@@ -94,11 +94,7 @@ class _PassTimer:
             self.clock.pending.append((self._event, end))
             return
         if self.clock.slowdown > 1.0:
-            # The emulated device's pass lasts `slowdown` times the pass's compute, this thread's CPU seconds (the
-            # rank runs one intra-op thread): the other processes that share its core do not lengthen it, as a
-            # busy host does not slow a GPU's kernels.
-            device_s = self.clock.slowdown * (time.thread_time() - self._started_cpu)
-            time.sleep(max(0.0, device_s - (time.perf_counter() - self._started)))
+            emulated_pass_end(self._started, self._started_cpu, self.clock.slowdown, time)
         self.clock.busy_s += time.perf_counter() - self._started
 
 

@@ -1,9 +1,10 @@
 """Issue 39: `profile-cluster` measures each node's speed (profiling/node_speeds.py).
 
 Two gloo ranks, each its own node (torchrun's LOCAL_WORLD_SIZE 1), profile the cluster with rank 1 slowed 2x by the
-test-only switch MEGATRON_AUTO_SLOW_RANK=1:2 (its timed matmuls last twice their compute). The profile must say node
-1 runs at about half speed and node 0 at full: each rank times the fastest of 16 matmuls, so a moment's contention
-with the other pytest worker moves the ratio little; the bound below allows either rank's best run to be 30% off.
+test-only switch MEGATRON_AUTO_SLOW_RANK=1:2 (its timed matmuls last twice their CPU seconds, the other rank's once
+theirs). The profile must say node 1 runs at about half speed and node 0 at full. Each rank times the fastest of 16
+matmuls by their CPU seconds, so the other pytest workers on the two cores move neither rank's time (by their wall
+time, as before, they once moved node 1 to 0.30); the bound below allows either rank's best run to be 30% off.
 """
 from __future__ import annotations
 
