@@ -126,10 +126,10 @@ def qkv_kept_width(layer: LayerSpec, core_keeps_inputs: bool, up_recomputed: boo
         return mla_qkv_kept_width(layer, up_recomputed)
     a, g, d = layer.num_attention_heads, layer.num_query_groups, layer.kv_channels
     q, kv = a * d, g * d
-    if te_copies and core_keeps_inputs:
-        norm_inputs = (q if 1 < g < a else 0) + q + 2 * kv if layer.qk_layernorm else 0
-        return q + 2 * kv + norm_inputs
     query_copied = 1 < g < a
+    if te_copies and core_keeps_inputs:
+        norm_inputs = (q if query_copied else 0) + (q + 2 * kv)  # the query's copy and the mixed tensor
+        return q + 2 * kv + (norm_inputs if layer.qk_layernorm else 0)
     new_qk = layer.rotary or layer.qk_layernorm
     mixed_kept = layer.qk_layernorm
     kept = q if layer.qk_layernorm and query_copied else 0
