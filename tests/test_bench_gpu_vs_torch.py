@@ -2,13 +2,12 @@
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 from megatron_auto.specs.training import GIB
 from validation import bench_gpu_vs_torch as bench
 from validation import torch_reference_gpt as reference
+from validation.launcher import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,9 +29,9 @@ def test_table_ratios_are_ours_over_torch():
 
 def test_tiny_benchmark_runs_both_models_end_to_end(tmp_path):
     docs = tmp_path / "benchmarks.md"
-    done = subprocess.run([sys.executable, "-m", "validation.bench_gpu_vs_torch", "--tiny", "--rounds", "2", "--iters",
-                           "1", "--warmup", "1", "--benchmarks", str(docs)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300, env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    done = run_script(["-m", "validation.bench_gpu_vs_torch", "--tiny", "--rounds", "2", "--iters", "1", "--warmup",
+                       "1", "--benchmarks", str(docs)],
+                      {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}, timeout_s=300)
     assert done.returncode == 0, done.stderr[-3000:]
     text = docs.read_text()
     assert bench.HEADING in text and "--tiny" in text

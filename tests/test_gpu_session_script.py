@@ -2,10 +2,12 @@
 is one that the tool it calls accepts (it runs only on the lent GPU machine, so this is its check here)."""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
-import sys
 from pathlib import Path
+
+from validation.launcher import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "validation" / "gpu_session.sh"
@@ -37,8 +39,8 @@ def test_every_flag_the_script_passes_is_accepted():
                           "validation.validate_cost_model", "tools/pretrain_gpt.py", "validation.measure_host_floor",
                           "validation.check_layer_memory", "validation.check_checkpoint_masters", "validation.gemm_rates"}
     for tool, flags in calls.items():
-        command = [sys.executable, tool] if tool.endswith(".py") else [sys.executable, "-m", tool]
-        done = subprocess.run([*command, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
+        command = [tool] if tool.endswith(".py") else ["-m", tool]
+        done = run_script([*command, "--help"], dict(os.environ), timeout_s=120)  # forked: torch imported once
         assert done.returncode == 0, done.stderr[-2000:]
         missing = {flag for flag in flags if not re.search(rf"{flag}\b", done.stdout)}
         assert not missing, f"{tool} does not take {missing}"

@@ -4,13 +4,12 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from validation import measure_host_floor as host_floor
+from validation.launcher import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -31,10 +30,9 @@ def test_llama_structure_is_what_megatron_lms_llama_flags_build():
 
 def test_tiny_run_builds_each_structure_in_the_runtime(tmp_path):
     out = tmp_path / "host_floor.json"
-    done = subprocess.run([sys.executable, "-m", "validation.measure_host_floor", "--tiny", "--cases", "gpt:flash:none",
-                           "llama:unfused:full", "--warmup", "1", "--iters", "1", "--out", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    done = run_script(["-m", "validation.measure_host_floor", "--tiny", "--cases", "gpt:flash:none",
+                       "llama:unfused:full", "--warmup", "1", "--iters", "1", "--out", str(out)],
+                      {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}, timeout_s=300)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert [r["case"] for r in rows] == ["gpt:flash:none", "llama:unfused:full"]

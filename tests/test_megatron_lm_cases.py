@@ -2,7 +2,8 @@
 (tests/megatron_lm_cases/cases.json, made by tests/megatron_lm_cases/shrink.py), each run as a dry run of
 tools/pretrain_gpt.py as it is and with --auto-parallel: none meets "unrecognized arguments", and each keeps the
 verdict recorded beside it (it plans, or it is refused with its one-line reason). The dry runs go in one
-subprocess (the run applies its megatron-core patches, which must not reach the other tests' process).
+process forked from the test launcher's fork server (the run applies its megatron-core patches, which must not
+reach the other tests' process; the server has torch and megatron-core imported already).
 
 Record the verdicts again after a deliberate change:
     .venv/bin/python tests/test_megatron_lm_cases.py --record
@@ -13,11 +14,12 @@ import contextlib
 import io
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from validation.launcher import run_script
 
 CASES_FILE = Path(__file__).with_name("megatron_lm_cases") / "cases.json"
 VARIANTS = {"flags": [], "auto": ["--auto-parallel"]}
@@ -53,8 +55,7 @@ def verdicts_now() -> dict:
 
 @pytest.fixture(scope="module")
 def measured() -> dict:
-    done = subprocess.run([sys.executable, __file__, "--print"], capture_output=True, text=True, timeout=600,
-                          cwd=Path(__file__).resolve().parents[1], env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    done = run_script([__file__, "--print"], {**os.environ, "PYTHONWARNINGS": "ignore"}, timeout_s=600)
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads(done.stdout)
 

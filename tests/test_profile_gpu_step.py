@@ -1,11 +1,10 @@
 """validation/profile_gpu_step.py end to end on CPU (--tiny) and its kernel kinds."""
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 from validation import profile_gpu_step
+from validation.launcher import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -20,10 +19,9 @@ def test_kernel_names_are_sorted_into_kinds():
 
 
 def test_tiny_profile_reports_both_models():
-    done = subprocess.run([sys.executable, "-m", "validation.profile_gpu_step", "--tiny", "--warmup", "1", "--rows",
-                           "5", "--iters", "1", "--time-bias-fusions", "--time-grad-accumulation-fusion"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300,
-                          env={"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)})
+    done = run_script(["-m", "validation.profile_gpu_step", "--tiny", "--warmup", "1", "--rows", "5", "--iters", "1",
+                       "--time-bias-fusions", "--time-grad-accumulation-fusion"],
+                      {"PATH": "/usr/bin:/bin", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}, timeout_s=300)
     assert done.returncode == 0, done.stderr[-3000:]
     for name in ("### megatron-auto runtime", "### plain PyTorch"):
         section = done.stdout.split(name)[1]

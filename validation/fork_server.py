@@ -26,7 +26,8 @@ Two more things are done once here rather than in every rank (both CPU only; wha
   (measured: 0.137 s of CPU per gc.collect() before, under 1 ms after). Nothing they hold is garbage a rank
   could free: the server keeps them alive anyway.
 
-Protocol, one Unix-socket connection per rank: the client sends one JSON line {argv, env, cwd, log, and
+Protocol, one Unix-socket connection per rank: the client sends one JSON line {argv (a script and its arguments,
+or "-m", a module and its arguments), env, cwd, log, and
 optionally stderr, a file of its own for fd 2};
 the server answers the rank's pid, then its exit code (negative: killed by that signal) when it ends.
 
@@ -97,11 +98,9 @@ def run_rank(request: dict) -> None:
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
-    script = request["argv"][0]
-    sys.argv = list(request["argv"])
     code = 0
     try:
-        runpy.run_path(script, run_name="__main__")
+        _run_main(list(request["argv"]))
     except SystemExit as error:
         code = _exit_code(error)
     except BaseException:  # noqa: BLE001  (the interpreter prints any uncaught error and exits 1)
@@ -114,6 +113,17 @@ def run_rank(request: dict) -> None:
         sys.stderr.flush()
     finally:
         os._exit(code)
+
+
+def _run_main(argv: list[str]) -> None:
+    """Run `python ARGV...`'s main: a script's path, or `-m MODULE` (runpy puts the module's file in argv[0],
+    as the interpreter does)."""
+    if argv[0] == "-m":
+        sys.argv = argv[1:]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = argv
+        runpy.run_path(argv[0], run_name="__main__")
 
 
 def _read_request(conn: socket.socket) -> dict:

@@ -197,8 +197,9 @@ def _start_rank(rank: int, world_size: int, port: int, argv: list[str], log_path
 
 def run_script(argv: list[str], env: dict[str, str], timeout_s: float,
                fresh: bool = False) -> subprocess.CompletedProcess:
-    """`python argv...` as subprocess.run(..., cwd=REPO, capture_output=True, text=True, timeout=timeout_s)
-    gives it, the process forked from the fork server (spawned with MEGATRON_AUTO_TEST_SPAWN=1). A forked
+    """`python argv...` (a script and its arguments, or "-m", a module and its arguments) as
+    subprocess.run(..., cwd=REPO, capture_output=True, text=True, timeout=timeout_s) gives it, the process
+    forked from the fork server (spawned with MEGATRON_AUTO_TEST_SPAWN=1). A forked
     script ends without the interpreter's shutdown (module teardown, finalizers), so tests of everything a
     run prints, a "one line and nothing more" refusal say, ask for a `fresh` interpreter."""
     server = None if fresh else _fork_server()

@@ -7,16 +7,15 @@ embedding/head at DP2 ZeRO-1 (Megatron's distributed optimizer). Runs go through
 """
 from __future__ import annotations
 
+import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from checkpoint_files import checkpoint_tensors, logged_losses
-from validation.launcher import REPO, launch
+from validation.launcher import launch, run_script
 from megatron_auto import train
 from megatron_auto.plan import Chunk, LayerStrategy, Plan, save_plan
 
@@ -308,9 +307,8 @@ def test_a_virtual_pipeline_checkpoint_saves_and_resumes_under_a_hybrid_plan(tmp
                "--num-layers-per-virtual-pipeline-stage", "1", "--use-distributed-optimizer"]
     stock = _run(2, [*virtual, "--train-iters", "4", "--save-interval", "2", "--save", str(tmp_path / "ckpt"),
                      *NO_DROPOUT], tmp_path / "stock")
-    check = subprocess.run([sys.executable, "-m", "validation.check_checkpoint_masters",
-                            str(tmp_path / "ckpt" / "iter_0000002")],
-                           capture_output=True, text=True, cwd=REPO, timeout=120)
+    check = run_script(["-m", "validation.check_checkpoint_masters", str(tmp_path / "ckpt" / "iter_0000002")],
+                       dict(os.environ), timeout_s=120)
     assert check.returncode == 0 and " 16 of 16 masters equal their weights" in check.stdout, check.stdout + check.stderr
     plan = _plan_file(tmp_path, "plan.json", 2, (Chunk(SAVING_LAYERS),), DP2_ZERO1)
     result = _run(2, ["--auto-parallel-plan", str(plan), "--train-iters", "4", "--load", str(tmp_path / "ckpt"),

@@ -69,6 +69,15 @@ def test_a_run_script_captures_stdout_and_stderr_apart(tmp_path, mode, argument,
     assert "argv" in done.stdout and "to stderr" not in done.stdout and "to stderr" in done.stderr
 
 
+def test_a_run_script_runs_a_module_as_python_dash_m_does(tmp_path, mode):
+    (tmp_path / "in.json").write_text('{"b": 1, "a": [2]}')
+    done = launcher.run_script(["-m", "json.tool", "--sort-keys", str(tmp_path / "in.json")],
+                               launcher.rank_env(0, 1, 0), 60)
+    assert done.returncode == 0 and done.stdout == '{\n    "a": [\n        2\n    ],\n    "b": 1\n}\n', done
+    refused = launcher.run_script(["-m", "json.tool", str(tmp_path / "absent.json")], launcher.rank_env(0, 1, 0), 60)
+    assert refused.returncode != 0 and "absent.json" in refused.stderr, refused
+
+
 def test_a_run_script_past_its_timeout_raises_as_subprocess_run_does(tmp_path, mode):
     script = tmp_path / "script.py"
     script.write_text(SCRIPT)

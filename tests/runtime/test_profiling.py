@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from validation.launcher import REPO, free_port, rank_env
+from validation.launcher import REPO, free_port, rank_env, run_script
 
 from megatron_auto.specs.profiles import COLLECTIVES, load_profile
 from validation.heavy_lock import held_lock_fds, lock_prefix
@@ -126,11 +126,11 @@ def test_profile_model_times_the_layer_that_training_runs(layer_traces, name):
         assert not any(p[0].endswith(".bias") for p in runtime["params"])
 
 
-def _profile_model_alone(args: list[str]) -> subprocess.CompletedProcess:
-    """profile-model in one process without torchrun (it then runs as a world of one)."""
-    return subprocess.run([sys.executable, "-m", "megatron_auto", "profile-model", *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=300,
-                          env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"})
+def _profile_model_alone(args: list[str], fresh: bool = False) -> subprocess.CompletedProcess:
+    """profile-model in one process without torchrun (it then runs as a world of one); forked from the
+    launcher's fork server unless `fresh` (a refusal's "one line and nothing more" needs the interpreter's exit)."""
+    return run_script(["-m", "megatron_auto", "profile-model", *args],
+                      {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore"}, 300, fresh)
 
 
 def test_profile_model_times_the_dense_layers_of_a_moe_model_with_the_runs_kernels(tmp_path):
@@ -149,7 +149,7 @@ def test_profile_model_times_the_dense_layers_of_a_moe_model_with_the_runs_kerne
 
 
 def test_profile_model_refuses_a_model_without_dense_layers_in_one_line(tmp_path):
-    done = _profile_model_alone(["--model", "tiny-mixtral", "--out", str(tmp_path / "m.json"), "--tp", "1"])
+    done = _profile_model_alone(["--model", "tiny-mixtral", "--out", str(tmp_path / "m.json"), "--tp", "1"], fresh=True)
     assert done.returncode == 2 and "Traceback" not in done.stderr
     assert done.stderr.strip().count("\n") == 0 and "mixture of experts" in done.stderr
     assert not (tmp_path / "m.json").exists()
@@ -158,9 +158,8 @@ def test_profile_model_refuses_a_model_without_dense_layers_in_one_line(tmp_path
 def test_count_host_ops_prints_each_layer_and_core():
     """validation/count_host_ops.py: one row per shape and core; SDPA's flash core dispatches a fraction of the
     unfused core's ops (its scores, softmax and dropout stay inside one kernel)."""
-    done = subprocess.run([sys.executable, "-m", "validation.count_host_ops"], cwd=REPO, capture_output=True, text=True,
-                          timeout=300, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin", "PYTHONWARNINGS": "ignore",
-                                            "MASTER_PORT": "29574"})
+    done = run_script(["-m", "validation.count_host_ops"], {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+                                                            "PYTHONWARNINGS": "ignore", "MASTER_PORT": "29574"}, 300)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [line.split(" | ") for line in done.stdout.splitlines()[2:]]
     assert [(row[0].lstrip("| "), row[1]) for row in rows] == [
@@ -175,8 +174,7 @@ def test_count_host_ops_prints_each_layer_and_core():
 def test_layer_memory_check_matches_the_formula_on_the_cpu(tmp_path):
     """validation/check_layer_memory.py, which a GPU session runs (gpu_session.sh memory), exactly on the CPU."""
     out = tmp_path / "layer_memory.json"
-    done = subprocess.run([sys.executable, "-m", "validation.check_layer_memory", "--out", str(out)], cwd=REPO,
-                          capture_output=True, text=True, timeout=300, env=rank_env(0, 1, free_port()))
+    done = run_script(["-m", "validation.check_layer_memory", "--out", str(out)], rank_env(0, 1, free_port()), 300)
     assert done.returncode == 0, done.stdout + done.stderr[-3000:]
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 5 and all(row["measured_bytes"] == row["predicted_bytes"] for row in rows), rows
