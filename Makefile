@@ -15,7 +15,8 @@ venv: $(STAMP)
 # (Never add the PyPI package `apex`: megatron-core works without it.) pip compiles what it installs one file
 # at a time; compileall does it on every core (`make venv` 54 s instead of 66 here). pip's second install
 # keeps one core busy, so torch and what it brought (sympy, networkx: most of the source) compile on the other
-# meanwhile, and the last line compiles the rest (fresh clones, same hour: 53 and 60 s, against 66 s before).
+# meanwhile, and the last line compiles the rest (`time make venv` in fresh clones, same hour: 53 and 60 s,
+# against 66 s before: within this machine's run-to-run noise, one run each).
 # Files that do not compile under this Python (torch ships a few for later ones) are skipped, as pip skips them.
 FIRST_COMPILED := torch sympy networkx
 $(STAMP): pyproject.toml setup.py Makefile
