@@ -18,8 +18,8 @@ from ..search.uniform import (UniformConfig, best_uniform_plan, build_uniform_pl
 from ..search.uneven_split import best_split_plan, splits_as_given
 from ..specs import ClusterSpec, load_model
 from ..specs.training import recompute_modules_problem
-from .job import (attach_profiles, fit_cluster_to_world, graph_recompute_problem, load_cluster_arg, load_job,
-                  offload_job_problem, sequence_parallel_flag, training_spec)
+from .job import (attach_profiles, distributed_optimizer_arg, fit_cluster_to_world, graph_recompute_problem,
+                  load_cluster_arg, load_job, offload_job_problem, sequence_parallel_flag, training_spec)
 from .output import flags_or_none, print_json, summary, write_plan
 
 SPLIT_FLAGS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
@@ -89,7 +89,7 @@ def config_from_args(args: argparse.Namespace, num_layers: int) -> UniformConfig
     return UniformConfig(
         tp=args.tp, pp=args.pp, micro_batch_size=args.micro_batch_size or 1,
         vp=virtual, sequence_parallel=bool(sequence_parallel_flag(args)),
-        distributed_optimizer=bool(args.distributed_optimizer) or sharding == 1,
+        distributed_optimizer=bool(distributed_optimizer_arg(args)) or sharding == 1,
         recompute=args.recompute or "none", fsdp_sharding=sharding if sharding >= 2 else 0,
         recompute_num_layers=recompute_num_layers(args),
         stage_layers=stage_layers, account_for=account_for, chunk_layers=chunk_layers,

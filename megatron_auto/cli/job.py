@@ -11,6 +11,7 @@ from ..kernel_choice import resolve_attention_backend, resolve_bias_fusions, res
 from ..specs import ClusterSpec, ModelSpec, TrainingSpec, load_cluster, load_model
 from ..specs.presets import with_measured_speeds, with_node_speeds
 from ..specs.host_knobs import DEFAULT_MIN_OFFLOADED_TENSOR_SIZE
+from ..specs.optimizer_states import OptimizerStates
 from ..specs.training import DEFAULT_MOE_LOAD_IMBALANCE, DEFAULT_RECOMPUTE_MODULES, GIB, recompute_modules_problem
 
 CPU_CLUSTER_PRESET = "cpu-gloo"
@@ -123,7 +124,27 @@ def recipe_options(args: argparse.Namespace, precision: str, on_gpu: bool) -> di
         if precision == "fp32":
             raise UserError("--grad-reduce-in-bf16 needs 16-bit or fp8 training, not fp32")
         options["grad_bytes"] = 2
-    return {**options, **host_knob_options(args)}
+    return {**options, **host_knob_options(args), "optimizer_states": optimizer_states_arg(args)}
+
+
+def optimizer_states_arg(args: argparse.Namespace) -> OptimizerStates:
+    """--use-precision-aware-optimizer and its four dtype flags (checked by TrainingSpec, as Megatron-Core does)."""
+    return OptimizerStates(precision_aware=bool(getattr(args, "use_precision_aware_optimizer", False)),
+                           **{f"{name}_dtype": getattr(args, f"{name}_dtype", "fp32")
+                              for name in ("main_grads", "main_params", "exp_avg", "exp_avg_sq")})
+
+
+def distributed_optimizer_arg(args: argparse.Namespace) -> Optional[bool]:
+    """--distributed-optimizer as given, or True where the precision-aware optimizer needs it (Megatron-Core's
+    optimizer_config.py); refused beside --no-distributed-optimizer or Megatron-FSDP."""
+    given = args.distributed_optimizer
+    if not getattr(args, "use_precision_aware_optimizer", False):
+        return given
+    if given is False or getattr(args, "use_megatron_fsdp", None):
+        raise UserError("--use-precision-aware-optimizer needs the distributed optimizer (--distributed-optimizer), "
+                        "not " + ("--no-distributed-optimizer" if given is False else "--use-megatron-fsdp")
+                        + " (as in Megatron-Core)")
+    return True
 
 
 def host_knob_options(args: argparse.Namespace) -> dict:

@@ -9,6 +9,7 @@ from ..cost.fp8 import FP8_FORMATS, FP8_RECIPES
 from ..kernel_choice import ATTENTION_BACKENDS, BIAS_FUSIONS, GRAD_ACCUMULATION_FUSIONS, OPTIMIZER_IMPLS
 from ..megatron_flags import FSDP_SHARDING
 from ..plan import RECOMPUTE_KINDS, SPACES
+from ..specs.optimizer_states import MAIN_GRADS_DTYPES, MAIN_PARAMS_DTYPES, MOMENT_DTYPES
 from ..specs.host_knobs import CUDA_GRAPH_IMPLS, DEFAULT_MIN_OFFLOADED_TENSOR_SIZE, OFFLOAD_MODULES
 from ..specs.training import (DEFAULT_MOE_LOAD_IMBALANCE, FLEX_DISPATCHER_BACKENDS, MOE_TOKEN_DISPATCHERS,
                               RECOMPUTE_MODULES)
@@ -127,6 +128,7 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--grad-reduce-in-bf16", action="store_true",
                         help="gradients accumulated and reduced in bf16 (2 bytes) instead of fp32, Megatron-LM's "
                              "flag (NeMo's performance recipes: grad_reduce_in_fp32=False)")
+    add_optimizer_state_arguments(parser)
     parser.add_argument("--bias-fusions", choices=BIAS_FUSIONS, default="auto",
                         help="price Megatron's fused bias + activation, whose SwiGLU keeps 3f per token instead "
                              "of 4f (Megatron-LM's and NeMo's default; auto: off, as the runtime runs by default, "
@@ -134,6 +136,20 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--rope-fusion", action="store_true",
                         help="price Transformer Engine's fused RoPE, which keeps no per-layer cos/sin tables "
                              "(Megatron-LM's default where TE imports; this runtime does not run it)")
+
+
+def add_optimizer_state_arguments(parser: argparse.ArgumentParser) -> None:
+    """Megatron-LM's precision-aware optimizer flags (arguments.py; priced in specs/optimizer_states.py)."""
+    parser.add_argument("--use-precision-aware-optimizer", action="store_true",
+                        help="price Transformer Engine's FusedAdam keeping the states in the dtypes below (over "
+                             "bf16 weights its fp32 masters keep only their low 16 bits); needs the distributed "
+                             "optimizer, as in Megatron-Core")
+    for name, choices, what in (("main-grads", MAIN_GRADS_DTYPES, "the gradient buffer and its reduction"),
+                                ("main-params", MAIN_PARAMS_DTYPES, "the master weights"),
+                                ("exp-avg", MOMENT_DTYPES, "Adam's first moment"),
+                                ("exp-avg-sq", MOMENT_DTYPES, "Adam's second moment")):
+        parser.add_argument(f"--{name}-dtype", choices=choices, default="fp32",
+                            help=f"dtype of {what} under --use-precision-aware-optimizer (default fp32)")
 
 
 def non_negative_int(text: str) -> int:

@@ -11,7 +11,7 @@ from ..errors import UserError
 from ..report import node_group_lines, plan_table
 from ..search.constraints import SearchConstraints
 from .estimate_command import fsdp_stage
-from .job import graph_recompute_problem, knob_switches, load_job, sequence_parallel_flag
+from .job import distributed_optimizer_arg, graph_recompute_problem, knob_switches, load_job, sequence_parallel_flag
 from .output import print_json, summary, write_plan
 from .progress import ProgressBar
 
@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 def constraints_from_args(args: argparse.Namespace) -> SearchConstraints:
     """The layout flags the user pinned; everything left out is the search's to choose. --use-megatron-fsdp pins
     its sharding strategy's ZeRO stage (1: the distributed optimizer, 0: neither)."""
-    sharding, distributed = fsdp_stage(args), args.distributed_optimizer
+    sharding, distributed = fsdp_stage(args), distributed_optimizer_arg(args)
     if getattr(args, "use_megatron_fsdp", None) and sharding < 2:
         distributed = sharding == 1
     return SearchConstraints(

@@ -133,6 +133,9 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
             check_expert_strategy(layer, strategy)
         except ValueError as error:
             raise UserError(f"model '{model.name}': {error}") from None
+    if training.optimizer_states.precision_aware and any(s.dp > 1 and s.zero != 1 for s in plan.distinct_strategies):
+        raise UserError("--use-precision-aware-optimizer needs the distributed optimizer on every data-parallel layer "
+                        "(as in Megatron-Core); this plan has plain DP or Megatron-FSDP")
     problem = context_parallel_problem(plan.embedding.cp, model) or (
         fp8_problem(cluster, training.fp8_recipe) if training.fp8 else None)
     if problem:
@@ -413,7 +416,8 @@ def iteration_and_bubble(plan: Plan, stages: list[StageCost], times: list[float]
 
 def recipe_flags(plan: Plan, model: ModelSpec, training: TrainingSpec) -> tuple[str, ...]:
     """The Megatron-LM flags that run what `training` prices beyond the layout: FP8 through Transformer Engine,
-    TP communication overlap where a layer has tp > 1 with SP, gradients reduced in bf16, the flex dispatcher,
+    TP communication overlap where a layer has tp > 1 with SP, gradients reduced in bf16, the precision-aware
+    optimizer (specs/optimizer_states.py), the flex dispatcher,
     EP overlap where a MoE layer has ep > 1, CUDA graphs (cost/cuda_graphs.py) and activation offloading
     (cost/activation_offload.py)."""
     flags: list[str] = []
@@ -422,8 +426,12 @@ def recipe_flags(plan: Plan, model: ModelSpec, training: TrainingSpec) -> tuple[
         flags += ["--fp8-param-gather"] if training.fp8_param_gather else []
     if training.tp_comm_overlap and any(s.tp > 1 and s.sp for s in plan.distinct_strategies):
         flags.append("--tp-comm-overlap")
-    if training.grad_bytes == 2 and training.precision != "fp32":
+    states = training.optimizer_states
+    if training.grad_bytes == 2 and training.precision != "fp32" and states.main_grads_dtype != "bf16":
         flags.append("--grad-reduce-in-bf16")
+    flags += states.flags()
+    if states.precision_aware and not any(s.zero >= 1 for s in plan.distinct_strategies):
+        flags.append("--use-distributed-optimizer")  # Megatron-Core needs it even where dp is 1
     if training.cross_entropy_fusion != "none":
         flags += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", training.cross_entropy_fusion]
     if training.moe_token_dispatcher == "flex" and any(layer.moe is not None for layer in model.layers):

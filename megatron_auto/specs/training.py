@@ -10,6 +10,7 @@ from ..serde import CachedHash
 
 from .host_knobs import DEFAULT_MIN_OFFLOADED_TENSOR_SIZE, cuda_graph_problem, offload_problem
 from .model import _check_version
+from .optimizer_states import OptimizerStates
 
 TRAINING_SCHEMA_VERSION = 1
 GIB = 1024**3
@@ -66,7 +67,11 @@ class TrainingSpec(CachedHash):
     """Bytes per gradient: Megatron accumulates into fp32 main_grad buffers."""
     optimizer_bytes: int = 12
     """Bytes of Adam state per parameter: fp32 master copy, momentum and variance.
-    (Megatron-LM docs/distrib_optimizer: 18 bytes/param = 2 + 4 + 12 without sharding.)"""
+    (Megatron-LM docs/distrib_optimizer: 18 bytes/param = 2 + 4 + 12 without sharding.) Under the
+    precision-aware optimizer, what `optimizer_states` keeps (set from it)."""
+    optimizer_states: OptimizerStates = OptimizerStates()
+    """--use-precision-aware-optimizer and its dtypes (specs/optimizer_states.py): they set optimizer_bytes and,
+    with bf16 main gradients, grad_bytes."""
     memory_budget_bytes: int = 0
     """Device memory per GPU a plan may use; 0 means the GPU's usable capacity (GpuSpec.capacity_bytes)."""
     attention_backend: str = "flash"
@@ -146,6 +151,7 @@ class TrainingSpec(CachedHash):
         if self.precision not in PRECISIONS:
             raise ValueError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         self._check_fp8()
+        self._apply_optimizer_states()
         if self.memory_budget_bytes < 0:
             raise ValueError("memory budget must not be negative")
         if self.attention_backend not in PRICED_ATTENTION:
@@ -165,6 +171,20 @@ class TrainingSpec(CachedHash):
         if self.cross_entropy_fusion not in CROSS_ENTROPY_FUSIONS:
             raise ValueError(f"cross entropy fusion must be one of {', '.join(CROSS_ENTROPY_FUSIONS)}, "
                              f"got {self.cross_entropy_fusion!r}")
+
+    def _apply_optimizer_states(self) -> None:
+        """Megatron-Core's checks of the precision-aware optimizer, and the bytes its states keep."""
+        states = self.optimizer_states
+        problem = states.problem()
+        if problem:
+            raise ValueError(problem)
+        if not states.precision_aware:
+            return
+        if self.precision == "fp32":
+            raise ValueError("--use-precision-aware-optimizer needs 16-bit or fp8 training, not fp32")
+        object.__setattr__(self, "optimizer_bytes", states.adam_bytes(self.precision, self.fp8_recipe))
+        if states.main_grads_dtype == "bf16":
+            object.__setattr__(self, "grad_bytes", 2)
 
     def _check_fp8(self) -> None:
         if self.fp8_format not in FP8_FORMATS:
