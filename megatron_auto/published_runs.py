@@ -129,7 +129,9 @@ RECIPE_KNOBS = {"--fp8-recipe": 1, "--moe-token-dispatcher-type": 1, "--moe-flex
                 "--overlap-moe-expert-parallel-comm": 0, "--delay-wgrad-compute": 0, "--cross-entropy-loss-fusion": 0,
                 "--cross-entropy-fusion-impl": 1, "--cuda-graph-impl": 1, "--cuda-graph-scope": None,
                 "--fine-grained-activation-offloading": 0, "--offload-modules": None,
-                "--min-offloaded-tensor-size": 1, "--fp8-param-gather": 0}
+                "--min-offloaded-tensor-size": 1, "--fp8-param-gather": 0, "--tp-comm-overlap": 1,
+                "--use-precision-aware-optimizer": 0, "--main-grads-dtype": 1, "--main-params-dtype": 1,
+                "--exp-avg-dtype": 1, "--exp-avg-sq-dtype": 1}
 """Flags of a row's `estimate_flags` that are its recipe's knobs, not its layout (with how many values each
 takes; None: every value up to the next flag): the planner's plan for the same job is priced with them too."""
 
@@ -304,12 +306,14 @@ def _planner_plan(job: list[str]):
     """`megatron-auto plan` for the job (the megatron space, default flags), or None when nothing fits."""
     from .cli.job import load_job
     from .cli.parser import parse_args
+    from .cli.plan_command import constraints_from_args, search_choices
     from .errors import UserError
     from .search import search_plan
 
     args = parse_args(["plan", *job])
     model, cluster, training = load_job(args)
     try:
-        return search_plan(model, cluster, training, space="megatron").plan
+        return search_plan(model, cluster, training, space="megatron", constraints=constraints_from_args(args),
+                           **search_choices(args)).plan
     except UserError:
         return None

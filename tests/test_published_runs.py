@@ -148,3 +148,19 @@ def test_a_shared_row_without_a_recipe_takes_the_knobs_of_nvidia_s_recipe_for_th
 def test_fp8_param_gather_of_a_row_reaches_the_planner():
     run = run_from_row({**ROW, "estimate_flags": ["--fp8-param-gather"]})
     assert "--fp8-param-gather" in run.recipe and "--fp8-param-gather" not in run.flags
+
+
+def test_a_recipe_that_turns_tp_overlap_off_and_keeps_low_precision_states_is_priced_so():
+    """Megatron-Bridge's DeepSeek-V3 and Qwen3-235B perf configs set tp_comm_overlap False at TP 2, and the
+    DeepSeek-V3 recipe keeps bf16 gradients and moments: a row's own knobs outrank NeMo's defaults and reach the
+    planner's job too."""
+    knobs = ["--tp-comm-overlap", "off", "--use-precision-aware-optimizer", "--main-grads-dtype", "bf16",
+             "--exp-avg-dtype", "bf16"]
+    plain, tuned = run_from_row({**ROW, "tp": 2, "cp": 1}), run_from_row({**ROW, "tp": 2, "cp": 1,
+                                                                           "estimate_flags": knobs})
+    assert tuned.recipe[-len(knobs):] == tuple(knobs) and "off" not in tuned.flags
+    estimates = [price_run(run).estimate for run in (plain, tuned)]
+    assert "--tp-comm-overlap" in estimates[0].prediction.recipe_flags
+    assert "--tp-comm-overlap" not in estimates[1].prediction.recipe_flags
+    assert "--use-precision-aware-optimizer" in estimates[1].prediction.recipe_flags
+    assert estimates[1].prediction.breakdown.tp_comm_s > estimates[0].prediction.breakdown.tp_comm_s

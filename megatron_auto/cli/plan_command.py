@@ -53,6 +53,13 @@ def log_search(result) -> None:
         logger.info("time %8.3f s %5.1f%%  %s", seconds, share, phase)
 
 
+def search_choices(args: argparse.Namespace) -> dict:
+    """What `plan` leaves to the search beyond the layout: the recompute modules unless given, TP overlap under
+    `search`, and the run-wide switches (search_plan's keyword arguments)."""
+    return dict(choose_recompute_modules=args.recompute_modules is None,
+                choose_tp_comm_overlap=args.tp_comm_overlap == "search", switches=knob_switches(args))
+
+
 def run_plan(args: argparse.Namespace) -> int:
     problem = graph_recompute_problem(args)
     if problem:
@@ -65,9 +72,7 @@ def run_plan(args: argparse.Namespace) -> int:
                 cluster.world_size, cluster.name)
     with ProgressBar("searching") as progress:
         result = search_plan(model, cluster, training, space=args.space, constraints=constraints,
-                             progress=progress, choose_recompute_modules=args.recompute_modules is None,
-                             choose_tp_comm_overlap=args.tp_comm_overlap == "search",
-                             switches=knob_switches(args))
+                             progress=progress, **search_choices(args))
     plan = result.plan
     if plan.prediction is None:
         plan = replace(plan, prediction=estimate_plan(plan, model, cluster, training))

@@ -47,6 +47,8 @@ def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     if problem:
         raise UserError(problem)
     clear_search_caches()  # shared by this call's searches only (search/pruning.py)
+    if training.optimizer_states.precision_aware and constraints.distributed_optimizer is None:
+        constraints = replace(constraints, distributed_optimizer=True)  # Megatron-Core needs it for the switch
 
     def search(spec: TrainingSpec, incumbent: float = math.inf) -> Optional[SearchResult]:
         if choose_recompute_modules:
