@@ -131,7 +131,7 @@ RECIPE_KNOBS = {"--fp8-recipe": 1, "--moe-token-dispatcher-type": 1, "--moe-flex
                 "--fine-grained-activation-offloading": 0, "--offload-modules": None,
                 "--min-offloaded-tensor-size": 1, "--fp8-param-gather": 0, "--tp-comm-overlap": 1,
                 "--use-precision-aware-optimizer": 0, "--main-grads-dtype": 1, "--main-params-dtype": 1,
-                "--exp-avg-dtype": 1, "--exp-avg-sq-dtype": 1}
+                "--exp-avg-dtype": 1, "--exp-avg-sq-dtype": 1, "--moe-shared-expert-overlap": 0}
 """Flags of a row's `estimate_flags` that are its recipe's knobs, not its layout (with how many values each
 takes; None: every value up to the next flag): the planner's plan for the same job is priced with them too."""
 
@@ -179,13 +179,16 @@ def _recipe_flags(row: dict) -> list[str]:
     and Megatron-Bridge's MoE recipes also batch the experts' GEMMs, moe_grouped_gemm; the Megatron-Core MoE
     README states none). Every row ran Megatron's fused bias + activation and, with Transformer Engine, its
     fused RoPE: Megatron-LM's defaults, and set in NeMo's model configs (LlamaConfig: bias_activation_fusion,
-    apply_rope_fusion True)."""
+    apply_rope_fusion True). A row's `recipe_defaults_off` names the defaults its recipe did not turn (NeMo 1.x's
+    Grok-1 config keeps moe_grouped_gemm false; NeMo 25.04's DeepSeek-V3 reduces gradients in fp32)."""
     overlap = ["--tp-comm-overlap"] if row["tp"] > 1 else []
     grouped = ["--moe-grouped-gemm"] if row.get("num_experts") or row.get("model_preset") else []
     same_layout = SAME_LAYOUT_RECIPES.get(row["id"], ((), ""))[0]
     fusions = ["--bias-fusions", "on", "--rope-fusion", *_row_flags(row)[1], *same_layout]
     if "NeMo" in row["framework"]:
-        return ["--grad-reduce-in-bf16", *overlap, *grouped, *fusions]
+        defaults = [flag for flag in ("--grad-reduce-in-bf16", *overlap, *grouped)
+                    if flag not in row.get("recipe_defaults_off", ())]
+        return [*defaults, *fusions]
     if row["id"].startswith("mlm_readme"):
         return [*overlap, *fusions]
     return fusions

@@ -164,3 +164,14 @@ def test_a_recipe_that_turns_tp_overlap_off_and_keeps_low_precision_states_is_pr
     assert "--tp-comm-overlap" not in estimates[1].prediction.recipe_flags
     assert "--use-precision-aware-optimizer" in estimates[1].prediction.recipe_flags
     assert estimates[1].prediction.breakdown.tp_comm_s > estimates[0].prediction.breakdown.tp_comm_s
+
+
+def test_a_row_can_name_the_nemo_defaults_its_recipe_did_not_turn():
+    """NeMo 1.x's Grok-1 config keeps moe_grouped_gemm false and NeMo 25.04's DeepSeek-V3 reduces gradients in
+    fp32: `recipe_defaults_off` drops those defaults, and the shared-expert overlap its config turns is a knob."""
+    moe = {**ROW, "num_experts": 8, "moe_router_topk": 2, "moe_ffn_hidden_size": 14336, "cp": 1}
+    assert {"--grad-reduce-in-bf16", "--moe-grouped-gemm"} <= set(run_from_row(moe).recipe)
+    kept = run_from_row({**moe, "recipe_defaults_off": ["--grad-reduce-in-bf16", "--moe-grouped-gemm"],
+                         "estimate_flags": ["--moe-shared-expert-overlap"]})
+    assert not {"--grad-reduce-in-bf16", "--moe-grouped-gemm"} & set(kept.recipe)
+    assert "--moe-shared-expert-overlap" in kept.recipe and "--moe-shared-expert-overlap" not in kept.flags
