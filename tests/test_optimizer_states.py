@@ -112,3 +112,34 @@ def test_refusals_are_one_line_and_exit_2(capsys, command, flags, message):
     assert main([*args, *flags]) == 2
     err = capsys.readouterr().err.strip()
     assert message in err and "\n" not in err
+
+
+def test_plan_weighs_the_switch_under_search_and_keeps_it_where_its_plan_is_faster(capsys):
+    """`--use-precision-aware-optimizer search`: the fp32-state plan and the switched one are both searched; on
+    Llama 3 8B at global batch 128 the remainders alone let the model sit whole on each GPU, which is faster."""
+    job = ["plan", *JOB[:-1], "128", "--json"]
+    assert main(job) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*job, "--use-precision-aware-optimizer", "search"]) == 0
+    searched = json.loads(capsys.readouterr().out)
+    assert searched["iteration_time_s"] < plain["iteration_time_s"]
+    assert "--use-precision-aware-optimizer" in searched["megatron_flags"]
+    assert "--use-distributed-optimizer" in searched["megatron_flags"]
+    # Where memory is plentiful the switch changes little: the plan stays what it was without it.
+    small = ["plan", "--model", "gpt3-1.7b", "--cluster", "dgx-h100-80gb", "--num-nodes", "1",
+             "--global-batch-size", "64", "--json"]
+    assert main(small) == 0
+    base = json.loads(capsys.readouterr().out)
+    assert main([*small, "--use-precision-aware-optimizer", "search"]) == 0
+    assert json.loads(capsys.readouterr().out)["iteration_time_s"] <= base["iteration_time_s"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["plan", *JOB, "--space", "hybrid", "--use-precision-aware-optimizer"], "search the megatron space"),
+    (["plan", *JOB, "--space", "hybrid", "--use-precision-aware-optimizer", "search"], "search the megatron space"),
+    ([*ESTIMATE[:-1], "--use-precision-aware-optimizer", "search"], "is plan's choice"),
+])
+def test_the_runtime_s_space_and_estimate_refuse_what_they_cannot_price(capsys, args, message):
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err

@@ -127,24 +127,35 @@ def recipe_options(args: argparse.Namespace, precision: str, on_gpu: bool) -> di
     return {**options, **host_knob_options(args), "optimizer_states": optimizer_states_arg(args)}
 
 
-def optimizer_states_arg(args: argparse.Namespace) -> OptimizerStates:
-    """--use-precision-aware-optimizer and its four dtype flags (checked by TrainingSpec, as Megatron-Core does)."""
-    return OptimizerStates(precision_aware=bool(getattr(args, "use_precision_aware_optimizer", False)),
+def precision_aware_arg(args: argparse.Namespace) -> str:
+    """--use-precision-aware-optimizer: on, off or search."""
+    value = getattr(args, "use_precision_aware_optimizer", "off")
+    return {True: "on", False: "off"}.get(value, value)
+
+
+def optimizer_states_arg(args: argparse.Namespace, switched: bool = False) -> OptimizerStates:
+    """--use-precision-aware-optimizer and its four dtype flags (checked by TrainingSpec, as Megatron-Core does);
+    under `search` the spec keeps fp32 states and the switch (`switched`) carries these."""
+    choice = precision_aware_arg(args)
+    if choice == "search" and not switched:
+        return OptimizerStates()
+    return OptimizerStates(precision_aware=choice != "off",
                            **{f"{name}_dtype": getattr(args, f"{name}_dtype", "fp32")
                               for name in ("main_grads", "main_params", "exp_avg", "exp_avg_sq")})
 
 
 def distributed_optimizer_arg(args: argparse.Namespace) -> Optional[bool]:
     """--distributed-optimizer as given, or True where the precision-aware optimizer needs it (Megatron-Core's
-    optimizer_config.py); refused beside --no-distributed-optimizer or Megatron-FSDP."""
-    given = args.distributed_optimizer
-    if not getattr(args, "use_precision_aware_optimizer", False):
+    optimizer_config.py; under `search` the search pins it with the switch); refused beside
+    --no-distributed-optimizer or Megatron-FSDP."""
+    given, choice = args.distributed_optimizer, precision_aware_arg(args)
+    if choice == "off":
         return given
     if given is False or getattr(args, "use_megatron_fsdp", None):
         raise UserError("--use-precision-aware-optimizer needs the distributed optimizer (--distributed-optimizer), "
                         "not " + ("--no-distributed-optimizer" if given is False else "--use-megatron-fsdp")
                         + " (as in Megatron-Core)")
-    return True
+    return True if choice == "on" else given
 
 
 def host_knob_options(args: argparse.Namespace) -> dict:
@@ -162,7 +173,8 @@ def host_knob_options(args: argparse.Namespace) -> dict:
 
 def knob_switches(args: argparse.Namespace) -> tuple[dict, ...]:
     """The TrainingSpec fields `plan` weighs turning on (`search` values): CUDA graphs of --cuda-graph-scope
-    (transformer_engine's, or local's for full_iteration), then offloading of --offload-modules."""
+    (transformer_engine's, or local's for full_iteration), then offloading of --offload-modules, then the
+    precision-aware optimizer with the dtypes given."""
     switches = []
     if cuda_graph_impl_arg(args) == "search":
         scope = cuda_graph_scope_arg(args)
@@ -171,6 +183,8 @@ def knob_switches(args: argparse.Namespace) -> tuple[dict, ...]:
     if getattr(args, "fine_grained_activation_offloading", "off") == "search":
         switches.append(dict(offload_modules=offload_modules_arg(args),
                              min_offloaded_tensor_size=args.min_offloaded_tensor_size))
+    if precision_aware_arg(args) == "search":
+        switches.append(dict(optimizer_states=optimizer_states_arg(args, switched=True)))
     return tuple(switches)
 
 

@@ -140,10 +140,12 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
 
 def add_optimizer_state_arguments(parser: argparse.ArgumentParser) -> None:
     """Megatron-LM's precision-aware optimizer flags (arguments.py; priced in specs/optimizer_states.py)."""
-    parser.add_argument("--use-precision-aware-optimizer", action="store_true",
+    parser.add_argument("--use-precision-aware-optimizer", nargs="?", const="on", default="off",
+                        choices=("on", "off", "search"),
                         help="price Transformer Engine's FusedAdam keeping the states in the dtypes below (over "
                              "bf16 weights its fp32 masters keep only their low 16 bits); needs the distributed "
-                             "optimizer, as in Megatron-Core")
+                             "optimizer, as in Megatron-Core; `search` (plan only): the search weighs it and keeps "
+                             "it where its plan is faster or alone fits")
     for name, choices, what in (("main-grads", MAIN_GRADS_DTYPES, "the gradient buffer and its reduction"),
                                 ("main-params", MAIN_PARAMS_DTYPES, "the master weights"),
                                 ("exp-avg", MOMENT_DTYPES, "Adam's first moment"),

@@ -47,17 +47,24 @@ def search_plan(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     if problem:
         raise UserError(problem)
     clear_search_caches()  # shared by this call's searches only (search/pruning.py)
-    if training.optimizer_states.precision_aware and constraints.distributed_optimizer is None:
-        constraints = replace(constraints, distributed_optimizer=True)  # Megatron-Core needs it for the switch
 
     def search(spec: TrainingSpec, incumbent: float = math.inf) -> Optional[SearchResult]:
+        pinned = _optimizer_constraints(constraints, spec)
         if choose_recompute_modules:
-            return search_module_sets(_module_set_searcher(model, cluster, space, constraints), model, spec,
-                                      constraints, progress, incumbent)
-        return _search_space(model, cluster, spec, space, constraints, progress, incumbent)
+            return search_module_sets(_module_set_searcher(model, cluster, space, pinned), model, spec,
+                                      pinned, progress, incumbent)
+        return _search_space(model, cluster, spec, space, pinned, progress, incumbent)
 
     overlap = (dict(tp_comm_overlap=True),) if choose_tp_comm_overlap and not training.tp_comm_overlap else ()
     return _search_with_switches(search, training, (*overlap, *switches))
+
+
+def _optimizer_constraints(constraints: SearchConstraints, training: TrainingSpec) -> SearchConstraints:
+    """The distributed optimizer pinned on wherever the precision-aware optimizer runs (Megatron-Core refuses
+    the switch without it)."""
+    if training.optimizer_states.precision_aware and constraints.distributed_optimizer is None:
+        return replace(constraints, distributed_optimizer=True)
+    return constraints
 
 
 def _search_with_switches(search, training: TrainingSpec, switches: tuple[dict, ...]) -> SearchResult:
@@ -90,6 +97,8 @@ def _space_problem(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
                 "runtime builds no MTP modules): search the megatron space")
     if space == "hybrid" and (training.cuda_graph_impl != "none" or training.offload_modules):
         return _HOST_KNOBS_HYBRID
+    if space == "hybrid" and training.optimizer_states.precision_aware:
+        return _PRECISION_AWARE_HYBRID
     if space == "hybrid" and training.moe_ep_overlap:
         return ("--overlap-moe-expert-parallel-comm runs Megatron-Core's combined 1F1B schedule, which the hybrid "
                 "space does not plan (its runtime runs its own schedule): search the megatron space")
@@ -103,7 +112,14 @@ _HOST_KNOBS_HYBRID = ("CUDA graphs and activation offloading are Megatron-LM's; 
 def _switches_problem(switches: tuple[dict, ...], space: str) -> Optional[str]:
     """Why the search cannot weigh these switches in `space`, or None."""
     knobs = {"cuda_graph_impl", "offload_modules"}
+    if space == "hybrid" and any("optimizer_states" in switch for switch in switches):
+        return _PRECISION_AWARE_HYBRID
     return _HOST_KNOBS_HYBRID if space == "hybrid" and any(knobs & set(switch) for switch in switches) else None
+
+
+_PRECISION_AWARE_HYBRID = ("--use-precision-aware-optimizer runs Transformer Engine's FusedAdam under Megatron-LM; "
+                           "the hybrid space's plans run on megatron-auto's runtime, which keeps fp32 Adam states: "
+                           "search the megatron space")
 
 
 def _module_set_searcher(model: ModelSpec, cluster: ClusterSpec, space: str, constraints: SearchConstraints):
