@@ -155,10 +155,11 @@ def render(results: list[PricedRun]) -> str:
              "(global batch x sequence / (tokens/s/GPU x GPUs)), or for the Megatron-LM README rows its TFLOP/s "
              "under Megatron-LM's FLOP count. Layout: the row's own (v and mbs: estimate's pick where the source "
              "is silent); NeMo's rows also reduce gradients in bf16 and overlap TP communication (their "
-             "recipes, megatron_auto/published_runs.py); NeMo 24.07's Nemotron-4 340B FP8, whose recipe is not "
-             "public, keeps FP8 weights (--fp8-param-gather) as NVIDIA's DGX Cloud recipe of the same layout "
-             "does (SAME_LAYOUT_RECIPES there). Planner: `megatron-auto plan` for the same job, with "
-             "its predicted speed-up over the row's layout.", "",
+             "recipes, megatron_auto/published_runs.py), and every row carries what its recipe ran beyond its "
+             "table, read in the recipe code (the rows' notes in data/published_h100/more_runs.json; for the "
+             "shared rows data/published_h100/recipes/shared_rows.json: NeMo 24.07's Nemotron-4 340B FP8, whose "
+             "recipe is not public, runs the knobs of NVIDIA's DGX Cloud recipe of the same layout). Planner: "
+             "`megatron-auto plan` for the same job, with its predicted speed-up over the row's layout.", "",
              "| run | precision | GPUs | layout | measured s | predicted s | error | fits | device GiB | planner |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     lines += [row_line(r) for r in results]

@@ -97,7 +97,12 @@ def _model_of(row: dict) -> dict:
         model.update(hidden_dropout=0.0, attention_dropout=0.0)
     if row.get("swiglu"):
         model.update(normalization="RMSNorm", add_bias_linear=False, position_embedding_type="rope")
-    return model
+    elif (row.get("model") or "").startswith("Nemotron"):
+        # NeMo-Framework-Launcher conf/training/nemotron/nemotron_8b.yaml (bias: false, position_embedding_type:
+        # rope, squared-relu, layernorm1p) and NeMo 2's NemotronConfig: no linear biases, RoPE; LayerNorm1p and
+        # squared ReLU cost what LayerNorm and GeLU cost (specs/model.py).
+        model.update(add_bias_linear=False, position_embedding_type="rope")
+    return {**model, **row.get("model_overrides", {})}
 
 
 def _keeps_dropout(row: dict) -> bool:
@@ -161,21 +166,23 @@ MEGATRON_README_RECIPE = ("Megatron-LM README, 'Training Speed and Scalability' 
 """What the Megatron-LM README says its scaling runs turned on; gradients stay in fp32 (Megatron-LM's default
 under bf16)."""
 
-SAME_LAYOUT_RECIPES = {
-    "nemo2407_nemotron4_340b_fp8": (
-        ("--fp8-param-gather",),
-        "NVIDIA/dgxc-benchmarking nemotron/configure.sh@35a9aec (+model.fp8_params=${FP8_ENABLED^}, NeMo 24.09): "
-        "the same layout (TP8 PP8 VP12 MBS1, GBS 32 on 128 GPUs), 3.16 s per step in its README_340b.md@143b90d"),
-}
-"""Knobs of shared rows whose source names no recipe, taken from NVIDIA's public recipe of the same layout on
-the same GPUs at the same speed (row id: flags, source). NeMo 24.07's Nemotron-4 340B has no
-NeMo-Framework-Launcher example script, and launcher_scripts/conf/training/nemotron/nemotron_340b.yaml leaves
-FP8 off."""
+SHARED_ROW_RECIPES = Path(__file__).resolve().parents[1] / "data" / "published_h100" / "recipes" / "shared_rows.json"
+"""What the recipes of the shared rows (shared/reference/published_h100/runs.json, read-only) ran beyond their
+table, read in the recipe code with citations: per row id, `estimate_flags` to add and row `fields` to set."""
+
+
+def with_recipe_audit(row: dict, audits: dict) -> dict:
+    """`row` with its audit entry (SHARED_ROW_RECIPES) applied: its fields set, its estimate flags added."""
+    entry = audits.get(row["id"])
+    if entry is None:
+        return row
+    return {**row, **entry.get("fields", {}),
+            "estimate_flags": [*row.get("estimate_flags", ()), *entry.get("estimate_flags", ())]}
 
 
 def _recipe_flags(row: dict) -> list[str]:
-    """The knobs the row's recipe turns beyond its table (NEMO_RECIPE_SOURCE, MEGATRON_README_RECIPE,
-    SAME_LAYOUT_RECIPES, and the row's own RECIPE_KNOBS, e.g. its FP8 recipe, dispatcher and EP overlap; NeMo's
+    """The knobs the row's recipe turns beyond its table (NEMO_RECIPE_SOURCE, MEGATRON_README_RECIPE, and the
+    row's own RECIPE_KNOBS (for a shared row, those of its SHARED_ROW_RECIPES entry), e.g. its FP8 recipe, dispatcher and EP overlap; NeMo's
     and Megatron-Bridge's MoE recipes also batch the experts' GEMMs, moe_grouped_gemm; the Megatron-Core MoE
     README states none). Every row ran Megatron's fused bias + activation and, with Transformer Engine, its
     fused RoPE: Megatron-LM's defaults, and set in NeMo's model configs (LlamaConfig: bias_activation_fusion,
@@ -183,8 +190,7 @@ def _recipe_flags(row: dict) -> list[str]:
     Grok-1 config keeps moe_grouped_gemm false; NeMo 25.04's DeepSeek-V3 reduces gradients in fp32)."""
     overlap = ["--tp-comm-overlap"] if row["tp"] > 1 else []
     grouped = ["--moe-grouped-gemm"] if row.get("num_experts") or row.get("model_preset") else []
-    same_layout = SAME_LAYOUT_RECIPES.get(row["id"], ((), ""))[0]
-    fusions = ["--bias-fusions", "on", "--rope-fusion", *_row_flags(row)[1], *same_layout]
+    fusions = ["--bias-fusions", "on", "--rope-fusion", *_row_flags(row)[1]]
     if "NeMo" in row["framework"]:
         defaults = [flag for flag in ("--grad-reduce-in-bf16", *overlap, *grouped)
                     if flag not in row.get("recipe_defaults_off", ())]
@@ -213,10 +219,11 @@ def run_from_row(row: dict) -> PublishedRun:
 
 
 def load_runs(*paths: Path) -> list[PublishedRun]:
-    """Every row of the given runs.json files."""
+    """Every row of the given runs.json files, each with its recipe audit (SHARED_ROW_RECIPES) applied."""
     from dataclasses import replace
 
-    return [replace(run_from_row(row), collection="/".join(Path(path).parts[-3:]))
+    audits = json.loads(SHARED_ROW_RECIPES.read_text())["rows"]
+    return [replace(run_from_row(with_recipe_audit(row, audits)), collection="/".join(Path(path).parts[-3:]))
             for path in paths for row in json.loads(Path(path).read_text())["rows"]]
 
 

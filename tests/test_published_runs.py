@@ -135,13 +135,22 @@ def test_the_summary_parts_rows_that_state_their_micro_batch_from_those_left_to_
                                             "- micro-batch left to estimate: 1 rows, mean |error| 20.00%"]
 
 
-def test_a_shared_row_without_a_recipe_takes_the_knobs_of_nvidia_s_recipe_for_the_same_layout():
-    from megatron_auto.published_runs import SAME_LAYOUT_RECIPES
+def test_each_shared_row_s_recipe_audit_names_its_source_and_reaches_the_row():
+    """data/published_h100/recipes/shared_rows.json: what the shared rows' recipes ran, with a cited source,
+    applied to the row as its own estimate flags and fields (the 340B takes the DGX Cloud recipe of its layout)."""
+    from megatron_auto.published_runs import SHARED_ROW_RECIPES, with_recipe_audit
 
+    audits = json.loads(SHARED_ROW_RECIPES.read_text())["rows"]
     rows = {row["id"]: row for row in json.loads(SHARED.read_text())["rows"]}
-    for row_id, (knobs, source) in SAME_LAYOUT_RECIPES.items():
-        run = run_from_row(rows[row_id])
-        assert run.recipe[-len(knobs):] == knobs and "@" in source
+    assert set(audits) <= set(rows) and all("@" in entry["source"] for entry in audits.values())
+    nemotron = run_from_row(with_recipe_audit(rows["nemo2407_nemotron4_340b_fp8"], audits))
+    assert "--fp8-param-gather" in nemotron.recipe and "--recompute selective" in " ".join(nemotron.flags)
+    assert nemotron.model["add_bias_linear"] is False and nemotron.model["position_embedding_type"] == "rope"
+    gpt3 = run_from_row(with_recipe_audit(rows["nemo2407_gpt3_175b_512gpu_fp8"], audits)).model
+    assert gpt3["hidden_dropout"] == gpt3["attention_dropout"] == 0.0  # its 175b_mlperf.yaml
+    fp32_grads = run_from_row(with_recipe_audit(rows["nemo2407_nemotron3_8b_fp8"], audits))
+    assert "--grad-reduce-in-bf16" not in fp32_grads.recipe
+    assert with_recipe_audit(ROW, audits) is ROW  # a row without an audit is left as it is
     assert "--fp8-param-gather" not in run_from_row(ROW).recipe
 
 
