@@ -31,7 +31,7 @@ def training(*modules: str) -> TrainingSpec:
     return TrainingSpec(global_batch_size=64, recompute_modules=modules or ("core_attn",))
 
 
-@pytest.mark.parametrize("modules", [(), ("core_attn", "core_attn"), ("moe_act",), ("mlp", "attention")])
+@pytest.mark.parametrize("modules", [(), ("core_attn", "core_attn"), ("moe_ac",), ("mlp", "attention")])
 def test_modules_must_be_distinct_known_names(modules):
     with pytest.raises(ValueError, match="recompute modules must be distinct names among core_attn, mlp, layernorm, "
                                          "moe, shared_experts"):
@@ -119,3 +119,32 @@ def test_estimate_prices_the_modules_it_is_given(capsys):
     assert results["mlp"]["peak_memory_gib"] < results["core_attn"]["peak_memory_gib"]
     assert results["mlp"]["iteration_time_s"] > results["core_attn"]["iteration_time_s"]
     assert results["mlp"]["megatron_flags"][-4:-2] == ["--recompute-modules", "mlp"]
+
+
+def test_moe_act_drops_fc2_s_input_and_runs_the_activation_again():
+    """--recompute-modules moe_act (priced when given, not searched or run here): the experts keep fc1's output
+    and not fc2's input, f per routed copy in 16-bit (in FP8 fc2's own 1-byte copy stays), and the backward
+    re-runs the activation pass; the grouped GEMM and a non-delayed FP8 recipe are needed, as in Megatron-Core."""
+    from megatron_auto.cost.moe import expert_cost, expert_tokens
+
+    strategy = LayerStrategy(tp=1, dp=8, ep=8, recompute="selective")
+    grouped = TrainingSpec(global_batch_size=64, moe_grouped_gemm=True, bias_activation_fusion=True)
+    base, act = (expert_cost(MOE_SHARED, strategy, 1, 4096, H100, replace(grouped, recompute_modules=modules))
+                 for modules in (("core_attn",), ("core_attn", "moe_act")))
+    copies = expert_tokens(MOE_SHARED, 4096, 1, strategy, 1.0)
+    f = MOE_SHARED.moe.expert_ffn_hidden_size
+    assert base.activation_bytes - act.activation_bytes == pytest.approx(2 * copies * f)
+    from megatron_auto.cost.kernel_rates import elementwise_bandwidth
+
+    # SwiGLU's activation pass: 5f bytes-per-element per copy in bf16 (expert_memory_bytes), at HBM pace.
+    assert base.recompute_s == 0.0
+    assert act.recompute_s == pytest.approx(2 * 5 * f * copies / elementwise_bandwidth(H100))
+    assert act.recompute_s < act.forward_s
+    fp8 = replace(grouped, precision="fp8", fp8_recipe="tensorwise")
+    base8, act8 = (expert_cost(MOE_SHARED, strategy, 1, 4096, H100, replace(fp8, recompute_modules=modules))
+                   for modules in (("core_attn",), ("core_attn", "moe_act")))
+    assert act8.activation_bytes == pytest.approx(base8.activation_bytes)  # fc2's FP8 copy is what stays
+    with pytest.raises(ValueError, match="needs --moe-grouped-gemm"):
+        TrainingSpec(global_batch_size=8, recompute_modules=("moe_act",))
+    with pytest.raises(ValueError, match="delayed scaling"):
+        replace(fp8, fp8_recipe="delayed", recompute_modules=("moe_act",))

@@ -12,7 +12,7 @@ from ..plan import RECOMPUTE_KINDS, SPACES
 from ..specs.optimizer_states import MAIN_GRADS_DTYPES, MAIN_PARAMS_DTYPES, MOMENT_DTYPES
 from ..specs.host_knobs import CUDA_GRAPH_IMPLS, DEFAULT_MIN_OFFLOADED_TENSOR_SIZE, OFFLOAD_MODULES
 from ..specs.training import (DEFAULT_MOE_LOAD_IMBALANCE, FLEX_DISPATCHER_BACKENDS, MOE_TOKEN_DISPATCHERS,
-                              RECOMPUTE_MODULES)
+                              PRICED_ONLY_RECOMPUTE_MODULES, RECOMPUTE_MODULES)
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 """What a profile measures in."""
@@ -235,10 +235,12 @@ def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) ->
                         help="layer spec to price, Megatron-LM's names (default: transformer_engine on GPU "
                              "clusters, Megatron-LM's default; local on cpu-gloo). Transformer Engine fuses "
                              "the norms into the next GEMM, so recomputing layernorm frees nothing there")
-    parser.add_argument("--recompute-modules", nargs="+", choices=RECOMPUTE_MODULES, default=None,
-                        metavar="MODULE", help="what selective recomputation re-runs, Megatron-LM's names: "
-                                               f"{', '.join(RECOMPUTE_MODULES)} (default: plan searches every "
-                                               "set the model can run; estimate prices core_attn)")
+    parser.add_argument("--recompute-modules", nargs="+", choices=(*RECOMPUTE_MODULES, *PRICED_ONLY_RECOMPUTE_MODULES),
+                        default=None, metavar="MODULE",
+                        help="what selective recomputation re-runs, Megatron-LM's names: "
+                             f"{', '.join(RECOMPUTE_MODULES)} (default: plan searches every set the model can run; "
+                             "estimate prices core_attn); moe_act (the experts' activation, with --moe-grouped-gemm) "
+                             "is priced when given, for Megatron-LM runs")
     parser.add_argument("--profile", action="append", metavar="FILE",
                         help="measured cluster and/or model profile JSON (profile-cluster, profile-model); "
                              "repeat for both. Without it the cost model is analytic")

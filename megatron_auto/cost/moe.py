@@ -234,6 +234,11 @@ def expert_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: 
     inner = expert_saved_width(layer.swiglu, training.bias_activation_fusion) * f
     # In FP8, TE's grouped linear layers keep their inputs (fc1's h, fc2's f) as FP8 copies, 1 byte each.
     fp8_saved = (word - 1) * processed * (h + f) if training.fp8 else 0.0
+    if strategy.recompute == "selective" and "moe_act" in training.selective_modules(layer):
+        # The activation's checkpoint keeps its input, fc1's output, and discards what it computes: fc2's input
+        # is re-made in backward (experts.py, CheckpointWithoutOutput); in FP8, fc2's own FP8 copy stays.
+        inner = fc1_width(layer.swiglu) * f
+        fp8_saved = (word - 1) * processed * h - processed * f if training.fp8 else 0.0
     tokens = local_tokens(seq, samples, strategy)
     k, experts = layer.moe.router_topk, layer.moe.num_experts
     allgather = training.moe_token_dispatcher == "allgather"
@@ -241,6 +246,22 @@ def expert_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: 
     map_columns = experts * (strategy.expert_tp if allgather else 1)
     source = tokens * (k * (INDEX_BYTES + word) + map_columns * (1 + word)) + sorted_index
     return word * processed * (h + inner + 1) + source - fp8_saved
+
+
+def fc1_width(swiglu: bool) -> int:
+    """fc1's output per processed copy in units of the expert's ffn width: gate and linear halves under SwiGLU."""
+    return 2 if swiglu else 1
+
+
+def activation_recompute_seconds(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
+                                 cluster: ClusterSpec, training: TrainingSpec) -> float:
+    """The experts' activation run again in backward under selective moe_act: the activation pass of the
+    forward's memory-bound bytes (expert_memory_bytes: (5 with SwiGLU, else 2) f per processed copy)."""
+    if strategy.recompute != "selective" or "moe_act" not in training.selective_modules(layer):
+        return 0.0
+    processed = expert_tokens(layer, seq, samples, strategy, training.moe_load_imbalance)
+    f = layer.moe.expert_ffn_hidden_size / strategy.expert_tp
+    return training.activation_bytes * processed * (5 if layer.swiglu else 2) * f / elementwise_bandwidth(cluster)
 
 
 def expert_saved_width(swiglu: bool, bias_activation_fusion: bool) -> int:
@@ -277,7 +298,8 @@ def expert_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: in
     return ExpertCost(
         forward_s=forward,
         backward_s=backward,
-        recompute_s=forward if replayed else 0.0,
+        recompute_s=forward if replayed else activation_recompute_seconds(layer, seq, samples, strategy, cluster,
+                                                                          training),
         comm_s=(3 if replayed else 2) * dispatch,
         zero3_s=zero3_comm_time(params, view, cluster, training, replayed),
         dp_comm_per_iteration_s=dp_comm_time(params, view, cluster, training),

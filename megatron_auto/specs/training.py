@@ -24,9 +24,13 @@ FLEX_DISPATCHER_BACKENDS = ("deepep", "hybridep")
 DEFAULT_MOE_LOAD_IMBALANCE = 1.0
 RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe", "shared_experts", "mla_up_proj")
 """Megatron-Core's --recompute-modules that are priced and run here."""
-MOE_RECOMPUTE_MODULES = ("moe", "shared_experts")
+PRICED_ONLY_RECOMPUTE_MODULES = ("moe_act",)
+"""Megatron-Core's --recompute-modules that are priced when given but neither searched nor run here: moe_act, the
+experts' activation (output-discarding checkpoint, transformer/moe/experts.py), which needs the grouped GEMM's
+CUDA kernel."""
+MOE_RECOMPUTE_MODULES = ("moe", "shared_experts", "moe_act")
 """The ones that act on MoE layers alone: the whole MoELayer (router, dispatch, experts, combine and the
-shared expert) and the shared expert (megatron/core/transformer/moe/moe_layer.py)."""
+shared expert), the shared expert (megatron/core/transformer/moe/moe_layer.py) and the experts' activation."""
 DEFAULT_RECOMPUTE_MODULES = ("core_attn",)
 """Megatron-LM's default --recompute-modules."""
 PRECISIONS = ("bf16", "fp16", "fp32", "fp8")
@@ -204,15 +208,20 @@ class TrainingSpec(CachedHash):
         return self.precision == "fp8"
 
     def _check_recompute_modules(self) -> None:
-        modules = self.recompute_modules
-        if not modules or len(set(modules)) != len(modules) or not set(modules) <= set(RECOMPUTE_MODULES):
-            raise ValueError(f"recompute modules must be distinct names among {', '.join(RECOMPUTE_MODULES)}, "
+        modules, known = self.recompute_modules, (*RECOMPUTE_MODULES, *PRICED_ONLY_RECOMPUTE_MODULES)
+        if not modules or len(set(modules)) != len(modules) or not set(modules) <= set(known):
+            raise ValueError(f"recompute modules must be distinct names among {', '.join(known)}, "
                              f"got {' '.join(modules) or 'none'}")
+        if "moe_act" in modules and not self.moe_grouped_gemm:
+            raise ValueError("--recompute-modules moe_act needs --moe-grouped-gemm (as in Megatron-Core)")
+        if "moe_act" in modules and self.fp8 and self.fp8_recipe == "delayed":
+            raise ValueError("--recompute-modules moe_act does not run under FP8 delayed scaling (as in Megatron-Core)")
 
     def selective_modules(self, layer) -> frozenset[str]:
         """What selective recomputation re-runs in `layer` (a LayerSpec), in the cost model's terms: core_attn,
         layernorm, mlp (the dense part's MLP: a dense layer's, or a MoE layer's shared expert) and moe (the
-        routed experts with their router and dispatch), mla_up_proj (an MLA layer's up projections and RoPE).
+        routed experts with their router and dispatch), mla_up_proj (an MLA layer's up projections and RoPE),
+        moe_act (the routed experts' activation).
 
         Megatron-Core's transformer_layer.py sets recompute_mlp only for layers whose MLP is not a MoELayer
         and recomputes no fused norm (a MoE layer's pre-MLP norm, a module of its own even in TE's spec, is
@@ -225,7 +234,7 @@ class TrainingSpec(CachedHash):
             modules -= {"mla_up_proj"}
         if layer.moe is None:
             return modules - set(MOE_RECOMPUTE_MODULES)
-        recomputed = modules & {"core_attn", "layernorm", "moe", "mla_up_proj"}
+        recomputed = modules & {"core_attn", "layernorm", "moe", "mla_up_proj", "moe_act"}
         if layer.moe.shared_expert_ffn_hidden_size and modules & set(MOE_RECOMPUTE_MODULES):
             recomputed |= {"mlp"}
         return recomputed
