@@ -12,6 +12,9 @@ from .host_knobs import DEFAULT_MIN_OFFLOADED_TENSOR_SIZE, cuda_graph_problem, o
 from .model import _check_version
 from .optimizer_states import OptimizerStates
 
+DEFAULT_OPTIMIZER_STATES = OptimizerStates()
+"""fp32 masters, moments and gradients: Megatron-Core's optimizer without the precision-aware switch."""
+
 TRAINING_SCHEMA_VERSION = 1
 GIB = 1024**3
 MOE_TOKEN_DISPATCHERS = ("alltoall", "allgather", "flex")
@@ -28,6 +31,8 @@ PRICED_ONLY_RECOMPUTE_MODULES = ("moe_act",)
 """Megatron-Core's --recompute-modules that are priced when given but neither searched nor run here: moe_act, the
 experts' activation (output-discarding checkpoint, transformer/moe/experts.py), which needs the grouped GEMM's
 CUDA kernel."""
+_KNOWN_RECOMPUTE_MODULES = (*RECOMPUTE_MODULES, *PRICED_ONLY_RECOMPUTE_MODULES)
+_KNOWN_RECOMPUTE_SET = frozenset(_KNOWN_RECOMPUTE_MODULES)
 MOE_RECOMPUTE_MODULES = ("moe", "shared_experts", "moe_act")
 """The ones that act on MoE layers alone: the whole MoELayer (router, dispatch, experts, combine and the
 shared expert), the shared expert (megatron/core/transformer/moe/moe_layer.py) and the experts' activation."""
@@ -73,7 +78,7 @@ class TrainingSpec(CachedHash):
     """Bytes of Adam state per parameter: fp32 master copy, momentum and variance.
     (Megatron-LM docs/distrib_optimizer: 18 bytes/param = 2 + 4 + 12 without sharding.) Under the
     precision-aware optimizer, what `optimizer_states` keeps (set from it)."""
-    optimizer_states: OptimizerStates = OptimizerStates()
+    optimizer_states: OptimizerStates = DEFAULT_OPTIMIZER_STATES
     """--use-precision-aware-optimizer and its dtypes (specs/optimizer_states.py): they set optimizer_bytes and,
     with bf16 main gradients, grad_bytes."""
     memory_budget_bytes: int = 0
@@ -179,6 +184,8 @@ class TrainingSpec(CachedHash):
     def _apply_optimizer_states(self) -> None:
         """Megatron-Core's checks of the precision-aware optimizer, and the bytes its states keep."""
         states = self.optimizer_states
+        if states is DEFAULT_OPTIMIZER_STATES:  # the common case, and every search's replace() of it
+            return
         problem = states.problem()
         if problem:
             raise ValueError(problem)
@@ -208,13 +215,15 @@ class TrainingSpec(CachedHash):
         return self.precision == "fp8"
 
     def _check_recompute_modules(self) -> None:
-        modules, known = self.recompute_modules, (*RECOMPUTE_MODULES, *PRICED_ONLY_RECOMPUTE_MODULES)
-        if not modules or len(set(modules)) != len(modules) or not set(modules) <= set(known):
-            raise ValueError(f"recompute modules must be distinct names among {', '.join(known)}, "
+        modules = self.recompute_modules
+        if not modules or len(set(modules)) != len(modules) or not _KNOWN_RECOMPUTE_SET.issuperset(modules):
+            raise ValueError(f"recompute modules must be distinct names among {', '.join(_KNOWN_RECOMPUTE_MODULES)}, "
                              f"got {' '.join(modules) or 'none'}")
-        if "moe_act" in modules and not self.moe_grouped_gemm:
+        if "moe_act" not in modules:
+            return
+        if not self.moe_grouped_gemm:
             raise ValueError("--recompute-modules moe_act needs --moe-grouped-gemm (as in Megatron-Core)")
-        if "moe_act" in modules and self.fp8 and self.fp8_recipe == "delayed":
+        if self.fp8 and self.fp8_recipe == "delayed":
             raise ValueError("--recompute-modules moe_act does not run under FP8 delayed scaling (as in Megatron-Core)")
 
     def selective_modules(self, layer) -> frozenset[str]:
