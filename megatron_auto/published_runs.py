@@ -182,12 +182,13 @@ def with_recipe_audit(row: dict, audits: dict) -> dict:
 
 def _recipe_flags(row: dict) -> list[str]:
     """The knobs the row's recipe turns beyond its table (NEMO_RECIPE_SOURCE, MEGATRON_README_RECIPE, and the
-    row's own RECIPE_KNOBS (for a shared row, those of its SHARED_ROW_RECIPES entry), e.g. its FP8 recipe, dispatcher and EP overlap; NeMo's
-    and Megatron-Bridge's MoE recipes also batch the experts' GEMMs, moe_grouped_gemm; the Megatron-Core MoE
-    README states none). Every row ran Megatron's fused bias + activation and, with Transformer Engine, its
-    fused RoPE: Megatron-LM's defaults, and set in NeMo's model configs (LlamaConfig: bias_activation_fusion,
-    apply_rope_fusion True). A row's `recipe_defaults_off` names the defaults its recipe did not turn (NeMo 1.x's
-    Grok-1 config keeps moe_grouped_gemm false; NeMo 25.04's DeepSeek-V3 reduces gradients in fp32)."""
+    row's own RECIPE_KNOBS, for a shared row those of its SHARED_ROW_RECIPES entry: e.g. its FP8 recipe,
+    dispatcher and EP overlap; NeMo's and Megatron-Bridge's MoE recipes also batch the experts' GEMMs,
+    moe_grouped_gemm; the Megatron-Core MoE README states none). Every row ran Megatron's fused bias +
+    activation and, with Transformer Engine, its fused RoPE: Megatron-LM's defaults, and set in NeMo's model
+    configs (LlamaConfig: bias_activation_fusion, apply_rope_fusion True). A row's `recipe_defaults_off` names
+    the defaults its recipe did not turn (NeMo 1.x's Grok-1 config keeps moe_grouped_gemm false; NeMo 25.04's
+    DeepSeek-V3 reduces gradients in fp32)."""
     overlap = ["--tp-comm-overlap"] if row["tp"] > 1 else []
     grouped = ["--moe-grouped-gemm"] if row.get("num_experts") or row.get("model_preset") else []
     fusions = ["--bias-fusions", "on", "--rope-fusion", *_row_flags(row)[1]]

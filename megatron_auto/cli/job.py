@@ -129,8 +129,7 @@ def recipe_options(args: argparse.Namespace, precision: str, on_gpu: bool) -> di
 
 def precision_aware_arg(args: argparse.Namespace) -> str:
     """--use-precision-aware-optimizer: on, off or search."""
-    value = getattr(args, "use_precision_aware_optimizer", "off")
-    return {True: "on", False: "off"}.get(value, value)
+    return getattr(args, "use_precision_aware_optimizer", "off")
 
 
 def optimizer_states_arg(args: argparse.Namespace, switched: bool = False) -> OptimizerStates:

@@ -235,8 +235,8 @@ def add_job_arguments(parser: argparse.ArgumentParser, required: bool = True) ->
                         help="layer spec to price, Megatron-LM's names (default: transformer_engine on GPU "
                              "clusters, Megatron-LM's default; local on cpu-gloo). Transformer Engine fuses "
                              "the norms into the next GEMM, so recomputing layernorm frees nothing there")
-    parser.add_argument("--recompute-modules", nargs="+", choices=(*RECOMPUTE_MODULES, *PRICED_ONLY_RECOMPUTE_MODULES),
-                        default=None, metavar="MODULE",
+    parser.add_argument("--recompute-modules", nargs="+", default=None, metavar="MODULE",
+                        choices=(*RECOMPUTE_MODULES, *PRICED_ONLY_RECOMPUTE_MODULES),
                         help="what selective recomputation re-runs, Megatron-LM's names: "
                              f"{', '.join(RECOMPUTE_MODULES)} (default: plan searches every set the model can run; "
                              "estimate prices core_attn); moe_act (the experts' activation, with --moe-grouped-gemm) "

@@ -234,10 +234,10 @@ def expert_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: 
     inner = expert_saved_width(layer.swiglu, training.bias_activation_fusion) * f
     # In FP8, TE's grouped linear layers keep their inputs (fc1's h, fc2's f) as FP8 copies, 1 byte each.
     fp8_saved = (word - 1) * processed * (h + f) if training.fp8 else 0.0
-    if strategy.recompute == "selective" and "moe_act" in training.selective_modules(layer):
+    if activation_recomputed(layer, strategy, training):
         # The activation's checkpoint keeps its input, fc1's output, and discards what it computes: fc2's input
         # is re-made in backward (experts.py, CheckpointWithoutOutput); in FP8, fc2's own FP8 copy stays.
-        inner = fc1_width(layer.swiglu) * f
+        inner = (2 if layer.swiglu else 1) * f
         fp8_saved = (word - 1) * processed * h - processed * f if training.fp8 else 0.0
     tokens = local_tokens(seq, samples, strategy)
     k, experts = layer.moe.router_topk, layer.moe.num_experts
@@ -248,16 +248,16 @@ def expert_activation_bytes(layer: LayerSpec, seq: int, samples: int, strategy: 
     return word * processed * (h + inner + 1) + source - fp8_saved
 
 
-def fc1_width(swiglu: bool) -> int:
-    """fc1's output per processed copy in units of the expert's ffn width: gate and linear halves under SwiGLU."""
-    return 2 if swiglu else 1
+def activation_recomputed(layer: LayerSpec, strategy: LayerStrategy, training: TrainingSpec) -> bool:
+    """Whether the backward re-runs the experts' activation alone: selective recompute with moe_act."""
+    return strategy.recompute == "selective" and "moe_act" in training.selective_modules(layer)
 
 
 def activation_recompute_seconds(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
                                  cluster: ClusterSpec, training: TrainingSpec) -> float:
     """The experts' activation run again in backward under selective moe_act: the activation pass of the
     forward's memory-bound bytes (expert_memory_bytes: (5 with SwiGLU, else 2) f per processed copy)."""
-    if strategy.recompute != "selective" or "moe_act" not in training.selective_modules(layer):
+    if not activation_recomputed(layer, strategy, training):
         return 0.0
     processed = expert_tokens(layer, seq, samples, strategy, training.moe_load_imbalance)
     f = layer.moe.expert_ffn_hidden_size / strategy.expert_tp
