@@ -111,7 +111,7 @@ def test_nothing_fits_under_any_set_is_the_usual_one_line():
 
 def test_plan_chooses_the_modules_unless_they_are_given(capsys):
     base = ["plan", "--model", "llama2-7b", "--cluster", "dgx-h100-80gb", "--global-batch-size", "64",
-            "--memory-budget-gib", "30", "--space", "hybrid", "--json"]
+            "--memory-budget-gib", "20", "--space", "hybrid", "--json"]
     assert main(base) == 0
     chosen = json.loads(capsys.readouterr().out)
     assert main(base + ["--recompute-modules", "core_attn"]) == 0

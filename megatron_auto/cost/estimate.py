@@ -9,6 +9,7 @@ from ..plan import (Chunk, LayerStrategy, Plan, Prediction, TimeBreakdown, check
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import GIB, TrainingSpec
+from .comm_interference import interference_share
 from .communication import pipeline_p2p_time, transition_time
 from .context_parallel import gradient_strategy, local_model
 from .embedding import EmbeddingCost, PartCost, embedding_cost
@@ -75,6 +76,8 @@ class StageCost:
     """The multi-token prediction modules beside their layers (cost/mtp.py), on the stage of the LM head."""
     grad_overlap: float = 1.0
     """Share of the gradient traffic's overlap window that is really hidden (cost.models.CommModel)."""
+    interference: float = 0.0
+    """Share of the hidden gradient traffic's time the compute beside it loses (cost/comm_interference.py)."""
     sync_window_micro_batches: int = 1
     """How many micro-batches' backward a layer's gradient traffic overlaps (dp_sync_window)."""
     sync_unhidden: bool = False
@@ -104,7 +107,7 @@ class StageCost:
     def add_dp_comm(self, dp_comm_s: float, backward_s: float, count: int = 1) -> None:
         """Exposed gradient traffic of `count` units (see cost.pipeline.exposed_dp_time)."""
         hidden = dp_comm_s if self.sync_unhidden else exposed_dp_time(
-            dp_comm_s, self.sync_window_micro_batches * backward_s, self.grad_overlap)
+            dp_comm_s, self.sync_window_micro_batches * backward_s, self.grad_overlap, self.interference)
         first = dp_comm_s if self.units == 0 else hidden
         self.exposed_dp_s += first + (count - 1) * hidden
         self.units += count
@@ -151,8 +154,8 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
     overlap = comm_model(cluster).grad_overlap
     views = cluster.stage_clusters(plan.pipeline_parallel)
     window = dp_sync_window(plan)
-    stages = [StageCost(grad_overlap=overlap, step_overhead_s=runtime_overhead(view)[0],
-                        sync_window_micro_batches=window) for view in views]
+    stages = [StageCost(grad_overlap=overlap, interference=interference_share(view),
+                        step_overhead_s=runtime_overhead(view)[0], sync_window_micro_batches=window) for view in views]
     word = training.activation_bytes
     micro_samples = plan.global_batch_size // plan.num_micro_batches
     p2p = max(pipeline_p2p_time(model.hidden_size, model.seq_length, micro_samples, plan.gpus_per_stage,

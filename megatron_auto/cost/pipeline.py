@@ -26,7 +26,7 @@ def bubble_time(stage_times: Sequence[float], num_micro_batches: int, virtual_st
     return pipeline_time(stage_times, num_micro_batches, virtual_stages) - num_micro_batches * max(stage_times)
 
 
-def exposed_dp_time(dp_comm_s: float, backward_s: float, overlap: float = 1.0) -> float:
+def exposed_dp_time(dp_comm_s: float, backward_s: float, overlap: float = 1.0, interference: float = 0.0) -> float:
     """Gradient traffic of one layer left over after its overlap with backward.
 
     Megatron-Core's DDP (overlap_grad_reduce) reduces each layer's bucket while
@@ -34,9 +34,10 @@ def exposed_dp_time(dp_comm_s: float, backward_s: float, overlap: float = 1.0) -
     window is one layer's backward per bucket. The bucket finished last (the
     stage's first unit) has no window: callers charge it in full. `overlap` is the
     share of the window the machine really hides (1: all of it; a cluster profile's
-    measured `grad_overlap_fraction` otherwise).
+    measured `grad_overlap_fraction` otherwise). `interference`: the share of the hidden traffic's time that the
+    backward beside it loses to the collective's SMs (cost/comm_interference.py), charged on top.
     """
-    return dp_comm_s - overlap * min(dp_comm_s, backward_s)
+    return dp_comm_s - overlap * min(dp_comm_s, backward_s) * (1.0 - interference)
 
 
 def exposed_p2p_time(p2p_s: float, chunk_compute_s: float, virtual_stages: int, overlap: float = 1.0) -> float:

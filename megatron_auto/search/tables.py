@@ -12,6 +12,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..cost.comm_interference import interference_share
 from ..cost.communication import pipeline_p2p_time, transition_time
 from ..cost.embedding import embedding_cost
 from ..cost.estimate import StageCost, _add_part, optimizer_step_time
@@ -68,7 +69,8 @@ def layer_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 time[l, j] = np.inf
                 continue
             c = layer_cost(spec, strategy, micro_batch_samples // strategy.dp, model.seq_length, cluster, training)
-            hidden = exposed_dp_time(c.dp_comm_per_iteration_s, c.backward_s, comm_model(cluster).grad_overlap)
+            hidden = exposed_dp_time(c.dp_comm_per_iteration_s, c.backward_s, comm_model(cluster).grad_overlap,
+                                     interference_share(cluster))
             optimizer = optimizer_step_time(c.state_bytes, cluster, training.optimizer_impl)
             time[l, j] = c.micro_batch_s + (hidden + optimizer) / m
             first[l, j] = (c.dp_comm_per_iteration_s - hidden) / m
@@ -163,14 +165,14 @@ def stage_fixed(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
     the pace of the slowest group's links."""
     job = job or cluster
     parts = embedding_cost(model, embedding, micro_batch_samples // embedding.dp, cluster, training, pp)
-    acc = StageCost(grad_overlap=comm_model(cluster).grad_overlap)
+    acc = StageCost(grad_overlap=comm_model(cluster).grad_overlap, interference=interference_share(cluster))
     if stage == 0:
         _add_part(acc, parts.embedding)
     if stage < pp - 1:
         acc.micro_batch_s += max(pipeline_p2p_time(model.hidden_size, model.seq_length, micro_batch_samples,
                                                    job.world_size // pp, pp, view, training.activation_bytes)
                                  for view in dict.fromkeys(job.stage_clusters(pp)))
-    head = StageCost(units=1, grad_overlap=comm_model(cluster).grad_overlap)
+    head = StageCost(units=1, grad_overlap=comm_model(cluster).grad_overlap, interference=interference_share(cluster))
     if stage == pp - 1:
         _add_part(head, parts.head)
     in_flight = in_flight_micro_batches(stage, pp, num_micro_batches, 1, "1f1b")

@@ -39,6 +39,9 @@ class GpuSpec:
     sm_count: int = 0
     """Streaming multiprocessors, for the share that communication kernels take from a GEMM beside them
     (cost/tp_overlap.py); 0: not modelled."""
+    collective_sms: int = 0
+    """SMs one NCCL collective holds while it runs beside compute (one thread block per channel), for what hidden
+    traffic slows the compute beside it (cost/comm_interference.py); 0: not modelled."""
 
     host_link_bytes_per_s: float = 0.0
     """Achieved copy bandwidth between device and pinned host memory, each direction (PCIe), for activations

@@ -125,6 +125,9 @@ H100_COMPUTE = ComputeEfficiency(max_fraction=0.7435, half_dim=100.0, latency_s=
 # Host seconds per eager op of a Megatron-Core layer: the 7.5B layer at t=8 takes 1.68-1.73 ms forward and
 # 1.99-2.08 ms backward at micro-batch 1 and 2 alike (host-bound), over 66 and 86 ops (cost/layer_kernels.py).
 H100_KERNEL_LAUNCH_S = 25e-6
+# Thread blocks (one SM each) of one NCCL collective beside compute on an H100: 24, measured in an Nsight Systems
+# trace of an ncclAllGather beside a cuBLAS GEMM (cost/comm_interference.py gives the sources).
+H100_COLLECTIVE_SMS = 24
 
 # Device <-> pinned host copies over each GPU's own x16 link, one direction: the H100 SXM5 datasheet gives PCIe Gen5
 # 128 GB/s (both directions), the A100 SXM4 datasheet PCIe Gen4 64 GB/s. A copy reaches at most ~90% of the lanes'
@@ -163,7 +166,8 @@ CLUSTER_PRESETS: dict[str, ClusterSpec] = {
         name="dgx-h100-80gb", num_nodes=1, gpus_per_node=8,
         gpu=GpuSpec("H100-SXM5-80GB", 80 * GIB, 989e12, 3.35e12, kernel_launch_s=H100_KERNEL_LAUNCH_S,
                     usable_memory_bytes=H100_USABLE_BYTES, fp8_peak_flops=1979e12,  # FP8: datasheet, dense
-                    sm_count=132, host_link_bytes_per_s=H100_HOST_LINK_BYTES_PER_S),  # H100 SXM5 datasheet
+                    sm_count=132, host_link_bytes_per_s=H100_HOST_LINK_BYTES_PER_S,  # H100 SXM5 datasheet
+                    collective_sms=H100_COLLECTIVE_SMS),  # measured (cost/comm_interference.py)
         intra_node=LinkSpec(450e9, 5e-6, efficiency=0.78),   # NVLink 4, 450 GB/s each way
         inter_node=LinkSpec(50e9, 10e-6, efficiency=0.85),   # 1x NDR 400 Gb/s per GPU
         compute=H100_COMPUTE, **_CUDA_MEMORY,
@@ -201,6 +205,7 @@ def mixed_cluster(name: str, parts: tuple[tuple[ClusterSpec, int], ...]) -> Clus
                        kernel_launch_s=min(gpu.kernel_launch_s for gpu in gpus),
                        fp8_peak_flops=min(gpu.fp8_peak_flops for gpu in gpus),
                        sm_count=max(gpu.sm_count for gpu in gpus),
+                       collective_sms=min(gpu.collective_sms for gpu in gpus),
                        host_link_bytes_per_s=max(gpu.host_link_bytes_per_s for gpu in gpus))
     fastest_network = max((group.inter_node for group in groups), key=lambda link: link.effective_bandwidth)
     first = parts[0][0]

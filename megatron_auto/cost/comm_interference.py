@@ -1,0 +1,42 @@
+"""What hidden communication costs the compute beside it.
+
+Traffic that the schedule hides behind compute is not free: NCCL runs each collective as a kernel of its own, one
+thread block per channel, and every block holds a streaming multiprocessor for as long as the collective runs.
+The GEMMs and attention kernels launched beside it get the rest: while a collective of T seconds runs, the compute
+beside it advances at (S - c) / S of its pace, so the stage takes T x c / S longer than the compute alone. This
+module prices that for the traffic the cost model hides behind compute on NCCL's own kernels:
+- the gradient reduce-scatter (or all-reduce) and the parameter all-gather of data parallelism that run beside
+  the backward and the forward (Megatron-Core's DDP, overlap_grad_reduce and overlap_param_gather);
+- the K/V ring of context parallelism that runs beside the attention (TE's AttnFuncWithCPAndKVP2P sends and
+  receives through torch.distributed's P2P ops, which NCCL runs);
+- the token dispatch that the shared expert or the EP overlap hides (cost/shared_expert.py, cost/ep_overlap.py);
+- the sequence-parallel all-gathers that the backward issues asynchronously beside its input-gradient GEMM.
+TE's userbuffer overlap (--tp-comm-overlap) reserves its SMs itself and is priced in cost/tp_overlap.py; the
+pipeline's point-to-point transfers are small and left out.
+
+c, the SMs one collective holds (GpuSpec.collective_sms; specs/presets.py H100_COLLECTIVE_SMS), is measured: on an H100 an ncclAllGather beside
+a cuBLAS GEMM launched 24 blocks (NVIDIA developer forum, "Compute-Communication Overlap Causes Severe GEMM
+Performance Degradation because of Tail Effect", 2025, Nsight Systems trace; NCCL's own cap is 32 CTAs, the
+max_ctas default that megatron/core/parallel_state.py quotes). With the H100's 132 SMs that is an 18% slower
+compute while the traffic runs, which matches the mean slowdown measured for compute overlapped with
+communication on H100, A100 and MI250 (18.9%, at most 40%: "Characterizing Compute-Communication Overlap in
+GPU-Accelerated Distributed Deep Learning", arXiv 2507.03114). HBM contention and the extra waves a GEMM may need
+on fewer SMs come on top and are not priced. Where the GPU's SM count or c is not known (0), nothing is charged.
+"""
+from __future__ import annotations
+
+from ..specs.cluster import ClusterSpec
+
+
+def interference_share(cluster: ClusterSpec) -> float:
+    """c / S: the share of its SMs a GPU of `cluster` loses to one collective running beside compute; 0 where
+    either is not known."""
+    sms, taken = cluster.gpu.sm_count, cluster.gpu.collective_sms
+    if sms <= 0 or taken <= 0:
+        return 0.0
+    return min(taken, sms) / sms
+
+
+def interference_seconds(hidden_comm_s: float, cluster: ClusterSpec) -> float:
+    """Seconds the compute beside `hidden_comm_s` seconds of hidden collective traffic loses to it."""
+    return max(0.0, hidden_comm_s) * interference_share(cluster)
