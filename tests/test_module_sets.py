@@ -63,8 +63,7 @@ def test_the_command_line_prices_transformer_engine_on_gpus_unless_told_otherwis
     assert not training_spec(args, "dgx-h100-80gb", 64).fused_norms
 
 
-# Mixtral 8x7B on 32 H100s, batch 128 (7 sets, moe among them): the hybrid search recomputes moe, 3.267 s
-# against 3.274 s re-running core_attn.
+# Each case: model, global batch, memory budget GiB (0: the device's), space, nodes.
 CASES = [("llama2-7b", 64, 0, "megatron", 1), ("llama2-7b", 64, 0, "hybrid", 1), ("llama2-7b", 64, 60, "hybrid", 1),
          ("gpt3-1.7b", 64, 40, "hybrid", 1), ("mixtral-8x7b", 128, 0, "hybrid", 4)]
 

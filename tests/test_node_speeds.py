@@ -79,3 +79,17 @@ def test_a_profile_with_a_speed_out_of_range_is_one_line_and_exit_2(tmp_path, ca
     assert main([*JOB, "--profile", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "node_speeds are shares of the modelled speed" in err and "\n" not in err
+
+
+def test_estimate_of_a_plan_file_prices_the_node_speeds_given(tmp_path, capsys):
+    """A plan file scored with --node-speeds (or a profile's speeds) runs at them, as the same flags do."""
+    plan_path = tmp_path / "plan.json"
+    assert main([*JOB, "--out", str(plan_path)]) == 0
+    healthy = json.loads(capsys.readouterr().out)["iteration_time_s"]
+    scored = ["estimate", "--plan", str(plan_path), "--num-nodes", "4", "--gpus-per-node", "1", "--json"]
+    assert _seconds(capsys, scored) == pytest.approx(healthy, rel=1e-12)
+    assert _seconds(capsys, [*scored, "--node-speeds", "1", "1", "0.5", "1"]) > healthy
+    healthy_profile = ["--profile", _profile(tmp_path, (1.0,) * 4)]
+    as_flags = _seconds(capsys, [*scored, *healthy_profile, "--node-speeds", "1", "1", "0.5", "1"])
+    measured = _seconds(capsys, [*scored, "--profile", _profile(tmp_path, (1.0, 1.0, 0.5, 1.0))])
+    assert measured == pytest.approx(as_flags, rel=1e-12) and measured > _seconds(capsys, [*scored, *healthy_profile])

@@ -19,7 +19,8 @@ from ..search.uneven_split import best_split_plan, splits_as_given
 from ..specs import ClusterSpec, load_model
 from ..specs.training import recompute_modules_problem
 from .job import (attach_profiles, distributed_optimizer_arg, fit_cluster_to_world, graph_recompute_problem,
-                  load_cluster_arg, load_job, offload_job_problem, sequence_parallel_flag, training_spec)
+                  load_cluster_arg, load_job, offload_job_problem, sequence_parallel_flag, training_spec,
+                  with_speeds)
 from .output import flags_or_none, print_json, summary, write_plan
 
 SPLIT_FLAGS = ("decoder_first_pipeline_num_layers", "decoder_last_pipeline_num_layers",
@@ -144,7 +145,7 @@ def estimate_file(args: argparse.Namespace) -> Plan:
         if args.cluster:
             raise
         raise UserError(f"the plan's cluster '{cluster_name}' cannot be loaded ({error}); give --cluster") from None
-    cluster = attach_profiles(fit_cluster_to_world(cluster, plan.world_size, args), args)
+    cluster = with_speeds(attach_profiles(fit_cluster_to_world(cluster, plan.world_size, args), args), args)
     training = training_spec(args, cluster.name, args.global_batch_size or plan.global_batch_size)
     problem = (recompute_modules_problem(model.layers, training.recompute_modules)
                or offload_job_problem(cluster, training, ()))

@@ -233,6 +233,16 @@ def sequence_parallel_flag(args: argparse.Namespace) -> Optional[bool]:
     return args.sequence_parallel
 
 
+def with_speeds(cluster: ClusterSpec, args: argparse.Namespace) -> ClusterSpec:
+    """`cluster` with the user's --node-speeds, which stand in for any its profile measured, else the measured."""
+    if not getattr(args, "node_speeds", None):
+        return with_measured_speeds(cluster)
+    try:
+        return with_node_speeds(cluster, tuple(args.node_speeds))
+    except ValueError as error:
+        raise UserError(f"--node-speeds: {error}") from None
+
+
 def load_job(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, TrainingSpec]:
     """--model, --cluster (+ --num-nodes/--gpus-per-node), --global-batch-size and friends."""
     for flag, value in (("--model", args.model), ("--cluster", args.cluster),
@@ -240,14 +250,8 @@ def load_job(args: argparse.Namespace) -> tuple[ModelSpec, ClusterSpec, Training
         if value is None:
             raise UserError(f"{flag} is required")
     model = load_model(args.model)
-    cluster = attach_profiles(load_cluster_arg(args.cluster, args.num_nodes, args.gpus_per_node), args)
-    if getattr(args, "node_speeds", None):  # the user's speeds stand in for any the profile measured
-        try:
-            cluster = with_node_speeds(cluster, tuple(args.node_speeds))
-        except ValueError as error:
-            raise UserError(f"--node-speeds: {error}") from None
-    else:
-        cluster = with_measured_speeds(cluster)
+    cluster = with_speeds(attach_profiles(load_cluster_arg(args.cluster, args.num_nodes, args.gpus_per_node), args),
+                          args)
     training = training_spec(args, cluster.name, args.global_batch_size)
     switches = knob_switches(args)
     problem = recompute_modules_problem(model.layers, training.recompute_modules) or offload_job_problem(
