@@ -15,6 +15,7 @@ from megatron_auto.cost.shared_expert import hidden_dispatch_seconds, shared_exp
 from megatron_auto.plan import LayerStrategy
 from megatron_auto.search.uniform import UniformConfig, build_uniform_plan
 from megatron_auto.specs.loaders import load_cluster, load_model
+from megatron_auto.specs.profiles import ClusterProfile, MeasuredCosts
 from megatron_auto.specs.training import TrainingSpec
 from test_moe_cost import B, BF16, S, SHARED, TOY, TP2_EP2
 
@@ -30,6 +31,10 @@ def test_the_share_is_the_collective_s_sms_over_the_gpu_s_and_nothing_where_eith
     assert interference_share(replace(H100, gpu=replace(H100.gpu, sm_count=0))) == 0.0
     assert interference_share(load_cluster("cpu-gloo", 1)) == 0.0  # gloo runs no NCCL kernels
     assert interference_seconds(-1.0, H100) == 0.0
+    # A measured overlap share already holds what the compute lost beside the traffic.
+    profile = ClusterProfile(name="measured", backend="nccl", device="H100", world_size=8, gpus_per_node=8,
+                             curves=(), grad_overlap_fraction=0.9)
+    assert interference_share(replace(H100, measured=MeasuredCosts(cluster=profile))) == 0.0
 
 
 @pytest.mark.parametrize("comm, backward", [(1.0, 2.0), (1.0, 0.4)])

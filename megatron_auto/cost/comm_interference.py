@@ -30,7 +30,10 @@ from ..specs.cluster import ClusterSpec
 
 def interference_share(cluster: ClusterSpec) -> float:
     """c / S: the share of its SMs a GPU of `cluster` loses to one collective running beside compute; 0 where
-    either is not known."""
+    either is not known, and where a cluster profile measured the share of traffic hidden behind compute
+    (profiling/overlap.py times an all-reduce beside a matmul loop: what the compute lost is in that share)."""
+    if cluster.measured is not None and cluster.measured.cluster is not None:
+        return 0.0
     sms, taken = cluster.gpu.sm_count, cluster.gpu.collective_sms
     if sms <= 0 or taken <= 0:
         return 0.0
