@@ -237,9 +237,5 @@ def test_te_ring_hides_the_k_and_v_transfers_behind_the_core_as_far_as_it_lasts(
     assert serial == pytest.approx(once + gather, rel=1e-12)  # the backward's extra pass of K and V
     short = ring_kv_exchange_time(LAYER, 8192, 1, strategy, H100, te, regather=False)
     long = ring_kv_exchange_time(LAYER, 262144, 1, strategy, H100, te, regather=False)
-    long_serial = ring_kv_exchange_time(LAYER, 262144, 1, strategy, replace(H100, grad_overlap=0.0), te,
-                                        regather=False)
-    assert 0 < short < serial
-    # At 256K tokens the core covers every transfer: what is left is the core's pace lost to the sends' SMs.
-    assert long == pytest.approx(long_serial * H100.gpu.collective_sms / H100.gpu.sm_count, rel=1e-12)
+    assert 0 < short < serial and long == 0.0  # at 256K tokens the core covers every transfer
     assert layer_cost(LAYER, strategy, 1, 8192, H100, te).cp_comm_s == short

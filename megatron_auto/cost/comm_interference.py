@@ -7,12 +7,12 @@ beside it advances at (S - c) / S of its pace, so the stage takes T x c / S long
 module prices that for the traffic the cost model hides behind compute on NCCL's own kernels:
 - the gradient reduce-scatter (or all-reduce) and the parameter all-gather of data parallelism that run beside
   the backward and the forward (Megatron-Core's DDP, overlap_grad_reduce and overlap_param_gather);
-- the K/V ring of context parallelism that runs beside the attention (TE's AttnFuncWithCPAndKVP2P sends and
-  receives through torch.distributed's P2P ops, which NCCL runs);
 - the token dispatch that the shared expert or the EP overlap hides (cost/shared_expert.py, cost/ep_overlap.py);
 - the sequence-parallel all-gathers that the backward issues asynchronously beside its input-gradient GEMM.
-TE's userbuffer overlap (--tp-comm-overlap) reserves its SMs itself and is priced in cost/tp_overlap.py; the
-pipeline's point-to-point transfers are small and left out.
+TE's userbuffer overlap (--tp-comm-overlap) reserves its SMs itself and is priced in cost/tp_overlap.py.
+Point-to-point transfers to one peer, the K/V ring of context parallelism (TE's AttnFuncWithCPAndKVP2P) and the
+pipeline's sends, are left out: NCCL runs them on a few channels per peer, not on a collective's, and that count
+is not measured here.
 
 c, the SMs one collective holds (GpuSpec.collective_sms; specs/presets.py H100_COLLECTIVE_SMS), is measured: on an H100 an ncclAllGather beside
 a cuBLAS GEMM launched 24 blocks (NVIDIA developer forum, "Compute-Communication Overlap Causes Severe GEMM

@@ -25,7 +25,6 @@ from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec, ModelSpec
 from ..specs.training import TrainingSpec
-from .comm_interference import interference_seconds
 from .layer_kernels import attention_core_times
 from .models import comm_model, compute_model
 
@@ -93,8 +92,8 @@ def ring_kv_exchange_time(layer: LayerSpec, seq: int, samples: int, strategy: La
     the cp steps' core work (1 / cp of the whole sequence's core each, module docstring). The forward moves
     the whole sequence's K and V once (again under full recompute); the backward moves them again with their
     gradients (an all-gather's and a reduce-scatter's bytes). What the core cannot cover stays exposed, and all
-    of it where the cluster overlaps nothing (grad_overlap); the hidden part costs the attention beside it the SMs
-    its sends and receives hold (cost/comm_interference.py)."""
+    of it where the cluster overlaps nothing (grad_overlap). Its sends and receives to one peer each run on a few
+    of NCCL's point-to-point channels, not a collective's (cost/comm_interference.py leaves them out)."""
     bytes_ = kv_bytes(layer, seq, samples, strategy, training.activation_bytes)
     comm = comm_model(cluster)
     gather = comm.collective_time("all_gather", bytes_, strategy.cp, strategy.tp, cluster)
@@ -104,8 +103,7 @@ def ring_kv_exchange_time(layer: LayerSpec, seq: int, samples: int, strategy: La
     passes = ((gather, core_forward),) * (2 if regather else 1) + ((gather + scatter, core_backward),)
     total = sum(moved for moved, _ in passes)
     exposed = sum(max(0.0, moved - covered) for moved, covered in passes)
-    hidden = comm.grad_overlap * (total - exposed)
-    return total - hidden + interference_seconds(hidden, cluster)
+    return total - comm.grad_overlap * (total - exposed)
 
 
 def cp_qkv_kept_width(layer: LayerSpec, cp: int) -> float:
