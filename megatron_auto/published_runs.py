@@ -136,7 +136,8 @@ RECIPE_KNOBS = {"--fp8-recipe": 1, "--moe-token-dispatcher-type": 1, "--moe-flex
                 "--fine-grained-activation-offloading": 0, "--offload-modules": None,
                 "--min-offloaded-tensor-size": 1, "--fp8-param-gather": 0, "--tp-comm-overlap": 1,
                 "--use-precision-aware-optimizer": 0, "--main-grads-dtype": 1, "--main-params-dtype": 1,
-                "--exp-avg-dtype": 1, "--exp-avg-sq-dtype": 1, "--moe-shared-expert-overlap": 0}
+                "--exp-avg-dtype": 1, "--exp-avg-sq-dtype": 1, "--moe-shared-expert-overlap": 0,
+                "--moe-deepep-num-sms": 1, "--moe-hybridep-num-sms": 1}
 """Flags of a row's `estimate_flags` that are its recipe's knobs, not its layout (with how many values each
 takes; None: every value up to the next flag): the planner's plan for the same job is priced with them too."""
 

@@ -1,12 +1,14 @@
 """What hidden collectives cost the compute beside them (cost/comm_interference.py): the SMs an NCCL kernel holds."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
 from pytest import approx
 
-from megatron_auto.cost.comm_interference import interference_seconds, interference_share
+from megatron_auto.cli.main import main
+from megatron_auto.cost.comm_interference import dispatch_interference_share, interference_seconds, interference_share
 from megatron_auto.cost.estimate import estimate_plan
 from megatron_auto.cost.layer_cost import dense_part_cost, layer_cost
 from megatron_auto.cost.moe import expert_cost
@@ -81,3 +83,31 @@ def test_the_weight_gathers_fsdp_prefetches_cost_their_share():
     hidden = serial.zero3_exposed_s - quiet.zero3_exposed_s
     assert hidden > 0
     assert loud.zero3_exposed_s - quiet.zero3_exposed_s == approx(hidden * 24 / 132)
+
+
+def test_the_flex_dispatcher_s_kernels_hold_the_sms_they_are_configured_with():
+    """DeepEP and HybridEP run their own kernels on moe_deepep_num_sms / moe_hybridep_num_sms SMs (megatron-core
+    0.16.1's defaults 20 and 16), not on NCCL's channels."""
+    flex = TrainingSpec(64, moe_token_dispatcher="flex")
+    assert dispatch_interference_share(H100, TrainingSpec(64)) == approx(24 / 132)
+    assert dispatch_interference_share(H100, flex) == approx(20 / 132)
+    assert dispatch_interference_share(H100, replace(flex, moe_flex_backend="hybridep")) == approx(16 / 132)
+    assert dispatch_interference_share(H100, replace(flex, moe_flex_backend="hybridep",
+                                                     moe_hybridep_num_sms=32)) == approx(32 / 132)
+    assert dispatch_interference_share(QUIET, flex) == 0.0
+    with pytest.raises(ValueError, match="must be at least 1"):
+        replace(flex, moe_deepep_num_sms=0)
+
+
+def test_a_plan_with_other_than_megatron_cores_count_writes_the_flag(capsys):
+    argv = ["estimate", "--model", "tiny-mixtral", "--cluster", "dgx-h100-80gb", "--num-nodes", "2",
+            "--global-batch-size", "64", "--tp", "1", "--pp", "1", "--ep", "4", "--micro-batch-size", "1",
+            "--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", "hybridep", "--json"]
+    assert main(argv) == 0
+    assert "--moe-hybridep-num-sms" not in json.loads(capsys.readouterr().out)["megatron_flags"]
+    assert main([*argv, "--moe-hybridep-num-sms", "32"]) == 0
+    flags = json.loads(capsys.readouterr().out)["megatron_flags"]
+    assert flags[flags.index("--moe-hybridep-num-sms") + 1] == "32"
+    with pytest.raises(SystemExit) as refused:  # argparse's one line, exit status 2
+        main([*argv, "--moe-hybridep-num-sms", "0"])
+    assert refused.value.code == 2

@@ -12,7 +12,8 @@ from ..specs import ClusterSpec, ModelSpec, TrainingSpec, load_cluster, load_mod
 from ..specs.presets import with_measured_speeds, with_node_speeds
 from ..specs.host_knobs import DEFAULT_MIN_OFFLOADED_TENSOR_SIZE
 from ..specs.optimizer_states import OptimizerStates
-from ..specs.training import DEFAULT_MOE_LOAD_IMBALANCE, DEFAULT_RECOMPUTE_MODULES, GIB, recompute_modules_problem
+from ..specs.training import (DEFAULT_MOE_LOAD_IMBALANCE, DEFAULT_RECOMPUTE_MODULES, FLEX_BACKEND_SMS, GIB,
+                              recompute_modules_problem)
 
 CPU_CLUSTER_PRESET = "cpu-gloo"
 logger = logging.getLogger(__name__)
@@ -74,6 +75,8 @@ def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size
                moe_grouped_gemm=getattr(args, "moe_grouped_gemm", False),
                moe_shared_expert_overlap=getattr(args, "moe_shared_expert_overlap", False),
                moe_flex_backend=getattr(args, "moe_flex_dispatcher_backend", "deepep"),
+               moe_deepep_num_sms=getattr(args, "moe_deepep_num_sms", None) or FLEX_BACKEND_SMS["deepep"],
+               moe_hybridep_num_sms=getattr(args, "moe_hybridep_num_sms", None) or FLEX_BACKEND_SMS["hybridep"],
                moe_ep_overlap=_ep_overlap_flag(args))
     try:
         return TrainingSpec.for_precision(precision, global_batch_size, memory_budget_bytes=budget, **kernels, **moe,

@@ -11,8 +11,8 @@ from ..megatron_flags import FSDP_SHARDING
 from ..plan import RECOMPUTE_KINDS, SPACES
 from ..specs.optimizer_states import MAIN_GRADS_DTYPES, MAIN_PARAMS_DTYPES, MOMENT_DTYPES
 from ..specs.host_knobs import CUDA_GRAPH_IMPLS, DEFAULT_MIN_OFFLOADED_TENSOR_SIZE, OFFLOAD_MODULES
-from ..specs.training import (DEFAULT_MOE_LOAD_IMBALANCE, FLEX_DISPATCHER_BACKENDS, MOE_TOKEN_DISPATCHERS,
-                              PRICED_ONLY_RECOMPUTE_MODULES, RECOMPUTE_MODULES)
+from ..specs.training import (DEFAULT_MOE_LOAD_IMBALANCE, FLEX_BACKEND_SMS, FLEX_DISPATCHER_BACKENDS,
+                              MOE_TOKEN_DISPATCHERS, PRICED_ONLY_RECOMPUTE_MODULES, RECOMPUTE_MODULES)
 
 PRECISIONS = ("bf16", "fp16", "fp32")
 """What a profile measures in."""
@@ -82,6 +82,11 @@ def add_moe_arguments(parser: argparse.ArgumentParser) -> None:
                              "HybridEP's kernels, a token crossing the network once per node it reaches)")
     parser.add_argument("--moe-flex-dispatcher-backend", choices=FLEX_DISPATCHER_BACKENDS, default="deepep",
                         help="the flex dispatcher's kernels (Megatron-LM's flag; both move the same bytes)")
+    parser.add_argument("--moe-deepep-num-sms", type=positive_int, default=FLEX_BACKEND_SMS["deepep"], metavar="N",
+                        help="SMs DeepEP's kernels hold: what its hidden dispatch takes from the compute beside it "
+                             f"(default {FLEX_BACKEND_SMS['deepep']}, Megatron-Core's)")
+    parser.add_argument("--moe-hybridep-num-sms", type=positive_int, default=FLEX_BACKEND_SMS["hybridep"],
+                        metavar="N", help=f"the same for HybridEP (default {FLEX_BACKEND_SMS['hybridep']})")
     parser.add_argument("--overlap-moe-expert-parallel-comm", action="store_true",
                         help="price Megatron-Core's combined 1F1B schedule: one micro-batch's dispatch and combine "
                              "beside another's compute (needs ep > 1, virtual stages when pp > 1, no full recompute)")

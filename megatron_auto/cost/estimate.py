@@ -8,7 +8,7 @@ from ..plan import (Chunk, LayerStrategy, Plan, Prediction, TimeBreakdown, check
                     context_parallel_problem)
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
-from ..specs.training import GIB, TrainingSpec
+from ..specs.training import FLEX_BACKEND_SMS, GIB, TrainingSpec
 from .comm_interference import interference_share
 from .communication import pipeline_p2p_time, transition_time
 from .context_parallel import gradient_strategy, local_model
@@ -439,6 +439,9 @@ def recipe_flags(plan: Plan, model: ModelSpec, training: TrainingSpec) -> tuple[
         flags += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", training.cross_entropy_fusion]
     if training.moe_token_dispatcher == "flex" and any(layer.moe is not None for layer in model.layers):
         flags += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", training.moe_flex_backend]
+        sms = training.moe_deepep_num_sms if training.moe_flex_backend == "deepep" else training.moe_hybridep_num_sms
+        if sms != FLEX_BACKEND_SMS[training.moe_flex_backend]:
+            flags += [f"--moe-{training.moe_flex_backend}-num-sms", str(sms)]
     if ep_overlap_runs(plan, model, training):
         flags += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     flags += cuda_graph_flags(plan.distinct_strategies, training) + offload_flags(training)

@@ -14,7 +14,7 @@ from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
 from ..specs.training import DEFAULT_RECOMPUTE_MODULES, TrainingSpec
-from .comm_interference import interference_seconds
+from .comm_interference import dispatch_interference_share, interference_seconds
 from .communication import dp_comm_time, tp_comm_time, zero3_comm_time
 from .context_parallel import (attention_core_extra_times, cp_qkv_kept_width, gradient_strategy, kv_exchange_time,
                                local_sequence, ring_kv_exchange_time)
@@ -134,12 +134,12 @@ def _shared_dense_part(layer: LayerSpec, strategy: LayerStrategy, samples: int, 
     return dense_part_cost(layer, strategy, samples, seq, cluster, training)
 
 
-def with_experts(dense: LayerCost, experts: ExpertCost, cluster: ClusterSpec, hidden_dispatch_s: float = 0.0
-                 ) -> LayerCost:
+def with_experts(dense: LayerCost, experts: ExpertCost, cluster: ClusterSpec, hidden_dispatch_s: float = 0.0,
+                 dispatch_share: float = 0.0) -> LayerCost:
     """A MoE layer: its dense part plus its routed experts, each term added (the expert ZeRO-3 traffic
     hidden behind the layer's compute as the dense part's is), less the dispatch time the shared expert's
-    stream hides (`hidden_dispatch_s`, cost/shared_expert.py) plus what the hidden traffic costs the compute beside
-    it (cost/comm_interference.py)."""
+    stream hides (`hidden_dispatch_s`, cost/shared_expert.py) plus `dispatch_share` of it, what the hidden traffic's
+    kernels take from the compute beside them (cost/comm_interference.py)."""
     compute = experts.forward_s + experts.backward_s + experts.recompute_s
     zero3_hidden = cluster.grad_overlap * min(experts.zero3_s, compute)
     return replace(
@@ -154,7 +154,7 @@ def with_experts(dense: LayerCost, experts: ExpertCost, cluster: ClusterSpec, hi
         activation_bytes=dense.activation_bytes + experts.activation_bytes,
         transient_bytes=dense.transient_bytes + experts.rematerialised_bytes,
         optimizer_temporary_bytes=dense.optimizer_temporary_bytes + experts.optimizer_temporary_bytes,
-        ep_comm_s=experts.comm_s - hidden_dispatch_s + interference_seconds(hidden_dispatch_s, cluster),
+        ep_comm_s=experts.comm_s - hidden_dispatch_s * (1.0 - dispatch_share),
     )
 
 
@@ -205,7 +205,8 @@ def _with_priced_experts(dense: LayerCost, layer: LayerSpec, strategy: LayerStra
     passes = 3 if experts_recomputed(layer, strategy, training) else 2
     merged = hidden_ep_seconds(layer, strategy, samples, seq, cluster, training, (dense.forward_s, dense.backward_s),
                                (experts.forward_s, experts.backward_s), experts.comm_s / passes)
-    return replace(with_experts(dense, experts, cluster, hidden + merged), ep_hidden_s=merged)
+    share = dispatch_interference_share(cluster, training)
+    return replace(with_experts(dense, experts, cluster, hidden + merged, share), ep_hidden_s=merged)
 
 
 def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,

@@ -1,18 +1,18 @@
 """Interleaved chunks for layer counts that no stock split interleaves: NVIDIA's layouts for DeepSeek-V3.
 
 DeepSeek-V3's 61 layers do not divide over 4, 8 or 16 pipeline stages, with or without the embedding and the loss
-counted as layers (61, 62 and 63 are not multiples of 4). So stock Megatron builds no interleaved chunks there, and Megatron-Core
-refuses its EP overlap (--overlap-moe-expert-parallel-comm) with pp > 1 and one chunk per stage. NVIDIA's recipes
-instead write the split out as a --pipeline-model-parallel-layout: Megatron-Bridge's DeepSeek-V3 pre-training on
-1,024 H100s sets 'Et|(tt|)*30mL' at pp 8 with 4 chunks per stage (scripts/performance/configs/deepseek/
-deepseek_v3_llm_pretrain.yaml @fa0315ae; data/published_h100/more_runs.json, row mbridge2509_deepseekv3_fp8): the
-embedding E, the 61 layers t, the MTP module m and the loss L, two to a chunk. megatron-auto builds no chunk
-without a decoder layer and puts the MTP module on the last chunk beside its layers, so the nearest it builds is
-'Et|(tt|)*29t|tL': two units to every chunk but the one before the last.
+counted as layers (61, 62 and 63 are not multiples of 4). So stock Megatron builds no interleaved chunks there, and
+Megatron-Core refuses its EP overlap (--overlap-moe-expert-parallel-comm) with pp > 1 and one chunk per stage.
+NVIDIA's recipes instead write the split out as a --pipeline-model-parallel-layout: Megatron-Bridge's DeepSeek-V3
+pre-training on 1,024 H100s sets 'Et|(tt|)*30mL' at pp 8 with 4 chunks per stage
+(scripts/performance/configs/deepseek/deepseek_v3_llm_pretrain.yaml @fa0315ae; data/published_h100/more_runs.json,
+row mbridge2509_deepseekv3_fp8): the embedding E, the 61 layers t, the MTP module m and the loss L, two to a chunk.
+megatron-auto builds no chunk without a decoder layer and puts the MTP module on the last chunk beside its layers,
+so the nearest it builds is 'Et|(tt|)*29t|tL': two units to every chunk but the one before the last.
 
 balanced_layout builds that rule for any pp and v; the search offers its layouts only where no stock split gives
-interleaved chunks at that pp (megatron_space._base_configs_and_drops). Their chunks differ by one layer at most,
-so they are not the far-uneven interleaved chunks the search leaves to the user's --virtual-stages
+interleaved chunks at that pp and chunks are wanted (megatron_space._balanced_layouts). Their chunks differ by one
+layer at most, so they are not the far-uneven interleaved chunks the search leaves to the user's --virtual-stages
 (megatron_space._mixed_splits says why).
 """
 from __future__ import annotations

@@ -25,6 +25,9 @@ FLEX_DISPATCHER_BACKENDS = ("deepep", "hybridep")
 # Routed tokens on the busiest EP rank over the mean. 1.0 = balanced routing, what the auxiliary loss drives
 # toward and a capacity factor of 1 enforces; no measured figure was available (docs/cost_model.md, "MoE").
 DEFAULT_MOE_LOAD_IMBALANCE = 1.0
+FLEX_BACKEND_SMS = {"deepep": 20, "hybridep": 16}
+"""SMs the flex dispatcher's kernels run on by default: megatron-core 0.16.1 TransformerConfig.moe_deepep_num_sms
+and moe_hybridep_num_sms (Megatron-LM's --moe-deepep-num-sms, --moe-hybridep-num-sms)."""
 RECOMPUTE_MODULES = ("core_attn", "mlp", "layernorm", "moe", "shared_experts", "mla_up_proj")
 """Megatron-Core's --recompute-modules that are priced and run here."""
 PRICED_ONLY_RECOMPUTE_MODULES = ("moe_act",)
@@ -97,6 +100,11 @@ class TrainingSpec(CachedHash):
     which send a token once to each node that hosts its experts) [--moe-token-dispatcher-type] (cost/moe.py)."""
     moe_flex_backend: str = "deepep"
     """With the flex dispatcher: deepep or hybridep [--moe-flex-dispatcher-backend]; both move the same bytes."""
+    moe_deepep_num_sms: int = FLEX_BACKEND_SMS["deepep"]
+    """SMs DeepEP's kernels hold [--moe-deepep-num-sms]: what a hidden flex dispatch takes from the compute beside
+    it (cost/comm_interference.py)."""
+    moe_hybridep_num_sms: int = FLEX_BACKEND_SMS["hybridep"]
+    """SMs HybridEP's kernels hold [--moe-hybridep-num-sms], as moe_deepep_num_sms."""
     moe_ep_overlap: bool = False
     """One micro-batch's dispatch and combine beside another's attention and experts (Megatron-Core's combined
     1F1B schedule) [--overlap-moe-expert-parallel-comm] (cost/ep_overlap.py)."""
@@ -261,6 +269,8 @@ class TrainingSpec(CachedHash):
         self._check_ep_overlap()
         if not 1.0 <= self.moe_load_imbalance < float("inf"):
             raise ValueError(f"MoE load imbalance must be a finite number >= 1, got {self.moe_load_imbalance}")
+        if min(self.moe_deepep_num_sms, self.moe_hybridep_num_sms) < 1:
+            raise ValueError("--moe-deepep-num-sms and --moe-hybridep-num-sms must be at least 1")
 
     def _check_ep_overlap(self) -> None:
         """What Megatron-Core 0.16.1's TransformerConfig refuses beside --overlap-moe-expert-parallel-comm."""
