@@ -14,7 +14,9 @@ module prices that for the traffic the cost model hides behind compute:
 Left out:
 - TE's userbuffer overlap (--tp-comm-overlap), which reserves its SMs itself (cost/tp_overlap.py);
 - point-to-point transfers to one peer, the K/V ring of context parallelism (TE's AttnFuncWithCPAndKVP2P) and the
-  pipeline's sends: NCCL runs them on a few channels per peer, not on a collective's, a count not measured here;
+  pipeline's sends: NCCL runs them on its channels per peer, the fewest any peer gets rounded up to a power of two,
+  and a network peer gets 2 (NCHANNELS_PER_NET_PEER; NCCL src/graph/paths.cc, ncclTopoComputeP2pChannels), so a
+  job across nodes sends and receives on about 4 blocks, not a collective's 24; not measured here;
 - the sequence-parallel all-gathers that the backward issues beside its input-gradient GEMM: small.
 
 c, the SMs one collective holds (GpuSpec.collective_sms; specs/presets.py H100_COLLECTIVE_SMS), is measured: on an
