@@ -51,11 +51,18 @@ def interference_seconds(hidden_comm_s: float, cluster: ClusterSpec) -> float:
     return max(0.0, hidden_comm_s) * interference_share(cluster)
 
 
+def exposed_beside(comm_s: float, compute_s: float, cluster: ClusterSpec) -> float:
+    """Seconds `comm_s` of collective traffic run beside `compute_s` of compute add: what the overlap cannot hide
+    (all of it where the cluster overlaps nothing, grad_overlap 0), plus what the hidden part takes from the
+    compute."""
+    hidden = cluster.grad_overlap * min(comm_s, compute_s)
+    return comm_s - hidden + interference_seconds(hidden, cluster)
+
+
 def dispatch_interference_share(cluster: ClusterSpec, training: TrainingSpec) -> float:
     """The share for the token dispatch: NCCL's collective share for the alltoall dispatcher; for the flex
     dispatcher, the SMs its backend is configured with over the GPU's (nothing where interference_share is 0)."""
     share = interference_share(cluster)
     if share == 0.0 or training.moe_token_dispatcher != "flex":
         return share
-    sms = training.moe_deepep_num_sms if training.moe_flex_backend == "deepep" else training.moe_hybridep_num_sms
-    return min(sms, cluster.gpu.sm_count) / cluster.gpu.sm_count
+    return min(training.flex_backend_sms, cluster.gpu.sm_count) / cluster.gpu.sm_count

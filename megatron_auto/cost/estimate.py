@@ -439,9 +439,8 @@ def recipe_flags(plan: Plan, model: ModelSpec, training: TrainingSpec) -> tuple[
         flags += ["--cross-entropy-loss-fusion", "--cross-entropy-fusion-impl", training.cross_entropy_fusion]
     if training.moe_token_dispatcher == "flex" and any(layer.moe is not None for layer in model.layers):
         flags += ["--moe-token-dispatcher-type", "flex", "--moe-flex-dispatcher-backend", training.moe_flex_backend]
-        sms = training.moe_deepep_num_sms if training.moe_flex_backend == "deepep" else training.moe_hybridep_num_sms
-        if sms != FLEX_BACKEND_SMS[training.moe_flex_backend]:
-            flags += [f"--moe-{training.moe_flex_backend}-num-sms", str(sms)]
+        if training.flex_backend_sms != FLEX_BACKEND_SMS[training.moe_flex_backend]:
+            flags += [f"--moe-{training.moe_flex_backend}-num-sms", str(training.flex_backend_sms)]
     if ep_overlap_runs(plan, model, training):
         flags += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     flags += cuda_graph_flags(plan.distinct_strategies, training) + offload_flags(training)

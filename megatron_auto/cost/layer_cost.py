@@ -14,7 +14,7 @@ from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
 from ..specs.training import DEFAULT_RECOMPUTE_MODULES, TrainingSpec
-from .comm_interference import dispatch_interference_share, interference_seconds
+from .comm_interference import dispatch_interference_share, exposed_beside
 from .communication import dp_comm_time, tp_comm_time, zero3_comm_time
 from .context_parallel import (attention_core_extra_times, cp_qkv_kept_width, gradient_strategy, kv_exchange_time,
                                local_sequence, ring_kv_exchange_time)
@@ -141,14 +141,12 @@ def with_experts(dense: LayerCost, experts: ExpertCost, cluster: ClusterSpec, hi
     stream hides (`hidden_dispatch_s`, cost/shared_expert.py) plus `dispatch_share` of it, what the hidden traffic's
     kernels take from the compute beside them (cost/comm_interference.py)."""
     compute = experts.forward_s + experts.backward_s + experts.recompute_s
-    zero3_hidden = cluster.grad_overlap * min(experts.zero3_s, compute)
     return replace(
         dense,
         forward_s=dense.forward_s + experts.forward_s,
         backward_s=dense.backward_s + experts.backward_s,
         recompute_s=dense.recompute_s + experts.recompute_s,
-        zero3_exposed_s=(dense.zero3_exposed_s + experts.zero3_s - zero3_hidden
-                         + interference_seconds(zero3_hidden, cluster)),
+        zero3_exposed_s=dense.zero3_exposed_s + exposed_beside(experts.zero3_s, compute, cluster),
         dp_comm_per_iteration_s=dense.dp_comm_per_iteration_s + experts.dp_comm_per_iteration_s,
         state_bytes=dense.state_bytes + experts.state_bytes,
         activation_bytes=dense.activation_bytes + experts.activation_bytes,
@@ -231,7 +229,6 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
     compute = times.forward_s + times.backward_s + recompute
     params = layer.dense_parameters
     zero3 = zero3_comm_time(params, strategy, cluster, training, strategy.recompute == "full")
-    zero3_hidden = cluster.grad_overlap * min(zero3, compute)
     backend = training.attention_backend
     activations, kept = _dense_kept_bytes(layer, strategy, samples, seq, cluster, training, selective)
     rematerialised = attention_backward_extra_bytes(layer, seq, samples, strategy, backend)
@@ -250,7 +247,7 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
         tp_comm_s=_tp_comm_seconds(layer, seq, samples, strategy, cluster, training, selective),
         # FSDP prefetches the next gathers while this layer computes; on a cluster whose
         # runtime hides no communication behind compute (grad_overlap 0, cpu-gloo) it all shows.
-        zero3_exposed_s=zero3 - zero3_hidden + interference_seconds(zero3_hidden, cluster),
+        zero3_exposed_s=exposed_beside(zero3, compute, cluster),
         dp_comm_per_iteration_s=dp_comm_time(params, strategy, cluster, training),
         state_bytes=states,
         activation_bytes=kept,

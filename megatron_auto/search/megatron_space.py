@@ -142,16 +142,15 @@ def pipeline_splits(model: ModelSpec, pp: int) -> list[tuple[Optional[tuple[int,
     return splits
 
 
-def _balanced_layouts(model: ModelSpec, pp: int, training: TrainingSpec,
+def _balanced_layouts(model: ModelSpec, pp: int, stock: list, training: TrainingSpec,
                       constraints: SearchConstraints) -> list[tuple[int, ...]]:
-    """search/balanced_layouts.py's chunk layouts where no stock split interleaves at this pp and chunks are
-    wanted: the user's --virtual-stages above one (at that count), or the EP overlap, which Megatron-Core refuses
-    at pp > 1 without them. Not otherwise: they would double the search of DeepSeek-V3 on 1,024 GPUs (issue 37's
-    2 s) for the bubble alone, where its one-chunk plans win."""
+    """search/balanced_layouts.py's chunk layouts where no stock split (`stock`: pipeline_splits(model, pp))
+    interleaves at this pp and chunks are wanted: the user's --virtual-stages above one (at that count), or the EP
+    overlap, which Megatron-Core refuses at pp > 1 without them. Not otherwise: they would double the search of
+    DeepSeek-V3 on 1,024 GPUs (issue 37's 2 s) for the bubble alone, where its one-chunk plans win."""
     wanted = (constraints.vp or 1) > 1 or (training.moe_ep_overlap and moe_layers(model))
     if pp < 2 or not wanted:
         return []
-    stock = pipeline_splits(model, pp)
     if any(v > 1 for split, account_for in stock for v in virtual_stage_choices(
             model, UniformConfig(tp=1, pp=pp, micro_batch_size=1, stage_layers=split, account_for=account_for))):
         return []
@@ -275,8 +274,9 @@ def _base_configs_and_drops(model, cluster, training, constraints, degrees):
                                     constraints.etp)
     if not experts:
         drops.append(("expert-degrees", 1))
-    splits = [(split, account_for, None) for split, account_for in pipeline_splits(model, pp)]
-    splits += [(None, (False, False), layout) for layout in _balanced_layouts(model, pp, training, constraints)]
+    stock = pipeline_splits(model, pp)
+    splits = [(split, account_for, None) for split, account_for in stock]
+    splits += [(None, (False, False), layout) for layout in _balanced_layouts(model, pp, stock, training, constraints)]
     splits += _mixed_splits(model, cluster, training, constraints, degrees)
     distributed = (False,) if constraints.fsdp_sharding else \
         _distributed_choices(model, cluster, training, constraints, tp, dp * cp)

@@ -218,6 +218,11 @@ class TrainingSpec(CachedHash):
         return KernelFusions(bias_activation=self.bias_activation_fusion, rope=self.rope_fusion)
 
     @property
+    def flex_backend_sms(self) -> int:
+        """The SMs the flex dispatcher's chosen backend holds (moe_deepep_num_sms or moe_hybridep_num_sms)."""
+        return self.moe_deepep_num_sms if self.moe_flex_backend == "deepep" else self.moe_hybridep_num_sms
+
+    @property
     def fp8(self) -> bool:
         """The decoder's linear layers run in FP8 (cost/fp8.py)."""
         return self.precision == "fp8"
