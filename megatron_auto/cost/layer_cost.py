@@ -13,7 +13,7 @@ from functools import lru_cache
 from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
-from ..specs.training import DEFAULT_RECOMPUTE_MODULES, TrainingSpec
+from ..specs.training import DEFAULT_RECOMPUTE_MODULES, TrainingSpec, interned
 from .comm_interference import dispatch_interference_share, exposed_beside
 from .communication import dp_comm_time, tp_comm_time, zero3_comm_time
 from .context_parallel import (attention_core_extra_times, cp_qkv_kept_width, gradient_strategy, kv_exchange_time,
@@ -80,9 +80,17 @@ def layer_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int
     return _layer_cost(layer, strategy, samples, seq, cluster, training)
 
 
+def without_recompute_modules(training: TrainingSpec) -> TrainingSpec:
+    """`training` with the default --recompute-modules, one object per distinct result: caches keyed on it then
+    match by identity, not field by field, across the searches of every set (search/module_sets.py)."""
+    if training.recompute_modules != DEFAULT_RECOMPUTE_MODULES:
+        return _without_recompute_modules(training)
+    return interned(training)
+
+
 @lru_cache(maxsize=256)
 def _without_recompute_modules(training: TrainingSpec) -> TrainingSpec:
-    return replace(training, recompute_modules=DEFAULT_RECOMPUTE_MODULES)
+    return interned(replace(training, recompute_modules=DEFAULT_RECOMPUTE_MODULES))
 
 
 @lru_cache(maxsize=65536)

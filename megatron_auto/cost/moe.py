@@ -19,6 +19,7 @@ and sets the pace of the experts and of the dispatch (docs/cost_model.md, "MoE")
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
@@ -63,6 +64,7 @@ class ExpertCost:
     """The optimizer step's temporaries over this GPU's expert shard."""
 
 
+@lru_cache(maxsize=4096)
 def expert_view(strategy: LayerStrategy) -> LayerStrategy:
     """The experts' weights laid out as a dense layer's: split ep*etp ways (adjacent ranks), replicated
     over the expert-DP group with the layer's ZeRO level (Megatron's distributed optimizer shards the

@@ -13,6 +13,7 @@ import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Callable, Iterator, Optional
 
 from ..cost.communication import dp_comm_time, tp_comm_time
@@ -170,7 +171,7 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     stats = stats or SpaceStats()
     degrees = [(tp, pp, cp) for tp, pp in parallel_degrees(model, cluster, training, constraints, stats)
                for cp in context_parallel_choices(model, cluster, training, constraints, tp, pp, stats)]
-    pairs = sorted(degrees, key=lambda degree: _promise(model, cluster, training, *degree))
+    pairs = _most_promising_first(model, cluster, _shared_key(training), tuple(degrees))
     best: Optional[Plan] = None
     known = incumbent
     for index, (tp, pp, cp) in enumerate(pairs):
@@ -182,6 +183,19 @@ def search_megatron(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
         if progress:
             progress((index + 1) / len(pairs))
     return best, stats
+
+
+def _shared_key(training: TrainingSpec) -> TrainingSpec:
+    """`training` as stage_bound.set_free gives it where the shared caches are on (search/pruning.py): the key
+    under which every --recompute-modules set's search shares a result that reads no selectively recomputed
+    layer."""
+    return set_free(training) if pruning_enabled() else training
+
+
+@search_cache(maxsize=256)
+def _most_promising_first(model, cluster, training, degrees: tuple) -> tuple:
+    """`degrees` sorted by _promise, memoised: no selectively recomputed layer enters it."""
+    return tuple(sorted(degrees, key=lambda degree: _promise(model, cluster, training, *degree)))
 
 
 def _promise(model, cluster, training, tp: int, pp: int, cp: int = 1) -> float:
@@ -230,9 +244,9 @@ def _distributed_choices(model, cluster, training, constraints, tp: int, dp: int
 def _plans_for_degrees(model, cluster, training, constraints, degrees, stats, incumbent) -> Iterator[Plan]:
     for bound, base in _base_configs(model, cluster, training, constraints, degrees, stats):
         if incumbent < math.inf and bound is None:
-            bound = _config_bound(model, cluster, training, constraints, base)
+            bound = _config_bound(model, cluster, _shared_key(training), _any_recompute(constraints), base)
         if incumbent < math.inf and bound < incumbent and pruning_enabled():
-            bound = max(bound, _flags_floor(model, cluster, set_free(training), constraints, base))
+            bound = max(bound, _flags_floor(model, cluster, set_free(training), _any_recompute(constraints), base))
         if incumbent < math.inf and bound >= incumbent:
             stats.drop("lower-bound", len(recompute_choices(constraints)))
             continue
@@ -242,7 +256,7 @@ def _plans_for_degrees(model, cluster, training, constraints, degrees, stats, in
                 continue
             with stats.timed(f"megatron space: recompute {recompute}"):
                 plan = _best_for_recompute(model, cluster, training, constraints,
-                                           replace(base, recompute=recompute), stats, incumbent)
+                                           base.but(recompute=recompute), stats, incumbent)
             if plan is not None:
                 if plan.prediction.fits:
                     incumbent = min(incumbent, plan.prediction.iteration_time_s)
@@ -257,11 +271,12 @@ def _base_configs(model, cluster, training, constraints, degrees, stats) -> list
     recomputation re-runs, so with the shared caches on (search/pruning.py) every --recompute-modules set's
     search takes it from one memoised call."""
     if pruning_enabled():
-        configs, drops = _shared_base_configs(model, cluster, set_free(training), constraints, degrees)
+        configs, drops = _shared_base_configs(model, cluster, set_free(training), _any_recompute(constraints),
+                                              degrees)
     else:
         configs, drops = _base_configs_and_drops(model, cluster, training, constraints, degrees)
     for rule, count in drops:
-        stats.drop(rule, count)
+        stats.drop(rule, count * (len(recompute_choices(constraints)) if rule == STATES_EXCEED else 1))
     return list(configs)
 
 
@@ -291,7 +306,7 @@ def _base_configs_and_drops(model, cluster, training, constraints, degrees):
                              ep=ep, etp=etp, cp=cp,
                              fsdp_sharding=constraints.fsdp_sharding or 0)
         if states_overflow(model, cluster, training, base):
-            drops.append(("states-exceed-memory", len(recompute_choices(constraints))))
+            drops.append((STATES_EXCEED, 1))  # once per recompute choice: _base_configs counts them
         else:
             configs.append(base)
     if len(experts) == 1:
@@ -316,15 +331,27 @@ def _mixed_splits(model, cluster, training, constraints, degrees) -> list[tuple]
         (interleaved_layouts(split, chunks) if chunks else [])]
 
 
+STATES_EXCEED = "states-exceed-memory"
+
+
+@lru_cache(maxsize=64)
+def _any_recompute(constraints: SearchConstraints) -> SearchConstraints:
+    """`constraints` with the recomputation left open: the key under which the searches of every --recompute-modules
+    set share what reads no recomputation (after the first set they search selective recomputation alone)."""
+    return replace(constraints, recompute=None) if constraints.recompute else constraints
+
+
 @search_cache(maxsize=4096)
 def _shared_base_configs(model, cluster, training, constraints, degrees):
     """_base_configs_and_drops, memoised for the searches of every --recompute-modules set."""
     return _base_configs_and_drops(model, cluster, training, constraints, degrees)
 
 
+@search_cache(maxsize=1 << 14)
 def _config_bound(model, cluster, training, constraints, config: UniformConfig) -> float:
     """No plan of these flags beats this, whatever its micro-batch, chunks or recomputation: the least
-    pipeline_lower_bound over the micro-batch sizes at the most chunks (recomputation only adds work)."""
+    pipeline_lower_bound over the micro-batch sizes at the most chunks (recomputation only adds work).
+    Memoised: `config` has no recomputation, so the bound reads no --recompute-modules set."""
     dp = config_dp(cluster, config)
     sizes = [constraints.micro_batch_size] if constraints.micro_batch_size else \
         divisors(training.global_batch_size // dp)
@@ -354,9 +381,9 @@ def _best_for_recompute(model, cluster, training, constraints, config: UniformCo
         chunks = virtual or constraints.vp
         try:
             return best_uniform_plan(model, cluster, training,
-                                     replace(config, recompute_num_layers=num_layers,
-                                             micro_batch_size=fixed or config.micro_batch_size,
-                                             vp=chunks or config.vp),
+                                     config.but(recompute_num_layers=num_layers,
+                                                micro_batch_size=fixed or config.micro_batch_size,
+                                                vp=chunks or config.vp),
                                      choose_micro_batch=fixed is None, choose_virtual_stages=chunks is None,
                                      incumbent=bound, drop_unfit=num_layers is None)
         except UserError:
@@ -381,7 +408,7 @@ def _best_for_recompute(model, cluster, training, constraints, config: UniformCo
         if pipeline_lower_bound(model, cluster, training, config, size, virtual) >= \
                 min(incumbent, best.prediction.iteration_time_s if best is not None else math.inf):
             continue   # no layer count recomputed at this pair beats what is known (the bound omits recompute)
-        sized = replace(config, micro_batch_size=size, vp=virtual)
+        sized = config.but(micro_batch_size=size, vp=virtual)
         if _floor_overflows(model, cluster, training, sized, None):
             continue   # not even every layer recomputed fits at this pair
         longest = max(chunk_sizes(model.num_layers, sized) or (0,))
@@ -402,7 +429,7 @@ def _virtual_choices(model: ModelSpec, config: UniformConfig, constraints: Searc
 def _floor_overflows(model, cluster, training, config: UniformConfig, layers: Optional[int]) -> bool:
     """Whether the memory floor of `config` (search/stage_bound.py), the first `layers` layers of every chunk
     fully recomputed (None: all of them), overflows the device: then no plan of these numbers fits."""
-    counted = replace(config, recompute_num_layers=layers)
+    counted = config.but(recompute_num_layers=layers)
     floors = candidate_floors(model, cluster, training, counted, config.vp, memory=True)
     return floors is not None and floors.peak_bytes > 0 and cannot_fit(model, cluster, training, counted, floors)
 

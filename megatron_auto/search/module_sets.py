@@ -60,9 +60,11 @@ def search_module_sets(search_one: SearchOne, model: ModelSpec, training: Traini
     best, spent, first_error = None, [], None
     for index, modules in enumerate(sets):
         limit = min(incumbent, best.plan.prediction.iteration_time_s if best is not None else math.inf)
+        # The first set is `training`'s own: the same object, so the caches keyed on it match by identity.
+        own = modules == tuple(training.recompute_modules)
+        spec = training if own else replace(training, recompute_modules=modules)
         try:
-            result = search_one(replace(training, recompute_modules=modules),
-                                _progress_share(progress, index, len(sets)), limit, index == 0)
+            result = search_one(spec, _progress_share(progress, index, len(sets)), limit, index == 0)
         except UserError as error:
             first_error = first_error or error
             continue

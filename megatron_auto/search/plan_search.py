@@ -17,7 +17,7 @@ from ..cost.peak_memory import device_budget_bytes
 from ..errors import UserError
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
-from ..specs.training import GIB, TrainingSpec
+from ..specs.training import GIB, TrainingSpec, interned
 from .constraints import SearchConstraints, SearchResult
 from .experts import check_expert_constraints
 from .hybrid import search_hybrid
@@ -72,7 +72,7 @@ def _search_with_switches(search, training: TrainingSpec, switches: tuple[dict, 
     candidates of every search that returned a plan are summed. Raises the first UserError when none fits."""
     best, spec, refusal, spent, evaluated = None, training, None, 0.0, 0
     for fields in ({}, *switches):
-        tried = replace(spec, **fields)
+        tried = interned(replace(spec, **fields)) if fields else interned(spec)
         try:
             found = search(tried, _fitting_time(best.plan) if best is not None else math.inf)
         except UserError as error:

@@ -24,11 +24,12 @@ from __future__ import annotations
 import itertools
 from dataclasses import replace
 from functools import lru_cache
+from operator import mul
 from typing import NamedTuple, Optional
 
 from ..cost.context_parallel import gradient_strategy, local_model
 from ..cost.embedding import embedding_cost
-from ..cost.layer_cost import kept_activation_bytes, layer_cost
+from ..cost.layer_cost import kept_activation_bytes, layer_cost, without_recompute_modules
 from ..cost.memory import in_flight_micro_batches
 from ..cost.models import runtime_overhead
 from ..cost.mtp import mtp_cost
@@ -36,8 +37,9 @@ from ..cost.pipeline import pipeline_time
 from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
-from ..specs.training import DEFAULT_RECOMPUTE_MODULES, RECOMPUTE_MODULES, TrainingSpec
+from ..specs.training import RECOMPUTE_MODULES, TrainingSpec
 from .experts import with_experts
+from .pruning import search_memo
 
 ROUNDING = 1e-9
 """Relative slack under the floor: its sums run in another order than estimate_plan's."""
@@ -63,15 +65,16 @@ def stage_floors(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     kind, limit = recompute
     limit = limit if kind == "full" else None
     views = cluster.stage_clusters(pp)  # a mixed cluster's stages each on their own group, as estimate_plan's
-    priced = {view: _kind_terms(model, view, training, strategy, kind, experts, micro_batch_size)
-              for view in dict.fromkeys(views)}
+    priced = {view: (_kind_terms(model, view, training, strategy, kind, experts, micro_batch_size),
+                     runtime_overhead(view)) for view in dict.fromkeys(views)}
+    per_stage = [priced[view] for view in views] if len(priced) > 1 else [next(iter(priced.values()))] * pp
     v = len(sizes) // pp
     terms = range(3 if memory else 1)
-    stages = [[_dot(redone_counts, priced[views[s]][1][term]) + _dot(plain_counts, priced[views[s]][0][term])
-               for term in terms] for s, (redone_counts, plain_counts) in
-              enumerate(stage_shape_counts(model, sizes, pp, limit))]
-    overheads = [runtime_overhead(view) for view in views]
-    seconds = [stage[0] + v * overheads[s][1] + overheads[s][0] / num_micro_batches for s, stage in enumerate(stages)]
+    stages = [[_dot(redone_counts, redone[term]) + _dot(plain_counts, plain[term]) for term in terms]
+              for (redone_counts, plain_counts), ((plain, redone), _) in
+              zip(stage_shape_counts(model, sizes, pp, limit), per_stage)]
+    seconds = [stage[0] + v * per_micro_batch + per_step / num_micro_batches
+               for stage, (_, (per_step, per_micro_batch)) in zip(stages, per_stage)]
     last_kind = kind if limit is None or sizes[-1] <= limit else "none"
     if last_kind == "full" and limit is not None and max(sizes) > limit:
         last_kind = "none"  # cost.mtp.mtp_layer_strategy: the block method skips the MTP layers
@@ -142,8 +145,8 @@ def _module_set_representatives(training: TrainingSpec, layer) -> tuple[Training
 
 
 def _dot(counts: tuple[int, ...], values: tuple[float, ...]) -> float:
-    """Each shape's count times its value, summed."""
-    return sum(count * value for count, value in zip(counts, values) if count)
+    """Each shape's count times its value, summed (the cost model's values are finite)."""
+    return sum(map(mul, counts, values))
 
 
 @lru_cache(maxsize=1 << 14)
@@ -197,12 +200,13 @@ def layer_shapes(model: ModelSpec) -> tuple:
     return tuple(dict.fromkeys(model.layers))
 
 
+@lru_cache(maxsize=1 << 14)
 def end_stage_seconds(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, strategy: LayerStrategy,
                       mtp_recompute: str, experts: tuple[int, Optional[int]], micro_batch_size: int, pp: int
                       ) -> tuple[float, float]:
     """(the embedding's seconds per micro-batch on the first stage, the LM head's and the multi-token
     prediction modules' on the head's stage), as cost.estimate.stage_costs adds them; the MTP layers run the
-    last layer's layout recomputed as `mtp_recompute`."""
+    last layer's layout recomputed as `mtp_recompute`. Memoised: every split and chunk count shares it."""
     embedding, head = _part_seconds(model, cluster, set_free(training), strategy, micro_batch_size, pp)
     if not model.mtp_num_layers:
         return embedding, head
@@ -227,18 +231,29 @@ def _part_seconds(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
 
 def set_free(training: TrainingSpec) -> TrainingSpec:
     """`training` as every cost that involves no selectively recomputed layer sees it (_as_layers_see_it):
-    the key under which the searches of all --recompute-modules sets share such costs."""
-    return _as_layers_see_it(training, "none")
+    the key under which the searches of all --recompute-modules sets share such costs. Memoised by identity:
+    the search asks this of the same few objects millions of times, and an equality-keyed cache would compare
+    an equal copy field by field on every hit."""
+    entry = _SET_FREE.get(id(training))
+    if entry is not None and entry[0] is training:
+        return entry[1]
+    free = without_recompute_modules(training)
+    if len(_SET_FREE) > 4096:
+        _SET_FREE.clear()
+    _SET_FREE[id(training)] = (training, free)  # the entry keeps `training` alive, so its id is not reused
+    _SET_FREE[id(free)] = (free, free)
+    return free
 
 
-@lru_cache(maxsize=256)
+_SET_FREE = search_memo()
+"""set_free's memo: id(training spec) -> (that spec, its set-free form)."""
+
+
 def _as_layers_see_it(training: TrainingSpec, recompute: str) -> TrainingSpec:
     """`training` with the default --recompute-modules unless the layers are selectively recomputed: the set
     shapes nothing else of a layer's cost (cost.layer_cost normalises it the same way), so one cache entry
     serves every set."""
-    if recompute == "selective" or training.recompute_modules == DEFAULT_RECOMPUTE_MODULES:
-        return training
-    return replace(training, recompute_modules=DEFAULT_RECOMPUTE_MODULES)
+    return training if recompute == "selective" else set_free(training)
 
 
 _FIRST_WITH_MODULES: dict = {}

@@ -20,7 +20,7 @@ from .integers import divisors
 from .uniform_config import (ACCOUNTED, UniformConfig, chunk_sizes, config_dp, config_stage_layers,
                              counted_stage_layers, even_split, megatron_uneven_splits, stage_layer_counts,
                              virtual_stage_choices)
-from .uniform_floors import SLOWER, UNFIT, micro_batch_floors, pipeline_lower_bound, screen
+from .uniform_floors import SLOWER, UNFIT, layer_strategy, micro_batch_floors, pipeline_lower_bound, screen
 
 __all__ = ["ACCOUNTED", "UniformConfig", "best_uniform_plan", "build_uniform_plan", "chunk_sizes", "config_dp",
            "config_stage_layers", "counted_stage_layers", "divisors", "even_split", "megatron_uneven_splits",
@@ -98,9 +98,8 @@ def states_overflow(model: ModelSpec, cluster: ClusterSpec, training: TrainingSp
     """True when some stage's layer weights, gradients and optimizer states alone, plus the
     framework overhead, exceed the memory budget: then no micro-batch size, virtual-stage
     count or recomputation makes these flags fit (activations only add to it)."""
-    strategy = LayerStrategy(tp=config.tp, dp=config_dp(cluster, config),
-                             zero=config.zero,
-                             sp=config.sequence_parallel and config.tp > 1, cp=config.cp)
+    strategy = layer_strategy(config.tp, config_dp(cluster, config), config.zero,
+                              config.sequence_parallel and config.tp > 1, "none", config.cp)
     state = min(layer_cost(spec, config.layer_strategy(spec, strategy), 1, model.seq_length, cluster,
                            training).state_bytes for spec in model.distinct_layers)
     most_layers = max(config_stage_layers(model.num_layers, config) or (0,))
@@ -140,7 +139,7 @@ def best_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Training
             floors = micro_batch_floors(model, cluster, training, config, tuple(micro_batches), tuple(virtual)) or ()
         if floors and floors[index] >= limit:
             continue  # every v of this size is slower than the limit: _best_virtual would change nothing
-        best, fits_none = _best_virtual(model, cluster, training, replace(config, micro_batch_size=mbs),
+        best, fits_none = _best_virtual(model, cluster, training, config.but(micro_batch_size=mbs),
                                         virtual, limit, best, drop_unfit)
         if fits_none and training.global_batch_size // (mbs * dp) >= config.pp:
             overflowed = True
@@ -171,7 +170,7 @@ def _best_virtual(model, cluster, training, config: UniformConfig, virtual: list
             single_overflowed = v == 1
             continue
         try:
-            plan = build_uniform_plan(model, cluster, training, replace(config, vp=v))
+            plan = build_uniform_plan(model, cluster, training, config.but(vp=v))
         except UserError:
             continue
         prediction = estimate_plan(plan, model, cluster, training)

@@ -35,7 +35,7 @@ def pipeline_lower_bound(model: ModelSpec, cluster: ClusterSpec, training: Train
     """
     dp = config_dp(cluster, config)
     recompute = config.recompute if config.recompute != "full" else "none"
-    strategy = _layer_strategy(config.tp, dp, config.zero,
+    strategy = layer_strategy(config.tp, dp, config.zero,
                                config.sequence_parallel and config.tp > 1, recompute, config.cp)
     m = training.global_batch_size // (micro_batch_size * dp)
     experts = (config.ep, config.etp)
@@ -112,7 +112,7 @@ def _floor_layout(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
     dp = config_dp(cluster, config)
     if profiled_cpu_cores(cluster) or sizes is None or training.global_batch_size % (mbs * dp):
         return None
-    strategy = _layer_strategy(config.tp, dp, config.zero,
+    strategy = layer_strategy(config.tp, dp, config.zero,
                                config.sequence_parallel and config.tp > 1, "none", config.cp)
     return (strategy, (config.ep, config.etp), sizes,
             training.global_batch_size // (mbs * dp))
@@ -144,7 +144,7 @@ def cannot_fit(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, c
     estimate_plan's fits test (cost.peak_memory.device_bytes <= device_budget_bytes) with the plan's
     communicators (cost.estimate.plan_communicators), which read only the TP and DP degrees that every layer
     and the embedding of these flags share."""
-    strategy = _layer_strategy(config.tp, config_dp(cluster, config), 0, False, "none", config.cp)
+    strategy = layer_strategy(config.tp, config_dp(cluster, config), 0, False, "none", config.cp)
     communicators = communicator_count({strategy}, config.pp, not model.untie_embeddings_and_output_weights)
     return device_bytes(floors.peak_bytes, cluster, communicators) > device_budget_bytes(cluster, training)
 
@@ -158,7 +158,7 @@ def _split(num_layers: int, pp: int, stage_layers, account_for, chunk_layers, vi
 
 
 @lru_cache(maxsize=4096)
-def _layer_strategy(tp: int, dp: int, zero: int, sp: bool, recompute: str, cp: int = 1) -> LayerStrategy:
+def layer_strategy(tp: int, dp: int, zero: int, sp: bool, recompute: str, cp: int = 1) -> LayerStrategy:
     """One object per layout: the bound runs per (micro-batch, chunks) and its cost lookups hash it."""
     return LayerStrategy(tp=tp, dp=dp, zero=zero, sp=sp, recompute=recompute, cp=cp)
 

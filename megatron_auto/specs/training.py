@@ -321,6 +321,17 @@ class TrainingSpec(CachedHash):
         return cls(global_batch_size=global_batch_size, precision=precision, **options)
 
 
+_INTERNED: dict = {}
+
+
+def interned(training: TrainingSpec) -> TrainingSpec:
+    """The first training spec seen equal to `training`. The cost model's caches are keyed on training specs: keys
+    that are one object match by identity, where equal copies are compared field by field on every hit."""
+    if len(_INTERNED) > 4096:
+        _INTERNED.clear()
+    return _INTERNED.setdefault(training, training)
+
+
 def recompute_modules_problem(layers, modules) -> Optional[str]:
     """Why selective recompute of `modules` cannot run on a model of these LayerSpecs, or None.
 
