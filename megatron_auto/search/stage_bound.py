@@ -65,30 +65,42 @@ def stage_floors(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     kind, limit = recompute
     limit = limit if kind == "full" else None
     views = cluster.stage_clusters(pp)  # a mixed cluster's stages each on their own group, as estimate_plan's
-    priced = {view: (_kind_terms(model, view, training, strategy, kind, experts, micro_batch_size),
-                     runtime_overhead(view)) for view in dict.fromkeys(views)}
-    per_stage = [priced[view] for view in views] if len(priced) > 1 else [next(iter(priced.values()))] * pp
-    v = len(sizes) // pp
     terms = range(3 if memory else 1)
-    stages = [[_dot(redone_counts, redone[term]) + _dot(plain_counts, plain[term]) for term in terms]
-              for (redone_counts, plain_counts), ((plain, redone), _) in
-              zip(stage_shape_counts(model, sizes, pp, limit), per_stage)]
+    if cluster.node_groups:
+        priced = {view: _stage_values(model, view, training, strategy, kind, experts, micro_batch_size, len(terms))
+                  for view in dict.fromkeys(views)}
+        per_stage = [priced[view] for view in views]
+    else:  # every stage on this cluster
+        per_stage = [_stage_values(model, cluster, training, strategy, kind, experts, micro_batch_size,
+                                   len(terms))] * pp
+    v = len(sizes) // pp
+    # Each stage's (recomputed, plain) shape counts against the same shapes' (recomputed, plain) values.
+    stages = [[sum(map(mul, counts, values[term])) for term in terms]
+              for counts, (values, _) in zip(stage_shape_vectors(model, sizes, pp, limit), per_stage)]
     seconds = [stage[0] + v * per_micro_batch + per_step / num_micro_batches
                for stage, (_, (per_step, per_micro_batch)) in zip(stages, per_stage)]
     last_kind = kind if limit is None or sizes[-1] <= limit else "none"
     if last_kind == "full" and limit is not None and max(sizes) > limit:
         last_kind = "none"  # cost.mtp.mtp_layer_strategy: the block method skips the MTP layers
     head = (len(sizes) - 1) % pp
-    ends = {view: end_stage_seconds(model, view, training, strategy, last_kind, experts, micro_batch_size, pp)
-            for view in dict.fromkeys((views[0], views[head]))}
-    seconds[0] += ends[views[0]][0]
-    seconds[head] += ends[views[head]][1]
+    seconds[0] += end_stage_seconds(model, views[0], training, strategy, last_kind, experts, micro_batch_size, pp)[0]
+    seconds[head] += end_stage_seconds(model, views[head], training, strategy, last_kind, experts, micro_batch_size,
+                                       pp)[1]
     time = pipeline_time(seconds, num_micro_batches, v) * (1.0 - ROUNDING)
     if not memory:
         return StageFloors(time, 0.0)
     peak = max(stages[stage][1] + stages[stage][2] * in_flight_micro_batches(stage, pp, num_micro_batches, v, "1f1b")
                for stage in range(pp))
     return StageFloors(time, (peak + cluster.framework_overhead_bytes) * (1.0 - ROUNDING))
+
+
+@lru_cache(maxsize=1 << 14)
+def _stage_values(model, cluster, training, strategy, kind: str, experts, micro_batch_size: int, terms: int
+                  ) -> tuple[tuple[tuple[float, ...], ...], tuple[float, float]]:
+    """(per term, the recomputed shapes' values then the plain shapes': stage_shape_vectors' order; the runtime's
+    overhead on `cluster`'s GPUs). Memoised: every split, chunk count and micro-batch count shares it."""
+    plain, redone = _kind_terms(model, cluster, training, strategy, kind, experts, micro_batch_size)
+    return tuple(redone[term] + plain[term] for term in range(terms)), runtime_overhead(cluster)
 
 
 def _kind_terms(model, cluster, training, strategy, kind: str, experts, micro_batch_size: int) -> tuple:
@@ -164,6 +176,13 @@ def stage_shape_counts(model: ModelSpec, sizes: tuple[int, ...], pp: int, limit:
                 part[shape] += after - before
         start += size
     return tuple((tuple(redone), tuple(plain)) for redone, plain in stages)
+
+
+@lru_cache(maxsize=1 << 14)
+def stage_shape_vectors(model: ModelSpec, sizes: tuple[int, ...], pp: int, limit: Optional[int]
+                        ) -> tuple[tuple[int, ...], ...]:
+    """stage_shape_counts with each stage's two counts joined: (recomputed counts..., plain counts...)."""
+    return tuple(redone + plain for redone, plain in stage_shape_counts(model, sizes, pp, limit))
 
 
 @lru_cache(maxsize=64)
