@@ -31,7 +31,7 @@ from .pruning import enabled as pruning_enabled, search_cache
 from .stage_bound import set_free
 from .uniform import (ACCOUNTED, UniformConfig, best_uniform_plan, chunk_sizes, config_dp, even_split,
                       megatron_uneven_splits, states_overflow, virtual_stage_choices)
-from .uniform_floors import candidate_floors, cannot_fit, micro_batch_floors, pipeline_lower_bound
+from .uniform_floors import candidate_floors, cannot_fit, micro_batch_floors, no_module_set_fits, pipeline_lower_bound
 
 MIN_CP_TOKENS = 2048
 """Context parallelism is searched where each CP rank keeps at least this many tokens of a sequence: below
@@ -254,6 +254,10 @@ def _plans_for_degrees(model, cluster, training, constraints, degrees, stats, in
             if recompute == "full" and training.moe_ep_overlap and base.ep > 1:
                 stats.drop("ep-overlap-without-full-recompute")  # Megatron-Core refuses it (cost/ep_overlap.py)
                 continue
+            if recompute == "selective" and _no_selective_fits(model, cluster, set_free(training),
+                                                               _any_recompute(constraints), base):
+                stats.drop(SELECTIVE_NEVER_FITS)
+                continue
             with stats.timed(f"megatron space: recompute {recompute}"):
                 plan = _best_for_recompute(model, cluster, training, constraints,
                                            base.but(recompute=recompute), stats, incumbent)
@@ -417,6 +421,23 @@ def _best_for_recompute(model, cluster, training, constraints, config: UniformCo
         if plan is not None and (best is None or _key(plan) < _key(best)):
             best = plan
     return best
+
+
+SELECTIVE_NEVER_FITS = "selective-never-fits"
+
+
+@search_cache(maxsize=1 << 14)
+def _no_selective_fits(model, cluster, training, constraints, config: UniformConfig) -> bool:
+    """Whether these flags overflow the device at every micro-batch size and chunk count they may take, every layer
+    selectively recomputed, under every --recompute-modules set (uniform_floors.no_module_set_fits): then
+    best_uniform_plan would screen each one out as unfit, and no set's search need walk them. Memoised on
+    `training` as stage_bound.set_free gives it; False where the floors do not apply."""
+    dp = config_dp(cluster, config)
+    sizes = [constraints.micro_batch_size] if constraints.micro_batch_size else \
+        divisors(training.global_batch_size // dp)
+    selective = config.but(recompute="selective")
+    return all(no_module_set_fits(model, cluster, training, selective.but(micro_batch_size=size), virtual)
+               for size in sizes for virtual in _virtual_choices(model, config, constraints))
 
 
 def _virtual_choices(model: ModelSpec, config: UniformConfig, constraints: SearchConstraints) -> list[int]:
