@@ -435,9 +435,17 @@ def _no_selective_fits(model, cluster, training, constraints, config: UniformCon
     dp = config_dp(cluster, config)
     sizes = [constraints.micro_batch_size] if constraints.micro_batch_size else \
         divisors(training.global_batch_size // dp)
-    selective = config.but(recompute="selective")
-    return all(no_module_set_fits(model, cluster, training, selective.but(micro_batch_size=size), virtual)
-               for size in sizes for virtual in _virtual_choices(model, config, constraints))
+    selective, choices = config.but(recompute="selective"), _virtual_choices(model, config, constraints)
+    overflowed = False
+    for size in sizes:
+        steady = training.global_batch_size // (size * dp) >= config.pp
+        if overflowed and steady:
+            continue  # best_uniform_plan's rule: past a size that fits under no v, no larger one with m >= p fits
+        sized = selective.but(micro_batch_size=size)
+        if not all(no_module_set_fits(model, cluster, training, sized, virtual) for virtual in choices):
+            return False
+        overflowed = overflowed or steady
+    return True
 
 
 def _virtual_choices(model: ModelSpec, config: UniformConfig, constraints: SearchConstraints) -> list[int]:
