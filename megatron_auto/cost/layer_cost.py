@@ -143,11 +143,11 @@ def _shared_dense_part(layer: LayerSpec, strategy: LayerStrategy, samples: int, 
 
 
 def with_experts(dense: LayerCost, experts: ExpertCost, cluster: ClusterSpec, hidden_dispatch_s: float = 0.0,
-                 dispatch_share: float = 0.0) -> LayerCost:
+                 dispatch_share: float = 0.0, ep_hidden_s: float = 0.0) -> LayerCost:
     """A MoE layer: its dense part plus its routed experts, each term added (the expert ZeRO-3 traffic
     hidden behind the layer's compute as the dense part's is), less the dispatch time the shared expert's
     stream hides (`hidden_dispatch_s`, cost/shared_expert.py) plus `dispatch_share` of it, what the hidden traffic's
-    kernels take from the compute beside them (cost/comm_interference.py)."""
+    kernels take from the compute beside them (cost/comm_interference.py); `ep_hidden_s`: LayerCost.ep_hidden_s."""
     compute = experts.forward_s + experts.backward_s + experts.recompute_s
     return replace(
         dense,
@@ -161,6 +161,7 @@ def with_experts(dense: LayerCost, experts: ExpertCost, cluster: ClusterSpec, hi
         transient_bytes=dense.transient_bytes + experts.rematerialised_bytes,
         optimizer_temporary_bytes=dense.optimizer_temporary_bytes + experts.optimizer_temporary_bytes,
         ep_comm_s=experts.comm_s - hidden_dispatch_s * (1.0 - dispatch_share),
+        ep_hidden_s=ep_hidden_s,
     )
 
 
@@ -212,7 +213,7 @@ def _with_priced_experts(dense: LayerCost, layer: LayerSpec, strategy: LayerStra
     merged = hidden_ep_seconds(layer, strategy, samples, seq, cluster, training, (dense.forward_s, dense.backward_s),
                                (experts.forward_s, experts.backward_s), experts.comm_s / passes)
     share = dispatch_interference_share(cluster, training)
-    return replace(with_experts(dense, experts, cluster, hidden + merged, share), ep_hidden_s=merged)
+    return with_experts(dense, experts, cluster, hidden + merged, share, ep_hidden_s=merged)
 
 
 def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int,

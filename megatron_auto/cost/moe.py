@@ -286,23 +286,47 @@ def experts_recomputed(layer: LayerSpec, strategy: LayerStrategy, training: Trai
                                             and "moe" in training.selective_modules(layer))
 
 
+_PER_MICRO_BATCH: dict = {}
+"""_per_micro_batch_terms' memo."""
+
+
+def _per_micro_batch_terms(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int, cluster: ClusterSpec,
+                           training: TrainingSpec) -> tuple[float, ...]:
+    """(forward, backward, recompute and dispatch seconds, activation bytes kept, and kept without recomputation)
+    of expert_cost. None reads the data-parallel degree or the ZeRO stage, so the memo, keyed without them, serves
+    every pipeline depth a search weighs at one (tp, ep, etp) (issue 37: a third of DeepSeek-V3's expert costs)."""
+    key = (layer, samples, seq, cluster, training, strategy.tp, strategy.sp, strategy.cp, strategy.ep,
+           strategy.etp, strategy.recompute)
+    terms = _PER_MICRO_BATCH.get(key)
+    if terms is None:
+        forward, backward = expert_compute_times(layer, seq, samples, strategy, cluster, training)
+        replayed = experts_recomputed(layer, strategy, training)
+        recompute = forward if replayed else activation_recompute_seconds(layer, seq, samples, strategy, cluster,
+                                                                          training)
+        terms = (forward, backward, recompute,
+                 (3 if replayed else 2) * dispatch_time(layer, seq, samples, strategy, cluster, training),
+                 expert_activation_bytes(layer, seq, samples, strategy, training, replayed),
+                 expert_activation_bytes(layer, seq, samples, strategy, training, False))
+        if len(_PER_MICRO_BATCH) >= 1 << 16:
+            _PER_MICRO_BATCH.clear()
+        _PER_MICRO_BATCH[key] = terms
+    return terms
+
+
 def expert_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int, cluster: ClusterSpec,
                 training: TrainingSpec) -> ExpertCost:
     """All expert terms of one MoE layer on one GPU. Full recompute, and selective recompute of `moe`,
     replay the router, dispatch, experts and combine in backward (a third dispatch pass, and under ZeRO-3 a
     third gather of the expert weights); other selective modules leave the experts alone."""
-    forward, backward = expert_compute_times(layer, seq, samples, strategy, cluster, training)
+    forward, backward, recompute, comm, kept, kept_without = _per_micro_batch_terms(layer, strategy, samples, seq,
+                                                                                     cluster, training)
     replayed = experts_recomputed(layer, strategy, training)
-    dispatch = dispatch_time(layer, seq, samples, strategy, cluster, training)
     view, params = expert_view(strategy), layer.expert_parameters
-    kept = expert_activation_bytes(layer, seq, samples, strategy, training, replayed)
-    kept_without = expert_activation_bytes(layer, seq, samples, strategy, training, False)
     return ExpertCost(
         forward_s=forward,
         backward_s=backward,
-        recompute_s=forward if replayed else activation_recompute_seconds(layer, seq, samples, strategy, cluster,
-                                                                          training),
-        comm_s=(3 if replayed else 2) * dispatch,
+        recompute_s=recompute,
+        comm_s=comm,
         zero3_s=zero3_comm_time(params, view, cluster, training, replayed),
         dp_comm_per_iteration_s=dp_comm_time(params, view, cluster, training),
         state_bytes=model_state_bytes(params, view, training) + _fp8_expert_weight_copies(params, view, training),
