@@ -65,20 +65,20 @@ def stage_floors(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     kind, limit = recompute
     limit = limit if kind == "full" else None
     views = cluster.stage_clusters(pp)  # a mixed cluster's stages each on their own group, as estimate_plan's
-    terms = range(3 if memory else 1)
     if cluster.node_groups:
-        priced = {view: _stage_values(model, view, training, strategy, kind, experts, micro_batch_size, len(terms))
-                  for view in dict.fromkeys(views)}
+        priced = {view: _stage_values(model, view, training, strategy, kind, experts, micro_batch_size,
+                                      3 if memory else 1) for view in dict.fromkeys(views)}
         per_stage = [priced[view] for view in views]
-    else:  # every stage on this cluster
+    else:  # one entry: every stage on this cluster
         per_stage = [_stage_values(model, cluster, training, strategy, kind, experts, micro_batch_size,
-                                   len(terms))] * pp
+                                   3 if memory else 1)]
+    vectors = stage_shape_vectors(model, sizes, pp, limit)
     v = len(sizes) // pp
-    # Each stage's (recomputed, plain) shape counts against the same shapes' (recomputed, plain) values.
-    stages = [[sum(map(mul, counts, values[term])) for term in terms]
-              for counts, (values, _) in zip(stage_shape_vectors(model, sizes, pp, limit), per_stage)]
-    seconds = [stage[0] + v * per_micro_batch + per_step / num_micro_batches
-               for stage, (_, (per_step, per_micro_batch)) in zip(stages, per_stage)]
+    seconds = _stage_sums(vectors, per_stage, 0)
+    if any(per_step or per_micro_batch for _, (per_step, per_micro_batch) in per_stage):
+        overheads = [overhead for _, overhead in (per_stage if len(per_stage) == pp else per_stage * pp)]
+        seconds = [stage + v * per_micro_batch + per_step / num_micro_batches
+                   for stage, (per_step, per_micro_batch) in zip(seconds, overheads)]
     last_kind = kind if limit is None or sizes[-1] <= limit else "none"
     if last_kind == "full" and limit is not None and max(sizes) > limit:
         last_kind = "none"  # cost.mtp.mtp_layer_strategy: the block method skips the MTP layers
@@ -89,9 +89,19 @@ def stage_floors(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
     time = pipeline_time(seconds, num_micro_batches, v) * (1.0 - ROUNDING)
     if not memory:
         return StageFloors(time, 0.0)
-    peak = max(stages[stage][1] + stages[stage][2] * in_flight_micro_batches(stage, pp, num_micro_batches, v, "1f1b")
+    states, kept = _stage_sums(vectors, per_stage, 1), _stage_sums(vectors, per_stage, 2)
+    peak = max(states[stage] + kept[stage] * in_flight_micro_batches(stage, pp, num_micro_batches, v, "1f1b")
                for stage in range(pp))
     return StageFloors(time, (peak + cluster.framework_overhead_bytes) * (1.0 - ROUNDING))
+
+
+def _stage_sums(vectors: tuple[tuple[int, ...], ...], per_stage: list, term: int) -> list[float]:
+    """Per stage, its (recomputed, plain) shape counts times its shapes' values of `term` (_stage_values);
+    `per_stage`: one entry per stage, or one for all."""
+    if len(per_stage) == 1:
+        values = per_stage[0][0][term]
+        return [sum(map(mul, counts, values)) for counts in vectors]
+    return [sum(map(mul, counts, values[term])) for counts, (values, _) in zip(vectors, per_stage)]
 
 
 @lru_cache(maxsize=1 << 14)
