@@ -48,8 +48,13 @@ SPACES = ("megatron", "hybrid")
 TIME_CASES = [("gpt3-175b", "dgx-a100-80gb", 8, 1536), ("gpt3-175b", "dgx-a100-80gb", 128, 1536),
               ("llama2-70b", "dgx-h100-80gb", 8, 512), ("gpt3-39.1b", "dgx-a100-80gb", 8, 256)]
 PLAN_CASES = [("deepseek-v3", "dgx-h100-80gb", 128, 8192), ("mixtral-8x7b", "dgx-h100-80gb", 8, 256),
-              ("llama3-70b", "dgx-h100-80gb", 8, 128)]
-"""Jobs the docs plan with `megatron-auto plan`'s default flags (issue 37: each under 2 s on one core)."""
+              ("llama3-70b", "dgx-h100-80gb", 8, 128), ("deepseek-v3", "dgx-h100-80gb", 128, 4096),
+              ("deepseek-moe-16b", "dgx-h100-80gb", 32, 1024), ("deepseek-v2-lite", "dgx-h100-80gb", 2, 512),
+              ("mixtral-8x7b", "dgx-h100-80gb", 4, 128), ("llama3-70b", "dgx-h100-80gb", 16, 512),
+              ("llama3-8b", "dgx-h100-80gb", 1, 128), ("gpt3-1.7b", "dgx-h100-80gb", 1, 64),
+              ("gpt3-175b", "dgx-a100-80gb", 128, 1536)]
+"""Every job README.md and docs/ plan with `megatron-auto plan`'s default flags (issue 37: each under 2 s on one
+core)."""
 PRUNING_CASES = [("gpt3-39.1b", 8, 256), ("gpt3-175b", 128, 1536)]
 GROWTH_GPUS = (8, 64, 512, 4096)
 GROWTH_LAYERS = (24, 48, 96, 128)
@@ -104,6 +109,8 @@ OUTER_LOOP_RULES = {
     "memory-relaxed-bound": "hybrid: the Lagrangian (memory-priced) bound of the candidate's stages, "
                             "over all partitions, cannot beat the best plan so far (search/relaxation.py)",
     "states-exceed-memory": "megatron: the layers' weights, gradients and optimizer states alone overflow a stage",
+    "selective-never-fits": "megatron: with every layer selectively recomputed, the memory floor overflows at every "
+                            "micro-batch size and chunk count under every --recompute-modules set",
 }
 
 

@@ -200,3 +200,56 @@ def test_the_dense_part_reads_no_expert_degree(name):
                 dense_part_cost(layer, dense_view(strategy), 2, model.seq_length, cluster, training)
             checked += 1
     assert checked >= 4
+
+
+def test_flags_whose_selective_recomputation_never_fits_are_skipped_with_the_same_plan():
+    """megatron_space._no_selective_fits: on a memory-bound job the rule fires, and the plan is the one the search
+    finds without the floors (test_pruned_search_returns_the_unpruned_plan checks the same job's plan)."""
+    model, cluster, training = _job("gpt3-1.7b", "dgx-a100-80gb", 1, 64, 7)
+    fast = search_plan(model, cluster, training, "megatron", choose_recompute_modules=True)
+    with pruning.unpruned():
+        slow = search_plan(model, cluster, training, "megatron", choose_recompute_modules=True)
+    assert dict(fast.pruning).get("selective-never-fits", 0) > 0
+    assert "selective-never-fits" not in dict(slow.pruning)
+    assert fast.plan == slow.plan
+
+
+@pytest.mark.parametrize("name", ["deepseek-v3", "tiny-deepseek-moe"])
+def test_expert_terms_read_no_data_parallel_degree(name):
+    """cost.moe._per_micro_batch_terms is memoised without dp and the ZeRO stage: priced afresh at one dp, each
+    term equals the memo's entry filled at another."""
+    from megatron_auto.cost import moe
+
+    model, cluster = load_model(name), load_cluster("dgx-h100-80gb", 4)
+    training = TrainingSpec(256, recompute_modules=("moe_act",), moe_grouped_gemm=True)
+    layer = next(shape for shape in layer_shapes(model) if shape.moe)
+    for recompute, (first_dp, zero), (other_dp, other_zero) in itertools.product(
+            ("none", "selective", "full"), [(16, 1)], [(4, 0), (32, 1)]):
+        def strategy(dp, zero_stage):
+            return with_experts(layer, LayerStrategy(tp=1, dp=dp, zero=zero_stage, recompute=recompute), 4, 1)
+        moe._PER_MICRO_BATCH.clear()
+        fresh = moe._per_micro_batch_terms(layer, strategy(other_dp, other_zero), 2, model.seq_length, cluster,
+                                           training)
+        moe._PER_MICRO_BATCH.clear()
+        moe._per_micro_batch_terms(layer, strategy(first_dp, zero), 2, model.seq_length, cluster, training)
+        assert moe._per_micro_batch_terms(layer, strategy(other_dp, other_zero), 2, model.seq_length, cluster,
+                                          training) == fresh
+
+
+def test_uniform_config_but_is_replace():
+    config = UniformConfig(tp=2, pp=4, micro_batch_size=1, sequence_parallel=True, ep=2)
+    changed = config.but(vp=2, recompute="full", recompute_num_layers=3)
+    assert changed == replace(config, vp=2, recompute="full", recompute_num_layers=3)
+    assert hash(changed) == hash(replace(config, vp=2, recompute="full", recompute_num_layers=3))
+    assert config.vp == 1 and config.recompute == "none"
+    with pytest.raises(TypeError, match="no field 'virtual_stages'"):
+        config.but(virtual_stages=2)
+
+
+def test_set_free_gives_one_object_for_equal_specs():
+    """stage_bound.set_free memoises by identity and cost.layer_cost interns what it returns: equal training specs,
+    whatever their --recompute-modules set, map to one object, so the caches keyed on it match by identity."""
+    first, second = TrainingSpec(64, recompute_modules=("mlp",)), TrainingSpec(64, recompute_modules=("moe",))
+    free = set_free(first)
+    assert free == replace(first, recompute_modules=TrainingSpec(64).recompute_modules)
+    assert set_free(second) is free and set_free(free) is free and set_free(first) is free
