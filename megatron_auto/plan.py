@@ -269,6 +269,13 @@ class Plan:
         for check in PLAN_VALIDATORS:
             check(self)
 
+    def with_prediction(self, prediction: Optional[Prediction]) -> Plan:
+        """This plan with `prediction`: dataclasses.replace without re-running the validators, which read no
+        prediction (the search attaches one to thousands of plans)."""
+        priced = object.__new__(Plan)
+        priced.__dict__.update(self.__dict__, prediction=prediction)
+        return priced
+
     @cached_property
     def layer_strategies(self) -> tuple[LayerStrategy, ...]:
         return tuple(s for chunk in self.chunks for s in chunk.layers)

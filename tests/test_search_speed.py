@@ -253,3 +253,12 @@ def test_set_free_gives_one_object_for_equal_specs():
     free = set_free(first)
     assert free == replace(first, recompute_modules=TrainingSpec(64).recompute_modules)
     assert set_free(second) is free and set_free(free) is free and set_free(first) is free
+
+
+def test_with_prediction_is_replace():
+    model, cluster, training = load_model("tiny-gpt"), load_cluster("cpu-gloo", 1), TrainingSpec(16)
+    plan = build_uniform_plan(model, cluster, training, UniformConfig(tp=2, pp=2, micro_batch_size=2))
+    prediction = estimate_plan(plan, model, cluster, training)
+    priced = plan.with_prediction(prediction)
+    assert priced == replace(plan, prediction=prediction) and priced.prediction is prediction
+    assert plan.prediction is None

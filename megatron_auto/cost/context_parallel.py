@@ -20,6 +20,7 @@ What changes against the same layer without CP, for one rank:
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
 from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
@@ -36,7 +37,13 @@ def local_sequence(seq: int, strategy: LayerStrategy) -> int:
 
 def gradient_strategy(strategy: LayerStrategy) -> LayerStrategy:
     """The strategy as the weights see it: CP folded into DP (the gradient and optimizer group)."""
-    return replace(strategy, dp=strategy.gradient_dp, cp=1) if strategy.cp > 1 else strategy
+    return _cp_folded(strategy) if strategy.cp > 1 else strategy
+
+
+@lru_cache(maxsize=4096)
+def _cp_folded(strategy: LayerStrategy) -> LayerStrategy:
+    """gradient_strategy of a CP layout, memoised: a search asks it of each layout thousands of times."""
+    return replace(strategy, dp=strategy.gradient_dp, cp=1)
 
 
 def local_model(model: ModelSpec, strategy: LayerStrategy) -> ModelSpec:

@@ -129,7 +129,7 @@ def _score(model, cluster, training, config: UniformConfig, result: GridResult) 
         result.invalid += 1
         return None
     result.evaluated += 1
-    return replace(plan, prediction=estimate_plan(plan, model, cluster, training))
+    return plan.with_prediction(estimate_plan(plan, model, cluster, training))
 
 
 def _consider(plan: Optional[Plan], config: UniformConfig, result: GridResult) -> None:

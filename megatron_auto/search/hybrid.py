@@ -12,7 +12,7 @@ beat the best plan so far under the Lagrangian memory relaxation (relaxation.py)
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
@@ -238,7 +238,7 @@ def _solve(candidate: Candidate, model, cluster, training, options, stats,
     plan = Plan(space="hybrid", world_size=cluster.world_size, pipeline_parallel=pp,
                 global_batch_size=training.global_batch_size, num_micro_batches=m, chunks=tuple(chunks),
                 embedding=candidate.embedding, model=model, cluster=cluster.name)
-    plan = replace(plan, prediction=estimate_plan(plan, model, cluster, training))
+    plan = plan.with_prediction(estimate_plan(plan, model, cluster, training))
     return plan if plan.prediction.fits else None
 
 

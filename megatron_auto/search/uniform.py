@@ -177,7 +177,7 @@ def _best_virtual(model, cluster, training, config: UniformConfig, virtual: list
         fitted_any |= prediction.fits
         single_overflowed = v == 1 and not prediction.fits
         if best is None or _rank(prediction) < _rank(best.prediction):
-            best = replace(plan, prediction=prediction)
+            best = plan.with_prediction(prediction)
             if prediction.fits:
                 limit = min(limit, prediction.iteration_time_s)
     return best, scored_all and not fitted_any
