@@ -31,7 +31,8 @@ from .pruning import enabled as pruning_enabled, search_cache
 from .stage_bound import set_free
 from .uniform import (ACCOUNTED, UniformConfig, best_uniform_plan, chunk_sizes, config_dp, even_split,
                       megatron_uneven_splits, states_overflow, virtual_stage_choices)
-from .uniform_floors import candidate_floors, cannot_fit, micro_batch_floors, no_module_set_fits, pipeline_lower_bound
+from .uniform_floors import (candidate_floors, cannot_fit, micro_batch_floors, no_module_set_fits,
+                             pipeline_lower_bound, plain_floor)
 
 MIN_CP_TOKENS = 2048
 """Context parallelism is searched where each CP rank keeps at least this many tokens of a sequence: below
@@ -409,9 +410,10 @@ def _best_for_recompute(model, cluster, training, constraints, config: UniformCo
         divisors(training.global_batch_size // dp)
     best = every
     for size, virtual in itertools.product(sizes, _virtual_choices(model, config, constraints)):
-        if pipeline_lower_bound(model, cluster, training, config, size, virtual) >= \
-                min(incumbent, best.prediction.iteration_time_s if best is not None else math.inf):
-            continue   # no layer count recomputed at this pair beats what is known (the bound omits recompute)
+        known = min(incumbent, best.prediction.iteration_time_s if best is not None else math.inf)
+        if pipeline_lower_bound(model, cluster, training, config, size, virtual) >= known or \
+                plain_floor(model, cluster, training, config, size, virtual) >= known:
+            continue   # no layer count recomputed at this pair beats what is known (the bounds omit recompute)
         sized = config.but(micro_batch_size=size, vp=virtual)
         if _floor_overflows(model, cluster, training, sized, None):
             continue   # not even every layer recomputed fits at this pair

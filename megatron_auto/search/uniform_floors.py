@@ -118,6 +118,18 @@ def _floor_layout(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
             training.global_batch_size // (mbs * dp))
 
 
+def plain_floor(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig,
+                micro_batch_size: int, virtual_stages: int) -> float:
+    """The stage floor of `config` at this micro-batch size and chunk count without recomputation (-inf where the
+    floors do not apply or the switch is off): no recomputed layer count beats it, since recomputation only adds
+    time (candidate_floors)."""
+    if not pruning_enabled():
+        return -math.inf
+    floors = _plain_floors_and_layout(model, cluster, set_free(training), config, virtual_stages, False,
+                                      micro_batch_size)[0]
+    return -math.inf if floors is None else floors.time_s
+
+
 def micro_batch_floors(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, config: UniformConfig,
                        micro_batches: tuple[int, ...], virtual: tuple[int, ...]) -> Optional[tuple[float, ...]]:
     """Per micro-batch size, the least floor without recomputation over the chunk counts `virtual` (-inf
