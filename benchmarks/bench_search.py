@@ -76,7 +76,9 @@ def time_section() -> str:
     default flags on PLAN_CASES (issue 37: under 2 s each), in this process."""
     lines = [HEADINGS["time"], "", f"Command: {command('time')}. CPU seconds (one core) of `search_plan` on this "
              "machine; the last rows are `megatron-auto plan` with its default flags (it also chooses "
-             "`--recompute-modules`, one search per set).", "",
+             "`--recompute-modules`, one search per set) on every job README.md and docs/ plan that way. This "
+             "virtual machine's pace drifts: the same command has read every row up to 1.6x slower in a slow "
+             "spell, so compare rows of one run.", "",
              "| model | cluster | GPUs | batch | space | search s | predicted iteration s | TFLOP/s per GPU |",
              "|---|---|---|---|---|---|---|---|"]
     for model_name, cluster_name, nodes, batch in TIME_CASES:
