@@ -262,3 +262,33 @@ def test_with_prediction_is_replace():
     priced = plan.with_prediction(prediction)
     assert priced == replace(plan, prediction=prediction) and priced.prediction is prediction
     assert plan.prediction is None
+
+
+@pytest.mark.parametrize("name,precision,extra", [
+    ("deepseek-v3", "bf16", {}), ("deepseek-moe-16b", "bf16", {}), ("tiny-deepseek-moe", "bf16", {}),
+    ("llama3-70b", "fp8", {"tp_comm_overlap": True}), ("mixtral-8x7b", "bf16", {"moe_ep_overlap": True}),
+    ("gpt3-1.7b", "bf16", {"cuda_graph_impl": "transformer_engine"}),
+])
+def test_a_layers_micro_batch_seconds_read_no_dp_below_zero3(name, precision, extra):
+    """uniform_floors._bound_work keys its memo without dp and the ZeRO stage below ZeRO-3: a layer's
+    micro_batch_s and compute seconds must not read them (CP, experts, FP8, TP overlap, CUDA graphs included)."""
+    model, cluster = load_model(name), load_cluster("dgx-h100-80gb", 16)
+    training = replace(TrainingSpec(512, precision=precision), **extra)
+    checked = 0
+    for layer, tp, cp, recompute, samples in itertools.product(layer_shapes(model), (1, 2, 8), (1, 2),
+                                                               ("none", "selective", "full"), (1, 2)):
+        if layer.tensor_parallel_error(tp) or (cp > 1 and (layer.mla is not None or model.mtp_num_layers)):
+            continue
+        seen = set()
+        for dp, zero in ((8, 0), (8, 1), (4, 1), (16, 0), (16, 2)):
+            for ep, etp in expert_degree_choices(model, tp, tp * cp * dp)[:3] if layer.moe else [(1, None)]:
+                strategy = with_experts(layer, LayerStrategy(tp=tp, dp=dp, cp=cp, zero=zero, sp=tp > 1,
+                                                             recompute=recompute), ep, etp)
+                cost = layer_cost(layer, strategy, samples, model.seq_length, cluster, training)
+                seen.add((ep, etp, cost.micro_batch_s, cost.forward_s + cost.backward_s + cost.recompute_s))
+        per_experts = {}
+        for ep, etp, seconds, compute in seen:
+            per_experts.setdefault((ep, etp), set()).add((seconds, compute))
+        assert all(len(values) == 1 for values in per_experts.values()), (layer, tp, cp, recompute, per_experts)
+        checked += 1
+    assert checked >= 12

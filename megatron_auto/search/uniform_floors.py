@@ -175,11 +175,31 @@ def layer_strategy(tp: int, dp: int, zero: int, sp: bool, recompute: str, cp: in
     return LayerStrategy(tp=tp, dp=dp, zero=zero, sp=sp, recompute=recompute, cp=cp)
 
 
-@lru_cache(maxsize=1 << 16)
+_BOUND_WORK: dict = {}
+"""_bound_work's memo."""
+
+
 def _bound_work(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, strategy: LayerStrategy,
                 experts: tuple[int, Optional[int]], micro_batch_size: int) -> tuple[float, float]:
     """pipeline_lower_bound's (work, compute) sums over the model's layers, memoised: every split, chunk
-    count and --recompute-modules set of a layout shares them (issue 37)."""
+    count and --recompute-modules set of a layout shares them (issue 37). A layer's micro-batch seconds read the
+    data-parallel degree and the ZeRO stage only through ZeRO-3's gathers, so below ZeRO-3 the memo's key leaves
+    them out and one pricing serves every pipeline depth and optimizer choice at the same tp, cp and experts
+    (tests/test_search_speed.py checks the layers' seconds for it)."""
+    sharded = (strategy.dp, strategy.zero) if strategy.zero >= 3 else None
+    key = (model, cluster, training, strategy.tp, strategy.sp, strategy.cp, strategy.recompute, sharded, experts,
+           micro_batch_size)
+    found = _BOUND_WORK.get(key)
+    if found is None:
+        if len(_BOUND_WORK) >= 1 << 16:
+            _BOUND_WORK.clear()
+        found = _BOUND_WORK[key] = _summed_work(model, cluster, training, strategy, experts, micro_batch_size)
+    return found
+
+
+def _summed_work(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, strategy: LayerStrategy,
+                 experts: tuple[int, Optional[int]], micro_batch_size: int) -> tuple[float, float]:
+    """_bound_work, unmemoised."""
     work, compute_total, idle = 0.0, 0.0, 1.0 - core_share(cluster)
     for spec, count in layer_counts(model):
         cost = layer_cost(spec, with_experts(spec, strategy, *experts), micro_batch_size, model.seq_length, cluster,

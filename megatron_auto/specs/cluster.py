@@ -335,11 +335,17 @@ class ClusterSpec(CachedHash):
         2.0", GTC 2017: bus bandwidth across nodes is the per-node network bandwidth over the ranks that share
         it; nccl-tests' busbw reaches ~8 x 50 GB/s on 8-GPU DGX H100 nodes without SHARP)."""
         link = self.link_for_group(group_size, stride)
-        if link is self.intra_node:
-            return link
-        per_node = max(1, min(group_size, self.gpus_per_node // stride))
-        bandwidth = min(per_node * link.effective_bandwidth, self.intra_node.effective_bandwidth)
-        return replace(link, bandwidth_bytes_per_s=bandwidth / link.efficiency)
+        return link if link is self.intra_node else _ring_link_across_nodes(self, group_size, stride)
+
+
+@lru_cache(maxsize=4096)
+def _ring_link_across_nodes(cluster: ClusterSpec, group_size: int, stride: int) -> LinkSpec:
+    """ClusterSpec.ring_link_for_group of a group that crosses nodes, memoised (the search prices thousands of
+    collectives over a few group shapes)."""
+    link = cluster.inter_node
+    per_node = max(1, min(group_size, cluster.gpus_per_node // stride))
+    bandwidth = min(per_node * link.effective_bandwidth, cluster.intra_node.effective_bandwidth)
+    return replace(link, bandwidth_bytes_per_s=bandwidth / link.efficiency)
 
 
 @lru_cache(maxsize=256)
