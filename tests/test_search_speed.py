@@ -10,7 +10,7 @@ from dataclasses import replace
 import pytest
 
 from megatron_auto.cost.estimate import estimate_plan
-from megatron_auto.cost.layer_cost import layer_cost
+from megatron_auto.cost.layer_cost import kept_activation_bytes, layer_cost
 from megatron_auto.errors import UserError
 from megatron_auto.plan import LayerStrategy
 from megatron_auto.search import pruning, search_plan
@@ -270,8 +270,9 @@ def test_with_prediction_is_replace():
     ("gpt3-1.7b", "bf16", {"cuda_graph_impl": "transformer_engine"}),
 ])
 def test_a_layers_micro_batch_seconds_read_no_dp_below_zero3(name, precision, extra):
-    """uniform_floors._bound_work keys its memo without dp and the ZeRO stage below ZeRO-3: a layer's
-    micro_batch_s and compute seconds must not read them (CP, experts, FP8, TP overlap, CUDA graphs included)."""
+    """uniform_floors._bound_work and stage_bound.least_selective_kept_bytes key their memos without dp and the ZeRO
+    stage below ZeRO-3: a layer's micro_batch_s, compute seconds and kept activations must not read them (CP,
+    experts, FP8, TP overlap, CUDA graphs included)."""
     model, cluster = load_model(name), load_cluster("dgx-h100-80gb", 16)
     training = replace(TrainingSpec(512, precision=precision), **extra)
     checked = 0
@@ -285,10 +286,11 @@ def test_a_layers_micro_batch_seconds_read_no_dp_below_zero3(name, precision, ex
                 strategy = with_experts(layer, LayerStrategy(tp=tp, dp=dp, cp=cp, zero=zero, sp=tp > 1,
                                                              recompute=recompute), ep, etp)
                 cost = layer_cost(layer, strategy, samples, model.seq_length, cluster, training)
-                seen.add((ep, etp, cost.micro_batch_s, cost.forward_s + cost.backward_s + cost.recompute_s))
+                kept = kept_activation_bytes(layer, strategy, samples, model.seq_length, cluster, training)
+                seen.add((ep, etp, cost.micro_batch_s, cost.forward_s + cost.backward_s + cost.recompute_s, kept))
         per_experts = {}
-        for ep, etp, seconds, compute in seen:
-            per_experts.setdefault((ep, etp), set()).add((seconds, compute))
+        for ep, etp, *values in seen:
+            per_experts.setdefault((ep, etp), set()).add(tuple(values))
         assert all(len(values) == 1 for values in per_experts.values()), (layer, tp, cp, recompute, per_experts)
         checked += 1
     assert checked >= 12

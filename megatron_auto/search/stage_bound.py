@@ -139,14 +139,30 @@ def least_selective_peak(model: ModelSpec, cluster: ClusterSpec, training: Train
     return (peak + cluster.framework_overhead_bytes) * (1.0 - ROUNDING)
 
 
-@lru_cache(maxsize=1 << 14)
 def least_selective_kept_bytes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                                strategy: LayerStrategy, experts: tuple[int, Optional[int]], micro_batch_size: int
                                ) -> tuple[float, ...]:
     """Per distinct layer shape (layer_shapes' order), the least activation bytes it keeps under selective
     recomputation of any set of RECOMPUTE_MODULES: the minimum over what the sets re-run of it, since keeping
     is not monotone in the set (an unfused core with grouped queries keeps more of Q, K and V when
-    recomputed: cost.memory.qkv_kept_width)."""
+    recomputed: cost.memory.qkv_kept_width). Memoised without dp and the ZeRO stage below ZeRO-3, which a
+    layer's kept activations do not read (tests/test_search_speed.py): one pricing serves every pipeline depth."""
+    sharded = (strategy.dp, strategy.zero) if strategy.zero >= 3 else None
+    key = (model, cluster, training, strategy.tp, strategy.sp, strategy.cp, sharded, experts, micro_batch_size)
+    found = _LEAST_KEPT.get(key)
+    if found is None:
+        if len(_LEAST_KEPT) >= 1 << 14:
+            _LEAST_KEPT.clear()
+        found = _LEAST_KEPT[key] = _least_kept(model, cluster, training, strategy, experts, micro_batch_size)
+    return found
+
+
+_LEAST_KEPT: dict = {}
+"""least_selective_kept_bytes' memo."""
+
+
+def _least_kept(model, cluster, training, strategy, experts, micro_batch_size: int) -> tuple[float, ...]:
+    """least_selective_kept_bytes, unmemoised."""
     layout = _recomputed(strategy, "selective")
     return tuple(min(kept_activation_bytes(layer, with_experts(layer, layout, *experts), micro_batch_size,
                                            model.seq_length, cluster, spec)
