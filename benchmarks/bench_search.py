@@ -56,7 +56,7 @@ PLAN_CASES = [("deepseek-v3", "dgx-h100-80gb", 128, 8192), ("mixtral-8x7b", "dgx
 """Every job README.md and docs/ plan with `megatron-auto plan`'s default flags (issue 37: each under 2 s on one
 core)."""
 PLAN_RUNS = 3
-"""Fresh-interpreter runs of each PLAN_CASES search: this virtual machine's pace drifts by up to 1.6x within an
+"""Fresh-interpreter runs of each PLAN_CASES search: this virtual machine's pace drifts by up to 1.7x within an
 hour, and other tenants only add time, so the least run is the search's own cost and the most shows the drift."""
 PRUNING_CASES = [("gpt3-39.1b", 8, 256), ("gpt3-175b", 128, 1536)]
 GROWTH_GPUS = (8, 64, 512, 4096)
@@ -88,7 +88,9 @@ def time_section() -> str:
     lines += ["", f"`megatron-auto plan` with its default flags (it also chooses `--recompute-modules`, one search "
               "per set) on every job README.md and docs/ plan that way: CPU seconds of its search, the least and "
               f"the most of {PLAN_RUNS} runs, each in a fresh interpreter as the command runs. This virtual "
-              "machine's pace drifts by up to 1.6x within an hour; other work only adds time.", "",
+              "machine's pace drifts by up to 1.7x within an hour; other work only adds time. "
+              "`.venv/bin/python -m benchmarks.search_instructions` counts a search's instructions, which do not "
+              "drift.", "",
               "| model | cluster | GPUs | batch | search s, least | search s, most | predicted iteration s | "
               "TFLOP/s per GPU |", "|---|---|---|---|---|---|---|---|"]
     for case in PLAN_CASES:
