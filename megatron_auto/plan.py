@@ -85,6 +85,15 @@ class LayerStrategy(CachedHash):
         """Data-parallel degree of the experts (ParallelDims.expert_dp)."""
         return self.dims.expert_dp
 
+    @cached_property
+    def per_micro_batch_key(self) -> tuple:
+        """What a layer's per-micro-batch terms (its seconds, its kept activations, its experts' dispatch) read of
+        this layout: all but the data-parallel degree and a ZeRO stage below 3, which only the states and the
+        per-iteration gradient traffic read. The search's memos of those terms key on it, so one pricing serves
+        every pipeline depth and optimizer choice (tests/test_search_speed.py checks that they read neither)."""
+        return (self.tp, self.sp, self.cp, self.ep, self.etp, self.recompute,
+                (self.dp, self.zero) if self.zero >= 3 else None)
+
     def layout(self) -> tuple[int, int, int, bool, int]:
         """What decides where the layer's tensors live; recompute does not."""
         return (self.tp, self.dp, self.zero, self.sp, self.cp)

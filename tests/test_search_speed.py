@@ -216,7 +216,7 @@ def test_flags_whose_selective_recomputation_never_fits_are_skipped_with_the_sam
 
 @pytest.mark.parametrize("name", ["deepseek-v3", "tiny-deepseek-moe"])
 def test_expert_terms_read_no_data_parallel_degree(name):
-    """cost.moe._per_micro_batch_terms is memoised without dp and the ZeRO stage: priced afresh at one dp, each
+    """cost.moe._per_micro_batch_terms is memoised on LayerStrategy.per_micro_batch_key: priced afresh at one dp, each
     term equals the memo's entry filled at another."""
     from megatron_auto.cost import moe
 
@@ -270,9 +270,10 @@ def test_with_prediction_is_replace():
     ("gpt3-1.7b", "bf16", {"cuda_graph_impl": "transformer_engine"}),
 ])
 def test_a_layers_micro_batch_seconds_read_no_dp_below_zero3(name, precision, extra):
-    """uniform_floors._bound_work and stage_bound.least_selective_kept_bytes key their memos without dp and the ZeRO
-    stage below ZeRO-3: a layer's micro_batch_s, compute seconds and kept activations must not read them (CP,
-    experts, FP8, TP overlap, CUDA graphs included)."""
+    """The search's memos of a layer's per-micro-batch terms key on LayerStrategy.per_micro_batch_key, without dp
+    and the ZeRO stage below ZeRO-3 (uniform_floors._bound_work, stage_bound.least_selective_kept_bytes): a
+    layer's micro_batch_s, compute seconds and kept activations must not read them (CP, experts, FP8, TP
+    overlap, CUDA graphs included)."""
     model, cluster = load_model(name), load_cluster("dgx-h100-80gb", 16)
     training = replace(TrainingSpec(512, precision=precision), **extra)
     checked = 0

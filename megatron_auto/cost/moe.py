@@ -293,10 +293,9 @@ _PER_MICRO_BATCH: dict = {}
 def _per_micro_batch_terms(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int, cluster: ClusterSpec,
                            training: TrainingSpec) -> tuple[float, ...]:
     """(forward, backward, recompute and dispatch seconds, activation bytes kept, and kept without recomputation)
-    of expert_cost. None reads the data-parallel degree or the ZeRO stage, so the memo, keyed without them, serves
-    every pipeline depth a search weighs at one (tp, ep, etp) (issue 37: a third of DeepSeek-V3's expert costs)."""
-    key = (layer, samples, seq, cluster, training, strategy.tp, strategy.sp, strategy.cp, strategy.ep,
-           strategy.etp, strategy.recompute)
+    of expert_cost, memoised on LayerStrategy.per_micro_batch_key: one pricing serves every pipeline depth a search
+    weighs at one (tp, ep, etp) (issue 37: a third of DeepSeek-V3's expert costs)."""
+    key = (layer, samples, seq, cluster, training, strategy.per_micro_batch_key)
     terms = _PER_MICRO_BATCH.get(key)
     if terms is None:
         forward, backward = expert_compute_times(layer, seq, samples, strategy, cluster, training)

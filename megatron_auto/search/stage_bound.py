@@ -145,10 +145,9 @@ def least_selective_kept_bytes(model: ModelSpec, cluster: ClusterSpec, training:
     """Per distinct layer shape (layer_shapes' order), the least activation bytes it keeps under selective
     recomputation of any set of RECOMPUTE_MODULES: the minimum over what the sets re-run of it, since keeping
     is not monotone in the set (an unfused core with grouped queries keeps more of Q, K and V when
-    recomputed: cost.memory.qkv_kept_width). Memoised without dp and the ZeRO stage below ZeRO-3, which a
-    layer's kept activations do not read (tests/test_search_speed.py): one pricing serves every pipeline depth."""
-    sharded = (strategy.dp, strategy.zero) if strategy.zero >= 3 else None
-    key = (model, cluster, training, strategy.tp, strategy.sp, strategy.cp, sharded, experts, micro_batch_size)
+    recomputed: cost.memory.qkv_kept_width). Memoised on LayerStrategy.per_micro_batch_key: one pricing serves
+    every pipeline depth."""
+    key = (model, cluster, training, strategy.per_micro_batch_key, experts, micro_batch_size)
     found = _LEAST_KEPT.get(key)
     if found is None:
         if len(_LEAST_KEPT) >= 1 << 14:

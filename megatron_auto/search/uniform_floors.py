@@ -183,12 +183,9 @@ def _bound_work(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, 
                 experts: tuple[int, Optional[int]], micro_batch_size: int) -> tuple[float, float]:
     """pipeline_lower_bound's (work, compute) sums over the model's layers, memoised: every split, chunk
     count and --recompute-modules set of a layout shares them (issue 37). A layer's micro-batch seconds read the
-    data-parallel degree and the ZeRO stage only through ZeRO-3's gathers, so below ZeRO-3 the memo's key leaves
-    them out and one pricing serves every pipeline depth and optimizer choice at the same tp, cp and experts
-    (tests/test_search_speed.py checks the layers' seconds for it)."""
-    sharded = (strategy.dp, strategy.zero) if strategy.zero >= 3 else None
-    key = (model, cluster, training, strategy.tp, strategy.sp, strategy.cp, strategy.recompute, sharded, experts,
-           micro_batch_size)
+    data-parallel degree and the ZeRO stage only through ZeRO-3's gathers, so the memo keys on
+    LayerStrategy.per_micro_batch_key: one pricing serves every pipeline depth and optimizer choice."""
+    key = (model, cluster, training, strategy.per_micro_batch_key, experts, micro_batch_size)
     found = _BOUND_WORK.get(key)
     if found is None:
         if len(_BOUND_WORK) >= 1 << 16:
