@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 from . import serde
-from .serde import CachedHash, checked
+from .serde import CachedHash, checked, replaced_unchecked
 from .errors import UserError
 from .limits import MAX_GLOBAL_BATCH, MAX_GPUS, MAX_LAYERS
 from .parallel_dims import ParallelDims
@@ -281,9 +281,7 @@ class Plan:
     def with_prediction(self, prediction: Optional[Prediction]) -> Plan:
         """This plan with `prediction`: dataclasses.replace without re-running the validators, which read no
         prediction (the search attaches one to thousands of plans)."""
-        priced = object.__new__(Plan)
-        priced.__dict__.update(self.__dict__, prediction=prediction)
-        return priced
+        return replaced_unchecked(self, prediction=prediction)
 
     @cached_property
     def layer_strategies(self) -> tuple[LayerStrategy, ...]:

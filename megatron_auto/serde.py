@@ -14,11 +14,12 @@ bound (fractions); a field added later gets the generic checks for free.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import typing
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Callable, Hashable, TypeVar
 
 from .errors import UserError
 
@@ -135,6 +136,47 @@ def read_json(path: str | Path, what: str) -> Any:
         raise UserError(f"{what} file '{path}' is not valid JSON: {error.msg} at line {error.lineno}") from None
     except RecursionError:
         raise UserError(f"{what} file '{path}' nests JSON too deeply") from None
+
+
+def replaced_unchecked(record, **changes):
+    """dataclasses.replace(record, **changes) without running __init__ and __post_init__ (a fifth of its cost), for
+    frozen records whose checks read none of the changed fields. Only the fields are copied: no cached property
+    outlives the change."""
+    names = _field_names(type(record))
+    unknown = changes.keys() - names
+    if unknown:
+        raise TypeError(f"{type(record).__name__} has no field {sorted(unknown)[0]!r}")
+    state = record.__dict__
+    copy = object.__new__(type(record))
+    copy.__dict__.update({name: state[name] for name in names}, **changes)
+    return copy
+
+
+@functools.lru_cache(maxsize=None)
+def _field_names(cls: type) -> frozenset:
+    return frozenset(field.name for field in dataclasses.fields(cls))
+
+
+def memoised_on(key: Callable[..., Hashable], maxsize: int) -> Callable:
+    """Memoise a pure function on `key(*args)` rather than on all its arguments, emptied once it holds `maxsize`
+    entries: for a function that reads less of an argument than the whole (a layer's per-micro-batch terms read
+    no data-parallel degree, LayerStrategy.per_micro_batch_key), so that one entry serves every argument that
+    differs only in what it does not read. The wrapper's cache_clear() empties it."""
+    def decorate(function: Callable) -> Callable:
+        memo: dict = {}
+
+        @functools.wraps(function)
+        def memoised(*args):
+            entry = key(*args)
+            found = memo.get(entry)
+            if found is None:
+                if len(memo) >= maxsize:
+                    memo.clear()
+                found = memo[entry] = function(*args)
+            return found
+        memoised.cache_clear = memo.clear
+        return memoised
+    return decorate
 
 
 class CachedHash:

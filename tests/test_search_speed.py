@@ -227,10 +227,10 @@ def test_expert_terms_read_no_data_parallel_degree(name):
             ("none", "selective", "full"), [(16, 1)], [(4, 0), (32, 1)]):
         def strategy(dp, zero_stage):
             return with_experts(layer, LayerStrategy(tp=1, dp=dp, zero=zero_stage, recompute=recompute), 4, 1)
-        moe._PER_MICRO_BATCH.clear()
+        moe._per_micro_batch_terms.cache_clear()
         fresh = moe._per_micro_batch_terms(layer, strategy(other_dp, other_zero), 2, model.seq_length, cluster,
                                            training)
-        moe._PER_MICRO_BATCH.clear()
+        moe._per_micro_batch_terms.cache_clear()
         moe._per_micro_batch_terms(layer, strategy(first_dp, zero), 2, model.seq_length, cluster, training)
         assert moe._per_micro_batch_terms(layer, strategy(other_dp, other_zero), 2, model.seq_length, cluster,
                                           training) == fresh

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from ..plan import LayerStrategy
+from ..serde import memoised_on
 from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
 from ..specs.training import TrainingSpec
@@ -286,30 +287,20 @@ def experts_recomputed(layer: LayerSpec, strategy: LayerStrategy, training: Trai
                                             and "moe" in training.selective_modules(layer))
 
 
-_PER_MICRO_BATCH: dict = {}
-"""_per_micro_batch_terms' memo."""
-
-
+@memoised_on(lambda layer, strategy, samples, seq, cluster, training:
+             (layer, samples, seq, cluster, training, strategy.per_micro_batch_key), 1 << 16)
 def _per_micro_batch_terms(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int, cluster: ClusterSpec,
                            training: TrainingSpec) -> tuple[float, ...]:
     """(forward, backward, recompute and dispatch seconds, activation bytes kept, and kept without recomputation)
     of expert_cost, memoised on LayerStrategy.per_micro_batch_key: one pricing serves every pipeline depth a search
     weighs at one (tp, ep, etp) (issue 37: a third of DeepSeek-V3's expert costs)."""
-    key = (layer, samples, seq, cluster, training, strategy.per_micro_batch_key)
-    terms = _PER_MICRO_BATCH.get(key)
-    if terms is None:
-        forward, backward = expert_compute_times(layer, seq, samples, strategy, cluster, training)
-        replayed = experts_recomputed(layer, strategy, training)
-        recompute = forward if replayed else activation_recompute_seconds(layer, seq, samples, strategy, cluster,
-                                                                          training)
-        terms = (forward, backward, recompute,
-                 (3 if replayed else 2) * dispatch_time(layer, seq, samples, strategy, cluster, training),
-                 expert_activation_bytes(layer, seq, samples, strategy, training, replayed),
-                 expert_activation_bytes(layer, seq, samples, strategy, training, False))
-        if len(_PER_MICRO_BATCH) >= 1 << 16:
-            _PER_MICRO_BATCH.clear()
-        _PER_MICRO_BATCH[key] = terms
-    return terms
+    forward, backward = expert_compute_times(layer, seq, samples, strategy, cluster, training)
+    replayed = experts_recomputed(layer, strategy, training)
+    recompute = forward if replayed else activation_recompute_seconds(layer, seq, samples, strategy, cluster, training)
+    return (forward, backward, recompute,
+            (3 if replayed else 2) * dispatch_time(layer, seq, samples, strategy, cluster, training),
+            expert_activation_bytes(layer, seq, samples, strategy, training, replayed),
+            expert_activation_bytes(layer, seq, samples, strategy, training, False))
 
 
 def expert_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: int, cluster: ClusterSpec,

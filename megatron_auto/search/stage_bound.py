@@ -35,11 +35,11 @@ from ..cost.models import runtime_overhead
 from ..cost.mtp import mtp_cost
 from ..cost.pipeline import pipeline_time
 from ..plan import LayerStrategy
+from ..serde import memoised_on
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import RECOMPUTE_MODULES, TrainingSpec
 from .experts import with_experts
-from .pruning import search_memo
 
 ROUNDING = 1e-9
 """Relative slack under the floor: its sums run in another order than estimate_plan's."""
@@ -139,6 +139,8 @@ def least_selective_peak(model: ModelSpec, cluster: ClusterSpec, training: Train
     return (peak + cluster.framework_overhead_bytes) * (1.0 - ROUNDING)
 
 
+@memoised_on(lambda model, cluster, training, strategy, experts, micro_batch_size:
+             (model, cluster, training, strategy.per_micro_batch_key, experts, micro_batch_size), 1 << 14)
 def least_selective_kept_bytes(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                                strategy: LayerStrategy, experts: tuple[int, Optional[int]], micro_batch_size: int
                                ) -> tuple[float, ...]:
@@ -147,21 +149,6 @@ def least_selective_kept_bytes(model: ModelSpec, cluster: ClusterSpec, training:
     is not monotone in the set (an unfused core with grouped queries keeps more of Q, K and V when
     recomputed: cost.memory.qkv_kept_width). Memoised on LayerStrategy.per_micro_batch_key: one pricing serves
     every pipeline depth."""
-    key = (model, cluster, training, strategy.per_micro_batch_key, experts, micro_batch_size)
-    found = _LEAST_KEPT.get(key)
-    if found is None:
-        if len(_LEAST_KEPT) >= 1 << 14:
-            _LEAST_KEPT.clear()
-        found = _LEAST_KEPT[key] = _least_kept(model, cluster, training, strategy, experts, micro_batch_size)
-    return found
-
-
-_LEAST_KEPT: dict = {}
-"""least_selective_kept_bytes' memo."""
-
-
-def _least_kept(model, cluster, training, strategy, experts, micro_batch_size: int) -> tuple[float, ...]:
-    """least_selective_kept_bytes, unmemoised."""
     layout = _recomputed(strategy, "selective")
     return tuple(min(kept_activation_bytes(layer, with_experts(layer, layout, *experts), micro_batch_size,
                                            model.seq_length, cluster, spec)
@@ -275,29 +262,17 @@ def _part_seconds(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec
 
 def set_free(training: TrainingSpec) -> TrainingSpec:
     """`training` as every cost that involves no selectively recomputed layer sees it (_as_layers_see_it):
-    the key under which the searches of all --recompute-modules sets share such costs. Memoised by identity:
-    the search asks this of the same few objects millions of times, and an equality-keyed cache would compare
-    an equal copy field by field on every hit."""
-    entry = _SET_FREE.get(id(training))
-    if entry is not None and entry[0] is training:
-        return entry[1]
-    free = without_recompute_modules(training)
-    if len(_SET_FREE) > 4096:
-        _SET_FREE.clear()
-    _SET_FREE[id(training)] = (training, free)  # the entry keeps `training` alive, so its id is not reused
-    _SET_FREE[id(free)] = (free, free)
-    return free
+    the key under which the searches of all --recompute-modules sets share such costs. One object for equal specs
+    (cost.layer_cost.without_recompute_modules interns it), so the caches keyed on it match by identity."""
+    return _as_layers_see_it(training, "none")
 
 
-_SET_FREE = search_memo()
-"""set_free's memo: id(training spec) -> (that spec, its set-free form)."""
-
-
+@lru_cache(maxsize=256)
 def _as_layers_see_it(training: TrainingSpec, recompute: str) -> TrainingSpec:
     """`training` with the default --recompute-modules unless the layers are selectively recomputed: the set
     shapes nothing else of a layer's cost (cost.layer_cost normalises it the same way), so one cache entry
     serves every set."""
-    return training if recompute == "selective" else set_free(training)
+    return training if recompute == "selective" else without_recompute_modules(training)
 
 
 _FIRST_WITH_MODULES: dict = {}

@@ -11,6 +11,7 @@ from ..cost.layer_cost import layer_cost
 from ..cost.models import core_share, profiled_cpu_cores
 from ..cost.peak_memory import communicator_count, device_budget_bytes, device_bytes
 from ..plan import LayerStrategy
+from ..serde import memoised_on
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
@@ -175,28 +176,14 @@ def layer_strategy(tp: int, dp: int, zero: int, sp: bool, recompute: str, cp: in
     return LayerStrategy(tp=tp, dp=dp, zero=zero, sp=sp, recompute=recompute, cp=cp)
 
 
-_BOUND_WORK: dict = {}
-"""_bound_work's memo."""
-
-
+@memoised_on(lambda model, cluster, training, strategy, experts, micro_batch_size:
+             (model, cluster, training, strategy.per_micro_batch_key, experts, micro_batch_size), 1 << 16)
 def _bound_work(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, strategy: LayerStrategy,
                 experts: tuple[int, Optional[int]], micro_batch_size: int) -> tuple[float, float]:
     """pipeline_lower_bound's (work, compute) sums over the model's layers, memoised: every split, chunk
     count and --recompute-modules set of a layout shares them (issue 37). A layer's micro-batch seconds read the
     data-parallel degree and the ZeRO stage only through ZeRO-3's gathers, so the memo keys on
     LayerStrategy.per_micro_batch_key: one pricing serves every pipeline depth and optimizer choice."""
-    key = (model, cluster, training, strategy.per_micro_batch_key, experts, micro_batch_size)
-    found = _BOUND_WORK.get(key)
-    if found is None:
-        if len(_BOUND_WORK) >= 1 << 16:
-            _BOUND_WORK.clear()
-        found = _BOUND_WORK[key] = _summed_work(model, cluster, training, strategy, experts, micro_batch_size)
-    return found
-
-
-def _summed_work(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec, strategy: LayerStrategy,
-                 experts: tuple[int, Optional[int]], micro_batch_size: int) -> tuple[float, float]:
-    """_bound_work, unmemoised."""
     work, compute_total, idle = 0.0, 0.0, 1.0 - core_share(cluster)
     for spec, count in layer_counts(model):
         cost = layer_cost(spec, with_experts(spec, strategy, *experts), micro_batch_size, model.seq_length, cluster,
