@@ -2,6 +2,7 @@
 merged steps (cost/ep_overlap.py), against values computed by hand or by enumeration, and through the CLI."""
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from itertools import combinations
 from math import comb
@@ -9,12 +10,13 @@ from types import SimpleNamespace
 
 import pytest
 
+from megatron_auto.cli.job import load_job
 from megatron_auto.cli.main import main
+from megatron_auto.cli.parser import parse_args
 from megatron_auto.cost.estimate import unmerged_ep_seconds
 from megatron_auto.cost.ep_overlap import exposed_steady_state, hidden_ep_seconds
 from megatron_auto.cost.flex_dispatch import flex_all_to_all_time, node_reach_probability
 from megatron_auto.cost.layer_cost import dense_part_cost, layer_cost
-from megatron_auto.cost.memory import in_flight_micro_batches
 from megatron_auto.cost.moe import dispatch_time, ep_all_to_all_time, expert_cost
 from megatron_auto.plan import LayerStrategy
 from megatron_auto.specs.model import MoESpec
@@ -118,10 +120,26 @@ def test_unmerged_steps_show_what_a_merged_step_hides(pp, v, m, stage, steps):
     assert unmerged_ep_seconds(0.0, plan, stage) == 0.0
 
 
-def test_the_combined_schedule_holds_one_more_forward():
-    assert in_flight_micro_batches(0, 1, 8, 1, "1f1b", extra_forwards=1) == 2.0
-    assert in_flight_micro_batches(0, 4, 16, 2, "1f1b", extra_forwards=1) == approx(
-        in_flight_micro_batches(0, 4, 16, 2, "1f1b") + 0.5)
+def _estimate_json(capsys, *extra):
+    assert main([*ESTIMATE, *extra, "--json"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.mark.parametrize("layout", [("--pp", "1"), ("--pp", "2", "--virtual-stages", "2")])
+def test_the_combined_schedule_holds_one_layer_more_not_a_micro_batch(capsys, layout):
+    """Megatron-Core's merged step pairs layer i's forward with layer L-1-i's backward and frees each backward
+    layer as it goes (model_chunk_schedule_plan.py, release_state): the new micro-batch's layers replace the old
+    one's, so the peak holds the warm-up's chunks and one layer more, where it once held a whole micro-batch more.
+    The extra is the largest layer's kept bytes: deepseek-moe-16b's MoE layers, above its one dense layer."""
+    plain = _estimate_json(capsys, *layout)
+    merged = _estimate_json(capsys, *layout, "--overlap-moe-expert-parallel-comm")
+    extra_gib = merged["memory_breakdown"]["activations_gib"] - plain["memory_breakdown"]["activations_gib"]
+    model, cluster, training = load_job(parse_args([*ESTIMATE, "--overlap-moe-expert-parallel-comm"]))
+    moe_layer = next(layer for layer in model.layers if layer.moe is not None)
+    strategy = LayerStrategy(tp=1, dp=32 // int(layout[1]), ep=16)  # ESTIMATE: 4 nodes of 8
+    one_layer = layer_cost(moe_layer, strategy, 1, model.seq_length, cluster, training).activation_bytes
+    assert extra_gib * 2**30 == pytest.approx(one_layer, rel=1e-9)
+    assert extra_gib < 0.1 * plain["memory_breakdown"]["activations_gib"]  # 28 layers: far below a micro-batch
 
 
 @pytest.mark.parametrize("spec, message", [

@@ -63,6 +63,9 @@ class StageCost:
     """Per iteration: the runtime's own per-step work (cost.models.runtime_overhead)."""
     state_bytes: float = 0.0
     activation_bytes: float = 0.0
+    largest_layer_activation_bytes: float = 0.0
+    """What the stage's largest layer keeps per micro-batch (the combined 1F1B schedule's merged step holds one
+    such layer more: stage_memory)."""
     transient_bytes: float = 0.0
     workspace_bytes: float = 0.0
     """Run-long kernel buffers (max over the stage's layers: one per process)."""
@@ -100,6 +103,7 @@ class StageCost:
         self.add_dp_comm(cost.dp_comm_per_iteration_s, cost.backward_s, count)
         self.state_bytes += count * cost.state_bytes
         self.activation_bytes += count * cost.activation_bytes
+        self.largest_layer_activation_bytes = max(self.largest_layer_activation_bytes, cost.activation_bytes)
         self.transient_bytes = max(self.transient_bytes, cost.transient_bytes)
         self.workspace_bytes = max(self.workspace_bytes, cost.workspace_bytes)
         self.optimizer_temporary_bytes += count * cost.optimizer_temporary_bytes
@@ -328,14 +332,15 @@ def stage_memory(plan: Plan, stage_index: int, stage: StageCost, model: ModelSpe
                  cluster: ClusterSpec, training: TrainingSpec) -> StageMemory:
     """The allocated terms of one stage's GPU (cost.peak_memory: the peak is their largest moment)."""
     in_flight = in_flight_micro_batches(stage_index, plan.pipeline_parallel, plan.num_micro_batches,
-                                        plan.virtual_stages, plan.schedule,
-                                        extra_forwards=int(ep_overlap_runs(plan, model, training)))
+                                        plan.virtual_stages, plan.schedule)
     activations = stage.activation_bytes + stage.mtp.activation_bytes
     costs = stage.parts
     head_stage = (len(plan.chunks) - 1) % plan.pipeline_parallel
     if stage_index == 0:
         activations += costs.embedding.activation_bytes
     activations *= in_flight
+    if ep_overlap_runs(plan, model, training):
+        activations += merged_step_extra_bytes(stage)
     logits = waiting = 0.0
     if stage_index == head_stage:
         softmax = costs.head.activation_bytes + stage.mtp.loss_bytes  # the MTP depths' are kept beside the main one
@@ -348,6 +353,18 @@ def stage_memory(plan: Plan, stage_index: int, stage: StageCost, model: ModelSpe
                        workspace=stage.workspace_bytes, logits=logits, waiting_grad=waiting,
                        optimizer_temporaries=stage.optimizer_temporary_bytes,
                        framework=cluster.framework_overhead_bytes)
+
+
+def merged_step_extra_bytes(stage: StageCost) -> float:
+    """What the combined 1F1B schedule (--overlap-moe-expert-parallel-comm) holds beyond plain 1F1B: one layer.
+
+    Megatron-Core 0.16.1 runs one more chunk forward in the warm-up (schedules.py,
+    get_pp_rank_microbatches), which takes the place of the forward plain 1F1B runs first in each steady-state
+    step. A merged step then pairs layer i's forward of one micro-batch with layer L-1-i's backward of the other
+    and frees each backward layer's state as it goes (models/common/model_chunk_schedule_plan.py,
+    TransformerModelChunkSchedulePlan.run, release_state; the backward's autograd frees its saved tensors), so
+    the new micro-batch's kept layers replace the old one's: at most one layer more is held at once."""
+    return stage.largest_layer_activation_bytes
 
 
 def stage_memory_bytes(plan: Plan, stage_index: int, stage: StageCost, model: ModelSpec,

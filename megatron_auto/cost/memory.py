@@ -282,18 +282,17 @@ def tied_embedding_grad_bytes(model: ModelSpec, strategy: LayerStrategy, word: i
 
 
 def in_flight_micro_batches(stage: int, pipeline_parallel: int, num_micro_batches: int,
-                            virtual_stages: int, schedule: str, extra_forwards: int = 0) -> float:
+                            virtual_stages: int, schedule: str) -> float:
     """Micro-batches whose activations stage `stage` holds at its peak, in units of
     the whole stage's activations.
 
     1F1B holds p - s (Narayanan et al. SC21, Sec. 2.2.1); GPipe holds all m. The
     interleaved schedule warms up (p - s - 1) * 2 + (v - 1) * p chunk-micro-batches
     before its first backward (Megatron-Core schedules.py), each 1/v of the stage.
-    `extra_forwards` more run first under the combined 1F1B schedule of
-    --overlap-moe-expert-parallel-comm (one: schedules.py; without pipelining its
-    merged steps hold two micro-batches, combined_1f1b.py).
+    The combined 1F1B schedule of --overlap-moe-expert-parallel-comm holds one layer
+    more (cost.estimate.merged_step_extra_bytes).
     """
     if schedule == "gpipe":
         return float(num_micro_batches)
-    chunks = warmup_chunk_forwards(pipeline_parallel, virtual_stages, stage) + 1 + extra_forwards
+    chunks = warmup_chunk_forwards(pipeline_parallel, virtual_stages, stage) + 1
     return min(chunks, num_micro_batches * virtual_stages) / virtual_stages
