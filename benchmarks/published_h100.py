@@ -15,6 +15,7 @@ goes into docs/benchmarks.md under "Published H100 runs"; every other section is
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -103,6 +104,28 @@ def stated_layout_lines(results: list[PricedRun]) -> list[str]:
     return lines
 
 
+def same_job_key(run) -> tuple:
+    """What makes two rows the same job: the architecture, GPUs, global batch, precision and layout flags (a
+    token-drop run is another workload than a dropless one of the same layout)."""
+    model = json.dumps({k: v for k, v in run.model.items() if k != "name"}, sort_keys=True)
+    return model, run.num_gpus, run.global_batch_size, run.precision, run.flags, "tokendrop" in run.id
+
+
+def same_job_lines(results: list[PricedRun]) -> list[str]:
+    """Rows that measured the same job in different releases: how far apart NVIDIA's own step times are, beside
+    the predictions (the same model prices both alike, up to their recipes' knobs)."""
+    groups: dict[tuple, list[PricedRun]] = {}
+    for priced in results:
+        groups.setdefault(same_job_key(priced.run), []).append(priced)
+    lines = []
+    for group in (g for g in groups.values() if len(g) > 1 and all(p.estimate is not None for p in g)):
+        measured = [p.run.measured_step_s for p in group]
+        cells = ", ".join(f"{p.run.id} ({p.run.release}) measured {p.run.measured_step_s:.2f} s, predicted "
+                          f"{p.predicted_step_s:.2f} s" for p in group)
+        lines.append(f"- {cells}: measured {max(measured) / min(measured) - 1:.1%} apart")
+    return lines
+
+
 GAIN_WORTH_EXPLAINING = 1.10
 """Where the planner predicts more than 10% over NVIDIA's configuration, the table says what of."""
 
@@ -172,6 +195,10 @@ def render(results: list[PricedRun]) -> str:
         lines += ["", "Rows whose source does not state the micro-batch: the error at each size that fits (estimate "
                       "picks the fastest, the optimistic end; `published_runs.unstated_micro_batch_errors`):", "",
                   *unstated]
+    same = same_job_lines(results)
+    if same:
+        lines += ["", "The same job measured in two releases (architecture, GPUs, global batch, precision and layout "
+                      "alike; `same_job_lines`): how far NVIDIA's own measurements of one job lie apart.", "", *same]
     misfits = [line for line in map(misfit_line, results) if line]
     if misfits:
         lines += ["", "Predicted not to fit at the row's own layout (what each needs: docs/cost_model.md, section "

@@ -47,17 +47,28 @@ def chunk_layers_of_layout(text: str, pipeline_parallel: int, num_layers: int) -
     counts = tuple(chunk.count("t") for chunk in chunks)
     if sum(counts) != num_layers:
         raise UserError(f"{where} places {sum(counts)} decoder layers; the model has {num_layers} (--num-layers)")
-    if min(counts) < 1:
-        raise UserError(f"{where}: chunk {counts.index(0)} holds no decoder layer (this runtime builds every "
-                        "chunk with at least one)")
+    if "" in chunks:
+        raise UserError(f"{where}: chunk {chunks.index('')} holds nothing (each chunk here holds a decoder layer, "
+                        "the embedding E, or the loss L)")
     return counts
 
 
+def runtime_chunk_problem(counts: tuple[int, ...]) -> str:
+    """Why this runtime cannot build chunks of these decoder layers, or '': it builds every chunk with at least
+    one. `estimate` prices chunks that hold only the embedding, the MTP layers or the loss, as Megatron-Core
+    builds them (e.g. Megatron-Bridge's DeepSeek-V3 layout "Et|(tt|)*30mL")."""
+    if min(counts) >= 1:
+        return ""
+    return (f"chunk {counts.index(0)} holds no decoder layer (this runtime builds every chunk with at least one; "
+            "`megatron-auto estimate` prices such a layout)")
+
+
 def layout_of_chunk_layers(counts: tuple[int, ...], mtp_num_layers: int = 0) -> str:
-    """The layout string of these decoder layers per chunk: "Et*3|t*4|t*4|t*3L" for (3, 4, 4, 3); with
+    """The layout string of these decoder layers per chunk: "Et*3|t*4|t*4|t*3L" for (3, 4, 4, 3), "E|t*4|t*4|t*6L"
+    for (0, 4, 4, 6); with
     `mtp_num_layers`, the MTP layers after the last chunk's decoder layers ("...|t*3mL"), where Megatron-Core
     builds them without a layout."""
-    chunks = [f"t*{count}" if count > 1 else "t" for count in counts]
+    chunks = [f"t*{count}" if count > 1 else "t" * count for count in counts]
     chunks[0] = "E" + chunks[0]
     chunks[-1] = chunks[-1] + "m" * mtp_num_layers + "L"
     return "|".join(chunks)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from megatron_auto import serde
+from megatron_auto.errors import UserError
 from megatron_auto.specs.presets import CLUSTER_PRESETS
 
 REPO = Path(__file__).resolve().parents[1]
@@ -147,6 +148,24 @@ def test_estimate_prices_a_pipeline_layout_as_the_split_flags_it_spells():
     assert chunk_layers(odd) == [2, 5, 3, 4, 4, 4, 4, 4]
     flags = odd["megatron_flags"]
     assert flags[flags.index("--pipeline-model-parallel-layout") + 1] == "Et*2|t*5|t*3|t*4|t*4|t*4|t*4|t*4L"
+
+
+def test_estimate_prices_a_layout_whose_chunks_hold_only_the_embedding_or_the_loss():
+    """Megatron-Core builds a chunk without decoder layers (the embedding, MTP or loss alone); estimate prices the
+    layout as written and writes it back; the runtime refuses the plan in one line (it builds every chunk with a
+    decoder layer)."""
+    from megatron_auto.plan import Plan
+    from megatron_auto.runtime.layout import layout_from_plan
+
+    job = ["estimate", "--model", "gpt3-3.6b", "--cluster", "dgx-a100-80gb", "--num-nodes", "2",
+           "--global-batch-size", "64", "--tp", "2", "--pp", "4", "--micro-batch-size", "1"]
+    data = ok_json(*job, "--pipeline-model-parallel-layout", "E|(t*4|)*6,t*6L")
+    assert chunk_layers(data) == [0, 4, 4, 4, 4, 4, 4, 6] and data["picked"] == {}
+    flags = data["megatron_flags"]
+    assert flags[flags.index("--pipeline-model-parallel-layout") + 1] == "E|t*4|t*4|t*4|t*4|t*4|t*4|t*6L"
+    assert data["stage_time_s"][0] < data["stage_time_s"][3]  # stage 0: the embedding and 4 layers; 3: 10 and the head
+    with pytest.raises(UserError, match="chunk 0 holds no decoder layer"):
+        layout_from_plan(serde.from_dict(Plan, data["plan"]))
 
 
 def test_estimate_memory_budget_is_reported_and_can_fail_to_fit():

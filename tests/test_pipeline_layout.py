@@ -5,7 +5,7 @@ import pytest
 
 from megatron_auto.errors import UserError
 from megatron_auto.pipeline_layout import (chunk_layers_of_layout, layout_of_chunk_layers, mtp_layers_of_layout,
-                                          unrolled_chunks)
+                                          runtime_chunk_problem, unrolled_chunks)
 
 
 @pytest.mark.parametrize("text, chunks", [
@@ -47,3 +47,26 @@ def test_written_layouts_read_back_to_the_same_chunks(counts):
 def test_a_written_layout_names_the_embedding_first_and_the_loss_last():
     assert layout_of_chunk_layers((3, 4, 4, 3)) == "Et*3|t*4|t*4|t*3L"
     assert layout_of_chunk_layers((1,)) == "EtL"
+
+
+def test_chunks_that_hold_only_the_embedding_the_mtp_layers_or_the_loss_have_no_decoder_layers():
+    # Megatron-Bridge's DeepSeek-V3 recipe on 1,024 H100s: its last virtual stage holds only the MTP layer and the
+    # loss (perf_recipes/deepseek/h100/deepseek_v3.py); Megatron-Core builds such chunks, estimate prices them.
+    counts = chunk_layers_of_layout("Et|(tt|)*30mL", 8, 61)
+    assert len(counts) == 32 and counts[0] == 1 and counts[-1] == 0 and set(counts[1:-1]) == {2}
+    assert chunk_layers_of_layout("E|t*4|t*2L", 3, 6) == (0, 4, 2)
+    with pytest.raises(UserError, match="chunk 1 holds nothing"):
+        chunk_layers_of_layout("Et*2||t*2L", 3, 4)
+
+
+@pytest.mark.parametrize("counts, mtp, text", [((0, 4, 4, 6), 0, "E|t*4|t*4|t*6L"),
+                                               ((1, 2, 2, 0), 1, "Et|t*2|t*2|mL"),
+                                               ((2, 0), 0, "Et*2|L")])
+def test_written_layouts_with_chunks_of_no_decoder_layer_read_back(counts, mtp, text):
+    assert layout_of_chunk_layers(counts, mtp_num_layers=mtp) == text
+    assert chunk_layers_of_layout(text, 2, sum(counts)) == counts
+
+
+def test_this_runtime_names_the_chunk_it_cannot_build():
+    assert runtime_chunk_problem((1, 2, 2)) == ""
+    assert runtime_chunk_problem((1, 2, 0)).startswith("chunk 2 holds no decoder layer")

@@ -122,6 +122,23 @@ def test_the_summary_gives_each_years_mean_error():
                                            "- software of 2025: 1 rows, mean error +2.0%, mean |error| 2.0%"]
 
 
+def test_the_same_job_measured_in_two_releases_is_set_side_by_side():
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from benchmarks.published_h100 import same_job_lines
+
+    def priced(row_id, release, measured, predicted, **fields):
+        run = replace(run_from_row({**ROW, "id": row_id, **fields}), release=release, measured_step_s=measured)
+        return SimpleNamespace(run=run, estimate=object(), predicted_step_s=predicted)
+
+    older, newer = priced("a", "NeMo 24.07", 10.68, 9.62), priced("b", "NeMo 25.02", 9.33, 9.61)
+    lines = same_job_lines([older, newer, priced("c", "NeMo 25.02", 9.0, 9.0, micro_batch_size=2)])
+    assert lines == ["- a (NeMo 24.07) measured 10.68 s, predicted 9.62 s, b (NeMo 25.02) measured 9.33 s, "
+                     "predicted 9.61 s: measured 14.5% apart"]
+    assert same_job_lines([older, priced("a_tokendrop", "NeMo 25.09", 9.0, 9.0)]) == []  # another workload
+
+
 def test_the_summary_parts_rows_that_state_their_micro_batch_from_those_left_to_estimate():
     from types import SimpleNamespace
 

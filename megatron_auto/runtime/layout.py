@@ -13,6 +13,7 @@ from typing import Optional
 from ..errors import UserError
 from ..megatron_flags import flag_groups, megatron_flags
 from ..parallel_dims import ParallelDims
+from ..pipeline_layout import runtime_chunk_problem
 from ..plan import Plan
 
 
@@ -68,6 +69,9 @@ def layout_from_plan(plan: Plan) -> MegatronLayout:
     """The Megatron layout of a megatron-space plan; UserError for a hybrid plan."""
     if plan.space != "megatron":
         raise UserError(f"the Megatron-Core runtime runs megatron-space plans; this plan is {plan.space!r}")
+    problem = runtime_chunk_problem(tuple(len(chunk.layers) for chunk in plan.chunks))
+    if problem:
+        raise UserError(f"this plan's {problem}")
     flags = _parse_flags(megatron_flags(plan))
     if flags.get("use_megatron_fsdp"):
         raise UserError(f"Megatron-FSDP (--data-parallel-sharding-strategy {flags['data_parallel_sharding_strategy']}) "

@@ -138,10 +138,11 @@ def config_stage_layers(num_layers: int, config: UniformConfig) -> Optional[tupl
 
 def chunk_sizes(num_layers: int, config: UniformConfig) -> Optional[tuple[int, ...]]:
     """Decoder layers per model chunk in Megatron's chunk order (chunk c on stage c % pp); None where
-    Megatron cannot build `config`'s split: unequal stages with virtual stages, or a chunk without layers."""
+    Megatron cannot build `config`'s split: unequal stages with virtual stages, or a chunk without layers (a
+    layout's chunks, `chunk_layers`, may hold none: the embedding, MTP or loss alone, as its text says)."""
     if config.chunk_layers is not None:
         given = config.chunk_layers
-        fits = len(given) == config.pp * config.vp and sum(given) == num_layers and min(given) >= 1
+        fits = len(given) == config.pp * config.vp and sum(given) == num_layers and min(given) >= 0
         return given if fits else None
     stages, v = config_stage_layers(num_layers, config), config.vp
     if stages is None or len(stages) != config.pp or sum(stages) != num_layers or min(stages) < 1:
