@@ -81,9 +81,17 @@ def attention_core_times(layer: LayerSpec, seq: int, samples: int, tp: int, clus
         # SDPA's flash kernel with is_causal skips the tiles above the diagonal: it runs half of
         # the 4bs^2h of SC21's count (2 s^2 (d_q + d_v) per head); its backward recomputes QK^T, 2.5x
         # the forward's FLOPs (Dao 2023, FlashAttention-2, Sec. 3.1-3.2). Scores and dropout stay on chip.
-        flops = 0.5 * 2.0 * heads * seq * seq * (dq + dv)
+        flops = 2.0 * heads * attended_pairs(seq, layer.attention_window) * (dq + dv)
         rate = cluster.gpu.peak_flops * cluster.compute.flash_fraction
-        return flops / rate, 2.5 * flops / rate
+        forward, backward = flops / rate, 2.5 * flops / rate
+        if layer.attention_window is None:
+            return forward, backward
+        # A narrow window leaves the kernel its reads and writes: Q, K, V in and O out forward; those, dO and
+        # the log-sum-exp in, dQ, dK, dV out backward (about twice). A whole causal prefix of the sequences
+        # planned here (s/4 FLOPs a byte) is far past the ridge; a window of w gives w/2.
+        moved = word * samples * seq * (layer.num_attention_heads + layer.num_query_groups) * (dq + dv) / tp
+        bandwidth = elementwise_bandwidth(cluster)
+        return max(forward, moved / bandwidth), max(backward, 2 * moved / bandwidth)
     scores = heads * seq * seq  # elements of the b * np * s * s score tensor
     bandwidth = elementwise_bandwidth(cluster)
     operand = word * scores / bandwidth  # the s x s operand each core GEMM reads or writes
@@ -101,6 +109,15 @@ def attention_core_times(layer: LayerSpec, seq: int, samples: int, tp: int, clus
     backward = dropout + 2 * cast + softmax_backward * SOFTMAX_BYTES + 2 * SOFTMAX_BYTES
     return (qk + pv + forward * scores / bandwidth,
             2 * (qk + pv) + backward * scores / bandwidth)
+
+
+def attended_pairs(seq: int, window: int | None) -> float:
+    """(query, key) pairs one head of a causal core computes over a sequence: half the s x s square, or with a
+    sliding window of `window` keys before each query (Megatron-Core's window_size[0]) the band
+    sum_i (min(i, window) + 1) = (window + 1) (s - window / 2) where the window is shorter than the sequence."""
+    if window is None or window >= seq - 1:
+        return 0.5 * seq * seq
+    return (window + 1) * (seq - window / 2)
 
 
 def weight_grad_accumulation_bytes(layer: LayerSpec, tp: int, word: int) -> float:

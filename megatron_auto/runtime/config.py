@@ -211,6 +211,8 @@ def xavier_init(settings: TrainSettings) -> dict:
 def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: TrainSettings, backend: str):
     """The TransformerConfig of a GPT model under `layout`."""
     check_layout(layout)
+    if any(layer.attention_window is not None for layer in model.distinct_layers):
+        raise UserError("sliding-window attention is priced by plan and estimate, not built by this runtime yet")
     if layout.dims.cp > 1 and kernels.kernels_for_run(model, settings).attention != "flash":
         raise UserError(f"context parallelism {layout.dims.cp} runs on the flash core attention "
                         f"(--attention-backend flash or auto), not {settings.attention_backend}")

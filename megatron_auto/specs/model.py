@@ -244,9 +244,14 @@ class LayerSpec(CachedHash):
     attention_dropout: float = 0.1
     """Dropout on the attention probabilities [--attention-dropout, default 0.1]; at 0 the unfused core keeps
     no s x s mask."""
+    attention_window: Optional[int] = None
+    """Sliding-window attention: each query attends to itself and this many keys before it (Megatron-Core's
+    window_size[0], with window_size[1] = 0; GPT-OSS: 127 on every other layer); None: the whole causal prefix."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
+        if self.attention_window is not None and self.attention_window < 0:
+            raise ValueError(f"attention_window must be at least 0, got {self.attention_window}")
         if self.swiglu and self.squared_relu:
             raise ValueError("swiglu and squared_relu are two activations: give one")
         for name in ("hidden_dropout", "attention_dropout"):
@@ -445,6 +450,35 @@ class ModelSpec(CachedHash):
         return len(self.distinct_layers) == 1
 
 
+def window_pattern(window_size: "int | list | tuple | None", skip_freq: "int | list | str | None",
+                   num_layers: int) -> tuple[Optional[int], ...]:
+    """Each layer's attention_window from Megatron-Core's window_size and window_attn_skip_freq
+    (transformer/utils.py, is_layer_window_attention): window_size is (left, right), of which only causal
+    windows (right 0) are taken here, or the left size alone; no skip frequency windows every layer, an int N
+    every layer whose 1-based number N does not divide, a list of 0/1 (1: windowed) the layers it marks."""
+    if window_size is None:
+        if skip_freq is not None:
+            raise ValueError("window_attn_skip_freq needs window_size")
+        return (None,) * num_layers
+    sizes = [window_size, 0] if isinstance(window_size, int) else list(window_size)
+    if len(sizes) != 2 or not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in sizes):
+        raise ValueError(f"window_size must be a size or [left, right] sizes of at least 0, got {window_size!r}")
+    left, right = sizes
+    if right != 0:
+        raise ValueError(f"window_size {list(window_size)}: only causal windows (right size 0) are priced")
+    if isinstance(skip_freq, str):
+        skip_freq = parse_moe_layer_freq(skip_freq)
+    if skip_freq is None:
+        return (left,) * num_layers
+    if isinstance(skip_freq, int):
+        if skip_freq < 1:
+            raise ValueError(f"window_attn_skip_freq must be a positive integer, got {skip_freq}")
+        return tuple(left if number % skip_freq else None for number in range(1, num_layers + 1))
+    if len(skip_freq) != num_layers:
+        raise ValueError(f"window_attn_skip_freq lists {len(skip_freq)} layers but the model has {num_layers}")
+    return tuple(left if flag else None for flag in skip_freq)
+
+
 def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_heads: int,
                   seq_length: int, vocab_size: int, *, ffn_hidden_size: int | None = None,
                   num_query_groups: int | None = None, swiglu: bool = False,
@@ -453,10 +487,12 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
                   rotary_base: int = 10000, kv_channels: Optional[int] = None, add_qkv_bias: bool = False,
                   qk_layernorm: bool = False, apply_layernorm_1p: bool = False, mla: Optional[MLASpec] = None,
                   mtp_num_layers: int = 0, mtp_loss_scaling_factor: float = 0.1, hidden_dropout: float = 0.1,
-                  attention_dropout: float = 0.1, squared_relu: bool = False, **moe_flags) -> ModelSpec:
+                  attention_dropout: float = 0.1, squared_relu: bool = False, window_size=None,
+                  window_attn_skip_freq=None, **moe_flags) -> ModelSpec:
     """A model from Megatron's flag values: its layers alike, except that with `num_experts` (and the other
-    MoE flags of `moe_from_flags`) the layers that --moe-layer-freq picks have a mixture-of-experts MLP;
-    `mla`: every layer's attention is multi-latent."""
+    MoE flags of `moe_from_flags`) the layers that --moe-layer-freq picks have a mixture-of-experts MLP, and
+    with `window_size` the layers that window_attn_skip_freq picks attend through a sliding window
+    (window_pattern); `mla`: every layer's attention is multi-latent."""
     layer = LayerSpec(
         hidden_size=hidden_size,
         num_attention_heads=num_attention_heads,
@@ -474,12 +510,20 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
         hidden_dropout=hidden_dropout,
         attention_dropout=attention_dropout,
     )
-    layers = _with_moe_layers(layer, num_layers, **moe_flags)
+    layers = _with_windows(_with_moe_layers(layer, num_layers, **moe_flags),
+                           window_pattern(window_size, window_attn_skip_freq, num_layers))
     return ModelSpec(name=name, layers=layers, seq_length=seq_length,
                      vocab_size=vocab_size,
                      untie_embeddings_and_output_weights=untie_embeddings_and_output_weights,
                      position_embedding_type=position_embedding_type, rotary_base=rotary_base,
                      mtp_num_layers=mtp_num_layers, mtp_loss_scaling_factor=mtp_loss_scaling_factor)
+
+
+def _with_windows(layers: tuple[LayerSpec, ...], windows: tuple[Optional[int], ...]) -> tuple[LayerSpec, ...]:
+    """`layers` with their attention windows, one object per distinct (layer, window) as the cost caches like."""
+    made: dict = {}
+    return tuple(made.setdefault((id(layer), window), layer if window is None else
+                                 replace(layer, attention_window=window)) for layer, window in zip(layers, windows))
 
 
 def _with_moe_layers(dense: LayerSpec, num_layers: int, *, num_experts: Optional[int] = None,
@@ -529,7 +573,7 @@ _COMPACT_KEYS = {
     "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
     "moe_layer_freq", "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff",
     "moe_router_num_groups", "moe_router_group_topk", "multi_latent_attention", *MLA_KEYS, "mtp_num_layers", "mtp_loss_scaling_factor",
-    "hidden_dropout", "attention_dropout", "squared_relu",
+    "hidden_dropout", "attention_dropout", "squared_relu", "window_size", "window_attn_skip_freq",
 }
 _COMPACT_TYPES = {"swiglu": bool, "untie_embeddings_and_output_weights": bool, "add_bias_linear": bool,
                   "normalization": str, "position_embedding_type": str, "add_qkv_bias": bool,
@@ -537,7 +581,7 @@ _COMPACT_TYPES = {"swiglu": bool, "untie_embeddings_and_output_weights": bool, "
                   "moe_router_load_balancing_type": str, "moe_aux_loss_coeff": float, "moe_z_loss_coeff": float,
                   "moe_layer_freq": (int, list, str), "multi_latent_attention": bool,
                   "mtp_loss_scaling_factor": float, "hidden_dropout": float, "attention_dropout": float,
-                  "squared_relu": bool}
+                  "squared_relu": bool, "window_size": (int, list), "window_attn_skip_freq": (int, list, str)}
 
 
 def model_from_dict(data: dict, name: str = "model", where: str = "") -> ModelSpec:

@@ -185,3 +185,19 @@ def test_chunks_megatron_core_built_otherwise_than_planned_stop_the_run(monkeypa
     with pytest.raises(RuntimeError, match=r"pipeline rank 1: Megatron-Core built chunks of \[2, 1\] layers, "
                                            r"the plan has \[2, 2\]"):
         check_built_chunks([chunk(2), chunk(1)], (1, 2, 1, 2), 2)
+
+
+def test_the_runtime_refuses_a_sliding_window_model_in_one_line():
+    """plan and estimate price sliding-window attention (tests/test_sliding_window.py); this runtime's cores do not
+    run it, so a model that has one stops before Megatron-Core builds anything."""
+    from megatron_auto.parallel_dims import ParallelDims
+    from megatron_auto.runtime.config import transformer_config
+    from megatron_auto.runtime.layout import MegatronLayout
+    from megatron_auto.runtime.settings import TrainSettings
+    from megatron_auto.specs.model import model_from_dict
+
+    model = model_from_dict({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
+                             "vocab_size": 128, "window_size": 7})
+    layout = MegatronLayout(ParallelDims(), micro_batch_size=1, num_micro_batches=1, global_batch_size=1)
+    with pytest.raises(UserError, match="sliding-window attention is priced by plan and estimate, not built"):
+        transformer_config(model, layout, TrainSettings(), "gloo")
