@@ -83,6 +83,8 @@ def _pipeline_split_flags(plan: Plan) -> list[str]:
     Any other chunking is written as --pipeline-model-parallel-layout."""
     counts = tuple(len(chunk.layers) for chunk in plan.chunks)
     mtp = plan.model.mtp_num_layers if plan.model is not None else 0
+    if plan.mtp_chunk is not None:  # a standalone MTP chunk: no other flag places it
+        return [LAYOUT_FLAG, layout_of_chunk_layers(counts, mtp, plan.mtp_chunk)]
     if plan.virtual_stages > 1:
         per_chunk = plan.virtual_chunk_layers
         if len(set(counts[1:-1])) > 1 or not {counts[0], counts[-1]} <= {per_chunk - 1, per_chunk}:

@@ -35,11 +35,9 @@ def chunk_layers_of_layout(text: str, pipeline_parallel: int, num_layers: int) -
     stray = sorted({char for chunk in chunks for char in chunk} - set("EtLm"))
     if stray:
         raise UserError(f"{where}: unknown layer character(s) {' '.join(stray)} (E, t, L and m are Megatron's)")
-    if "m" in "".join(chunks[:-1]) or ("m" in chunks[-1] and "t" in chunks[-1].split("m", 1)[1]):
-        raise UserError(f"{where}: multi-token-prediction layers (m) go in the last chunk, after its decoder "
-                        "layers (a stage of their own, Megatron-Core's standalone MTP, is not run by this runtime)")
     if len(chunks) % pipeline_parallel:
         raise UserError(f"{where}: {len(chunks)} chunks do not divide over {pipeline_parallel} pipeline stages")
+    _check_mtp_placement(where, chunks, pipeline_parallel)
     flat = "".join(chunks)
     if flat.count("E") != 1 or flat.count("L") != 1 or not flat.startswith("E") or not flat.endswith("L"):
         raise UserError(f"{where}: the layout must start with the embedding E and end with the loss L, "
@@ -53,6 +51,30 @@ def chunk_layers_of_layout(text: str, pipeline_parallel: int, num_layers: int) -
     return counts
 
 
+def _check_mtp_placement(where: str, chunks: list[str], pipeline_parallel: int) -> None:
+    """Megatron-Core's rules for the MTP layers (transformer/pipeline_parallel_layer_layout.py,
+    validate_layer_layout): all in one chunk, after every decoder layer, and in the last virtual stage of its
+    pipeline rank; UserError (one line) otherwise."""
+    holding = [index for index, chunk in enumerate(chunks) if "m" in chunk]
+    if not holding:
+        return
+    flat = "".join(chunks)
+    if len(holding) > 1 or "t" in flat[flat.index("m"):]:
+        raise UserError(f"{where}: the multi-token-prediction layers (m) go in one chunk, after every decoder "
+                        "layer (as Megatron-Core checks)")
+    if holding[0] < len(chunks) - pipeline_parallel:
+        raise UserError(f"{where}: the multi-token-prediction layers (m) go in the last chunk of a pipeline stage "
+                        "(as Megatron-Core checks)")
+
+
+def mtp_chunk_of_layout(text: str) -> int | None:
+    """The chunk of the layout `text` that holds the MTP layers when it is not the last (Megatron-Core's
+    standalone MTP: "...|m|L"); None when they are in the last chunk, beside the loss, or absent."""
+    chunks = unrolled_chunks(text)
+    holding = [index for index, chunk in enumerate(chunks) if "m" in chunk]
+    return holding[0] if holding and holding[0] != len(chunks) - 1 else None
+
+
 def runtime_chunk_problem(counts: tuple[int, ...]) -> str:
     """Why this runtime cannot build chunks of these decoder layers, or '': it builds every chunk with at least
     one. `estimate` prices chunks that hold only the embedding, the MTP layers or the loss, as Megatron-Core
@@ -63,14 +85,24 @@ def runtime_chunk_problem(counts: tuple[int, ...]) -> str:
             "`megatron-auto estimate` prices such a layout)")
 
 
-def layout_of_chunk_layers(counts: tuple[int, ...], mtp_num_layers: int = 0) -> str:
+def runtime_mtp_problem(mtp_chunk: int | None) -> str:
+    """Why this runtime cannot build MTP layers in chunk `mtp_chunk`, or '': it builds them in the last chunk,
+    beside the loss, as Megatron-Core does without a layout; `estimate` prices a stage of their own."""
+    if mtp_chunk is None:
+        return ""
+    return (f"the multi-token-prediction layers (m) in chunk {mtp_chunk}, a stage of their own (Megatron-Core's "
+            "standalone MTP), are not run by this runtime (`megatron-auto estimate` prices such a layout)")
+
+
+def layout_of_chunk_layers(counts: tuple[int, ...], mtp_num_layers: int = 0, mtp_chunk: int | None = None) -> str:
     """The layout string of these decoder layers per chunk: "Et*3|t*4|t*4|t*3L" for (3, 4, 4, 3), "E|t*4|t*4|t*6L"
-    for (0, 4, 4, 6); with
-    `mtp_num_layers`, the MTP layers after the last chunk's decoder layers ("...|t*3mL"), where Megatron-Core
-    builds them without a layout."""
+    for (0, 4, 4, 6); with `mtp_num_layers`, the MTP layers after the last chunk's decoder layers ("...|t*3mL"),
+    where Megatron-Core builds them without a layout, or in chunk `mtp_chunk` (standalone: "...|t*3|m|L")."""
     chunks = [f"t*{count}" if count > 1 else "t" * count for count in counts]
     chunks[0] = "E" + chunks[0]
-    chunks[-1] = chunks[-1] + "m" * mtp_num_layers + "L"
+    mtp = len(chunks) - 1 if mtp_chunk is None else mtp_chunk
+    chunks[mtp] = chunks[mtp] + "m" * mtp_num_layers
+    chunks[-1] = chunks[-1] + "L"
     return "|".join(chunks)
 
 

@@ -264,6 +264,9 @@ class Plan:
     """Chunks per stage, v (Megatron's virtual pipeline size); v > 1 interleaves."""
     schedule: str = "1f1b"
     """Pipeline schedule: 1f1b (interleaved when v > 1) or gpipe."""
+    mtp_chunk: Optional[int] = None
+    """The chunk that holds the multi-token-prediction layers when it is not the last (Megatron-Core's
+    standalone MTP, from a --pipeline-model-parallel-layout: "...|m|L"); None: the last chunk, beside the loss."""
     model: Optional[ModelSpec] = None
     """The model the plan was made for; checked against the runtime's flags."""
     cluster: str = ""
@@ -466,6 +469,18 @@ def _check_multi_token_prediction(plan: Plan) -> None:
     if plan.space != "megatron" and plan.model is not None and plan.model.mtp_num_layers:
         raise ValueError("multi-token prediction is for megatron-space plans (the hybrid runtime builds no MTP "
                          "modules yet)")
+    if plan.mtp_chunk is None:
+        return
+    # Megatron-Core's layout rules (pipeline_parallel_layer_layout.py): MTP after every decoder layer, in the
+    # last chunk of its pipeline rank, before the loss's chunk.
+    last = len(plan.chunks) - 1
+    if not last - plan.pipeline_parallel < plan.mtp_chunk < last:
+        raise ValueError(f"mtp_chunk {plan.mtp_chunk}: a standalone MTP chunk is the last chunk of a stage other "
+                         f"than the loss's (chunks {last - plan.pipeline_parallel + 1} to {last - 1})")
+    if any(chunk.layers for chunk in plan.chunks[plan.mtp_chunk + 1:]):
+        raise ValueError(f"mtp_chunk {plan.mtp_chunk}: decoder layers come before the MTP layers")
+    if plan.model is not None and not plan.model.mtp_num_layers:
+        raise ValueError(f"mtp_chunk {plan.mtp_chunk}: model '{plan.model.name}' has no MTP layers")
 
 
 def _check_context_parallel(plan: Plan) -> None:

@@ -15,6 +15,7 @@ from megatron_auto.cost.models import comm_model, compute_model
 from megatron_auto.cost.mtp import (embedding_cost, mtp_cost, mtp_layer_strategy, mtp_parameters_beside_layers,
                                     projection_comm_time)
 from megatron_auto.errors import UserError
+from megatron_auto.megatron_flags import megatron_flags
 from megatron_auto.plan import LayerStrategy, context_parallel_problem
 from megatron_auto.search import search_plan
 from megatron_auto.search.constraints import SearchConstraints
@@ -144,3 +145,57 @@ def test_mtp_is_refused_where_nothing_prices_or_runs_it():
     assert "multi-token prediction" in context_parallel_problem(2, model)
     with pytest.raises(UserError, match="hybrid space does not plan"):
         search_plan(model, H100, TrainingSpec(global_batch_size=64), "hybrid")
+
+
+def test_a_standalone_mtp_chunk_moves_the_modules_to_its_stage_and_leaves_the_logits_with_the_loss():
+    """Megatron-Core's standalone MTP (a layout "...|tm|L"): the MTP block runs in its own chunk, the output layer
+    and every depth's cross entropy in the loss's (gpt_model.py: `mtp_process` and `post_process`). Two layouts
+    with the same decoder layers per chunk, MTP beside the loss in one and a chunk before it in the other."""
+    model = replace(GPT, mtp_num_layers=1)
+    config = {"tp": 2, "pp": 4, "micro_batch_size": 2, "vp": 2, "chunk_layers": (1, 1, 1, 1, 1, 1, 2, 0)}
+    beside, beside_stages = plan_and_stages(model, **config)
+    alone, alone_stages = plan_and_stages(model, **config, mtp_chunk=6)
+    assert beside.mtp_chunk is None and alone.mtp_chunk == 6
+    moved = alone_stages[2].micro_batch_s - beside_stages[2].micro_batch_s
+    assert moved > 0 and beside_stages[3].micro_batch_s - alone_stages[3].micro_batch_s == pytest.approx(moved)
+    assert alone_stages[3].mtp_heads.loss_bytes == beside_stages[3].mtp.loss_bytes > 0  # the depths' softmaxes
+    assert alone_stages[2].mtp.loss_bytes == 0
+    copy = mtp_parameters_beside_layers(model, 4, standalone=True) - mtp_parameters_beside_layers(model, 4)
+    assert copy == model.embedding_parameters  # tied: no output layer there, so the embedding is a copy
+    flags = megatron_flags(alone)
+    assert flags[flags.index("--pipeline-model-parallel-layout") + 1] == "Et|t|t|t|t|t|t*2m|L"
+
+
+@pytest.mark.parametrize("mtp_chunk, message", [(7, "stage other than the loss's"),  # the loss's own chunk
+                                                (3, "stage other than the loss's"),  # not its stage's last chunk
+                                                (5, "decoder layers come before the MTP layers")])
+def test_a_standalone_mtp_chunk_follows_megatron_cores_rules(mtp_chunk, message):
+    with pytest.raises(UserError, match=message):
+        plan_and_stages(replace(GPT, mtp_num_layers=1), tp=2, pp=4, micro_batch_size=2, vp=2,
+                        chunk_layers=(1, 1, 1, 1, 1, 1, 2, 0), mtp_chunk=mtp_chunk)
+    with pytest.raises(UserError, match="decoder layers come before the MTP layers"):
+        plan_and_stages(replace(GPT, mtp_num_layers=1), tp=2, pp=4, micro_batch_size=2, vp=2,
+                        chunk_layers=(1, 1, 1, 1, 1, 1, 1, 1), mtp_chunk=6)
+    with pytest.raises(UserError, match="has no MTP layers"):
+        plan_and_stages(GPT, tp=2, pp=4, micro_batch_size=2, vp=2, chunk_layers=(1, 1, 1, 1, 1, 1, 2, 0),
+                        mtp_chunk=6)
+
+
+def test_estimate_reads_megatron_lms_deepseek_v3_layout_with_its_standalone_mtp_chunk(capsys):
+    """Megatron-LM's documented DeepSeek-V3 layout (pipeline_parallel_layer_layout.py's example): the MTP layer in
+    chunk 30, stage 14's last, the loss alone in chunk 31; written back as given."""
+    import json
+
+    from megatron_auto.cli.main import main
+
+    layout = "Et*3|(tt|)*29,m|L"
+    argv = ["estimate", "--model", "deepseek-v3", "--cluster", "dgx-h100-80gb", "--num-nodes", "128",
+            "--global-batch-size", "4096", "--tp", "2", "--pp", "16", "--ep", "64", "--etp", "1",
+            "--sequence-parallel", "--micro-batch-size", "1", "--pipeline-model-parallel-layout", layout, "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["plan"]["mtp_chunk"] == 30
+    flags = data["megatron_flags"]
+    assert flags[flags.index("--pipeline-model-parallel-layout") + 1].endswith("|t*2|t*2|m|L")
+    times = data["stage_time_s"]  # stages 14 and 15 hold 2 layers each, the others 4 (stage 0: 3 and the embedding)
+    assert times[14] < times[13] and times[15] < times[13] and times[14] > min(times[1:14]) / 2

@@ -4,8 +4,9 @@ from __future__ import annotations
 import pytest
 
 from megatron_auto.errors import UserError
-from megatron_auto.pipeline_layout import (chunk_layers_of_layout, layout_of_chunk_layers, mtp_layers_of_layout,
-                                          runtime_chunk_problem, unrolled_chunks)
+from megatron_auto.pipeline_layout import (chunk_layers_of_layout, layout_of_chunk_layers, mtp_chunk_of_layout,
+                                          mtp_layers_of_layout, runtime_chunk_problem, runtime_mtp_problem,
+                                          unrolled_chunks)
 
 
 @pytest.mark.parametrize("text, chunks", [
@@ -19,13 +20,28 @@ def test_repeats_and_commas_unroll_as_megatron_core_unrolls_them(text, chunks):
     assert unrolled_chunks(text) == chunks
 
 
-def test_deepseek_v3s_layout_counts_its_61_layers_until_the_mtp_layer_is_refused():
-    # DeepSeek-V3 (61 layers, PP16 x VP2): 3 + 29 x 2 decoder layers; its MTP layer in a chunk before the last (a
-    # stage of its own, Megatron-Core's standalone MTP) is what this runtime refuses.
+def test_deepseek_v3s_layout_gives_its_mtp_layer_a_chunk_of_its_own():
+    # DeepSeek-V3 (61 layers, PP16 x VP2): 3 + 29 x 2 decoder layers, its MTP layer alone in chunk 30 (stage 14's
+    # last: Megatron-Core's standalone MTP), the loss alone in chunk 31. estimate prices it; this runtime does not
+    # build it.
     chunks = unrolled_chunks("Et*3|(tt|)*29,m|L")
     assert len(chunks) == 32 and sum(chunk.count("t") for chunk in chunks) == 61
-    with pytest.raises(UserError, match="multi-token-prediction"):
-        chunk_layers_of_layout("Et*3|(tt|)*29,m|L", 16, 61)
+    counts = chunk_layers_of_layout("Et*3|(tt|)*29,m|L", 16, 61)
+    assert counts[0] == 3 and counts[-2:] == (0, 0) and mtp_chunk_of_layout("Et*3|(tt|)*29,m|L") == 30
+    assert layout_of_chunk_layers(counts, 1, 30).endswith("|t*2|m|L")
+    assert mtp_chunk_of_layout("Et*3|tmL") is None and mtp_chunk_of_layout("Et*3|tL") is None
+    assert runtime_mtp_problem(30).startswith("the multi-token-prediction layers (m) in chunk 30, a stage of their")
+    assert runtime_mtp_problem(None) == ""
+
+
+@pytest.mark.parametrize("text, stages, message", [
+    ("Et|m|t|L", 2, "after every decoder layer"),  # a decoder layer after the MTP layer
+    ("Et|tm|t|mL", 2, "in one chunk"),
+    ("Ett|m|L", 1, "last chunk of a pipeline stage"),  # one stage of three chunks: the MTP in its middle one
+])
+def test_mtp_placements_megatron_core_refuses(text, stages, message):
+    with pytest.raises(UserError, match=message):
+        chunk_layers_of_layout(text, stages, sum(chunk.count("t") for chunk in unrolled_chunks(text)))
 
 
 def test_mtp_layers_go_after_the_last_chunks_decoder_layers():

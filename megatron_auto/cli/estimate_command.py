@@ -10,7 +10,7 @@ from ..cost.estimate import estimate_plan
 from ..errors import UserError
 from ..parallel_dims import ParallelDims
 from ..megatron_flags import FSDP_SHARDING, flag_groups
-from ..pipeline_layout import LAYOUT_FLAG, chunk_layers_of_layout
+from ..pipeline_layout import LAYOUT_FLAG, chunk_layers_of_layout, mtp_chunk_of_layout
 from ..plan import Plan, load_plan
 from ..report import plan_table
 from ..search.uniform import (UniformConfig, best_uniform_plan, build_uniform_plan, stage_layer_counts,
@@ -94,6 +94,7 @@ def config_from_args(args: argparse.Namespace, num_layers: int) -> UniformConfig
         recompute=args.recompute or "none", fsdp_sharding=sharding if sharding >= 2 else 0,
         recompute_num_layers=recompute_num_layers(args),
         stage_layers=stage_layers, account_for=account_for, chunk_layers=chunk_layers,
+        mtp_chunk=mtp_chunk_of_layout(args.pipeline_model_parallel_layout) if chunk_layers else None,
         ep=args.ep or 1, etp=args.etp, cp=args.cp or 1,
     )
 

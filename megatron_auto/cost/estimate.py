@@ -23,7 +23,7 @@ from .memory import in_flight_micro_batches, tied_embedding_grad_bytes
 from .peak_memory import (StageMemory, communicator_count, device_budget_bytes, device_bytes, memory_breakdown,
                           reserved_bytes)
 from .models import comm_model, compute_model, core_share, profiled_cpu_cores, runtime_overhead
-from .mtp import NO_MTP, mtp_cost, mtp_layer_strategy
+from .mtp import NO_MTP, mtp_cost, mtp_layer_strategy, mtp_parts
 from .pipeline import (bubble_time, chunked_pipeline_time, exposed_dp_time, exposed_p2p_time, pipeline_time,
                        warmup_chunk_forwards)
 from .timeslice import StageLoad, simulate_iteration
@@ -76,7 +76,10 @@ class StageCost:
     parts: EmbeddingCost | None = None
     """The plan's embedding and LM-head costs (for the memory of the first and last stages)."""
     mtp: PartCost = NO_MTP
-    """The multi-token prediction modules beside their layers (cost/mtp.py), on the stage of the LM head."""
+    """The multi-token prediction modules beside their layers (cost/mtp.py), on their stage (mtp_stage)."""
+    mtp_heads: PartCost = NO_MTP
+    """The depths' logits and cross entropies on the loss's stage when MTP has a chunk of its own (mtp_parts);
+    without one they are in `mtp`."""
     grad_overlap: float = 1.0
     """Share of the gradient traffic's overlap window that is really hidden (cost.models.CommModel)."""
     interference: float = 0.0
@@ -201,7 +204,7 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
     head_start = stages[head_index].micro_batch_s
     _add_part(stages[head_index], parts[head_index].head)
     if model.mtp_num_layers:
-        _add_mtp(stages[head_index], plan, model, views[head_index], training)
+        _add_mtp(stages, plan, model, views, training)
     stages[head_index].chunk_s[-1] += stages[head_index].micro_batch_s - head_start
     chain = interleaved_chain_p2p(plan, p2p, overlap)
     for index, (stage, view) in enumerate(zip(stages, views)):
@@ -258,15 +261,35 @@ def unmerged_ep_seconds(hidden_s: float, plan: Plan, stage_index: int) -> float:
     return hidden_s * alone / plan.virtual_stages
 
 
-def _add_mtp(stage: StageCost, plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> None:
-    """The multi-token prediction modules after the last layer (Megatron-Core puts them on the last
-    stage's last chunk): their transformer layers as layers, the rest as a part (cost/mtp.py)."""
+def mtp_stage(plan: Plan) -> int:
+    """The pipeline stage of the multi-token prediction modules: the loss's (Megatron-Core puts them in the
+    last chunk without a layout), or that of the layout's standalone MTP chunk (Plan.mtp_chunk)."""
+    chunk = len(plan.chunks) - 1 if plan.mtp_chunk is None else plan.mtp_chunk
+    return chunk % plan.pipeline_parallel
+
+
+def _add_mtp(stages: list[StageCost], plan: Plan, model: ModelSpec, views, training: TrainingSpec) -> None:
+    """The multi-token prediction modules after the last layer: their transformer layers as layers and the rest
+    as a part (cost/mtp.py) on their stage; the depths' logits and cross entropies on the loss's stage, the same
+    one unless the layout gives MTP a chunk of its own (that chunk, its stage's last, carries what it adds)."""
+    index, head_index = mtp_stage(plan), (len(plan.chunks) - 1) % plan.pipeline_parallel
+    stage, cluster = stages[index], views[index]
+    start = stage.micro_batch_s
     strategy = mtp_layer_strategy(plan)
     stage.add_layer(layer_cost(model.mtp_layer, strategy, plan.local_micro_batch(strategy), model.seq_length,
                                cluster, training), model.mtp_num_layers)
-    stage.mtp = mtp_cost(local_model(model, plan.embedding), gradient_strategy(plan.embedding),
-                         plan.local_micro_batch(plan.embedding), cluster, training, plan.pipeline_parallel)
-    _add_part(stage, stage.mtp)
+    shape = (local_model(model, plan.embedding), gradient_strategy(plan.embedding),
+             plan.local_micro_batch(plan.embedding), cluster, training, plan.pipeline_parallel)
+    if plan.mtp_chunk is None:
+        stage.mtp = mtp_cost(*shape)
+        _add_part(stage, stage.mtp)
+        return
+    modules, heads = mtp_parts(*shape, standalone=True)
+    stage.mtp = modules
+    _add_part(stage, modules)
+    stage.chunk_s[-1] += stage.micro_batch_s - start
+    stages[head_index].mtp_heads = heads
+    _add_part(stages[head_index], heads)
 
 
 def _chunk_runs(model: ModelSpec, first_layer: int, chunk: Chunk):
@@ -343,7 +366,8 @@ def stage_memory(plan: Plan, stage_index: int, stage: StageCost, model: ModelSpe
         activations += merged_step_extra_bytes(stage)
     logits = waiting = 0.0
     if stage_index == head_stage:
-        softmax = costs.head.activation_bytes + stage.mtp.loss_bytes  # the MTP depths' are kept beside the main one
+        # the MTP depths' softmaxes are kept beside the main one
+        softmax = costs.head.activation_bytes + stage.mtp.loss_bytes + stage.mtp_heads.loss_bytes
         logits = softmax + costs.head.loss_bytes
         if plan.schedule == "gpipe":  # the other micro-batches' softmax waits for their backward
             activations += (plan.num_micro_batches - 1) * softmax

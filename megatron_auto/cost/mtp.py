@@ -48,15 +48,17 @@ def mtp_layer_strategy(plan: Plan) -> LayerStrategy:
     return last
 
 
-def mtp_parameters_beside_layers(model: ModelSpec, pipeline_parallel: int) -> int:
+def mtp_parameters_beside_layers(model: ModelSpec, pipeline_parallel: int, standalone: bool = False) -> int:
     """Weights of the D modules outside their transformer layers (eh_proj and three norms each), plus
     the word embedding the MTP stage builds for itself when the embedding lives on another stage
     (GPTModel builds `embedding` wherever `pre_process or mtp_process`; MTP takes no learned positions)
     beside an untied output layer. Tied, that copy is the output layer's weight, which the LM head's
-    part already holds (patches/mtp_tied_output_weight.py drops the unused second one)."""
+    part already holds (patches/mtp_tied_output_weight.py drops the unused second one). A chunk of their own
+    (standalone, Plan.mtp_chunk) builds no output layer (GPTModel builds it where `post_process`): its
+    embedding is a copy, tied or not."""
     per_module = model.mtp_module_parameters - model.mtp_layer.num_parameters
     untied = model.untie_embeddings_and_output_weights
-    copy = model.embedding_parameters if pipeline_parallel > 1 and untied else 0
+    copy = model.embedding_parameters if standalone or (pipeline_parallel > 1 and untied) else 0
     return model.mtp_num_layers * per_module + copy
 
 
@@ -67,27 +69,48 @@ def mtp_cost(model: ModelSpec, strategy: LayerStrategy, samples: int, cluster: C
     `samples` sequences; `strategy` is the embedding and LM head's (they share the output layer).
     `loss_bytes` holds the D fp32 softmaxes the cross entropies keep until the backward, alive beside the
     main loss's (`activation_bytes` is what the modules keep per micro-batch in flight)."""
+    modules, heads = mtp_parts(model, strategy, samples, cluster, training, pipeline_parallel, standalone=False)
+    return _joined(modules, heads)
+
+
+@lru_cache(maxsize=4096)
+def mtp_parts(model: ModelSpec, strategy: LayerStrategy, samples: int, cluster: ClusterSpec,
+              training: TrainingSpec, pipeline_parallel: int, standalone: bool) -> tuple[PartCost, PartCost]:
+    """(modules, heads): what the MTP chunk runs beside its transformer layers (the shifted tokens' embedding,
+    enorm, hnorm, eh_proj and its TP traffic, their weights) and what the loss's chunk runs for the D depths
+    (the shared output layer's GEMMs and the cross entropies, their kept softmaxes as `loss_bytes`). Without a
+    layout both sit on the last stage; a standalone MTP chunk hands its (1 + D) x s hidden states to the loss's
+    chunk, which computes every depth's logits (gpt_model.py: the MTP block runs where `mtp_process`, the output
+    layer where `post_process`)."""
     depths = model.mtp_num_layers
     if depths == 0:
-        return NO_MTP
+        return NO_MTP, NO_MTP
     parts = embedding_cost(model, strategy, samples, cluster, training, pipeline_parallel)
     forward, backward = _projection_times(model, strategy, samples, cluster, training.activation_bytes)
     comm = projection_comm_time(model, strategy, samples, cluster, training.activation_bytes)
-    params = mtp_parameters_beside_layers(model, pipeline_parallel)
+    params = mtp_parameters_beside_layers(model, pipeline_parallel, standalone)
     embed, head = parts.embedding, parts.head
-    return PartCost(
-        micro_batch_s=depths * (embed.micro_batch_s + head.micro_batch_s + forward + backward + comm),
-        backward_s=depths * (embed.backward_s + head.backward_s + backward),
-        tp_comm_s=depths * (embed.tp_comm_s + head.tp_comm_s + comm),
+    modules = PartCost(
+        micro_batch_s=depths * (embed.micro_batch_s + forward + backward + comm),
+        backward_s=depths * (embed.backward_s + backward),
+        tp_comm_s=depths * (embed.tp_comm_s + comm),
         dp_comm_per_iteration_s=dp_comm_time(params, strategy, cluster, training),
         state_bytes=model_state_bytes(params, strategy, training),
         activation_bytes=depths * mtp_kept_bytes(model, samples, strategy, training.activation_bytes,
                                                  cluster.dropout_mask_bytes),
         optimizer_temporary_bytes=optimizer_temporary_bytes(params, strategy, training),
-        loss_bytes=depths * logits_activation_bytes(model, samples, strategy,
-                                                    kept_logit_bytes(training.cross_entropy_fusion,
-                                                                     training.activation_bytes)),
     )
+    heads = replace(NO_MTP, micro_batch_s=depths * head.micro_batch_s, backward_s=depths * head.backward_s,
+                    tp_comm_s=depths * head.tp_comm_s,
+                    loss_bytes=depths * logits_activation_bytes(model, samples, strategy,
+                                                                kept_logit_bytes(training.cross_entropy_fusion,
+                                                                                 training.activation_bytes)))
+    return modules, heads
+
+
+def _joined(one: PartCost, other: PartCost) -> PartCost:
+    """Two parts on one stage as one: their times, bytes and traffic added."""
+    return PartCost(**{name: getattr(one, name) + getattr(other, name) for name in PartCost.__dataclass_fields__})
 
 
 def mtp_kept_bytes(model: ModelSpec, samples: int, strategy: LayerStrategy, word: int, mask_bytes: int) -> float:

@@ -13,7 +13,7 @@ from typing import Optional
 from ..errors import UserError
 from ..megatron_flags import flag_groups, megatron_flags
 from ..parallel_dims import ParallelDims
-from ..pipeline_layout import runtime_chunk_problem
+from ..pipeline_layout import runtime_chunk_problem, runtime_mtp_problem
 from ..plan import Plan
 
 
@@ -69,7 +69,8 @@ def layout_from_plan(plan: Plan) -> MegatronLayout:
     """The Megatron layout of a megatron-space plan; UserError for a hybrid plan."""
     if plan.space != "megatron":
         raise UserError(f"the Megatron-Core runtime runs megatron-space plans; this plan is {plan.space!r}")
-    problem = runtime_chunk_problem(tuple(len(chunk.layers) for chunk in plan.chunks))
+    problem = runtime_mtp_problem(plan.mtp_chunk) or runtime_chunk_problem(
+        tuple(len(chunk.layers) for chunk in plan.chunks))
     if problem:
         raise UserError(f"this plan's {problem}")
     flags = _parse_flags(megatron_flags(plan))

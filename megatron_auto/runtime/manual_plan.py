@@ -10,7 +10,8 @@ from typing import Optional
 
 from ..errors import UserError
 from ..parallel_dims import ParallelDims
-from ..pipeline_layout import LAYOUT_FLAG, chunk_layers_of_layout, runtime_chunk_problem
+from ..pipeline_layout import (LAYOUT_FLAG, chunk_layers_of_layout, mtp_chunk_of_layout, runtime_chunk_problem,
+                               runtime_mtp_problem)
 from ..plan import Chunk, LayerStrategy, Plan
 from ..search.uniform import UniformConfig, chunk_sizes, stage_layer_counts
 from ..specs.model import ModelSpec
@@ -96,7 +97,7 @@ def _layout_chunk_layers(num_layers: int, pp: int, flags: ManualParallelism) -> 
     if others:
         raise UserError(f"{LAYOUT_FLAG} cannot go with {', '.join(others)} (as in Megatron-LM)")
     counts = chunk_layers_of_layout(flags.pipeline_layout or "", pp, num_layers)
-    problem = runtime_chunk_problem(counts)
+    problem = runtime_mtp_problem(mtp_chunk_of_layout(flags.pipeline_layout or "")) or runtime_chunk_problem(counts)
     if problem:
         raise UserError(f"{LAYOUT_FLAG} {flags.pipeline_layout!r}: {problem}")
     if len(counts) > pp and pp < 2:

@@ -53,7 +53,8 @@ def build_uniform_plan(model: ModelSpec, cluster: ClusterSpec, training: Trainin
         return Plan(space="megatron", world_size=world, pipeline_parallel=pp,
                     global_batch_size=training.global_batch_size,
                     num_micro_batches=num_micro_batches, chunks=chunks,
-                    embedding=strategy, virtual_stages=v, model=model, cluster=cluster.name)
+                    embedding=strategy, virtual_stages=v, mtp_chunk=config.mtp_chunk, model=model,
+                    cluster=cluster.name)
     except ValueError as error:
         raise UserError(str(error)) from None
 

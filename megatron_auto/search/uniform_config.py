@@ -43,6 +43,8 @@ class UniformConfig:
     chunk_layers: Optional[tuple[int, ...]] = None
     """--pipeline-model-parallel-layout: decoder layers of every chunk, in chunk order (pp x virtual_stages of
     them); None: the split of stage_layers and account_for."""
+    mtp_chunk: Optional[int] = None
+    """--pipeline-model-parallel-layout: the chunk of the MTP layers when it is not the last (Plan.mtp_chunk)."""
     ep: int = 1
     """--expert-model-parallel-size: EP degree of every MoE layer."""
     etp: Optional[int] = None

@@ -133,7 +133,8 @@ def test_chunks_beyond_megatrons_split_flags_are_written_as_a_pipeline_layout():
     (dict(pipeline_layout="Et|t|tL"), "3 chunks do not divide over 2 pipeline stages"),
     (dict(pipeline_layout="tE|ttL"), "must start with the embedding E and end with the loss L"),
     (dict(pipeline_layout="Ett|tLt"), "must start with the embedding E and end with the loss L"),
-    (dict(pipeline_layout="Ettm|tL"), "multi-token-prediction layers (m) go in the last chunk"),
+    (dict(pipeline_layout="Ettm|tL"), "multi-token-prediction layers (m) go in one chunk, after every decoder"),
+    (dict(pipeline_layout="Ett|tt|m|L"), "a stage of their own (Megatron-Core's standalone MTP), are not run"),
     (dict(pipeline_layout="Ett|txL"), "unknown layer character(s) x"),
 ])
 def test_pipeline_layouts_megatron_core_or_this_runtime_would_not_build_are_user_errors(flags, message):
@@ -201,3 +202,19 @@ def test_the_runtime_refuses_a_sliding_window_model_in_one_line():
     layout = MegatronLayout(ParallelDims(), micro_batch_size=1, num_micro_batches=1, global_batch_size=1)
     with pytest.raises(UserError, match="sliding-window attention is priced by plan and estimate, not built"):
         transformer_config(model, layout, TrainSettings(), "gloo")
+
+
+def test_the_runtime_refuses_a_plan_with_a_standalone_mtp_chunk_in_one_line():
+    """estimate prices a layout that gives the MTP layers a chunk of their own (tests/test_mtp_cost.py); this
+    runtime builds them beside the loss only."""
+    from megatron_auto.search.uniform import UniformConfig, build_uniform_plan
+    from megatron_auto.specs.presets import CLUSTER_PRESETS
+    from megatron_auto.specs.training import TrainingSpec
+
+    model = uniform_model("mtp", 8, 64, 4, seq_length=32, vocab_size=256, position_embedding_type="rope",
+                          mtp_num_layers=1)
+    config = UniformConfig(tp=1, pp=4, micro_batch_size=1, vp=2, chunk_layers=(1, 1, 1, 1, 1, 1, 2, 0),
+                           mtp_chunk=6)
+    plan = build_uniform_plan(model, CLUSTER_PRESETS["dgx-h100-80gb"], TrainingSpec(global_batch_size=8), config)
+    with pytest.raises(UserError, match="in chunk 6, a stage of their own"):
+        layout_from_plan(plan)
