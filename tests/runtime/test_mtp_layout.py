@@ -31,7 +31,8 @@ def test_a_layout_with_the_mtp_layer_runs_as_the_same_split_without_it(tmp_path)
 
 
 @pytest.mark.parametrize("layout, words", [("Et*3|tL", "places 0 multi-token-prediction layers"),
-                                           ("Et*3m|tL", "go in the last chunk")])
+                                           ("Et*3m|tL", "go in one chunk, after every decoder layer"),
+                                           ("Et*2|t*2|m|L", "a stage of their own (Megatron-Core's standalone MTP)")])
 def test_a_misplaced_mtp_layer_is_one_line_and_exit_2(layout, words):
     done = run_script([*ARGV, "--pipeline-model-parallel-layout", layout, "--auto-parallel-dry-run"],
                       rank_env(0, 2, 29999), 120, fresh=True)
