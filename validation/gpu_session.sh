@@ -9,8 +9,9 @@
 #                                               # one MTP module) trains in bf16 on CUDA
 #   bash validation/gpu_session.sh speed        # bench_gpu_vs_torch (auto, then --grad-accumulation-fusion off) and
 #                                               # profile_gpu_step --time-grad-accumulation-fusion
-#   bash validation/gpu_session.sh host         # 2 minutes: measure_host_floor, the host seconds per layer pass of the
-#                                               # runtime's step per structure, core attention and recompute (all 12 cases)
+#   bash validation/gpu_session.sh host         # 3 minutes: measure_host_floor, the host seconds per layer pass of the
+#                                               # runtime's step per structure, core attention and recompute (all 18
+#                                               # cases; `moe`: GPT-OSS's 16 local experts, issue 37's next measure)
 #   bash validation/gpu_session.sh memory       # 1 minute: check_layer_memory, one layer's saved bytes against the
 #                                               # activation formula for GPT, grouped-query/RoPE and q/k-norm layers
 #   bash validation/gpu_session.sh validate-a   # validate_cost_model: micro-batch 1/2/4/8 without recompute, + the pick
@@ -92,7 +93,7 @@ case "$STEP" in
         grep -h -A4 "^| model\|accumulation fusion |" "$OUT"/bench_*.log "$OUT/profile.log"
         ;;
     host)
-        run 300 host_floor.log python3 -m validation.measure_host_floor --out "$OUT/host_floor.json"
+        run 450 host_floor.log python3 -m validation.measure_host_floor --out "$OUT/host_floor.json"
         grep "^|" "$OUT/host_floor.log"
         ;;
     memory)

@@ -1,7 +1,7 @@
 """Host seconds per layer pass of the runtime's whole training step, per layer structure, core attention
 and recompute: the data the cost model's host-time term is to be fitted to.
 
-On a CUDA machine (about 2 minutes on one H100):
+On a CUDA machine (about 3 minutes on one H100):
 
     python3 -m validation.measure_host_floor --out host_floor.json
 
@@ -17,6 +17,10 @@ dgx-h100-80gb (cost.compute.layer_compute_times plus recompute_time), which at t
 
 On CPU, `--tiny` runs the same code on hidden 64 (tests/test_measure_host_floor.py); the figures are
 then the CPU's kernel time, not a host floor.
+
+The `moe` structure is GPT-OSS 120B's layer as one GPU of its EP8 recipe holds it (16 experts of width h, top-4,
+all local here): its row tells whether a MoE layer's router, dispatcher and experts have a host floor of their
+own, which the cost model does not price (cost/moe.py; issue 37, the GPT-OSS row's -20.7%).
 """
 from __future__ import annotations
 
@@ -50,11 +54,14 @@ class Structure:
     """The MLP width Llama uses with SwiGLU: 8h/3, rounded down to a multiple of 64."""
 
 
+LLAMA_FLAGS = dict(swiglu=True, normalization="RMSNorm", add_bias_linear=False, position_embedding_type="rope",
+                   untie_embeddings_and_output_weights=True)
 STRUCTURES = {
     "gpt": Structure(flags={}),
-    "llama": Structure(flags=dict(swiglu=True, normalization="RMSNorm", add_bias_linear=False,
-                                  position_embedding_type="rope", untie_embeddings_and_output_weights=True),
-                       heads_per_query_group=4, dropout=0.0, swiglu_ffn=True),
+    "llama": Structure(flags=LLAMA_FLAGS, heads_per_query_group=4, dropout=0.0, swiglu_ffn=True),
+    # GPT-OSS 120B's experts on one GPU of its EP8 recipe: 16 local experts, top-4 (all 16 here, on one rank).
+    "moe": Structure(flags=dict(LLAMA_FLAGS, num_experts=16, moe_router_topk=4), heads_per_query_group=4,
+                     dropout=0.0, swiglu_ffn=True),
 }
 BACKENDS = ("flash", "unfused")
 RECOMPUTES = ("none", "selective", "full")
@@ -104,9 +111,11 @@ def model_spec(structure: str, layers: int, shape: Shape) -> ModelSpec:
     """The model of `structure`, `layers` deep."""
     kind = STRUCTURES[structure]
     ffn = shape.hidden_size * 8 // 3 // 64 * 64 if kind.swiglu_ffn else None
+    experts = {"moe_ffn_hidden_size": shape.hidden_size} if "num_experts" in kind.flags else {}  # GPT-OSS: f = h
     return uniform_model(f"host-floor-{structure}", layers, shape.hidden_size, shape.num_attention_heads,
                          shape.seq_length, shape.vocab_size, ffn_hidden_size=ffn,
-                         num_query_groups=shape.num_attention_heads // kind.heads_per_query_group, **kind.flags)
+                         num_query_groups=shape.num_attention_heads // kind.heads_per_query_group, **kind.flags,
+                         **experts)
 
 
 def build_session(case: Case, model, shape: Shape, precision: str, info):
@@ -153,10 +162,22 @@ def layer_parameters(job) -> int:
 
 def priced_layer_pass_s(model: ModelSpec, case: Case, shape: Shape) -> float:
     """What the cost model prices for one layer's forward, backward and recompute of one micro-batch at
-    this shape on dgx-h100-80gb, in bf16."""
-    times = layer_compute_times(model.layers[0], shape.seq_length, 1, 1, False, CLUSTER_PRESETS["dgx-h100-80gb"],
-                                2, case.backend)
-    return times.forward_s + times.backward_s + recompute_time(times, case.recompute)
+    this shape on dgx-h100-80gb, in bf16: a MoE layer's dense part (attention, norms, router) floored as a
+    layer's, and its routed experts beside it (cost/moe.py, which prices no host floor for them: what a MoE
+    case measures against)."""
+    layer, cluster = model.layers[0], CLUSTER_PRESETS["dgx-h100-80gb"]
+    dense = dataclasses.replace(layer, moe=None) if layer.moe is not None else layer
+    times = layer_compute_times(dense, shape.seq_length, 1, 1, False, cluster, 2, case.backend)
+    priced = times.forward_s + times.backward_s + recompute_time(times, case.recompute)
+    if layer.moe is None:
+        return priced
+    from megatron_auto.cost.moe import expert_compute_times
+    from megatron_auto.plan import LayerStrategy
+    from megatron_auto.specs.training import TrainingSpec
+
+    forward, backward = expert_compute_times(layer, shape.seq_length, 1, LayerStrategy(), cluster,
+                                             TrainingSpec(global_batch_size=shape.micro_batches))
+    return priced + forward + backward + (forward if case.recompute == "full" else 0.0)
 
 
 def measure_case(case: Case, shape: Shape, precision: str, info, warmup: int, iters: int) -> dict:
@@ -194,7 +215,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--tiny", action="store_true", help="hidden 64, seq 32, depths 1 and 2 (the CPU test)")
     parser.add_argument("--cases", nargs="+", type=parse_case, default=list(ALL_CASES),
-                        help="STRUCTURE:BACKEND:RECOMPUTE each (default: all 12)")
+                        help="STRUCTURE:BACKEND:RECOMPUTE each (default: all 18)")
     parser.add_argument("--precision", choices=("bf16", "fp32"), help="default: bf16 on CUDA, fp32 on CPU")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--iters", type=int, default=5)
