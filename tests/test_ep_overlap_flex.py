@@ -197,11 +197,41 @@ def test_the_search_leaves_out_full_recomputation_under_ep_overlap_as_megatron_r
 
 
 def test_the_hybrid_space_refuses_ep_overlap_in_one_line(capsys):
-    """The hybrid runtime runs its own schedule, not the combined 1F1B one whose extra forward in flight the
-    megatron space prices (cost.memory.in_flight_micro_batches): planning it there would misprice its memory."""
+    """The hybrid runtime runs its own schedule, not the combined 1F1B one whose merged steps the megatron space
+    prices (cost/ep_overlap.py, cost.estimate.merged_step_extra_bytes)."""
     argv = ["plan", "--model", "tiny-mixtral", "--cluster", "dgx-h100-80gb", "--num-nodes", "1",
             "--global-batch-size", "64", "--space", "hybrid", "--overlap-moe-expert-parallel-comm"]
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert "hybrid space does not plan" in err and "\n" not in err
     assert main(argv[:-1]) == 0  # the same job without the flag plans in the hybrid space
+
+
+PLAN = ["plan", "--model", "deepseek-moe-16b", "--cluster", "dgx-h100-80gb", "--num-nodes", "4",
+        "--global-batch-size", "256", "--json"]
+
+
+def test_plan_weighs_ep_overlap_under_search_and_keeps_the_faster_plan(capsys):
+    """`--overlap-moe-expert-parallel-comm search`: the search runs without it, then with it on top of the best
+    spec so far (search.plan_search's switches), and keeps the faster plan; its flags say which."""
+    plans = {}
+    for choice in ("off", "on", "search"):
+        assert main([*PLAN, "--overlap-moe-expert-parallel-comm", choice]) == 0
+        plans[choice] = json.loads(capsys.readouterr().out)
+    best = min(plans["off"]["iteration_time_s"], plans["on"]["iteration_time_s"])
+    assert plans["search"]["iteration_time_s"] == best
+    chosen = plans["on"]["iteration_time_s"] < plans["off"]["iteration_time_s"]
+    assert ("--overlap-moe-expert-parallel-comm" in plans["search"]["megatron_flags"]) == chosen
+    assert chosen  # deepseek-moe-16b on 4 nodes: its EP 8 dispatch hides behind the merged steps' compute
+
+
+@pytest.mark.parametrize("argv, message", [
+    ([*ESTIMATE, "--overlap-moe-expert-parallel-comm", "search"], "search is plan's choice"),
+    ([*PLAN, "--overlap-moe-expert-parallel-comm", "search", "--space", "hybrid"], "hybrid space does not plan"),
+    ([*PLAN, "--overlap-moe-expert-parallel-comm", "search", "--moe-token-dispatcher-type", "allgather"],
+     "alltoall or flex"),
+])
+def test_ep_overlap_search_refusals_are_one_line_and_exit_2(capsys, argv, message):
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and "\n" not in err

@@ -79,18 +79,27 @@ def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size
                moe_hybridep_num_sms=getattr(args, "moe_hybridep_num_sms", None) or FLEX_BACKEND_SMS["hybridep"],
                moe_ep_overlap=_ep_overlap_flag(args))
     try:
-        return TrainingSpec.for_precision(precision, global_batch_size, memory_budget_bytes=budget, **kernels, **moe,
+        spec = TrainingSpec.for_precision(precision, global_batch_size, memory_budget_bytes=budget, **kernels, **moe,
                                           **fp8_options(args, precision), **recipe_options(args, precision, on_gpu))
+        if ep_overlap_arg(args) == "search":
+            replace(spec, moe_ep_overlap=True)  # what Megatron-Core refuses beside it, refused now, not mid-search
+        return spec
     except ValueError as error:
         raise UserError(str(error)) from None
 
 
+def ep_overlap_arg(args: argparse.Namespace) -> str:
+    """--overlap-moe-expert-parallel-comm: on, off or search."""
+    return getattr(args, "overlap_moe_expert_parallel_comm", "off")
+
+
 def _ep_overlap_flag(args: argparse.Namespace) -> bool:
-    """--overlap-moe-expert-parallel-comm; --delay-wgrad-compute alone is refused, as Megatron-Core refuses it."""
-    overlap = bool(getattr(args, "overlap_moe_expert_parallel_comm", False))
-    if getattr(args, "delay_wgrad_compute", False) and not overlap:
+    """--overlap-moe-expert-parallel-comm on (`search` leaves it to knob_switches); --delay-wgrad-compute alone is
+    refused, as Megatron-Core refuses it."""
+    choice = ep_overlap_arg(args)
+    if getattr(args, "delay_wgrad_compute", False) and choice == "off":
         raise UserError("--delay-wgrad-compute needs --overlap-moe-expert-parallel-comm (as in Megatron-Core)")
-    return overlap
+    return choice == "on"
 
 
 def precision_of(args: argparse.Namespace, on_gpu: bool) -> str:
@@ -176,7 +185,7 @@ def host_knob_options(args: argparse.Namespace) -> dict:
 def knob_switches(args: argparse.Namespace) -> tuple[dict, ...]:
     """The TrainingSpec fields `plan` weighs turning on (`search` values): CUDA graphs of --cuda-graph-scope
     (transformer_engine's, or local's for full_iteration), then offloading of --offload-modules, then the
-    precision-aware optimizer with the dtypes given."""
+    precision-aware optimizer with the dtypes given, then the EP overlap (Megatron-Core's combined 1F1B)."""
     switches = []
     if cuda_graph_impl_arg(args) == "search":
         scope = cuda_graph_scope_arg(args)
@@ -187,6 +196,8 @@ def knob_switches(args: argparse.Namespace) -> tuple[dict, ...]:
                              min_offloaded_tensor_size=args.min_offloaded_tensor_size))
     if precision_aware_arg(args) == "search":
         switches.append(dict(optimizer_states=optimizer_states_arg(args, switched=True)))
+    if ep_overlap_arg(args) == "search":
+        switches.append(dict(moe_ep_overlap=True))
     return tuple(switches)
 
 

@@ -87,9 +87,11 @@ def add_moe_arguments(parser: argparse.ArgumentParser) -> None:
                              f"(default {FLEX_BACKEND_SMS['deepep']}, Megatron-Core's)")
     parser.add_argument("--moe-hybridep-num-sms", type=positive_int, default=FLEX_BACKEND_SMS["hybridep"],
                         metavar="N", help=f"the same for HybridEP (default {FLEX_BACKEND_SMS['hybridep']})")
-    parser.add_argument("--overlap-moe-expert-parallel-comm", action="store_true",
+    parser.add_argument("--overlap-moe-expert-parallel-comm", nargs="?", const="on", default="off",
+                        choices=("on", "off", "search"),
                         help="price Megatron-Core's combined 1F1B schedule: one micro-batch's dispatch and combine "
-                             "beside another's compute (needs ep > 1, virtual stages when pp > 1, no full recompute)")
+                             "beside another's compute (needs ep > 1, virtual stages when pp > 1, no full recompute); "
+                             "plan's `search` weighs it and keeps it where its plan is faster")
     parser.add_argument("--delay-wgrad-compute", action="store_true",
                         help="Megatron-LM's companion of --overlap-moe-expert-parallel-comm (the weight gradients "
                              "run inside the merged step; priced the same)")

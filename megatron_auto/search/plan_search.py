@@ -100,11 +100,12 @@ def _space_problem(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpe
     if space == "hybrid" and training.optimizer_states.precision_aware:
         return _PRECISION_AWARE_HYBRID
     if space == "hybrid" and training.moe_ep_overlap:
-        return ("--overlap-moe-expert-parallel-comm runs Megatron-Core's combined 1F1B schedule, which the hybrid "
-                "space does not plan (its runtime runs its own schedule): search the megatron space")
+        return _EP_OVERLAP_HYBRID
     return fp8_problem(cluster, training.fp8_recipe) if training.fp8 else None
 
 
+_EP_OVERLAP_HYBRID = ("--overlap-moe-expert-parallel-comm runs Megatron-Core's combined 1F1B schedule, which the "
+                      "hybrid space does not plan (its runtime runs its own schedule): search the megatron space")
 _HOST_KNOBS_HYBRID = ("CUDA graphs and activation offloading are Megatron-LM's; the hybrid space's plans run on "
                       "megatron-auto's runtime, which runs neither: search the megatron space")
 
@@ -114,6 +115,8 @@ def _switches_problem(switches: tuple[dict, ...], space: str) -> Optional[str]:
     knobs = {"cuda_graph_impl", "offload_modules"}
     if space == "hybrid" and any("optimizer_states" in switch for switch in switches):
         return _PRECISION_AWARE_HYBRID
+    if space == "hybrid" and any("moe_ep_overlap" in switch for switch in switches):
+        return _EP_OVERLAP_HYBRID
     return _HOST_KNOBS_HYBRID if space == "hybrid" and any(knobs & set(switch) for switch in switches) else None
 
 
