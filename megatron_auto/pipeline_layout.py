@@ -29,7 +29,7 @@ def unrolled_chunks(text: str) -> list[str]:
 
 def chunk_layers_of_layout(text: str, pipeline_parallel: int, num_layers: int) -> tuple[int, ...]:
     """Decoder layers per model chunk of the layout `text`, in chunk order; UserError (one line) for a layout
-    Megatron-Core refuses or this runtime cannot build."""
+    Megatron-Core refuses (what this runtime cannot build besides: runtime_chunk_problem, runtime_mtp_problem)."""
     where = f"{LAYOUT_FLAG} {text!r}"
     chunks = unrolled_chunks(text)
     stray = sorted({char for chunk in chunks for char in chunk} - set("EtLm"))
@@ -55,7 +55,7 @@ def _check_mtp_placement(where: str, chunks: list[str], pipeline_parallel: int) 
     """Megatron-Core's rules for the MTP layers (transformer/pipeline_parallel_layer_layout.py,
     validate_layer_layout): all in one chunk, after every decoder layer, and in the last virtual stage of its
     pipeline rank; UserError (one line) otherwise."""
-    holding = [index for index, chunk in enumerate(chunks) if "m" in chunk]
+    holding = _chunks_holding_mtp(chunks)
     if not holding:
         return
     flat = "".join(chunks)
@@ -71,8 +71,12 @@ def mtp_chunk_of_layout(text: str) -> int | None:
     """The chunk of the layout `text` that holds the MTP layers when it is not the last (Megatron-Core's
     standalone MTP: "...|m|L"); None when they are in the last chunk, beside the loss, or absent."""
     chunks = unrolled_chunks(text)
-    holding = [index for index, chunk in enumerate(chunks) if "m" in chunk]
+    holding = _chunks_holding_mtp(chunks)
     return holding[0] if holding and holding[0] != len(chunks) - 1 else None
+
+
+def _chunks_holding_mtp(chunks: list[str]) -> list[int]:
+    return [index for index, chunk in enumerate(chunks) if "m" in chunk]
 
 
 def runtime_chunk_problem(counts: tuple[int, ...]) -> str:

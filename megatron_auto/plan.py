@@ -314,6 +314,17 @@ class Plan:
         layer count Megatron may lower by one for the embedding or the loss)."""
         return len(self.chunks[1].layers) if len(self.chunks) > 2 else max(len(c.layers) for c in self.chunks)
 
+    @property
+    def loss_stage(self) -> int:
+        """The stage of the last chunk: the LM head and the loss."""
+        return (len(self.chunks) - 1) % self.pipeline_parallel
+
+    @property
+    def mtp_stage(self) -> int:
+        """The stage of the multi-token prediction modules: the loss's (Megatron-Core puts them in the last chunk
+        without a layout), or that of the layout's standalone MTP chunk (mtp_chunk)."""
+        return self.loss_stage if self.mtp_chunk is None else self.mtp_chunk % self.pipeline_parallel
+
     def stage_chunks(self, stage: int) -> tuple[Chunk, ...]:
         return self.chunks[stage::self.pipeline_parallel]
 
@@ -369,9 +380,10 @@ def _check_chunk_count(plan: Plan) -> None:
     expected = plan.pipeline_parallel * plan.virtual_stages
     if len(plan.chunks) != expected:
         raise ValueError(f"plan has {len(plan.chunks)} chunks; pipeline_parallel x virtual_stages = {expected}")
-    if not all(chunk.layers for chunk in plan.chunks) and (plan.space != "megatron" or plan.num_layers < 1):
-        # Megatron-Core builds a chunk that holds only the embedding, MTP or loss (a --pipeline-model-parallel-layout
-        # chunk without "t"); estimate prices it, the runtime refuses it (pipeline_layout.runtime_chunk_problem).
+    # Megatron-Core builds a chunk that holds only the embedding, MTP or loss (a --pipeline-model-parallel-layout
+    # chunk without "t"); estimate prices it, the runtime refuses it (pipeline_layout.runtime_chunk_problem).
+    empty_allowed = plan.space == "megatron" and plan.num_layers >= 1
+    if not empty_allowed and not all(chunk.layers for chunk in plan.chunks):
         raise ValueError("every chunk needs at least one layer")
 
 

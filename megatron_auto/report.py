@@ -57,7 +57,7 @@ def _stage_header(plan: Plan, stage: int) -> str:
         chunks = range(stage, len(plan.chunks), plan.pipeline_parallel)
         header += f" in chunks {', '.join(map(str, chunks))}"
     depths = plan.model.mtp_num_layers if plan.model is not None else 0
-    if depths and stage == (len(plan.chunks) - 1) % plan.pipeline_parallel:  # Megatron-Core's MTP placement
+    if depths and stage == plan.mtp_stage:
         header += f" + {depths} MTP module{'s' if depths != 1 else ''}"
     prediction = plan.prediction
     if prediction is not None:

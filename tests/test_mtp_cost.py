@@ -199,3 +199,14 @@ def test_estimate_reads_megatron_lms_deepseek_v3_layout_with_its_standalone_mtp_
     assert flags[flags.index("--pipeline-model-parallel-layout") + 1].endswith("|t*2|t*2|m|L")
     times = data["stage_time_s"]  # stages 14 and 15 hold 2 layers each, the others 4 (stage 0: 3 and the embedding)
     assert times[14] < times[13] and times[15] < times[13] and times[14] > min(times[1:14]) / 2
+
+
+def test_the_report_names_the_mtp_modules_on_their_own_stage():
+    from megatron_auto.report import plan_table
+
+    model = replace(GPT, mtp_num_layers=1)
+    config = {"tp": 2, "pp": 4, "micro_batch_size": 2, "vp": 2, "chunk_layers": (1, 1, 1, 1, 1, 1, 2, 0)}
+    alone, _ = plan_and_stages(model, **config, mtp_chunk=6)
+    assert (alone.mtp_stage, alone.loss_stage) == (2, 3)
+    headers = [line for line in plan_table(alone).splitlines() if line.strip().startswith("stage ")]
+    assert [("MTP module" in line) for line in headers] == [False, False, True, False]

@@ -76,7 +76,7 @@ class StageCost:
     parts: EmbeddingCost | None = None
     """The plan's embedding and LM-head costs (for the memory of the first and last stages)."""
     mtp: PartCost = NO_MTP
-    """The multi-token prediction modules beside their layers (cost/mtp.py), on their stage (mtp_stage)."""
+    """The multi-token prediction modules beside their layers (cost/mtp.py), on their stage (Plan.mtp_stage)."""
     mtp_heads: PartCost = NO_MTP
     """The depths' logits and cross entropies on the loss's stage when MTP has a chunk of its own (mtp_parts);
     without one they are in `mtp`."""
@@ -200,7 +200,7 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
         stage.chunk_s.append(stage.micro_batch_s - chunk_start)
         stage.sync_unhidden = False
     stages[0].chunk_s[0] += parts[0].embedding.micro_batch_s
-    head_index = (len(plan.chunks) - 1) % plan.pipeline_parallel
+    head_index = plan.loss_stage
     head_start = stages[head_index].micro_batch_s
     _add_part(stages[head_index], parts[head_index].head)
     if model.mtp_num_layers:
@@ -261,19 +261,11 @@ def unmerged_ep_seconds(hidden_s: float, plan: Plan, stage_index: int) -> float:
     return hidden_s * alone / plan.virtual_stages
 
 
-def mtp_stage(plan: Plan) -> int:
-    """The pipeline stage of the multi-token prediction modules: the loss's (Megatron-Core puts them in the
-    last chunk without a layout), or that of the layout's standalone MTP chunk (Plan.mtp_chunk)."""
-    chunk = len(plan.chunks) - 1 if plan.mtp_chunk is None else plan.mtp_chunk
-    return chunk % plan.pipeline_parallel
-
-
 def _add_mtp(stages: list[StageCost], plan: Plan, model: ModelSpec, views, training: TrainingSpec) -> None:
     """The multi-token prediction modules after the last layer: their transformer layers as layers and the rest
     as a part (cost/mtp.py) on their stage; the depths' logits and cross entropies on the loss's stage, the same
     one unless the layout gives MTP a chunk of its own (that chunk, its stage's last, carries what it adds)."""
-    index, head_index = mtp_stage(plan), (len(plan.chunks) - 1) % plan.pipeline_parallel
-    stage, cluster = stages[index], views[index]
+    stage, cluster = stages[plan.mtp_stage], views[plan.mtp_stage]
     start = stage.micro_batch_s
     strategy = mtp_layer_strategy(plan)
     stage.add_layer(layer_cost(model.mtp_layer, strategy, plan.local_micro_batch(strategy), model.seq_length,
@@ -288,8 +280,8 @@ def _add_mtp(stages: list[StageCost], plan: Plan, model: ModelSpec, views, train
     stage.mtp = modules
     _add_part(stage, modules)
     stage.chunk_s[-1] += stage.micro_batch_s - start
-    stages[head_index].mtp_heads = heads
-    _add_part(stages[head_index], heads)
+    stages[plan.loss_stage].mtp_heads = heads
+    _add_part(stages[plan.loss_stage], heads)
 
 
 def _chunk_runs(model: ModelSpec, first_layer: int, chunk: Chunk):
@@ -358,14 +350,13 @@ def stage_memory(plan: Plan, stage_index: int, stage: StageCost, model: ModelSpe
                                         plan.virtual_stages, plan.schedule)
     activations = stage.activation_bytes + stage.mtp.activation_bytes
     costs = stage.parts
-    head_stage = (len(plan.chunks) - 1) % plan.pipeline_parallel
     if stage_index == 0:
         activations += costs.embedding.activation_bytes
     activations *= in_flight
     if ep_overlap_runs(plan, model, training):
         activations += merged_step_extra_bytes(stage)
     logits = waiting = 0.0
-    if stage_index == head_stage:
+    if stage_index == plan.loss_stage:
         # the MTP depths' softmaxes are kept beside the main one
         softmax = costs.head.activation_bytes + stage.mtp.loss_bytes + stage.mtp_heads.loss_bytes
         logits = softmax + costs.head.loss_bytes
