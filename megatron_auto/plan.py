@@ -462,7 +462,8 @@ def _check_megatron_space(plan: Plan) -> None:
 def context_parallel_problem(cp: int, model: ModelSpec) -> Optional[str]:
     """Why `model` cannot run context parallelism `cp`, or None: Megatron-Core needs a sequence that splits
     into 2 x cp chunks (get_batch_on_this_cp_rank), and the cost model prices no multi-latent attention
-    layer, nor multi-token prediction, nor a sliding window, under CP yet."""
+    layer, nor multi-token prediction, under CP yet (what Transformer Engine's CP attention runs is
+    cost.context_parallel.cp_comm_problem's)."""
     if cp == 1:
         return None
     if model.seq_length % (2 * cp):
@@ -472,8 +473,6 @@ def context_parallel_problem(cp: int, model: ModelSpec) -> Optional[str]:
         return f"context parallelism with multi-latent attention is not priced yet (model '{model.name}')"
     if model.mtp_num_layers:
         return f"context parallelism with multi-token prediction is not priced yet (model '{model.name}')"
-    if any(layer.attention_window is not None for layer in model.distinct_layers):
-        return f"context parallelism with sliding-window attention is not priced yet (model '{model.name}')"
     return None
 
 

@@ -106,8 +106,8 @@ def test_a_cp_rank_keeps_its_tokens_activations_plus_the_whole_sequences_keys_an
 
 def test_k_and_v_travel_over_the_cp_group_and_again_when_the_core_is_recomputed():
     strategy = LayerStrategy(tp=4, dp=2, cp=2, zero=1, sp=True)
-    once = kv_exchange_time(LAYER, 8192, 1, strategy, H100, 2, regather=False)
-    twice = kv_exchange_time(LAYER, 8192, 1, strategy, H100, 2, regather=True)
+    once = kv_exchange_time(LAYER, 8192, 1, strategy, H100, 2, gathers=1)
+    twice = kv_exchange_time(LAYER, 8192, 1, strategy, H100, 2, gathers=2)
     assert 0 < once < twice < 2 * once
     assert layer_cost(LAYER, strategy, 1, 8192, H100, BF16).cp_comm_s == once
     assert layer_cost(LAYER, replace(strategy, recompute="full"), 1, 8192, H100, BF16).cp_comm_s == twice
@@ -232,8 +232,8 @@ def test_te_ring_hides_the_k_and_v_transfers_behind_the_core_as_far_as_it_lasts(
     strategy = LayerStrategy(tp=8, dp=1, cp=8, zero=1, sp=True)
     te = replace(BF16, fused_norms=True)
     serial = ring_kv_exchange_time(LAYER, 8192, 1, strategy, replace(H100, grad_overlap=0.0), te, regather=False)
-    once = kv_exchange_time(LAYER, 8192, 1, strategy, H100, 2, regather=False)
-    gather = (kv_exchange_time(LAYER, 8192, 1, strategy, H100, 2, regather=True) - once)
+    once = kv_exchange_time(LAYER, 8192, 1, strategy, H100, 2, gathers=1)
+    gather = (kv_exchange_time(LAYER, 8192, 1, strategy, H100, 2, gathers=2) - once)
     assert serial == pytest.approx(once + gather, rel=1e-12)  # the backward's extra pass of K and V
     short = ring_kv_exchange_time(LAYER, 8192, 1, strategy, H100, te, regather=False)
     long = ring_kv_exchange_time(LAYER, 262144, 1, strategy, H100, te, regather=False)

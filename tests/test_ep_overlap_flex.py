@@ -17,7 +17,8 @@ from megatron_auto.cost.estimate import unmerged_ep_seconds
 from megatron_auto.cost.ep_overlap import exposed_steady_state, hidden_ep_seconds
 from megatron_auto.cost.flex_dispatch import flex_all_to_all_time, node_reach_probability
 from megatron_auto.cost.layer_cost import dense_part_cost, layer_cost
-from megatron_auto.cost.moe import dispatch_time, ep_all_to_all_time, expert_cost
+from megatron_auto.cost.communication import group_all_to_all_time
+from megatron_auto.cost.moe import dispatch_time, expert_cost
 from megatron_auto.plan import LayerStrategy
 from megatron_auto.specs.model import MoESpec
 from megatron_auto.specs.training import TrainingSpec
@@ -71,7 +72,7 @@ def test_flex_sends_a_token_once_per_node_it_reaches():
     remote = tokens * node_reach_probability(moe, 2) / TOY.inter_node.effective_bandwidth + TOY.inter_node.latency_s
     local = moe.router_topk * tokens * 7 / 8 / TOY.intra_node.effective_bandwidth + TOY.intra_node.latency_s
     assert flex_all_to_all_time(tokens, moe, 16, 1, TOY) == approx(max(remote, local))
-    assert flex_all_to_all_time(tokens, moe, 16, 1, TOY) < ep_all_to_all_time(moe.router_topk * tokens, 16, 1, TOY)
+    assert flex_all_to_all_time(tokens, moe, 16, 1, TOY) < group_all_to_all_time(moe.router_topk * tokens, 16, 1, TOY)
 
 
 def test_flex_inside_one_node_moves_what_alltoall_moves():

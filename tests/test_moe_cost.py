@@ -17,8 +17,8 @@ from megatron_auto.cost.estimate import estimate_plan
 from megatron_auto.cost.flops import Gemm, layer_forward_flops, layer_gemms, moe_forward_flops
 from megatron_auto.cost.layer_cost import dense_part_cost, layer_cost
 from megatron_auto.cost.memory import layer_activation_bytes, model_state_bytes
-from megatron_auto.cost.moe import (dispatch_time, ep_all_to_all_time, expert_activation_bytes, expert_compute_times,
-                                    expert_cost,
+from megatron_auto.cost.communication import group_all_to_all_time
+from megatron_auto.cost.moe import (dispatch_time, expert_activation_bytes, expert_compute_times, expert_cost,
                                     expert_gemm_time, expert_gemms, expert_memory_bytes, expert_tokens,
                                     expert_view, local_tokens, router_gemm)
 from megatron_auto.errors import UserError
@@ -142,15 +142,15 @@ def test_alltoall_dispatch_across_nodes_and_with_expert_tp():
     strategy = LayerStrategy(tp=2, dp=8, sp=True, ep=8)
     received = K * S * B / 2 * H * 2
     a2a = max(received * 3 / 8 / 50e9 + 1e-5, received * 4 / 8 / 10e9 + 2e-5)
-    assert ep_all_to_all_time(received, 8, 2, TOY) == approx(a2a)
+    assert group_all_to_all_time(received, 8, 2, TOY) == approx(a2a)
     expected = 2 * a2a + all_gather_time(2 * received, 2, INTRA) + reduce_scatter_time(2 * received, 2, INTRA)
     assert dispatch_time(LAYER, S, B, strategy, TOY, BF16) == approx(expected)
 
 
 def test_ep_all_to_all_inside_a_node_or_straddling_unevenly_is_plain():
-    assert ep_all_to_all_time(1e9, 4, 1, TOY) == approx(all_to_all_time(1e9, 4, INTRA))
+    assert group_all_to_all_time(1e9, 4, 1, TOY) == approx(all_to_all_time(1e9, 4, INTRA))
     six_per_node = replace(TOY, gpus_per_node=6, num_nodes=2)  # a group of 4 straddles 6-GPU nodes in places
-    assert ep_all_to_all_time(1e9, 4, 1, six_per_node) == approx(all_to_all_time(1e9, 4, INTER))
+    assert group_all_to_all_time(1e9, 4, 1, six_per_node) == approx(all_to_all_time(1e9, 4, INTER))
 
 
 def test_alltoall_bytes_scale_with_imbalance():

@@ -1,6 +1,6 @@
 """Sliding-window attention (Megatron-Core's window_size and window_attn_skip_freq): which layers get a window,
-what the flash core computes under one, and where it is not priced (context parallelism) or not run (the
-runtime)."""
+what the flash core computes under one, where Transformer Engine does not run it (its CP ring) and where it is not
+run (the runtime)."""
 from __future__ import annotations
 
 import json
@@ -82,7 +82,7 @@ def test_a_zero_window_is_bound_by_the_bytes_the_kernel_moves():
     assert forward == pytest.approx(moved / _bandwidth()) and backward == pytest.approx(2 * moved / _bandwidth())
 
 
-def test_estimate_prices_a_windowed_model_and_refuses_context_parallelism_in_one_line(tmp_path, capsys):
+def test_estimate_prices_a_windowed_model_and_refuses_the_cp_ring_beside_a_window_in_one_line(tmp_path, capsys):
     path = tmp_path / "oss.json"
     path.write_text(json.dumps({"num_layers": 8, "hidden_size": 2880, "num_attention_heads": 64,
                                 "num_query_groups": 8, "kv_channels": 64, "ffn_hidden_size": 2880, "swiglu": True,
@@ -100,6 +100,9 @@ def test_estimate_prices_a_windowed_model_and_refuses_context_parallelism_in_one
     assert main(job) == 0
     assert windowed < json.loads(capsys.readouterr().out)["iteration_time_s"]
     path.write_text(json.dumps({**full, "window_size": 127}))
-    assert main([*job[:-1], "--cp", "2"]) == 2
+    assert main([*job[:-1], "--cp", "2"]) == 2  # Transformer Engine's p2p ring, the default type, runs no window
     err = capsys.readouterr().err.strip()
-    assert "sliding-window attention is not priced yet" in err and "\n" not in err
+    assert "needs --cp-comm-type a2a or all_gather" in err and "\n" not in err
+    for kind in ("a2a", "all_gather"):  # the types that do run one (tests/test_cp_comm_type.py prices them)
+        assert main([*job, "--cp", "2", "--cp-comm-type", kind]) == 0
+        assert json.loads(capsys.readouterr().out)["megatron_flags"][-2:] == ["--cp-comm-type", kind]

@@ -181,7 +181,8 @@ def run_estimate(args: argparse.Namespace) -> int:
     for flag, value in (("--tp-comm-overlap", args.tp_comm_overlap), ("--cuda-graph-impl", args.cuda_graph_impl),
                         ("--fine-grained-activation-offloading", args.fine_grained_activation_offloading),
                         ("--use-precision-aware-optimizer", args.use_precision_aware_optimizer),
-                        ("--overlap-moe-expert-parallel-comm", args.overlap_moe_expert_parallel_comm)):
+                        ("--overlap-moe-expert-parallel-comm", args.overlap_moe_expert_parallel_comm),
+                        ("--cp-comm-type", args.cp_comm_type)):
         if value == "search":
             raise UserError(f"{flag} search is plan's choice; estimate prices the flags given")
     problem = graph_recompute_problem(args)

@@ -83,6 +83,9 @@ def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size
                                           **fp8_options(args, precision), **recipe_options(args, precision, on_gpu))
         if ep_overlap_arg(args) == "search":
             replace(spec, moe_ep_overlap=True)  # what Megatron-Core refuses beside it, refused now, not mid-search
+        if cp_comm_type_arg(args) == "search" and not spec.fused_norms:
+            raise UserError("--cp-comm-type search weighs Transformer Engine's CP attention; the local spec's "
+                            "(--transformer-impl local) all-gathers K and V whatever the type")
         return spec
     except ValueError as error:
         raise UserError(str(error)) from None
@@ -131,12 +134,18 @@ def recipe_options(args: argparse.Namespace, precision: str, on_gpu: bool) -> di
                    bias_activation_fusion=resolve_bias_fusions(getattr(args, "bias_fusions", "auto"), on_gpu),
                    rope_fusion=bool(getattr(args, "rope_fusion", False)),
                    cross_entropy_fusion=(getattr(args, "cross_entropy_fusion_impl", "native")
-                                         if getattr(args, "cross_entropy_loss_fusion", False) else "none"))
+                                         if getattr(args, "cross_entropy_loss_fusion", False) else "none"),
+                   cp_comm_type=cp_comm_type_arg(args) if cp_comm_type_arg(args) != "search" else "p2p")
     if getattr(args, "grad_reduce_in_bf16", False):
         if precision == "fp32":
             raise UserError("--grad-reduce-in-bf16 needs 16-bit or fp8 training, not fp32")
         options["grad_bytes"] = 2
     return {**options, **host_knob_options(args), "optimizer_states": optimizer_states_arg(args)}
+
+
+def cp_comm_type_arg(args: argparse.Namespace) -> str:
+    """--cp-comm-type: p2p, all_gather, a2a or search."""
+    return getattr(args, "cp_comm_type", "p2p")
 
 
 def precision_aware_arg(args: argparse.Namespace) -> str:
@@ -185,7 +194,8 @@ def host_knob_options(args: argparse.Namespace) -> dict:
 def knob_switches(args: argparse.Namespace) -> tuple[dict, ...]:
     """The TrainingSpec fields `plan` weighs turning on (`search` values): CUDA graphs of --cuda-graph-scope
     (transformer_engine's, or local's for full_iteration), then offloading of --offload-modules, then the
-    precision-aware optimizer with the dtypes given, then the EP overlap (Megatron-Core's combined 1F1B)."""
+    precision-aware optimizer with the dtypes given, then the EP overlap (Megatron-Core's combined 1F1B), then
+    Transformer Engine's a2a and all_gather CP attention in place of its ring."""
     switches = []
     if cuda_graph_impl_arg(args) == "search":
         scope = cuda_graph_scope_arg(args)
@@ -198,6 +208,8 @@ def knob_switches(args: argparse.Namespace) -> tuple[dict, ...]:
         switches.append(dict(optimizer_states=optimizer_states_arg(args, switched=True)))
     if ep_overlap_arg(args) == "search":
         switches.append(dict(moe_ep_overlap=True))
+    if cp_comm_type_arg(args) == "search":
+        switches += [dict(cp_comm_type="a2a"), dict(cp_comm_type="all_gather")]
     return tuple(switches)
 
 

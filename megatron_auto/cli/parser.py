@@ -11,7 +11,7 @@ from ..megatron_flags import FSDP_SHARDING
 from ..plan import RECOMPUTE_KINDS, SPACES
 from ..specs.optimizer_states import MAIN_GRADS_DTYPES, MAIN_PARAMS_DTYPES, MOMENT_DTYPES
 from ..specs.host_knobs import CUDA_GRAPH_IMPLS, DEFAULT_MIN_OFFLOADED_TENSOR_SIZE, OFFLOAD_MODULES
-from ..specs.training import (DEFAULT_MOE_LOAD_IMBALANCE, FLEX_BACKEND_SMS, FLEX_DISPATCHER_BACKENDS,
+from ..specs.training import (CP_COMM_TYPES, DEFAULT_MOE_LOAD_IMBALANCE, FLEX_BACKEND_SMS, FLEX_DISPATCHER_BACKENDS,
                               MOE_TOKEN_DISPATCHERS, PRICED_ONLY_RECOMPUTE_MODULES, RECOMPUTE_MODULES)
 
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -140,6 +140,11 @@ def add_recipe_arguments(parser: argparse.ArgumentParser) -> None:
                         help="price Megatron's fused bias + activation, whose SwiGLU keeps 3f per token instead "
                              "of 4f (Megatron-LM's and NeMo's default; auto: off, as the runtime runs by default, "
                              "megatron_auto/kernel_choice.py)")
+    parser.add_argument("--cp-comm-type", choices=(*CP_COMM_TYPES, "search"), default="p2p",
+                        help="how Transformer Engine's attention runs context parallelism (Megatron-LM's flag): p2p "
+                             "(the K/V ring), all_gather or a2a (sliding windows need a2a or all_gather); `search` "
+                             "(plan only): the search weighs a2a and all_gather beside p2p and keeps the fastest; "
+                             "the local spec's attention all-gathers whatever it says")
     parser.add_argument("--rope-fusion", action="store_true",
                         help="price Transformer Engine's fused RoPE, which keeps no per-layer cos/sin tables "
                              "(Megatron-LM's default where TE imports; this runtime does not run it)")

@@ -38,6 +38,7 @@ OUTER_RULE_REASONS = {
     "invalid-flags": "Megatron rejects the combination (batch or layers do not divide)",
     "lower-bound": "a bound proved the (pipeline degree, micro-batch) pair slower than the best so far",
     "cp-long-sequences": "context parallelism where each CP rank keeps at least 2048 tokens of a sequence",
+    "cp-comm-type": "context parallelism that Transformer Engine's attention does not run with this --cp-comm-type",
 }
 
 

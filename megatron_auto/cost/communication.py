@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.training import TrainingSpec
+from .collectives import all_to_all_time
 from .models import comm_model
 
 
@@ -37,6 +38,23 @@ def tp_comm_time(hidden: int, seq: int, samples: int, strategy: LayerStrategy,
     collectives = 4 + (2 if strategy.recompute == "full" else 0)
     regathers = 2 * gather * (1.0 - comm.grad_overlap) if strategy.sp else 0.0
     return collectives * one + regathers
+
+
+def group_all_to_all_time(bytes_: float, group_size: int, stride: int, cluster: ClusterSpec) -> float:
+    """An all-to-all over a group of `group_size` ranks `stride` apart (an EP group, a CP group), each rank holding
+    `bytes_` (1/n per peer). NCCL sends to each peer over its own path at once, so across nodes the share for
+    the peers in the rank's node crosses NVLink while the rest crosses the network, and the slower of the two
+    sets the time. A group inside one node, or one that straddles nodes unevenly (ClusterSpec.link_for_group),
+    is a plain all-to-all over its slowest link (collectives.all_to_all_time)."""
+    link = cluster.link_for_group(group_size, stride)
+    per_node = cluster.gpus_per_node // stride if cluster.gpus_per_node % stride == 0 else 0
+    if link is cluster.intra_node or per_node < 1 or group_size % per_node:
+        return all_to_all_time(bytes_, group_size, link)
+    intra, inter = cluster.intra_node, cluster.inter_node
+    local = (bytes_ * (per_node - 1) / group_size / intra.effective_bandwidth + intra.latency_s
+             if per_node > 1 else 0.0)
+    remote = bytes_ * (group_size - per_node) / group_size / inter.effective_bandwidth + inter.latency_s
+    return max(local, remote)
 
 
 def dp_comm_time(num_params: float, strategy: LayerStrategy, cluster: ClusterSpec,

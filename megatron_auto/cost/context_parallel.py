@@ -9,10 +9,13 @@ What changes against the same layer without CP, for one rank:
   chunks (c = r and 2cp-1-r, L = s / 2cp tokens each) that is sum_c (c L^2 + L^2 / 2) = 2 cp L^2
   query-key pairs, 1 / cp of the whole sequence's (2 cp L)^2 / 2 and cp times the (2L)^2 / 2 of a
   causal sequence of s / cp; so the core costs its share of the whole sequence's;
-- K and V travel: an all-gather of the whole sequence's K and V in the forward (again under full
-  recompute), a reduce-scatter of their gradients in the backward, over cp ranks `tp` apart
-  (Megatron-Core's rank order tp-cp-dp-pp), all exposed (the attention waits for them); under
-  Transformer Engine's spec the ring overlaps them with the core instead (ring_kv_exchange_time);
+- K and V travel (cp_exchange_time), by what runs: the local spec's attention all-gathers the whole
+  sequence's K and V in the forward (again under full recompute) and reduce-scatters their gradients in the
+  backward, over cp ranks `tp` apart (Megatron-Core's rank order tp-cp-dp-pp), all exposed (the attention
+  waits for them). Transformer Engine's spec runs what --cp-comm-type asks: p2p, its ring, which overlaps
+  them with the core (ring_kv_exchange_time); all_gather, the same gather, again in the backward; a2a,
+  all-to-alls of Q, K, V and the output instead (qkvo_all_to_all_time). A sliding window runs with a2a and
+  all_gather only, and a2a splits the heads over the ranks (cp_comm_problem);
 - the attention keeps the whole sequence's K and V, expanded to the query heads (cp_qkv_kept_width);
 - weights are replicated over CP: gradients are reduced, and the distributed optimizer shards, over
   dp x cp ranks (LayerStrategy.gradient_dp).
@@ -21,11 +24,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 from functools import lru_cache
+from typing import Optional
 
 from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec, ModelSpec
 from ..specs.training import TrainingSpec
+from .communication import group_all_to_all_time
 from .layer_kernels import attention_core_times
 from .models import comm_model, compute_model
 
@@ -80,15 +85,79 @@ def kv_bytes(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy, 
 
 
 def kv_exchange_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
-                     cluster: ClusterSpec, word: int, regather: bool) -> float:
-    """The K/V all-gather (twice where the core attention is recomputed: `regather`) and the reduce-scatter
-    of their gradients, per micro-batch: the gathered buffer is the whole sequence's K and V of this rank's
-    query groups."""
+                     cluster: ClusterSpec, word: int, gathers: int) -> float:
+    """`gathers` all-gathers of the whole sequence's K and V of this rank's query groups and one reduce-scatter of
+    their gradients, per micro-batch."""
     bytes_ = kv_bytes(layer, seq, samples, strategy, word)
     comm = comm_model(cluster)
-    gathers = 2 if regather else 1
     return (gathers * comm.collective_time("all_gather", bytes_, strategy.cp, strategy.tp, cluster)
             + comm.collective_time("reduce_scatter", bytes_, strategy.cp, strategy.tp, cluster))
+
+
+def cp_exchange_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy, cluster: ClusterSpec,
+                     training: TrainingSpec, core_recomputed: bool) -> float:
+    """The layer's CP traffic per micro-batch, by what runs (module docstring): the local spec's all-gather (once,
+    twice where the core is recomputed); under Transformer Engine's spec, for --cp-comm-type p2p its ring, for
+    all_gather its gather, which AttnFuncWithCPAndKVAllGather runs again in the backward (it keeps the local K and
+    V: context_parallel.py, backward, gather_along_first_dim), for a2a its all-to-alls."""
+    word = training.activation_bytes
+    if not training.fused_norms:
+        return kv_exchange_time(layer, seq, samples, strategy, cluster, word, gathers=2 if core_recomputed else 1)
+    if training.cp_comm_type == "p2p":
+        return ring_kv_exchange_time(layer, seq, samples, strategy, cluster, training, regather=core_recomputed)
+    if training.cp_comm_type == "all_gather":
+        return kv_exchange_time(layer, seq, samples, strategy, cluster, word, gathers=3 if core_recomputed else 2)
+    return qkvo_all_to_all_time(layer, seq, samples, strategy, cluster, word, replayed=core_recomputed)
+
+
+def qkvo_all_to_all_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy, cluster: ClusterSpec,
+                         word: int, replayed: bool) -> float:
+    """Transformer Engine's a2a CP (AttnFuncWithCPAndQKVOA2A; DeepSpeed-Ulysses' exchange, Jacobs et al. 2023,
+    arXiv 2309.14509): before the core an all-to-all turns each rank's sequence shard of Q, K and V into a shard
+    of 1/cp of its heads over the whole sequence, after it another turns the output back; the backward exchanges
+    the output's gradient in and those of Q, K and V out. Each moves the rank's local tensors over cp ranks `tp`
+    apart, on the attention's path (TE overlaps the three inputs' exchanges only with each other). Where the core
+    is recomputed the forward's two run again."""
+    tokens = samples * seq / strategy.cp
+    heads, groups = layer.num_attention_heads / strategy.tp, max(1, layer.num_query_groups // strategy.tp)
+    dq, dv = layer.query_head_width, layer.value_head_width
+    qkv = word * tokens * (heads * dq + groups * (dq + dv))
+    out = word * tokens * heads * dv
+    one_way = (group_all_to_all_time(qkv, strategy.cp, strategy.tp, cluster)
+               + group_all_to_all_time(out, strategy.cp, strategy.tp, cluster))
+    return one_way * (3 if replayed else 2)
+
+
+def gathered_kv_transient_bytes(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy,
+                                training: TrainingSpec) -> float:
+    """The whole sequence's K and V that Transformer Engine's all_gather CP holds while its core runs (not kept:
+    the backward gathers them again); nothing under its ring or a2a, or under the local spec (whose kept K and V
+    layer_cost counts)."""
+    if training.fused_norms and training.cp_comm_type == "all_gather":
+        return kv_bytes(layer, seq, samples, strategy, training.activation_bytes)
+    return 0.0
+
+
+def cp_comm_problem(model: ModelSpec, tp: int, cp: int, training: TrainingSpec) -> Optional[str]:
+    """Why Transformer Engine's CP attention cannot run the model's layers at (tp, cp) with training.cp_comm_type,
+    or None (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py): a sliding window runs
+    with a2a or all_gather only (attn_forward_func_with_cp), and a2a splits each TP shard's query heads and
+    key/value groups over the cp ranks (AttnFuncWithCPAndQKVOA2A). The local spec's attention reads no
+    cp_comm_type."""
+    if cp == 1 or not training.fused_norms:
+        return None
+    layers = model.distinct_layers
+    if training.cp_comm_type == "p2p" and any(layer.attention_window is not None for layer in layers):
+        return ("sliding-window attention under context parallelism needs --cp-comm-type a2a or all_gather "
+                f"(Transformer Engine's p2p ring runs no window; model '{model.name}')")
+    if training.cp_comm_type != "a2a":
+        return None
+    for layer in layers:
+        heads, groups = layer.num_attention_heads // tp, max(1, layer.num_query_groups // tp)
+        if heads % cp or groups % cp:
+            return (f"--cp-comm-type a2a splits each TP shard's {heads} query heads and {groups} key/value groups "
+                    f"over the {cp} context-parallel ranks, which do not divide them (model '{model.name}', tp {tp})")
+    return None
 
 
 def ring_kv_exchange_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy, cluster: ClusterSpec,

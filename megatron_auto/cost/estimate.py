@@ -11,7 +11,7 @@ from ..specs.model import ModelSpec
 from ..specs.training import FLEX_BACKEND_SMS, GIB, TrainingSpec
 from .comm_interference import interference_share
 from .communication import pipeline_p2p_time, transition_time
-from .context_parallel import gradient_strategy, local_model
+from .context_parallel import cp_comm_problem, gradient_strategy, local_model
 from .embedding import EmbeddingCost, PartCost, embedding_cost
 from .flops import model_flops_per_iteration
 from .fp8 import fp8_problem
@@ -146,8 +146,9 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
     if training.optimizer_states.precision_aware and any(s.dp > 1 and s.zero != 1 for s in plan.distinct_strategies):
         raise UserError("--use-precision-aware-optimizer needs the distributed optimizer on every data-parallel layer "
                         "(as in Megatron-Core); this plan has plain DP or Megatron-FSDP")
-    problem = context_parallel_problem(plan.embedding.cp, model) or (
-        fp8_problem(cluster, training.fp8_recipe) if training.fp8 else None)
+    problem = (context_parallel_problem(plan.embedding.cp, model)
+               or cp_comm_problem(model, plan.embedding.tp, plan.embedding.cp, training)
+               or (fp8_problem(cluster, training.fp8_recipe) if training.fp8 else None))
     if problem:
         raise UserError(problem)
     if plan.embedding.cp > 1 and training.attention_backend != "flash":
@@ -450,12 +451,15 @@ def iteration_and_bubble(plan: Plan, stages: list[StageCost], times: list[float]
 
 
 def recipe_flags(plan: Plan, model: ModelSpec, training: TrainingSpec) -> tuple[str, ...]:
-    """The Megatron-LM flags that run what `training` prices beyond the layout: FP8 through Transformer Engine,
+    """The Megatron-LM flags that run what `training` prices beyond the layout: the CP attention's exchange where
+    cp > 1 (cost/context_parallel.py), FP8 through Transformer Engine,
     TP communication overlap where a layer has tp > 1 with SP, gradients reduced in bf16, the precision-aware
     optimizer (specs/optimizer_states.py), the flex dispatcher,
     EP overlap where a MoE layer has ep > 1, CUDA graphs (cost/cuda_graphs.py) and activation offloading
     (cost/activation_offload.py)."""
     flags: list[str] = []
+    if training.cp_comm_type != "p2p" and plan.embedding.cp > 1:
+        flags += ["--cp-comm-type", training.cp_comm_type]
     if training.fp8:
         flags += ["--fp8-format", training.fp8_format, "--fp8-recipe", training.fp8_recipe]
         flags += ["--fp8-param-gather"] if training.fp8_param_gather else []

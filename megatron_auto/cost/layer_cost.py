@@ -16,8 +16,8 @@ from ..specs.model import LayerSpec
 from ..specs.training import DEFAULT_RECOMPUTE_MODULES, TrainingSpec, interned
 from .comm_interference import dispatch_interference_share, exposed_beside
 from .communication import dp_comm_time, tp_comm_time, zero3_comm_time
-from .context_parallel import (attention_core_extra_times, cp_qkv_kept_width, gradient_strategy, kv_exchange_time,
-                               local_sequence, ring_kv_exchange_time)
+from .context_parallel import (attention_core_extra_times, cp_exchange_time, cp_qkv_kept_width,
+                               gathered_kv_transient_bytes, gradient_strategy, local_sequence)
 from .compute import ComputeTimes, module_forward_shares, recompute_time
 from .activation_offload import RESIDENT_LAYERS, offload_exposed_seconds, offloaded_bytes
 from .cuda_graphs import graph_static_input_bytes, graphed_cluster
@@ -173,9 +173,11 @@ def context_parallel_layer_cost(layer: LayerSpec, strategy: LayerStrategy, sampl
     ones). A MoE layer's router and experts see only the rank's own tokens, so they are priced at the local
     sequence too, with CP folded into expert DP: Megatron-Core forms the expert groups (etp-ep-edp) over the
     stage's tp x cp x dp ranks (parallel_state.py, the expert RankGenerator). Transformer Engine's spec
-    (TrainingSpec.fused_norms) runs CP as TE's ring (AttnFuncWithCPAndKVP2P): it keeps the local Q, K and V
-    and each step's softmax statistics and passes the K/V chunks around again in the backward, so no whole
-    sequence's K and V is kept."""
+    (TrainingSpec.fused_norms) runs CP as --cp-comm-type says (cost/context_parallel.py, cp_exchange_time): its
+    ring (AttnFuncWithCPAndKVP2P) keeps the local Q, K and V and each step's softmax statistics and passes the K/V
+    chunks around again in the backward, its all-gather holds the whole sequence's K and V only while the core
+    runs, its all-to-all keeps Q, K, V and the output as 1/cp of the heads over the whole sequence, the bytes of
+    the local ones: none keeps a whole sequence's K and V."""
     if layer.mla is not None:
         raise ValueError("context parallelism with multi-latent attention layers is not priced yet")
     if training.attention_backend != "flash":
@@ -190,12 +192,10 @@ def context_parallel_layer_cost(layer: LayerSpec, strategy: LayerStrategy, sampl
         base,
         forward_s=base.forward_s + forward, backward_s=base.backward_s + backward,
         recompute_s=base.recompute_s + (forward if core_recomputed else 0.0),
-        cp_comm_s=(ring_kv_exchange_time(layer, seq, samples, strategy, cluster, training, regather=core_recomputed)
-                   if training.fused_norms else
-                   kv_exchange_time(layer, seq, samples, strategy, cluster, training.activation_bytes,
-                                    regather=core_recomputed)),
+        cp_comm_s=cp_exchange_time(layer, seq, samples, strategy, cluster, training, core_recomputed),
         activation_bytes=base.activation_bytes + (0.0 if core_recomputed else whole_kv),
-        transient_bytes=base.transient_bytes + (whole_kv if core_recomputed else 0.0),
+        transient_bytes=(base.transient_bytes + (whole_kv if core_recomputed else 0.0)
+                         + gathered_kv_transient_bytes(layer, seq, samples, strategy, training)),
     )
     if layer.moe is None:
         return dense

@@ -26,9 +26,8 @@ from ..serde import memoised_on
 from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
 from ..specs.training import TrainingSpec
-from .collectives import all_to_all_time
+from .communication import dp_comm_time, group_all_to_all_time, zero3_comm_time
 from .flex_dispatch import flex_all_to_all_time
-from .communication import dp_comm_time, zero3_comm_time
 from .flops import Gemm
 from .fp8 import CAST_BYTES, fp8_gemm_time, fp8_weight_copy_bytes
 from .kernel_rates import elementwise_bandwidth, gemm_compute_time
@@ -164,22 +163,6 @@ def expert_cast_bytes(layer: LayerSpec, tokens: float, strategy: LayerStrategy) 
     return tokens * CAST_BYTES * (layer.hidden_size + f), tokens * CAST_BYTES * (fc1_out + layer.hidden_size)
 
 
-def ep_all_to_all_time(bytes_: float, ep: int, stride: int, cluster: ClusterSpec) -> float:
-    """An all-to-all over an EP group of `ep` ranks `stride` apart, each rank holding `bytes_` (1/ep per peer).
-    NCCL sends to each peer over its own path at once, so across nodes the share for the peers in the rank's
-    node crosses NVLink while the rest crosses the network, and the slower of the two sets the time. A group
-    inside one node, or one that straddles nodes unevenly (ClusterSpec.link_for_group), is a plain
-    all-to-all over its slowest link (collectives.all_to_all_time)."""
-    link = cluster.link_for_group(ep, stride)
-    per_node = cluster.gpus_per_node // stride if cluster.gpus_per_node % stride == 0 else 0
-    if link is cluster.intra_node or per_node < 1 or ep % per_node:
-        return all_to_all_time(bytes_, ep, link)
-    intra, inter = cluster.intra_node, cluster.inter_node
-    local = bytes_ * (per_node - 1) / ep / intra.effective_bandwidth + intra.latency_s if per_node > 1 else 0.0
-    remote = bytes_ * (ep - per_node) / ep / inter.effective_bandwidth + inter.latency_s
-    return max(local, remote)
-
-
 def dispatch_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrategy, cluster: ClusterSpec,
                   training: TrainingSpec) -> float:
     """One pass (forward, or backward) of token dispatch and combine.
@@ -204,7 +187,7 @@ def dispatch_time(layer: LayerSpec, seq: int, samples: int, strategy: LayerStrat
         a2a = flex_all_to_all_time(received / layer.moe.router_topk, layer.moe, strategy.ep, strategy.expert_tp,
                                    cluster)
     else:
-        a2a = ep_all_to_all_time(received, strategy.ep, strategy.expert_tp, cluster)
+        a2a = group_all_to_all_time(received, strategy.ep, strategy.expert_tp, cluster)
     etp, gathered = strategy.expert_tp, strategy.expert_tp * received
     expert_tp = (comm.collective_time("all_gather", gathered, etp, 1, cluster)
                  + comm.collective_time("reduce_scatter", gathered, etp, 1, cluster))

@@ -93,7 +93,8 @@ NO_EFFECT_LISTS = {
     "--profile-ranks": SINK,
     "--cp-comm-type": KERNEL + " (the local spec's context-parallel attention all-gathers K and V, which "
                                "computes what p2p and a2a compute; Transformer Engine, where it runs, runs its "
-                               "default p2p ring)",
+                               "default p2p ring, as --auto-parallel prices it; `megatron-auto plan`/`estimate` "
+                               "price each type for Megatron-LM runs)",
 }
 
 REFUSED_PREFIXES = {

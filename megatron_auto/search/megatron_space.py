@@ -17,6 +17,7 @@ from functools import lru_cache
 from typing import Callable, Iterator, Optional
 
 from ..cost.communication import dp_comm_time, tp_comm_time
+from ..cost.context_parallel import cp_comm_problem
 from ..errors import UserError
 from ..plan import LayerStrategy, Plan
 from ..specs.cluster import ClusterSpec
@@ -96,14 +97,19 @@ def context_parallel_choices(model: ModelSpec, cluster: ClusterSpec, training: T
                              constraints: SearchConstraints, tp: int, pp: int, stats: SpaceStats) -> list[int]:
     """CP degrees searched with (tp, pp): 1, and the decision tree's CP rules on the others: what the cost
     model prices under CP (plan.context_parallel_problem: layers without multi-latent attention, no
-    multi-token prediction) on the flash core (what the runtime runs CP with), sequences long enough
+    multi-token prediction) on the flash core (what the runtime runs CP with), what Transformer Engine's CP
+    attention runs with --cp-comm-type (cost.context_parallel.cp_comm_problem), sequences long enough
     (MIN_CP_TOKENS), a data-parallel degree that splits the batch. The tp x cp ranks may span nodes, as
     NVIDIA's recipes run them (Llama 3.1 405B at TP8 x CP2, 1M tokens at TP8 x CP32): the K/V ring's
     cross-node hops are priced at the NICs of the group's ranks per node (cost/context_parallel.py)."""
     rest = cluster.world_size // (tp * pp)
     if constraints.cp is not None:
         cp = constraints.cp
-        return [cp] if rest % cp == 0 and training.global_batch_size % (rest // cp) == 0 else []
+        problem = cp_comm_problem(model, 1, cp, training)  # at tp 1, what no tp can mend
+        if problem:
+            raise UserError(problem)
+        fits_batch = rest % cp == 0 and training.global_batch_size % (rest // cp) == 0
+        return [cp] if fits_batch and not cp_comm_problem(model, tp, cp, training) else []
     choices = [1] if training.global_batch_size % rest == 0 else []
     mla = any(layer.mla is not None for layer in model.distinct_layers)
     if mla or model.mtp_num_layers or training.attention_backend != "flash":
@@ -113,6 +119,8 @@ def context_parallel_choices(model: ModelSpec, cluster: ClusterSpec, training: T
             continue
         if model.seq_length // cp < MIN_CP_TOKENS or model.seq_length % (2 * cp):
             stats.drop("cp-long-sequences")
+        elif cp_comm_problem(model, tp, cp, training):
+            stats.drop("cp-comm-type")
         else:
             choices.append(cp)
     return choices

@@ -117,6 +117,9 @@ def _switches_problem(switches: tuple[dict, ...], space: str) -> Optional[str]:
         return _PRECISION_AWARE_HYBRID
     if space == "hybrid" and any("moe_ep_overlap" in switch for switch in switches):
         return _EP_OVERLAP_HYBRID
+    if space == "hybrid" and any("cp_comm_type" in switch for switch in switches):
+        return "--cp-comm-type search weighs context parallelism, which the hybrid space does not plan: search the " \
+               "megatron space"
     return _HOST_KNOBS_HYBRID if space == "hybrid" and any(knobs & set(switch) for switch in switches) else None
 
 

@@ -47,6 +47,9 @@ FP8_RECIPES = ("delayed", "tensorwise", "blockwise", "mxfp8")
 """Megatron-LM's --fp8-recipe choices (priced in cost/fp8.py)."""
 FP8_FORMATS = ("e4m3", "hybrid")
 """Megatron-LM's --fp8-format choices (hybrid: E4M3 forward, E5M2 gradients)."""
+CP_COMM_TYPES = ("p2p", "all_gather", "a2a")
+"""Megatron-LM's --cp-comm-type values that are priced (cost/context_parallel.py); a2a+p2p, the hierarchical
+one, is not."""
 
 
 @dataclass(frozen=True)
@@ -159,6 +162,11 @@ class TrainingSpec(CachedHash):
     megatron-auto's runtime keeps every activation on the device."""
     min_offloaded_tensor_size: int = DEFAULT_MIN_OFFLOADED_TENSOR_SIZE
     """Saved tensors of fewer elements stay on the device [--min-offloaded-tensor-size]."""
+    cp_comm_type: str = "p2p"
+    """How Transformer Engine's attention runs context parallelism [--cp-comm-type]: p2p (the K/V ring), all_gather
+    (K and V gathered whole) or a2a (Q, K, V and the output exchanged all-to-all, each rank attending for 1/cp of
+    the heads over the whole sequence) (cost/context_parallel.py). The local spec's CP attention all-gathers
+    whatever it says."""
 
     def __post_init__(self) -> None:
         _check_version(self.schema_version, TRAINING_SCHEMA_VERSION, "training spec")
@@ -185,6 +193,9 @@ class TrainingSpec(CachedHash):
                                       self.cuda_graph_scope))
         if problem:
             raise ValueError(problem)
+        if self.cp_comm_type not in CP_COMM_TYPES:
+            raise ValueError(f"--cp-comm-type must be one of {', '.join(CP_COMM_TYPES)} (a2a+p2p is not priced), "
+                             f"got {self.cp_comm_type!r}")
         if self.cross_entropy_fusion not in CROSS_ENTROPY_FUSIONS:
             raise ValueError(f"cross entropy fusion must be one of {', '.join(CROSS_ENTROPY_FUSIONS)}, "
                              f"got {self.cross_entropy_fusion!r}")
