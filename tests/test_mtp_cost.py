@@ -166,6 +166,27 @@ def test_a_standalone_mtp_chunk_moves_the_modules_to_its_stage_and_leaves_the_lo
     assert flags[flags.index("--pipeline-model-parallel-layout") + 1] == "Et|t|t|t|t|t|t*2m|L"
 
 
+@pytest.mark.parametrize("depths", [1, 2])
+def test_after_a_standalone_mtp_chunk_the_main_and_mtp_hidden_states_travel_on_together(depths):
+    """The MTP block concatenates the main model's and each depth's hidden states along the sequence and the stage
+    sends them on to the loss's (multi_token_prediction.py; gpt_model.py splits them where post_process is set):
+    1 + D sequences' worth over that boundary, one over the others. Without virtual stages nothing hides them."""
+    from megatron_auto.cost.communication import pipeline_p2p_time
+
+    model = replace(GPT, mtp_num_layers=depths)
+    plan, stages = plan_and_stages(model, pp=4, chunk_layers=(2, 3, 3, 0), mtp_chunk=2)
+    samples = plan.global_batch_size // plan.num_micro_batches
+
+    def p2p(streams: int) -> float:
+        return pipeline_p2p_time(model.hidden_size, model.seq_length, samples * streams, plan.gpus_per_stage, 4, A100,
+                                 TRAINING.activation_bytes)
+
+    assert [stage.pp_comm_s for stage in stages] == pytest.approx([p2p(1), p2p(1), p2p(1 + depths), 0.0])
+    assert p2p(1 + depths) > p2p(1) * (1 + depths) * 0.9
+    _, beside = plan_and_stages(model, pp=4, chunk_layers=(2, 3, 3, 0))
+    assert beside[2].pp_comm_s == pytest.approx(p2p(1))  # MTP beside the loss: the boundary carries one sequence
+
+
 @pytest.mark.parametrize("mtp_chunk, message", [(7, "stage other than the loss's"),  # the loss's own chunk
                                                 (3, "stage other than the loss's"),  # not its stage's last chunk
                                                 (5, "decoder layers come before the MTP layers")])

@@ -158,7 +158,10 @@ def check_plan_fits_job(plan: Plan, model: ModelSpec, cluster: ClusterSpec, trai
 
 def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec) -> list[StageCost]:
     """Per-stage sums of layer, transition, p2p, embedding and LM-head costs, each stage on its own GPUs
-    (ClusterSpec.stage_clusters); the p2p between stages at the pace of the slowest group's links."""
+    (ClusterSpec.stage_clusters); the p2p between stages at the pace of the slowest group's links. After a
+    standalone MTP chunk the hidden states of the main model and of each MTP depth travel on together, 1 + D
+    sequences' worth (Megatron-Core's MultiTokenPredictionBlock concatenates them along the sequence:
+    transformer/multi_token_prediction.py; GPTModel.forward splits them where post_process is set)."""
     overlap = comm_model(cluster).grad_overlap
     views = cluster.stage_clusters(plan.pipeline_parallel)
     window = dp_sync_window(plan)
@@ -166,8 +169,9 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
                         step_overhead_s=runtime_overhead(view)[0], sync_window_micro_batches=window) for view in views]
     word = training.activation_bytes
     micro_samples = plan.global_batch_size // plan.num_micro_batches
-    p2p = max(pipeline_p2p_time(model.hidden_size, model.seq_length, micro_samples, plan.gpus_per_stage,
-                                plan.pipeline_parallel, view, word) for view in dict.fromkeys(views))
+    p2p, mtp_p2p = (max(pipeline_p2p_time(model.hidden_size, model.seq_length, micro_samples * streams,
+                                          plan.gpus_per_stage, plan.pipeline_parallel, view, word)
+                        for view in dict.fromkeys(views)) for streams in (1, 1 + model.mtp_num_layers))
     priced = {view: _ends(plan, model, view, training) for view in dict.fromkeys(views)}  # once per group
     parts = [priced[view] for view in views]
     _add_part(stages[0], parts[0].embedding)
@@ -197,7 +201,8 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
         layer_index += len(chunk.layers)
         if chunk_index < last:
             chunk_compute = stage.compute_s - compute_before
-            stage.add_seconds(exposed_p2p_time(p2p, chunk_compute, plan.virtual_stages, overlap), "pp_comm_s")
+            sent = mtp_p2p if plan.mtp_chunk is not None and chunk_index >= plan.mtp_chunk else p2p
+            stage.add_seconds(exposed_p2p_time(sent, chunk_compute, plan.virtual_stages, overlap), "pp_comm_s")
         stage.chunk_s.append(stage.micro_batch_s - chunk_start)
         stage.sync_unhidden = False
     stages[0].chunk_s[0] += parts[0].embedding.micro_batch_s
