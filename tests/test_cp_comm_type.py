@@ -149,3 +149,26 @@ def test_plan_search_is_refused_where_no_type_changes_what_runs(tmp_path, capsys
     assert main(_plan(path, "--cp-comm-type", "search", *extra)) == 2
     err = capsys.readouterr().err
     assert fragment in err and err.count("\n") == 1
+
+
+def test_a_learnable_softmax_adds_a_weight_a_head_and_runs_under_cp_with_a2a_only(tmp_path, capsys):
+    """GPT-OSS's sinks (Megatron-Core softmax_type learnable): one offset a head, core_attention.softmax_offset.
+    Transformer Engine runs a softmax other than the vanilla one on its fused attention, under CP with a2a only
+    (attn_forward_func_with_cp)."""
+    sinks = model_from_dict({**WINDOWED, "softmax_type": "learnable"})
+    plain = model_from_dict(WINDOWED)
+    assert sinks.layers[0].num_parameters - plain.layers[0].num_parameters == 64
+    for kind in ("p2p", "all_gather"):
+        assert "learnable softmax under context parallelism needs --cp-comm-type a2a" in cp_comm_problem(
+            sinks, 1, 2, replace(TE, cp_comm_type=kind))
+    assert cp_comm_problem(sinks, 1, 2, replace(TE, cp_comm_type="a2a")) is None
+    assert cp_comm_problem(model_from_dict({**WINDOWED, "softmax_type": "off-by-one"}), 1, 2, TE) is not None
+    path = tmp_path / "oss.json"
+    path.write_text(json.dumps({**WINDOWED, "softmax_type": "learnable"}))
+    assert main(_plan(path, "--cp", "4", "--cp-comm-type", "search", "--json")) == 0
+    flags = json.loads(capsys.readouterr().out)["megatron_flags"]
+    assert flags[flags.index("--cp-comm-type") + 1] == "a2a"
+    path.write_text(json.dumps({**WINDOWED, "softmax_type": "sinks"}))
+    assert main(_plan(path)) == 2
+    err = capsys.readouterr().err
+    assert "softmax_type must be one of vanilla, off-by-one, learnable" in err and err.count("\n") == 1

@@ -140,13 +140,17 @@ def gathered_kv_transient_bytes(layer: LayerSpec, seq: int, samples: int, strate
 
 def cp_comm_problem(model: ModelSpec, tp: int, cp: int, training: TrainingSpec) -> Optional[str]:
     """Why Transformer Engine's CP attention cannot run the model's layers at (tp, cp) with training.cp_comm_type,
-    or None (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py): a sliding window runs
-    with a2a or all_gather only (attn_forward_func_with_cp), and a2a splits each TP shard's query heads and
-    key/value groups over the cp ranks (AttnFuncWithCPAndQKVOA2A). The local spec's attention reads no
-    cp_comm_type."""
+    or None (transformer_engine/pytorch/attention/dot_product_attention/context_parallel.py): a softmax other than
+    the vanilla one runs with a2a only and a sliding window with a2a or all_gather (attn_forward_func_with_cp), and
+    a2a splits each TP shard's query heads and key/value groups over the cp ranks (AttnFuncWithCPAndQKVOA2A). The
+    local spec's attention reads no cp_comm_type."""
     if cp == 1 or not training.fused_norms:
         return None
     layers = model.distinct_layers
+    offsets = sorted({layer.softmax_type for layer in layers} - {"vanilla"})
+    if offsets and training.cp_comm_type != "a2a":
+        return (f"the {offsets[0]} softmax under context parallelism needs --cp-comm-type a2a (Transformer Engine "
+                f"runs it on its fused attention, and under CP with a2a only; model '{model.name}')")
     if training.cp_comm_type == "p2p" and any(layer.attention_window is not None for layer in layers):
         return ("sliding-window attention under context parallelism needs --cp-comm-type a2a or all_gather "
                 f"(Transformer Engine's p2p ring runs no window; model '{model.name}')")

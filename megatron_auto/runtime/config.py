@@ -213,6 +213,9 @@ def transformer_config(model: ModelSpec, layout: MegatronLayout, settings: Train
     check_layout(layout)
     if any(layer.attention_window is not None for layer in model.distinct_layers):
         raise UserError("sliding-window attention is priced by plan and estimate, not built by this runtime yet")
+    if any(layer.softmax_type != "vanilla" for layer in model.distinct_layers):
+        raise UserError("a softmax other than the vanilla one (softmax_type) is priced by plan and estimate, not "
+                        "built by this runtime yet")
     if layout.dims.cp > 1 and kernels.kernels_for_run(model, settings).attention != "flash":
         raise UserError(f"context parallelism {layout.dims.cp} runs on the flash core attention "
                         f"(--attention-backend flash or auto), not {settings.attention_backend}")

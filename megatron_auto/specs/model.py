@@ -18,6 +18,8 @@ from ..limits import MAX_LAYERS
 
 MODEL_SCHEMA_VERSION = 1
 NORMALIZATIONS = ("LayerNorm", "RMSNorm")
+SOFTMAX_TYPES = ("vanilla", "off-by-one", "learnable")
+"""Megatron-Core's TransformerConfig.softmax_type values."""
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")
 LOAD_BALANCING_TYPES = ("aux_loss", "seq_aux_loss", "global_aux_loss", "sinkhorn", "none")
 
@@ -247,11 +249,18 @@ class LayerSpec(CachedHash):
     attention_window: Optional[int] = None
     """Sliding-window attention: each query attends to itself and this many keys before it (Megatron-Core's
     window_size[0], with window_size[1] = 0; GPT-OSS: 127 on every other layer); None: the whole causal prefix."""
+    softmax_type: str = "vanilla"
+    """The attention's softmax [Megatron-Core's softmax_type]: vanilla, off-by-one (a zero logit beside the keys)
+    or learnable (one learned logit a head, GPT-OSS's sinks: num_attention_heads weights); one more logit a row
+    costs the core nothing measurable, but Transformer Engine runs it on its fused (cuDNN) attention only, and
+    under context parallelism with cp_comm_type a2a only (cost/context_parallel.py, cp_comm_problem)."""
 
     def __post_init__(self) -> None:
         _check_positive(self, "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size")
         if self.attention_window is not None and self.attention_window < 0:
             raise ValueError(f"attention_window must be at least 0, got {self.attention_window}")
+        if self.softmax_type not in SOFTMAX_TYPES:
+            raise ValueError(f"softmax_type must be one of {', '.join(SOFTMAX_TYPES)}, got {self.softmax_type!r}")
         if self.swiglu and self.squared_relu:
             raise ValueError("swiglu and squared_relu are two activations: give one")
         for name in ("hidden_dropout", "attention_dropout"):
@@ -330,19 +339,20 @@ class LayerSpec(CachedHash):
 
     @property
     def num_parameters(self) -> int:
-        """Weights and biases of the layer (Megatron's layout: QKV, proj, MLP or MoE, two norms, and the q/k
-        norms of --qk-layernorm, each over one head's d channels)."""
+        """Weights and biases of the layer (Megatron's layout: QKV, proj, MLP or MoE, two norms, the q/k norms of
+        --qk-layernorm, each over one head's d channels, and a learnable softmax's one offset a head)."""
         h, kv = self.hidden_size, self.kv_channels
         output = self.attention_width * h + (h if self.add_bias_linear else 0)
         norm_weights = 2 if self.normalization == "LayerNorm" else 1
+        sinks = self.num_attention_heads if self.softmax_type == "learnable" else 0  # core_attention.softmax_offset
         if self.mla is not None:
             projections = self.mla.projection_parameters(h, self.num_attention_heads)
             qk_norms = norm_weights * sum(self.mla.latent_norm_widths()) if self.qk_layernorm else 0
-            return projections + output + self.mlp_parameters + 2 * self.norm_parameters + qk_norms
+            return projections + output + self.mlp_parameters + 2 * self.norm_parameters + qk_norms + sinks
         qkv_out = (self.num_attention_heads + 2 * self.num_query_groups) * kv
         attention = h * qkv_out + output + (qkv_out if self.has_qkv_bias else 0)
         qk_norms = 2 * kv * norm_weights if self.qk_layernorm else 0
-        return attention + self.mlp_parameters + 2 * self.norm_parameters + qk_norms
+        return attention + self.mlp_parameters + 2 * self.norm_parameters + qk_norms + sinks
 
     @property
     def mlp_parameters(self) -> int:
@@ -488,7 +498,7 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
                   qk_layernorm: bool = False, apply_layernorm_1p: bool = False, mla: Optional[MLASpec] = None,
                   mtp_num_layers: int = 0, mtp_loss_scaling_factor: float = 0.1, hidden_dropout: float = 0.1,
                   attention_dropout: float = 0.1, squared_relu: bool = False, window_size=None,
-                  window_attn_skip_freq=None, **moe_flags) -> ModelSpec:
+                  window_attn_skip_freq=None, softmax_type: str = "vanilla", **moe_flags) -> ModelSpec:
     """A model from Megatron's flag values: its layers alike, except that with `num_experts` (and the other
     MoE flags of `moe_from_flags`) the layers that --moe-layer-freq picks have a mixture-of-experts MLP, and
     with `window_size` the layers that window_attn_skip_freq picks attend through a sliding window
@@ -509,6 +519,7 @@ def uniform_model(name: str, num_layers: int, hidden_size: int, num_attention_he
         mla=mla,
         hidden_dropout=hidden_dropout,
         attention_dropout=attention_dropout,
+        softmax_type=softmax_type,
     )
     layers = _with_windows(_with_moe_layers(layer, num_layers, **moe_flags),
                            window_pattern(window_size, window_attn_skip_freq, num_layers))
@@ -573,7 +584,7 @@ _COMPACT_KEYS = {
     "num_experts", "moe_router_topk", "moe_ffn_hidden_size", "moe_shared_expert_intermediate_size",
     "moe_layer_freq", "moe_router_load_balancing_type", "moe_aux_loss_coeff", "moe_z_loss_coeff",
     "moe_router_num_groups", "moe_router_group_topk", "multi_latent_attention", *MLA_KEYS, "mtp_num_layers", "mtp_loss_scaling_factor",
-    "hidden_dropout", "attention_dropout", "squared_relu", "window_size", "window_attn_skip_freq",
+    "hidden_dropout", "attention_dropout", "squared_relu", "window_size", "window_attn_skip_freq", "softmax_type",
 }
 _COMPACT_TYPES = {"swiglu": bool, "untie_embeddings_and_output_weights": bool, "add_bias_linear": bool,
                   "normalization": str, "position_embedding_type": str, "add_qkv_bias": bool,
@@ -581,7 +592,8 @@ _COMPACT_TYPES = {"swiglu": bool, "untie_embeddings_and_output_weights": bool, "
                   "moe_router_load_balancing_type": str, "moe_aux_loss_coeff": float, "moe_z_loss_coeff": float,
                   "moe_layer_freq": (int, list, str), "multi_latent_attention": bool,
                   "mtp_loss_scaling_factor": float, "hidden_dropout": float, "attention_dropout": float,
-                  "squared_relu": bool, "window_size": (int, list), "window_attn_skip_freq": (int, list, str)}
+                  "squared_relu": bool, "window_size": (int, list), "window_attn_skip_freq": (int, list, str),
+                  "softmax_type": str}
 
 
 def model_from_dict(data: dict, name: str = "model", where: str = "") -> ModelSpec:

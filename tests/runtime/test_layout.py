@@ -188,9 +188,9 @@ def test_chunks_megatron_core_built_otherwise_than_planned_stop_the_run(monkeypa
         check_built_chunks([chunk(2), chunk(1)], (1, 2, 1, 2), 2)
 
 
-def test_the_runtime_refuses_a_sliding_window_model_in_one_line():
-    """plan and estimate price sliding-window attention (tests/test_sliding_window.py); this runtime's cores do not
-    run it, so a model that has one stops before Megatron-Core builds anything."""
+def test_the_runtime_refuses_a_sliding_window_or_learnable_softmax_model_in_one_line():
+    """plan and estimate price sliding-window attention and the learnable softmax (tests/test_sliding_window.py);
+    this runtime's cores run neither, so a model that has one stops before Megatron-Core builds anything."""
     from megatron_auto.parallel_dims import ParallelDims
     from megatron_auto.runtime.config import transformer_config
     from megatron_auto.runtime.layout import MegatronLayout
@@ -202,6 +202,10 @@ def test_the_runtime_refuses_a_sliding_window_model_in_one_line():
     layout = MegatronLayout(ParallelDims(), micro_batch_size=1, num_micro_batches=1, global_batch_size=1)
     with pytest.raises(UserError, match="sliding-window attention is priced by plan and estimate, not built"):
         transformer_config(model, layout, TrainSettings(), "gloo")
+    sinks = model_from_dict({"num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
+                             "vocab_size": 128, "softmax_type": "learnable"})
+    with pytest.raises(UserError, match="softmax other than the vanilla one .* not built by this runtime"):
+        transformer_config(sinks, layout, TrainSettings(), "gloo")
 
 
 def test_the_runtime_refuses_a_plan_with_a_standalone_mtp_chunk_in_one_line():
