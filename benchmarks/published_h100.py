@@ -22,7 +22,7 @@ from pathlib import Path
 
 from benchmarks.docs_sections import write_section
 from megatron_auto.plan import TimeBreakdown
-from megatron_auto.published_runs import PricedRun, load_runs, price_run, unstated_micro_batch_errors
+from megatron_auto.published_runs import PricedRun, load_runs, price_run, unstated_layout_errors
 
 REPO = Path(__file__).resolve().parents[1]
 HEADING = "## Published H100 runs: predicted vs measured step time"
@@ -94,7 +94,7 @@ def release_year_lines(results: list[PricedRun]) -> list[str]:
 
 def stated_layout_lines(results: list[PricedRun]) -> list[str]:
     """The mean |error| of the rows whose source states its micro-batch, beside those that leave it (and the virtual
-    stages) to estimate's fastest pick, the optimistic end (`unstated_micro_batch_errors`)."""
+    stages) to estimate's fastest pick, the optimistic end (`unstated_layout_errors`)."""
     lines = []
     for stated, words in ((True, "micro-batch stated by the source"), (False, "micro-batch left to estimate")):
         errors = [abs(r.step_error) for r in results
@@ -148,16 +148,27 @@ def difference_line(priced: PricedRun) -> str | None:
             f"saved by term: {', '.join(terms) or 'none above 1%'}")
 
 
-def unstated_micro_batch_line(priced: PricedRun) -> str | None:
-    """The row's error at each micro-batch size that fits, where its source leaves the size unstated."""
-    if priced.estimate is None:
+def unstated_layout_line(priced: PricedRun, errors: list[tuple[int, int, float]]) -> str | None:
+    """The row's error at each layout that fits over what its source leaves unstated (`errors`:
+    unstated_layout_errors), by micro-batch, with the range they span and whether the measurement lies in it."""
+    if priced.estimate is None or not errors:
         return None
-    errors = unstated_micro_batch_errors(priced.run)
-    if not errors:
-        return None
-    picked = priced.estimate.local_micro_batch(priced.estimate.embedding)
-    cells = ", ".join(f"mbs {size} {error:+.1%}" for size, error in errors)
-    return f"- {priced.run.id} (picked mbs {picked}, {priced.step_error:+.1%}): {cells}"
+    picked = f"mbs {priced.estimate.local_micro_batch(priced.estimate.embedding)} v {priced.estimate.virtual_stages}"
+    groups = []
+    for size in sorted({size for size, _, _ in errors}):
+        cells = ", ".join(f"v{chunks} {error:+.1%}" for s, chunks, error in errors if s == size)
+        groups.append(f"mbs {size}: {cells}")
+    low, high = min(e for _, _, e in errors), max(e for _, _, e in errors)
+    inside = "the measurement inside" if low <= 0.0 <= high else "the measurement outside"
+    return (f"- {priced.run.id} (picked {picked}, {priced.step_error:+.1%}): {'; '.join(groups)} "
+            f"(range {low:+.1%} to {high:+.1%}, {inside})")
+
+
+def unstated_layout_summary(spans: list[tuple[float, float]]) -> str:
+    """How many of the rows with an unstated layout have their measured step inside the predicted range."""
+    inside = sum(low <= 0.0 <= high for low, high in spans)
+    return (f"- layout left to estimate: the measured step lies inside the range of predictions over the unstated "
+            f"micro-batch and virtual stages for {inside} of {len(spans)} rows")
 
 
 def misfit_line(priced: PricedRun) -> str | None:
@@ -190,11 +201,13 @@ def render(results: list[PricedRun]) -> str:
     if differences:
         lines += ["", f"Where the planner predicts more than {GAIN_WORTH_EXPLAINING - 1:.0%} over NVIDIA's layout "
                       "(critical stage's terms, NVIDIA's minus the planner's):", "", *differences]
-    unstated = [line for line in map(unstated_micro_batch_line, results) if line]
+    grids = {r.run.id: unstated_layout_errors(r.run) for r in results if r.estimate is not None}
+    unstated = [line for line in (unstated_layout_line(r, grids.get(r.run.id, [])) for r in results) if line]
     if unstated:
-        lines += ["", "Rows whose source does not state the micro-batch: the error at each size that fits (estimate "
-                      "picks the fastest, the optimistic end; `published_runs.unstated_micro_batch_errors`):", "",
-                  *unstated]
+        spans = [(min(e for *_, e in grid), max(e for *_, e in grid)) for grid in grids.values() if grid]
+        lines += ["", "Rows whose source does not state the micro-batch (nor, with pipeline stages, the virtual "
+                      "stages): the error at each layout that fits (estimate picks the fastest, the optimistic end; "
+                      "`published_runs.unstated_layout_errors`):", "", *unstated, unstated_layout_summary(spans)]
     same = same_job_lines(results)
     if same:
         lines += ["", "The same job measured in two releases (architecture, GPUs, global batch, precision and layout "

@@ -272,14 +272,15 @@ def price_run(run: PublishedRun, with_plan: bool = False) -> PricedRun:
 
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
-"""The micro-batch sizes weighed where a source leaves it unstated (unstated_micro_batch_errors)."""
+"""The micro-batch sizes weighed where a source leaves it unstated (unstated_layout_errors)."""
 
 
-def unstated_micro_batch_errors(run: PublishedRun) -> list[tuple[int, float]]:
-    """(micro-batch size, step error) at each of MICRO_BATCH_SIZES that estimate accepts and predicts to fit, for a
-    run whose source does not state its micro-batch (empty otherwise). Estimate picks the fastest such size, which
-    leans toward the optimistic end of this range: the range is how much of the row's error rests on the unstated
-    choice."""
+def unstated_layout_errors(run: PublishedRun) -> list[tuple[int, int, float]]:
+    """(micro-batch size, virtual stages, step error) at each layout that estimate accepts and predicts to fit, over
+    what the run's source leaves unstated: the micro-batch (MICRO_BATCH_SIZES) and, with pipeline stages and no
+    stated chunks, the virtual stages (each divisor of the layers a stage holds). Empty for a run whose source states
+    its micro-batch. Estimate picks the fastest such layout, the optimistic end of this range: the range is how much
+    of the row's error rests on the unstated choices."""
     from .errors import UserError
 
     if "--micro-batch-size" in run.flags:
@@ -287,13 +288,31 @@ def unstated_micro_batch_errors(run: PublishedRun) -> list[tuple[int, float]]:
     errors = []
     with _job(run) as job:
         for size in MICRO_BATCH_SIZES:
-            try:
-                plan, _ = _estimate(job, (*run.flags, "--micro-batch-size", str(size)))
-            except UserError:
-                continue
-            if plan.prediction.fits:
-                errors.append((size, plan.prediction.iteration_time_s / run.measured_step_s - 1))
+            for chunks in _unstated_virtual_stages(run):
+                flags = ("--micro-batch-size", str(size)) + (("--virtual-stages", str(chunks)) if chunks else ())
+                try:
+                    plan, _ = _estimate(job, (*run.flags, *flags))
+                except UserError:
+                    continue
+                if plan.prediction.fits:
+                    errors.append((size, plan.virtual_stages, plan.prediction.iteration_time_s / run.measured_step_s - 1))
     return errors
+
+
+def _unstated_virtual_stages(run: PublishedRun) -> tuple[Optional[int], ...]:
+    """The virtual stages to weigh for `run`: every divisor of the layers a stage holds where the source states
+    neither them nor a split and the layers divide evenly; else (None,), estimate's own pick."""
+    from .search.integers import divisors
+    from .specs.presets import MODEL_PRESETS
+
+    stated = {"--virtual-stages", "--pipeline-model-parallel-layout", "--decoder-first-pipeline-num-layers",
+              "--decoder-last-pipeline-num-layers"}
+    pp = int(run.flags[run.flags.index("--pp") + 1]) if "--pp" in run.flags else 1
+    layers = (MODEL_PRESETS[run.model["preset"]].num_layers if "preset" in run.model
+              else run.model.get("num_layers", 0))
+    if pp == 1 or stated & set(run.flags) or not layers or layers % pp:
+        return (None,)
+    return tuple(divisors(layers // pp))
 
 
 @contextmanager

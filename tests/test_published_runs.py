@@ -87,18 +87,23 @@ def test_every_row_is_priced_every_shared_one_fits_and_the_table_says_so():
     assert all(json.loads(SHARED.read_text())["rows"])
 
 
-def test_an_unstated_micro_batch_is_shown_at_every_size_that_fits():
-    """Estimate picks the fastest micro-batch where the source is silent; the sensitivity lists the error at each
-    size, the picked one among them at the error the row shows, and nothing for a row that states its size."""
-    from megatron_auto.published_runs import unstated_micro_batch_errors
+def test_an_unstated_layout_is_shown_at_every_micro_batch_and_virtual_stage_count_that_fits():
+    """Estimate picks the fastest layout where the source is silent; the sensitivity lists the error at each
+    micro-batch size and, with pipeline stages, each virtual stage count, the picked one among them at the error the
+    row shows, and nothing for a row that states its micro-batch."""
+    from megatron_auto.published_runs import unstated_layout_errors
 
-    assert unstated_micro_batch_errors(run_from_row(ROW)) == []
+    assert unstated_layout_errors(run_from_row(ROW)) == []
     silent = run_from_row({**ROW, "micro_batch_size": None, "cp": 1, "tp": 2})
-    errors = dict(unstated_micro_batch_errors(silent))
+    errors = {(size, chunks): error for size, chunks, error in unstated_layout_errors(silent)}
     priced = price_run(silent)
-    picked = priced.estimate.local_micro_batch(priced.estimate.embedding)
-    assert len(errors) >= 2 and errors[picked] == pytest.approx(priced.step_error)
+    picked = (priced.estimate.local_micro_batch(priced.estimate.embedding), priced.estimate.virtual_stages)
+    assert len({size for size, _ in errors}) >= 2 and errors[picked] == pytest.approx(priced.step_error)
     assert errors[picked] == min(errors.values())  # the fastest that fits: the optimistic end
+    staged = run_from_row({**ROW, "micro_batch_size": None, "vp": None, "cp": 1, "tp": 2, "pp": 2})
+    chunks = {c for _, c, _ in unstated_layout_errors(staged)}
+    assert chunks and chunks <= {1, 2, 4, 8, 16}  # the divisors of the 16 layers a stage holds
+    assert len(chunks) >= 2  # the virtual stages the source leaves open are weighed too
 
 
 @pytest.mark.parametrize("release, year", [("NeMo 24.07", 2024), ("NeMo 25.11 container (Megatron-Bridge)", 2025),
