@@ -298,6 +298,32 @@ def test_exposed_dp_time():
     assert exposed_dp_time(5.0, 10.0) == 0.0
 
 
+def test_the_weight_all_gather_hides_behind_the_forward_and_the_reduce_scatter_behind_the_backward():
+    """--overlap-param-gather: Megatron-Core's DDP gathers each bucket's updated weights beside the next
+    iteration's forward (a module's forward pre-hook waits for its bucket and dispatches the next); the gradients'
+    reduce-scatter runs beside the backward (communication.dp_gather_time)."""
+    from megatron_auto.cost.communication import dp_gather_time
+    from megatron_auto.cost.estimate import StageCost
+    from megatron_auto.cost.layer_cost import layer_cost
+    from megatron_auto.cost.models import comm_model
+    from megatron_auto.cost.pipeline import exposed_dp_split
+
+    assert exposed_dp_split(5.0, 2.0, 3.0, 1.0) == exposed_dp_time(3.0, 3.0) + exposed_dp_time(2.0, 1.0) == 1.0
+    assert exposed_dp_split(5.0, 0.0, 3.0, 10.0) == exposed_dp_time(5.0, 3.0)  # no gather: as before
+    zero1 = LayerStrategy(tp=1, dp=16, zero=1)  # across the two nodes: more traffic than one backward hides
+    gather = dp_gather_time(LAYER.num_parameters, zero1, TOY, BF16)
+    assert gather == approx(dp_comm_time(LAYER.num_parameters, zero1, TOY, BF16)
+                            - comm_model(TOY).collective_time("reduce_scatter", LAYER.num_parameters * 4, 16, 1, TOY))
+    assert dp_gather_time(LAYER.num_parameters, LayerStrategy(tp=1, dp=16), TOY, BF16) == 0.0  # all-reduce
+    cost = layer_cost(LAYER, zero1, B, S, TOY, BF16)
+    assert gather > 0 and cost.dp_gather_per_iteration_s == approx(gather)
+    stage = StageCost(grad_overlap=1.0)
+    stage.add_layer(cost, 3)  # the first unit has no window; the others hide each part beside its own pass
+    hidden = exposed_dp_split(cost.dp_comm_per_iteration_s, gather, cost.backward_s, cost.forward_s)
+    assert stage.exposed_dp_s == approx(cost.dp_comm_per_iteration_s + 2 * hidden)
+    assert hidden < exposed_dp_time(cost.dp_comm_per_iteration_s, cost.backward_s)  # both in the backward: more
+
+
 # --- memory (Korthikanti et al. 2022, Table 2; Megatron distrib_optimizer doc) -----
 
 def act(t, sp=False, recompute="none"):

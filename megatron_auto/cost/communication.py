@@ -75,7 +75,19 @@ def dp_comm_time(num_params: float, strategy: LayerStrategy, cluster: ClusterSpe
     if strategy.zero == 0:
         return comm.collective_time("all_reduce", local * training.grad_bytes, d, tp, cluster)
     return (comm.collective_time("reduce_scatter", local * training.grad_bytes, d, tp, cluster)
-            + comm.collective_time("all_gather", local * training.param_bytes, d, tp, cluster))
+            + dp_gather_time(num_params, strategy, cluster, training))
+
+
+def dp_gather_time(num_params: float, strategy: LayerStrategy, cluster: ClusterSpec,
+                   training: TrainingSpec) -> float:
+    """Of dp_comm_time, the ZeRO-1/2 all-gather of the updated weights: with --overlap-param-gather Megatron-Core's
+    DDP runs it beside the next iteration's forward, bucket by bucket, each module's forward pre-hook waiting for
+    its own bucket and dispatching the next (distributed/distributed_data_parallel.py, _make_forward_pre_hook;
+    param_and_grad_buffer.py, finish_param_sync), where the gradients' reduce-scatter runs beside the backward."""
+    if strategy.dp == 1 or strategy.zero not in (1, 2):
+        return 0.0
+    return comm_model(cluster).collective_time("all_gather", num_params / strategy.tp * training.param_bytes,
+                                               strategy.dp, strategy.tp, cluster)
 
 
 def zero3_comm_time(num_params: float, strategy: LayerStrategy, cluster: ClusterSpec,

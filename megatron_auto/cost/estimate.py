@@ -103,7 +103,8 @@ class StageCost:
         self.ep_comm_s += count * cost.ep_comm_s
         self.cp_comm_s += count * cost.cp_comm_s
         self.ep_hidden_s += count * cost.ep_hidden_s
-        self.add_dp_comm(cost.dp_comm_per_iteration_s, cost.backward_s, count)
+        self.add_dp_comm(cost.dp_comm_per_iteration_s, cost.backward_s, count, cost.dp_gather_per_iteration_s,
+                         cost.forward_s)
         self.state_bytes += count * cost.state_bytes
         self.activation_bytes += count * cost.activation_bytes
         self.largest_layer_activation_bytes = max(self.largest_layer_activation_bytes, cost.activation_bytes)
@@ -111,10 +112,19 @@ class StageCost:
         self.workspace_bytes = max(self.workspace_bytes, cost.workspace_bytes)
         self.optimizer_temporary_bytes += count * cost.optimizer_temporary_bytes
 
-    def add_dp_comm(self, dp_comm_s: float, backward_s: float, count: int = 1) -> None:
-        """Exposed gradient traffic of `count` units (see cost.pipeline.exposed_dp_time)."""
-        hidden = dp_comm_s if self.sync_unhidden else exposed_dp_time(
-            dp_comm_s, self.sync_window_micro_batches * backward_s, self.grad_overlap, self.interference)
+    def add_dp_comm(self, dp_comm_s: float, backward_s: float, count: int = 1, gather_s: float = 0.0,
+                    forward_s: float = 0.0) -> None:
+        """Exposed data-parallel traffic of `count` units (cost.pipeline.exposed_dp_split): the gradients' beside the
+        backward of the sync window (all of it where the units sync last), the weights' all-gather (`gather_s` of
+        `dp_comm_s`) beside the forward of as many micro-batches (dispatched together after the optimizer step, each
+        bucket waited for by its first forward: dp_sync_window), one where the units come first in the stage's
+        forward (its first chunk, whose gradients sync last); the stage's first unit has neither window."""
+        window = self.sync_window_micro_batches
+        forwards = 1 if self.sync_unhidden else window  # the stage's first chunk runs its first forward first
+        gather = exposed_dp_time(gather_s, forwards * forward_s, self.grad_overlap, self.interference)
+        reduce = dp_comm_s - gather_s
+        hidden = gather + (reduce if self.sync_unhidden else exposed_dp_time(
+            reduce, window * backward_s, self.grad_overlap, self.interference))
         first = dp_comm_s if self.units == 0 else hidden
         self.exposed_dp_s += first + (count - 1) * hidden
         self.units += count
@@ -319,7 +329,8 @@ def _add_part(stage: StageCost, part) -> None:
     stage.compute_s += part.micro_batch_s - part.tp_comm_s
     stage.backward_s += part.backward_s
     stage.tp_comm_s += part.tp_comm_s
-    stage.add_dp_comm(part.dp_comm_per_iteration_s, part.backward_s)
+    stage.add_dp_comm(part.dp_comm_per_iteration_s, part.backward_s, 1, part.dp_gather_per_iteration_s,
+                      part.micro_batch_s - part.backward_s - part.tp_comm_s)
     stage.state_bytes += part.state_bytes
     stage.transient_bytes = max(stage.transient_bytes, part.transient_bytes)
     stage.optimizer_temporary_bytes += part.optimizer_temporary_bytes

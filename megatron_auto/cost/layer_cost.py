@@ -15,7 +15,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
 from ..specs.training import DEFAULT_RECOMPUTE_MODULES, TrainingSpec, interned
 from .comm_interference import dispatch_interference_share, exposed_beside
-from .communication import dp_comm_time, tp_comm_time, zero3_comm_time
+from .communication import dp_comm_time, dp_gather_time, tp_comm_time, zero3_comm_time
 from .context_parallel import (attention_core_extra_times, cp_exchange_time, cp_qkv_kept_width,
                                gathered_kv_transient_bytes, gradient_strategy, local_sequence)
 from .compute import ComputeTimes, module_forward_shares, recompute_time
@@ -63,6 +63,9 @@ class LayerCost:
     ep_hidden_s: float = 0.0
     """Dispatch seconds per micro-batch that --overlap-moe-expert-parallel-comm's merged steps hide (already
     off ep_comm_s); the schedule's unmerged warm-up steps show them again (cost/estimate.py)."""
+    dp_gather_per_iteration_s: float = 0.0
+    """Of dp_comm_per_iteration_s, the ZeRO-1/2 weight all-gather, which runs beside the forward
+    (communication.dp_gather_time)."""
 
     @property
     def micro_batch_s(self) -> float:
@@ -156,6 +159,7 @@ def with_experts(dense: LayerCost, experts: ExpertCost, cluster: ClusterSpec, hi
         recompute_s=dense.recompute_s + experts.recompute_s,
         zero3_exposed_s=dense.zero3_exposed_s + exposed_beside(experts.zero3_s, compute, cluster),
         dp_comm_per_iteration_s=dense.dp_comm_per_iteration_s + experts.dp_comm_per_iteration_s,
+        dp_gather_per_iteration_s=dense.dp_gather_per_iteration_s + experts.dp_gather_per_iteration_s,
         state_bytes=dense.state_bytes + experts.state_bytes,
         activation_bytes=dense.activation_bytes + experts.activation_bytes,
         transient_bytes=dense.transient_bytes + experts.rematerialised_bytes,
@@ -258,6 +262,7 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
         # runtime hides no communication behind compute (grad_overlap 0, cpu-gloo) it all shows.
         zero3_exposed_s=exposed_beside(zero3, compute, cluster),
         dp_comm_per_iteration_s=dp_comm_time(params, strategy, cluster, training),
+        dp_gather_per_iteration_s=dp_gather_time(params, strategy, cluster, training),
         state_bytes=states,
         activation_bytes=kept,
         transient_bytes=zero3_gathered_bytes(params, strategy, training) + rematerialised,

@@ -40,6 +40,14 @@ def exposed_dp_time(dp_comm_s: float, backward_s: float, overlap: float = 1.0, i
     return dp_comm_s - overlap * min(dp_comm_s, backward_s) * (1.0 - interference)
 
 
+def exposed_dp_split(dp_comm_s: float, gather_s: float, backward_s: float, forward_s: float, overlap: float = 1.0,
+                     interference: float = 0.0) -> float:
+    """exposed_dp_time of one layer whose `dp_comm_s` holds `gather_s` of weight all-gather: the gradients' part
+    beside its backward, the all-gather beside its forward (--overlap-param-gather: communication.dp_gather_time)."""
+    return (exposed_dp_time(dp_comm_s - gather_s, backward_s, overlap, interference)
+            + exposed_dp_time(gather_s, forward_s, overlap, interference))
+
+
 def exposed_p2p_time(p2p_s: float, chunk_compute_s: float, virtual_stages: int, overlap: float = 1.0) -> float:
     """One chunk boundary's sends and receives left after overlapping with compute.
 

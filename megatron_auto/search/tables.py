@@ -19,7 +19,7 @@ from ..cost.estimate import StageCost, _add_part, optimizer_step_time
 from ..cost.layer_cost import layer_cost
 from ..cost.memory import in_flight_micro_batches, tied_embedding_grad_bytes
 from ..cost.models import comm_model, runtime_overhead
-from ..cost.pipeline import exposed_dp_time
+from ..cost.pipeline import exposed_dp_split
 from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
@@ -69,8 +69,8 @@ def layer_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 time[l, j] = np.inf
                 continue
             c = layer_cost(spec, strategy, micro_batch_samples // strategy.dp, model.seq_length, cluster, training)
-            hidden = exposed_dp_time(c.dp_comm_per_iteration_s, c.backward_s, comm_model(cluster).grad_overlap,
-                                     interference_share(cluster))
+            hidden = exposed_dp_split(c.dp_comm_per_iteration_s, c.dp_gather_per_iteration_s, c.backward_s,
+                                      c.forward_s, comm_model(cluster).grad_overlap, interference_share(cluster))
             optimizer = optimizer_step_time(c.state_bytes, cluster, training.optimizer_impl)
             time[l, j] = c.micro_batch_s + (hidden + optimizer) / m
             first[l, j] = (c.dp_comm_per_iteration_s - hidden) / m
