@@ -295,7 +295,8 @@ def unstated_layout_errors(run: PublishedRun) -> list[tuple[int, int, float]]:
                 except UserError:
                     continue
                 if plan.prediction.fits:
-                    errors.append((size, plan.virtual_stages, plan.prediction.iteration_time_s / run.measured_step_s - 1))
+                    error = plan.prediction.iteration_time_s / run.measured_step_s - 1
+                    errors.append((size, plan.virtual_stages, error))
     return errors
 
 
