@@ -415,7 +415,7 @@ def estimate_plan(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: 
     """Iteration time, TFLOP/s per GPU and per-stage memory of `plan`."""
     check_plan_fits_job(plan, model, cluster, training)
     stages = stage_costs(plan, model, cluster, training)
-    m, v = plan.num_micro_batches, plan.virtual_stages
+    m = plan.num_micro_batches
     times = [stage_time_per_micro_batch(s, m) for s in stages]
     iteration, bubble = iteration_and_bubble(plan, stages, times, cluster)
     views = cluster.stage_clusters(plan.pipeline_parallel)
