@@ -301,8 +301,8 @@ def test_exposed_dp_time():
 def test_the_weight_all_gather_hides_behind_the_forward_and_the_reduce_scatter_behind_the_backward():
     """--overlap-param-gather: Megatron-Core's DDP gathers each bucket's updated weights beside the next
     iteration's forward (a module's forward pre-hook waits for its bucket and dispatches the next); the gradients'
-    reduce-scatter runs beside the backward (communication.dp_gather_time)."""
-    from megatron_auto.cost.communication import dp_gather_time
+    reduce-scatter runs beside the backward (communication.dp_comm_times)."""
+    from megatron_auto.cost.communication import dp_comm_times
     from megatron_auto.cost.estimate import StageCost
     from megatron_auto.cost.layer_cost import layer_cost
     from megatron_auto.cost.models import comm_model
@@ -311,10 +311,10 @@ def test_the_weight_all_gather_hides_behind_the_forward_and_the_reduce_scatter_b
     assert exposed_dp_split(5.0, 2.0, 3.0, 1.0) == exposed_dp_time(3.0, 3.0) + exposed_dp_time(2.0, 1.0) == 1.0
     assert exposed_dp_split(5.0, 0.0, 3.0, 10.0) == exposed_dp_time(5.0, 3.0)  # no gather: as before
     zero1 = LayerStrategy(tp=1, dp=16, zero=1)  # across the two nodes: more traffic than one backward hides
-    gather = dp_gather_time(LAYER.num_parameters, zero1, TOY, BF16)
+    gather = dp_comm_times(LAYER.num_parameters, zero1, TOY, BF16)[1]
     assert gather == approx(dp_comm_time(LAYER.num_parameters, zero1, TOY, BF16)
                             - comm_model(TOY).collective_time("reduce_scatter", LAYER.num_parameters * 4, 16, 1, TOY))
-    assert dp_gather_time(LAYER.num_parameters, LayerStrategy(tp=1, dp=16), TOY, BF16) == 0.0  # all-reduce
+    assert dp_comm_times(LAYER.num_parameters, LayerStrategy(tp=1, dp=16), TOY, BF16)[1] == 0.0  # all-reduce
     cost = layer_cost(LAYER, zero1, B, S, TOY, BF16)
     assert gather > 0 and cost.dp_gather_per_iteration_s == approx(gather)
     stage = StageCost(grad_overlap=1.0)

@@ -128,14 +128,14 @@ def fp8_options(args: argparse.Namespace, precision: str) -> dict:
 
 def recipe_options(args: argparse.Namespace, precision: str, on_gpu: bool) -> dict:
     """--tp-comm-overlap, --grad-reduce-in-bf16 and the kernel fusions as TrainingSpec fields."""
-    fusion = getattr(args, "grad_accumulation_fusion", "auto")
+    fusion, cp_kind = getattr(args, "grad_accumulation_fusion", "auto"), cp_comm_type_arg(args)
     options = dict(tp_comm_overlap=getattr(args, "tp_comm_overlap", "off") in ("on", True),
                    grad_accumulation_fusion=fusion == "on" or (fusion == "auto" and on_gpu),
                    bias_activation_fusion=resolve_bias_fusions(getattr(args, "bias_fusions", "auto"), on_gpu),
                    rope_fusion=bool(getattr(args, "rope_fusion", False)),
                    cross_entropy_fusion=(getattr(args, "cross_entropy_fusion_impl", "native")
                                          if getattr(args, "cross_entropy_loss_fusion", False) else "none"),
-                   cp_comm_type=cp_comm_type_arg(args) if cp_comm_type_arg(args) != "search" else "p2p")
+                   cp_comm_type="p2p" if cp_kind == "search" else cp_kind)
     if getattr(args, "grad_reduce_in_bf16", False):
         if precision == "fp32":
             raise UserError("--grad-reduce-in-bf16 needs 16-bit or fp8 training, not fp32")

@@ -59,35 +59,42 @@ def group_all_to_all_time(bytes_: float, group_size: int, stride: int, cluster: 
 
 def dp_comm_time(num_params: float, strategy: LayerStrategy, cluster: ClusterSpec,
                  training: TrainingSpec) -> float:
-    """Once-per-iteration gradient traffic of ZeRO 0-2 for `num_params` weights.
+    """Once-per-iteration gradient traffic of ZeRO 0-2 for `num_params` weights (dp_comm_times)."""
+    return dp_comm_times(num_params, strategy, cluster, training)[0]
+
+
+def dp_comm_times(num_params: float, strategy: LayerStrategy, cluster: ClusterSpec,
+                  training: TrainingSpec) -> tuple[float, float]:
+    """(all of it, the weight all-gather's share) of the once-per-iteration gradient traffic of ZeRO 0-2 for
+    `num_params` weights.
 
     ZeRO 0: all-reduce of the gradients; ZeRO 1-2 (Megatron's distributed
     optimizer): reduce-scatter of the gradients and all-gather of the updated
     weights. Gradients travel in their own type (Megatron-LM reduces in fp32
     under bf16: arguments.py, "bfloat16 requires gradient accumulation and
     all-reduce to be done in fp32"); weights in theirs. ZeRO 3 pays per micro-batch.
+    With --overlap-param-gather Megatron-Core's DDP runs the all-gather beside the next iteration's forward,
+    bucket by bucket, each module's forward pre-hook waiting for its own bucket and dispatching the next
+    (distributed/distributed_data_parallel.py, _make_forward_pre_hook; param_and_grad_buffer.py,
+    finish_param_sync), where the reduce-scatter runs beside the backward: hence its share apart.
     """
     d = strategy.dp
     if d == 1 or strategy.zero >= 3:
-        return 0.0
+        return 0.0, 0.0
     comm, tp = comm_model(cluster), strategy.tp
     local = num_params / tp
     if strategy.zero == 0:
-        return comm.collective_time("all_reduce", local * training.grad_bytes, d, tp, cluster)
-    return (comm.collective_time("reduce_scatter", local * training.grad_bytes, d, tp, cluster)
-            + dp_gather_time(num_params, strategy, cluster, training))
+        return comm.collective_time("all_reduce", local * training.grad_bytes, d, tp, cluster), 0.0
+    gather = comm.collective_time("all_gather", local * training.param_bytes, d, tp, cluster)
+    return comm.collective_time("reduce_scatter", local * training.grad_bytes, d, tp, cluster) + gather, gather
 
 
-def dp_gather_time(num_params: float, strategy: LayerStrategy, cluster: ClusterSpec,
-                   training: TrainingSpec) -> float:
-    """Of dp_comm_time, the ZeRO-1/2 all-gather of the updated weights: with --overlap-param-gather Megatron-Core's
-    DDP runs it beside the next iteration's forward, bucket by bucket, each module's forward pre-hook waiting for
-    its own bucket and dispatching the next (distributed/distributed_data_parallel.py, _make_forward_pre_hook;
-    param_and_grad_buffer.py, finish_param_sync), where the gradients' reduce-scatter runs beside the backward."""
-    if strategy.dp == 1 or strategy.zero not in (1, 2):
-        return 0.0
-    return comm_model(cluster).collective_time("all_gather", num_params / strategy.tp * training.param_bytes,
-                                               strategy.dp, strategy.tp, cluster)
+def dp_cost_fields(num_params: float, strategy: LayerStrategy, cluster: ClusterSpec,
+                   training: TrainingSpec) -> dict:
+    """The data-parallel fields of a layer's, experts' or part's cost record: dp_comm_times as
+    dp_comm_per_iteration_s and dp_gather_per_iteration_s."""
+    total, gather = dp_comm_times(num_params, strategy, cluster, training)
+    return dict(dp_comm_per_iteration_s=total, dp_gather_per_iteration_s=gather)
 
 
 def zero3_comm_time(num_params: float, strategy: LayerStrategy, cluster: ClusterSpec,

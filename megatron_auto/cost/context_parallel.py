@@ -119,7 +119,7 @@ def qkvo_all_to_all_time(layer: LayerSpec, seq: int, samples: int, strategy: Lay
     apart, on the attention's path (TE overlaps the three inputs' exchanges only with each other). Where the core
     is recomputed the forward's two run again."""
     tokens = samples * seq / strategy.cp
-    heads, groups = layer.num_attention_heads / strategy.tp, max(1, layer.num_query_groups // strategy.tp)
+    heads, groups = layer.num_attention_heads // strategy.tp, max(1, layer.num_query_groups // strategy.tp)
     dq, dv = layer.query_head_width, layer.value_head_width
     qkv = word * tokens * (heads * dq + groups * (dq + dv))
     out = word * tokens * heads * dv

@@ -8,7 +8,7 @@ from ..plan import LayerStrategy
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
-from .communication import dp_comm_time, dp_gather_time, tp_comm_time
+from .communication import dp_cost_fields, tp_comm_time
 from .flops import Gemm
 from .layer_kernels import embedding_times, head_memory_times
 from .models import comm_model, compute_model
@@ -30,7 +30,7 @@ class PartCost:
     loss_bytes: float = 0.0
     """LM head: bytes beside the kept logits while the loss runs (cost.memory.logits_transient_bytes)."""
     dp_gather_per_iteration_s: float = 0.0
-    """Of dp_comm_per_iteration_s, the ZeRO-1/2 weight all-gather, beside the forward (dp_gather_time)."""
+    """Of dp_comm_per_iteration_s, the ZeRO-1/2 weight all-gather, beside the forward (dp_comm_times)."""
 
 
 @dataclass(frozen=True)
@@ -55,8 +55,7 @@ def embedding_cost(model: ModelSpec, strategy: LayerStrategy, samples: int, clus
     embedding = PartCost(
         micro_batch_s=one_collective + embedding_forward + embedding_backward, backward_s=embedding_backward,
         tp_comm_s=one_collective,
-        dp_comm_per_iteration_s=dp_comm_time(model.embedding_parameters, strategy, cluster, training),
-        dp_gather_per_iteration_s=dp_gather_time(model.embedding_parameters, strategy, cluster, training),
+        **dp_cost_fields(model.embedding_parameters, strategy, cluster, training),
         state_bytes=model_state_bytes(model.embedding_parameters, strategy, training),
         activation_bytes=embedding_activation_bytes(model, samples, strategy, word, cluster.dropout_mask_bytes),
         optimizer_temporary_bytes=optimizer_temporary_bytes(model.embedding_parameters, strategy, training),
@@ -68,8 +67,7 @@ def embedding_cost(model: ModelSpec, strategy: LayerStrategy, samples: int, clus
         micro_batch_s=3 * logits + head_forward + head_backward + one_collective + loss_comm,
         backward_s=2 * logits + head_backward,
         tp_comm_s=one_collective + loss_comm,
-        dp_comm_per_iteration_s=dp_comm_time(head_params, strategy, cluster, training),
-        dp_gather_per_iteration_s=dp_gather_time(head_params, strategy, cluster, training),
+        **dp_cost_fields(head_params, strategy, cluster, training),
         state_bytes=model_state_bytes(head_params, strategy, training),
         activation_bytes=logits_activation_bytes(model, samples, strategy,
                                                  kept_logit_bytes(training.cross_entropy_fusion, word)),

@@ -24,8 +24,8 @@ from .peak_memory import (StageMemory, communicator_count, device_budget_bytes, 
                           reserved_bytes)
 from .models import comm_model, compute_model, core_share, profiled_cpu_cores, runtime_overhead
 from .mtp import NO_MTP, mtp_cost, mtp_layer_strategy, mtp_parts
-from .pipeline import (bubble_time, chunked_pipeline_time, exposed_dp_time, exposed_p2p_time, pipeline_time,
-                       warmup_chunk_forwards)
+from .pipeline import (bubble_time, chunked_pipeline_time, exposed_dp_split, exposed_dp_time, exposed_p2p_time,
+                       pipeline_time, warmup_chunk_forwards)
 from .timeslice import StageLoad, simulate_iteration
 
 __all__ = ["estimate_plan", "model_flops_per_iteration", "StageCost", "stage_costs"]
@@ -119,14 +119,14 @@ class StageCost:
         `dp_comm_s`) beside the forward of as many micro-batches (dispatched together after the optimizer step, each
         bucket waited for by its first forward: dp_sync_window), one where the units come first in the stage's
         forward (its first chunk, whose gradients sync last); the stage's first unit has neither window."""
-        window = self.sync_window_micro_batches
-        forwards = 1 if self.sync_unhidden else window  # the stage's first chunk runs its first forward first
-        gather = exposed_dp_time(gather_s, forwards * forward_s, self.grad_overlap, self.interference)
-        reduce = dp_comm_s - gather_s
-        hidden = gather + (reduce if self.sync_unhidden else exposed_dp_time(
-            reduce, window * backward_s, self.grad_overlap, self.interference))
-        first = dp_comm_s if self.units == 0 else hidden
-        self.exposed_dp_s += first + (count - 1) * hidden
+        if self.sync_unhidden:  # the stage's first chunk: its gradients sync last, its first forward comes first
+            exposed = dp_comm_s - gather_s + exposed_dp_time(gather_s, forward_s, self.grad_overlap, self.interference)
+        else:
+            window = self.sync_window_micro_batches
+            exposed = exposed_dp_split(dp_comm_s, gather_s, window * backward_s, window * forward_s, self.grad_overlap,
+                                       self.interference)
+        first = dp_comm_s if self.units == 0 else exposed
+        self.exposed_dp_s += first + (count - 1) * exposed
         self.units += count
 
     def add_seconds(self, seconds: float, kind: str) -> None:
@@ -179,9 +179,8 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
                         step_overhead_s=runtime_overhead(view)[0], sync_window_micro_batches=window) for view in views]
     word = training.activation_bytes
     micro_samples = plan.global_batch_size // plan.num_micro_batches
-    p2p, mtp_p2p = (max(pipeline_p2p_time(model.hidden_size, model.seq_length, micro_samples * streams,
-                                          plan.gpus_per_stage, plan.pipeline_parallel, view, word)
-                        for view in dict.fromkeys(views)) for streams in (1, 1 + model.mtp_num_layers))
+    p2p = _boundary_p2p(plan, model, views, word, 1)
+    mtp_p2p = _boundary_p2p(plan, model, views, word, 1 + model.mtp_num_layers) if plan.mtp_chunk is not None else p2p
     priced = {view: _ends(plan, model, view, training) for view in dict.fromkeys(views)}  # once per group
     parts = [priced[view] for view in views]
     _add_part(stages[0], parts[0].embedding)
@@ -228,6 +227,14 @@ def stage_costs(plan: Plan, model: ModelSpec, cluster: ClusterSpec, training: Tr
         stage.exposed_ep_s = unmerged_ep_seconds(stage.ep_hidden_s, plan, index)
         stage.chain_p2p_s = chain
     return stages
+
+
+def _boundary_p2p(plan: Plan, model: ModelSpec, views, word: int, sequences: int) -> float:
+    """One stage boundary's p2p per micro-batch carrying `sequences` hidden states a sample, at the pace of the
+    slowest stage group's links."""
+    samples = plan.global_batch_size // plan.num_micro_batches * sequences
+    return max(pipeline_p2p_time(model.hidden_size, model.seq_length, samples, plan.gpus_per_stage,
+                                 plan.pipeline_parallel, view, word) for view in dict.fromkeys(views))
 
 
 def interleaved_chain_p2p(plan: Plan, p2p_s: float, overlap: float) -> float:

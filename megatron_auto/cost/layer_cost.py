@@ -15,7 +15,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
 from ..specs.training import DEFAULT_RECOMPUTE_MODULES, TrainingSpec, interned
 from .comm_interference import dispatch_interference_share, exposed_beside
-from .communication import dp_comm_time, dp_gather_time, tp_comm_time, zero3_comm_time
+from .communication import dp_cost_fields, tp_comm_time, zero3_comm_time
 from .context_parallel import (attention_core_extra_times, cp_exchange_time, cp_qkv_kept_width,
                                gathered_kv_transient_bytes, gradient_strategy, local_sequence)
 from .compute import ComputeTimes, module_forward_shares, recompute_time
@@ -65,7 +65,7 @@ class LayerCost:
     off ep_comm_s); the schedule's unmerged warm-up steps show them again (cost/estimate.py)."""
     dp_gather_per_iteration_s: float = 0.0
     """Of dp_comm_per_iteration_s, the ZeRO-1/2 weight all-gather, which runs beside the forward
-    (communication.dp_gather_time)."""
+    (communication.dp_comm_times)."""
 
     @property
     def micro_batch_s(self) -> float:
@@ -261,8 +261,7 @@ def dense_part_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq
         # FSDP prefetches the next gathers while this layer computes; on a cluster whose
         # runtime hides no communication behind compute (grad_overlap 0, cpu-gloo) it all shows.
         zero3_exposed_s=exposed_beside(zero3, compute, cluster),
-        dp_comm_per_iteration_s=dp_comm_time(params, strategy, cluster, training),
-        dp_gather_per_iteration_s=dp_gather_time(params, strategy, cluster, training),
+        **dp_cost_fields(params, strategy, cluster, training),
         state_bytes=states,
         activation_bytes=kept,
         transient_bytes=zero3_gathered_bytes(params, strategy, training) + rematerialised,

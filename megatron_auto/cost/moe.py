@@ -26,7 +26,7 @@ from ..serde import memoised_on
 from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
 from ..specs.training import TrainingSpec
-from .communication import dp_comm_time, dp_gather_time, group_all_to_all_time, zero3_comm_time
+from .communication import dp_cost_fields, group_all_to_all_time, zero3_comm_time
 from .flex_dispatch import flex_all_to_all_time
 from .flops import Gemm
 from .fp8 import CAST_BYTES, fp8_gemm_time, fp8_weight_copy_bytes
@@ -55,7 +55,7 @@ class ExpertCost:
     dp_comm_per_iteration_s: float
     """Expert gradient (and ZeRO-1/2 weight) traffic over the expert-DP group, once per iteration."""
     dp_gather_per_iteration_s: float
-    """Of it, the ZeRO-1/2 weight all-gather, beside the forward (communication.dp_gather_time)."""
+    """Of it, the ZeRO-1/2 weight all-gather, beside the forward (communication.dp_comm_times)."""
     state_bytes: float
     """Expert weights, gradients and optimizer states on this GPU."""
     activation_bytes: float
@@ -303,8 +303,7 @@ def expert_cost(layer: LayerSpec, strategy: LayerStrategy, samples: int, seq: in
         recompute_s=recompute,
         comm_s=comm,
         zero3_s=zero3_comm_time(params, view, cluster, training, replayed),
-        dp_comm_per_iteration_s=dp_comm_time(params, view, cluster, training),
-        dp_gather_per_iteration_s=dp_gather_time(params, view, cluster, training),
+        **dp_cost_fields(params, view, cluster, training),
         state_bytes=model_state_bytes(params, view, training) + _fp8_expert_weight_copies(params, view, training),
         activation_bytes=kept,
         rematerialised_bytes=kept_without - kept + zero3_gathered_bytes(params, view, training),

@@ -21,7 +21,7 @@ from ..plan import LayerStrategy, Plan
 from ..specs.cluster import ClusterSpec
 from ..specs.model import ModelSpec
 from ..specs.training import TrainingSpec
-from .communication import dp_comm_time, dp_gather_time
+from .communication import dp_cost_fields
 from .embedding import PartCost, embedding_cost
 from .flops import Gemm
 from .kernel_rates import elementwise_bandwidth
@@ -94,8 +94,7 @@ def mtp_parts(model: ModelSpec, strategy: LayerStrategy, samples: int, cluster: 
         micro_batch_s=depths * (embed.micro_batch_s + forward + backward + comm),
         backward_s=depths * (embed.backward_s + backward),
         tp_comm_s=depths * (embed.tp_comm_s + comm),
-        dp_comm_per_iteration_s=dp_comm_time(params, strategy, cluster, training),
-        dp_gather_per_iteration_s=dp_gather_time(params, strategy, cluster, training),
+        **dp_cost_fields(params, strategy, cluster, training),
         state_bytes=model_state_bytes(params, strategy, training),
         activation_bytes=depths * mtp_kept_bytes(model, samples, strategy, training.activation_bytes,
                                                  cluster.dropout_mask_bytes),

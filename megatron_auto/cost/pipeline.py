@@ -43,7 +43,7 @@ def exposed_dp_time(dp_comm_s: float, backward_s: float, overlap: float = 1.0, i
 def exposed_dp_split(dp_comm_s: float, gather_s: float, backward_s: float, forward_s: float, overlap: float = 1.0,
                      interference: float = 0.0) -> float:
     """exposed_dp_time of one layer whose `dp_comm_s` holds `gather_s` of weight all-gather: the gradients' part
-    beside its backward, the all-gather beside its forward (--overlap-param-gather: communication.dp_gather_time)."""
+    beside its backward, the all-gather beside its forward (--overlap-param-gather: communication.dp_comm_times)."""
     return (exposed_dp_time(dp_comm_s - gather_s, backward_s, overlap, interference)
             + exposed_dp_time(gather_s, forward_s, overlap, interference))
 

@@ -69,11 +69,11 @@ def layer_tables(model: ModelSpec, cluster: ClusterSpec, training: TrainingSpec,
                 time[l, j] = np.inf
                 continue
             c = layer_cost(spec, strategy, micro_batch_samples // strategy.dp, model.seq_length, cluster, training)
-            hidden = exposed_dp_split(c.dp_comm_per_iteration_s, c.dp_gather_per_iteration_s, c.backward_s,
-                                      c.forward_s, comm_model(cluster).grad_overlap, interference_share(cluster))
+            exposed = exposed_dp_split(c.dp_comm_per_iteration_s, c.dp_gather_per_iteration_s, c.backward_s,
+                                       c.forward_s, comm_model(cluster).grad_overlap, interference_share(cluster))
             optimizer = optimizer_step_time(c.state_bytes, cluster, training.optimizer_impl)
-            time[l, j] = c.micro_batch_s + (hidden + optimizer) / m
-            first[l, j] = (c.dp_comm_per_iteration_s - hidden) / m
+            time[l, j] = c.micro_batch_s + (exposed + optimizer) / m
+            first[l, j] = (c.dp_comm_per_iteration_s - exposed) / m
             # The run-long workspace rides with the transient: both are a max over the stage's layers.
             state[l, j], act[l, j] = c.state_bytes, c.activation_bytes
             transient[l, j] = c.transient_bytes + c.workspace_bytes
