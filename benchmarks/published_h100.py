@@ -158,10 +158,16 @@ def unstated_layout_line(priced: PricedRun, errors: list[tuple[int, int, float]]
     for size in sorted({size for size, _, _ in errors}):
         cells = ", ".join(f"v{chunks} {error:+.1%}" for s, chunks, error in errors if s == size)
         groups.append(f"mbs {size}: {cells}")
-    low, high = min(e for _, _, e in errors), max(e for _, _, e in errors)
+    low, high = error_span(errors)
     inside = "the measurement inside" if low <= 0.0 <= high else "the measurement outside"
     return (f"- {priced.run.id} (picked {picked}, {priced.step_error:+.1%}): {'; '.join(groups)} "
             f"(range {low:+.1%} to {high:+.1%}, {inside})")
+
+
+def error_span(errors: list[tuple[int, int, float]]) -> tuple[float, float]:
+    """The least and the greatest step error of an unstated_layout_errors grid."""
+    values = [error for *_, error in errors]
+    return min(values), max(values)
 
 
 def unstated_layout_summary(spans: list[tuple[float, float]]) -> str:
@@ -204,7 +210,7 @@ def render(results: list[PricedRun]) -> str:
     grids = {r.run.id: unstated_layout_errors(r.run) for r in results if r.estimate is not None}
     unstated = [line for line in (unstated_layout_line(r, grids.get(r.run.id, [])) for r in results) if line]
     if unstated:
-        spans = [(min(e for *_, e in grid), max(e for *_, e in grid)) for grid in grids.values() if grid]
+        spans = [error_span(grid) for grid in grids.values() if grid]
         lines += ["", "Rows whose source does not state the micro-batch (nor, with pipeline stages, the virtual "
                       "stages): the error at each layout that fits (estimate picks the fastest, the optimistic end; "
                       "`published_runs.unstated_layout_errors`):", "", *unstated, unstated_layout_summary(spans)]
