@@ -123,6 +123,26 @@ def test_expert_compute_times_gemms_twice_in_backward():
     assert backward == approx(2 * gemms + bwd_bytes / bandwidth)
 
 
+def test_grouped_experts_with_biases_add_the_fc2_bias_expert_by_expert():
+    # TEGroupedMLP._apply_bias: per processed copy 6 h-wide words forward (product, sum, cat) and 8 backward
+    # (two products and two reductions for b and p, the split's gradient concatenated). EP4, bf16: 2048 copies.
+    grouped = replace(BF16, moe_grouped_gemm=True)
+    biased = replace(LAYER, add_bias_linear=True)
+    bandwidth = 1e12 * 0.7
+    plain_forward, plain_backward = expert_compute_times(LAYER, S, B, EP4, TOY, grouped)
+    forward, backward = expert_compute_times(biased, S, B, EP4, TOY, grouped)
+    copy_words = 2 * 2048 * H
+    assert forward - plain_forward == pytest.approx(6 * copy_words / bandwidth, rel=1e-9)
+    # The biases' own gradients are added into their fp32 main_grad too (read new, read+write old).
+    bias_grads = (biased.expert_parameters - LAYER.expert_parameters) / 4 * (2 + 8)
+    assert backward - plain_backward == pytest.approx((8 * copy_words + bias_grads) / bandwidth, rel=1e-9)
+    # SequentialMLP runs each expert's MLP with its own biases: no such pass, only the biases' gradients.
+    sequential_forward, sequential_backward = expert_compute_times(biased, S, B, EP4, TOY, BF16)
+    assert sequential_forward == approx(expert_compute_times(LAYER, S, B, EP4, TOY, BF16)[0])
+    assert sequential_backward - expert_compute_times(LAYER, S, B, EP4, TOY, BF16)[1] == pytest.approx(
+        bias_grads / bandwidth, rel=1e-9)
+
+
 def test_load_imbalance_slows_the_experts():
     balanced, _ = expert_compute_times(LAYER, S, B, EP4, TOY, BF16)
     skewed, _ = expert_compute_times(LAYER, S, B, EP4, TOY, replace(BF16, moe_load_imbalance=1.5))

@@ -152,8 +152,33 @@ def expert_compute_times(layer: LayerSpec, seq: int, samples: int, strategy: Lay
     if training.fp8:
         forward_cast, backward_cast = expert_cast_bytes(layer, tokens, strategy)
         forward_bytes, backward_bytes = forward_bytes + forward_cast, backward_bytes + backward_cast
+    if training.moe_grouped_gemm and layer.add_bias_linear:
+        forward_bias, backward_bias = grouped_fc2_bias_bytes(layer, tokens, training.activation_bytes)
+        forward_bytes, backward_bytes = forward_bytes + forward_bias, backward_bytes + backward_bias
     bandwidth = elementwise_bandwidth(cluster)
     return gemms + forward_bytes / bandwidth, 2 * gemms + backward_bytes / bandwidth
+
+
+GROUPED_FC2_BIAS_WORDS = (6, 8)
+"""(forward, backward) h-wide words per processed copy of TEGroupedMLP._apply_bias (grouped_fc2_bias_bytes)."""
+
+
+def grouped_fc2_bias_bytes(layer: LayerSpec, tokens: float, word: int) -> tuple[float, float]:
+    """(forward, backward) bytes of the experts' fc2 bias under --moe-grouped-gemm with linear biases (GPT-OSS).
+
+    Transformer Engine's grouped fc2 hands its biases back (skip_bias_add) and Megatron-Core's
+    TEGroupedMLP._apply_bias adds them expert by expert, each scaled by the routing probability: per expert
+    `t + b * p` over its slice of the output, then one torch.cat (experts.py; added with GPT-OSS's expert biases
+    in a329dd6, 2025-09-22, and the only path until the packed bias of 883533e, 2026-08-14). Per processed copy,
+    forward: the product written (h), the sum read twice and written (3h), the cat read and written (2h).
+    Backward: each broadcast factor's gradient is a product of the output gradient (read + write h) and a
+    reduction of it (read h), for b and for p, and the split's gradient is concatenated (read + write h).
+    Probabilities in the activations' type (the router's default); an fp32 router would promote the pass.
+    The 2 E/ep small kernels forward and about 5 E/ep backward it launches carry no host time here: the
+    experts' side of a MoE layer has no host floor in this model."""
+    forward, backward = GROUPED_FC2_BIAS_WORDS
+    per_copy = word * tokens * layer.hidden_size
+    return forward * per_copy, backward * per_copy
 
 
 def expert_cast_bytes(layer: LayerSpec, tokens: float, strategy: LayerStrategy) -> tuple[float, float]:
