@@ -123,13 +123,16 @@ REASONS = [
     "in the NVLink node; EP 4 keeps two experts per GPU (more memory, smaller GEMMs) and without EP the experts "
     "do not fit at all. TP 1 has no per-layer TP collectives (TP 2 with SP prices within a fraction of a percent). "
     "Each routed token copy keeps its fc1 input and 5 f-wide tensors of the unfused SwiGLU the runtime runs "
-    "(cost/moe.py; 1.2 GB per MoE layer and micro-batch of one sequence), so memory sets the pipeline: four "
-    "stages of eight virtual chunks at micro-batch 1 fit in 75 GiB, which is the mapping Megatron-Core publishes "
-    "for this model (below), and two or eight stages price slower. Expert TP (etp = tp) gathers k x the tokens "
-    "over TP every MoE layer, which is why etp 1 wins wherever the experts fit. For DeepSeekMoE 16B the 27 MoE layers of 64 narrow "
-    "experts favour EP 8 inside a node: EP 16 crosses nodes and its all-to-all costs about four times as much, and "
-    "EP 4 doubles the experts per GPU. TP 2 with SP halves the attention and shared-expert activations, which lets "
-    "a micro-batch of 8 fit with block recomputation of some layers.",
+    "(cost/moe.py; 1.2 GB per MoE layer and micro-batch of one sequence), so memory sets the pipeline: two "
+    "stages of sixteen virtual chunks at micro-batch 1 fit and price fastest; four stages of eight, the mapping "
+    "Megatron-Core publishes for this model (below), price about 2% slower and eight stages about 8%. Expert TP "
+    "(etp = tp) gathers k x the tokens over TP every MoE layer, which is why etp 1 wins wherever the experts fit. "
+    "For DeepSeekMoE 16B the 27 MoE layers of 64 narrow experts favour EP 8 inside a node: EP 16 crosses nodes "
+    "and its all-to-all costs about four times as much, and EP 4 doubles the experts per GPU. The routed side's "
+    "host floor (cost/moe.py, expert_host_seconds: 139 forward and 195 backward ops a layer and micro-batch with "
+    "eight local SequentialMLP experts) does not shrink with TP, so the narrow shards of TP 2 leave more of the pace "
+    "to the host: TP 1 at micro-batch 4 with some layers fully recomputed prices about 2% under TP 2 with SP at "
+    "micro-batch 8.",
 ]
 
 

@@ -10,7 +10,7 @@ from pytest import approx
 from megatron_auto.cost.compute import gemm_time, layer_compute_times
 from megatron_auto.cost.flops import Gemm
 from megatron_auto.cost.layer_kernels import (ELEMENTWISE_BANDWIDTH_FRACTION, HOST_OPS_BACKWARD, HOST_OPS_FORWARD,
-                                              attention_core_times, optimizer_step_bytes)
+                                              MLA_HOST_OPS, attention_core_times, optimizer_step_bytes)
 from megatron_auto.cost.models import ANALYTIC_COMPUTE
 from megatron_auto.h100_reference import (PROFILES, fit_gemm_law, flash_reference_errors, gemm_errors,
                                           h100_cluster, layer_points, mape, run_points)
@@ -90,6 +90,20 @@ def test_small_shards_take_the_host_floor():
     launch = cluster.gpu.kernel_launch_s
     assert times.forward_s == approx(HOST_OPS_FORWARD * launch)
     assert times.backward_s == approx(HOST_OPS_BACKWARD * launch)
+
+
+def test_multi_latent_attention_adds_its_counted_ops_to_the_host_floor():
+    # MLA_HOST_OPS: the down and up projections, their norms and the RoPE split beyond standard attention.
+    cluster = h100_cluster()
+    launch = cluster.gpu.kernel_launch_s
+    for preset, q_lora in (("tiny-mla", True), ("deepseek-v2-lite", False)):
+        layer = replace(MODEL_PRESETS[preset].layers[-1], moe=None)
+        assert (layer.mla.q_lora_rank is not None) is q_lora
+        extra_forward, extra_backward = MLA_HOST_OPS[q_lora]
+        times = layer_compute_times(replace(layer, hidden_size=64, num_attention_heads=4, num_query_groups=4),
+                                    32, 1, 1, False, cluster, 2, "flash")
+        assert times.forward_s == approx((HOST_OPS_FORWARD + extra_forward) * launch)
+        assert times.backward_s == approx((HOST_OPS_BACKWARD + extra_backward) * launch)
 
 
 def test_lone_gemm_floor_and_law_above_it():

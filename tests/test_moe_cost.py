@@ -143,6 +143,40 @@ def test_grouped_experts_with_biases_add_the_fc2_bias_expert_by_expert():
         bias_grads / bandwidth, rel=1e-9)
 
 
+def test_the_routed_side_takes_the_host_floor_of_its_counted_ops():
+    # HOST_OPS_ROUTED at 1 ms an op, far above the toy GPU's time: SequentialMLP repeats its ops for each of the
+    # E/ep = 2 local experts, a grouped GEMM runs them as one expert's; the allgather dispatcher counts its own.
+    launch = 1e-3
+    slow_host = replace(TOY, gpu=replace(TOY.gpu, kernel_launch_s=launch))
+    assert expert_compute_times(LAYER, S, B, EP4, slow_host, BF16) == (
+        approx((51 + 11 * 2) * launch), approx((35 + 20 * 2) * launch))
+    grouped = replace(BF16, moe_grouped_gemm=True)
+    assert expert_compute_times(LAYER, S, B, EP4, slow_host, grouped) == (
+        approx((51 + 11) * launch), approx((35 + 20) * launch))
+    allgather = replace(BF16, moe_token_dispatcher="allgather")
+    assert expert_compute_times(LAYER, S, B, EP4, slow_host, allgather) == (
+        approx((42 + 11 * 2) * launch), approx((29 + 17 * 2) * launch))
+    # Grouped experts with biases add TEGroupedMLP._apply_bias's per-expert ops.
+    biased = replace(LAYER, add_bias_linear=True)
+    assert expert_compute_times(biased, S, B, EP4, slow_host, grouped) == (
+        approx((51 + 11 + 5 + 2 * 2) * launch), approx((35 + 20 + 6 + 7 * 2) * launch))
+    # Without a host term the GPU's time stands.
+    assert expert_compute_times(LAYER, S, B, EP4, TOY, BF16)[0] < 51 * launch
+
+
+def test_graphs_take_the_routed_side_off_the_host():
+    launch = 1e-3
+    slow_host = replace(TOY, gpu=replace(TOY.gpu, kernel_launch_s=launch))
+    router = replace(BF16, cuda_graph_impl="transformer_engine", cuda_graph_scope=("moe_router",))
+    forward, backward = expert_compute_times(LAYER, S, B, EP4, slow_host, router)
+    assert (forward, backward) == (approx((51 + 22 - 16) * launch), approx((35 + 40 - 15) * launch))
+    preprocess = replace(router, cuda_graph_scope=("moe_router", "moe_preprocess"))
+    assert expert_compute_times(LAYER, S, B, EP4, slow_host, preprocess)[0] == approx((51 + 22 - 16 - 13) * launch)
+    whole = replace(BF16, cuda_graph_impl="local", cuda_graph_scope=("full_iteration",))
+    assert expert_compute_times(LAYER, S, B, EP4, slow_host, whole) == expert_compute_times(LAYER, S, B, EP4, TOY,
+                                                                                          whole)
+
+
 def test_load_imbalance_slows_the_experts():
     balanced, _ = expert_compute_times(LAYER, S, B, EP4, TOY, BF16)
     skewed, _ = expert_compute_times(LAYER, S, B, EP4, TOY, replace(BF16, moe_load_imbalance=1.5))

@@ -69,13 +69,16 @@ def module_counts(module) -> tuple[int, int]:
     return mlp.cuda_equivalent, norms.cuda_equivalent
 
 
-def layer_counts(layer: LayerSpec, settings: LayerBenchSettings) -> tuple[int, ...]:
-    """(layer forward, layer backward, core forward, core backward, MLP forward, norms forward) ops."""
+def layer_counts(layer: LayerSpec, settings: LayerBenchSettings, core: bool = True) -> tuple[int, ...]:
+    """(layer forward, layer backward, core forward, core backward, MLP forward, norms forward) ops; the first two
+    alone without `core`."""
     module = build_layer(layer, 1, settings, "cpu")
     rope = rotary_table(layer, SEQ, settings, "cpu")
     hidden = torch.randn(SEQ, BATCH, HIDDEN, dtype=torch.bfloat16, requires_grad=True)
     module(hidden, attention_mask=None, **rope)[0].sum().backward()  # warm-up, not counted
     full = count(lambda: module(hidden, attention_mask=None, **rope)[0])
+    if not core:
+        return full
     core = module.self_attention.core_attention
     q = torch.randn(SEQ, BATCH, layer.num_attention_heads, layer.kv_channels, dtype=torch.bfloat16,
                     requires_grad=True)

@@ -50,7 +50,8 @@ def captured_ops(layer: LayerSpec, training: TrainingSpec) -> tuple[int, int]:
     """(forward host ops the graphs capture of a layer's HOST_OPS_FORWARD, graphs replayed per pass). The whole
     layer: all in one graph; full_iteration: all, the iteration's one launch spread thin (0 per layer); attn: the
     attention side; mlp: a dense layer's MLP side; moe or moe_router: a MoE layer's MLP side (its norm, router and
-    shared expert; the routed experts carry no host term here). moe_preprocess adds nothing priced."""
+    shared expert; the routed side's own floor is cost/moe.py's expert_host_seconds). moe_preprocess adds nothing
+    priced."""
     scopes = training.cuda_graph_scope
     if "full_iteration" in scopes:
         return HOST_OPS_FORWARD, 0
@@ -63,6 +64,13 @@ def captured_ops(layer: LayerSpec, training: TrainingSpec) -> tuple[int, int]:
     if set(mlp_scope) & set(scopes):
         ops, graphs = ops + HOST_OPS_MLP_SIDE, graphs + 1
     return ops, graphs
+
+
+def routed_side_graphed(strategy: LayerStrategy, training: TrainingSpec) -> bool:
+    """Whether a graph captures a MoE layer's routed side (router, dispatch, experts, combine) with its host ops:
+    a full_iteration graph, or the `moe` scope (cost/moe.py, expert_host_seconds)."""
+    scopes = training.cuda_graph_scope
+    return graphs_apply(strategy, training) and ("full_iteration" in scopes or "moe" in scopes)
 
 
 def graphed_cluster(layer: LayerSpec, strategy: LayerStrategy, cluster: ClusterSpec,

@@ -33,10 +33,24 @@ HOST_OPS_CORE = 16
 """Aten ops that one local-spec GPT layer dispatches in its forward and backward pass (and its
 attention core's forward), counted with a TorchDispatchMode on megatron-core 0.16.1 (the CPU's
 three-op dropout counted as CUDA's one native_dropout; docs/cost_model.md, H100 calibration)."""
+MLA_HOST_OPS = {True: (55, 65), False: (50, 57)}
+"""(forward, backward) ops a multi-latent-attention layer dispatches beyond the same layer with standard attention,
+with and without a query down-projection (q_lora_rank): the down and up projections, their norms and the split and
+concatenated RoPE parts (the LLaMA-style local-spec layer with flash attention, 86 / 116 ops, against the same layer
+under MLA; `.venv/bin/python -m validation.count_moe_host_ops`)."""
 HOST_OPS_MLP = 12
 HOST_OPS_NORMS = 2
 """Forward ops of the same layer's MLP and of its two LayerNorms, what selective recompute of `mlp` and
 `layernorm` re-runs (`.venv/bin/python -m validation.count_host_ops`, GPT row)."""
+
+
+def layer_host_ops(layer: LayerSpec) -> tuple[int, int]:
+    """(forward, backward) ops of one layer's pass: HOST_OPS_FORWARD and HOST_OPS_BACKWARD, plus MLA_HOST_OPS under
+    multi-latent attention (a MoE layer's routed side has its own: cost/moe.py, expert_host_seconds)."""
+    if layer.mla is None:
+        return HOST_OPS_FORWARD, HOST_OPS_BACKWARD
+    forward, backward = MLA_HOST_OPS[layer.mla.q_lora_rank is not None]
+    return HOST_OPS_FORWARD + forward, HOST_OPS_BACKWARD + backward
 
 
 def elementwise_bytes(layer: LayerSpec, tokens: int, tp: int, sp: bool, word: int,
@@ -133,7 +147,7 @@ def fused_accumulation_saving(layer: LayerSpec, seq: int, samples: int, tp: int,
     if not cluster.compute.kernel_level:
         return 0.0
     saved = weight_grad_accumulation_bytes(layer, tp, word) / elementwise_bandwidth(cluster)
-    floor = HOST_OPS_BACKWARD * cluster.gpu.kernel_launch_s
+    floor = layer_host_ops(layer)[1] * cluster.gpu.kernel_launch_s
     return max(0.0, min(saved, backward_s - floor))
 
 
@@ -147,9 +161,10 @@ def kernel_level_times(layer: LayerSpec, seq: int, samples: int, tp: int, sp: bo
     backward_bytes += weight_grad_accumulation_bytes(layer, tp, word)
     bandwidth = elementwise_bandwidth(cluster)
     launch = cluster.gpu.kernel_launch_s
-    forward = max(HOST_OPS_FORWARD * launch, dense + core_forward + forward_bytes / bandwidth)
+    host_forward, host_backward = layer_host_ops(layer)
+    forward = max(host_forward * launch, dense + core_forward + forward_bytes / bandwidth)
     # dgrad + wgrad: twice the forward GEMMs (SC21 Sec. 5.1).
-    backward = max(HOST_OPS_BACKWARD * launch, 2 * dense + core_backward + backward_bytes / bandwidth)
+    backward = max(host_backward * launch, 2 * dense + core_backward + backward_bytes / bandwidth)
     return forward, backward, max(HOST_OPS_CORE * launch, core_forward)
 
 

@@ -27,6 +27,7 @@ from ..specs.cluster import ClusterSpec
 from ..specs.model import LayerSpec
 from ..specs.training import TrainingSpec
 from .communication import dp_cost_fields, group_all_to_all_time, zero3_comm_time
+from .cuda_graphs import graphs_apply, routed_side_graphed
 from .flex_dispatch import flex_all_to_all_time
 from .flops import Gemm
 from .fp8 import CAST_BYTES, fp8_gemm_time, fp8_weight_copy_bytes
@@ -156,7 +157,68 @@ def expert_compute_times(layer: LayerSpec, seq: int, samples: int, strategy: Lay
         forward_bias, backward_bias = grouped_fc2_bias_bytes(layer, tokens, training.activation_bytes)
         forward_bytes, backward_bytes = forward_bytes + forward_bias, backward_bytes + backward_bias
     bandwidth = elementwise_bandwidth(cluster)
-    return gemms + forward_bytes / bandwidth, 2 * gemms + backward_bytes / bandwidth
+    floor_forward, floor_backward = expert_host_seconds(layer, strategy, cluster, training)
+    return (max(floor_forward, gemms + forward_bytes / bandwidth),
+            max(floor_backward, 2 * gemms + backward_bytes / bandwidth))
+
+
+HOST_OPS_ROUTED = {"alltoall": (51, 11, 35, 20), "allgather": (42, 11, 29, 17)}
+"""Aten ops of a MoE layer's routed side (router, dispatch, experts, combine) per pass on Megatron-Core 0.16.1's
+local spec with SequentialMLP, by dispatcher: (forward, forward per local expert, backward, backward per local
+expert), counted with a TorchDispatchMode (`.venv/bin/python -m validation.count_moe_host_ops`; the shared expert
+is the dense part's MLP, under its own floor). The backward counts include the gradient's ones_like, as
+HOST_OPS_BACKWARD does. Counted at EP1; an EP group adds its few collectives."""
+HOST_OPS_GROUPED_FC2_BIAS = (5, 2, 6, 7)
+"""The same four numbers for TEGroupedMLP._apply_bias (grouped_fc2_bias_bytes), counted alike."""
+HOST_OPS_ROUTER = (17, 16)
+"""(forward, backward) of those ops that are the router's (TopKRouter: gating, top-k, probabilities)."""
+HOST_OPS_PREPROCESS = {"alltoall": 14, "allgather": 1}
+"""Forward ops of the dispatcher's preprocess (token counts and splits; no backward), by dispatcher."""
+
+
+def expert_host_ops(layer: LayerSpec, strategy: LayerStrategy, training: TrainingSpec) -> tuple[int, int]:
+    """(forward, backward) host ops of the routed side on one GPU (HOST_OPS_ROUTED): SequentialMLP's ops repeat
+    for each of the E/ep local experts; a grouped GEMM runs all of them as one expert's. The flex dispatcher is
+    counted as alltoall, the Python it shares. The fc2 bias of grouped experts adds its per-expert ops."""
+    local = layer.moe.num_experts // strategy.ep
+    forward, per_forward, backward, per_backward = HOST_OPS_ROUTED.get(training.moe_token_dispatcher,
+                                                                       HOST_OPS_ROUTED["alltoall"])
+    kernels = 1 if training.moe_grouped_gemm else local
+    captured_forward, captured_backward = _graphed_routed_ops(strategy, training)
+    forward = forward + per_forward * kernels - captured_forward
+    backward = backward + per_backward * kernels - captured_backward
+    if training.moe_grouped_gemm and layer.add_bias_linear:
+        bias_forward, bias_per_forward, bias_backward, bias_per_backward = HOST_OPS_GROUPED_FC2_BIAS
+        forward += bias_forward + bias_per_forward * local
+        backward += bias_backward + bias_per_backward * local
+    return forward, backward
+
+
+def _graphed_routed_ops(strategy: LayerStrategy, training: TrainingSpec) -> tuple[int, int]:
+    """(forward, backward) routed-side ops that the graphs of the `moe_router` and `moe_preprocess` scopes replay
+    with one launch each (the router forward and backward; the preprocess, forward only) and so take off the host
+    (cost/cuda_graphs.py)."""
+    if not graphs_apply(strategy, training):
+        return 0, 0
+    scopes = training.cuda_graph_scope
+    forward, backward = 0, 0
+    if "moe_router" in scopes:
+        forward, backward = HOST_OPS_ROUTER[0] - 1, HOST_OPS_ROUTER[1] - 1
+        if "moe_preprocess" in scopes:
+            forward += HOST_OPS_PREPROCESS.get(training.moe_token_dispatcher, HOST_OPS_PREPROCESS["alltoall"]) - 1
+    return forward, backward
+
+
+def expert_host_seconds(layer: LayerSpec, strategy: LayerStrategy, cluster: ClusterSpec,
+                        training: TrainingSpec) -> tuple[float, float]:
+    """(forward, backward) floor of the routed side: its host ops x GpuSpec.kernel_launch_s, as the dense part's
+    (cost/layer_kernels.py); none where the cluster has no host term or a CUDA graph captures the routed side
+    (full_iteration, or the `moe` scope: cost/cuda_graphs.py)."""
+    launch = cluster.gpu.kernel_launch_s
+    if launch <= 0 or routed_side_graphed(strategy, training):
+        return 0.0, 0.0
+    forward, backward = expert_host_ops(layer, strategy, training)
+    return forward * launch, backward * launch
 
 
 GROUPED_FC2_BIAS_WORDS = (6, 8)
@@ -174,8 +236,7 @@ def grouped_fc2_bias_bytes(layer: LayerSpec, tokens: float, word: int) -> tuple[
     Backward: each broadcast factor's gradient is a product of the output gradient (read + write h) and a
     reduction of it (read h), for b and for p, and the split's gradient is concatenated (read + write h).
     Probabilities in the activations' type (the router's default); an fp32 router would promote the pass.
-    The 2 E/ep small kernels forward and about 5 E/ep backward it launches carry no host time here: the
-    experts' side of a MoE layer has no host floor in this model."""
+    Its 2 E/ep small ops forward and 7 E/ep backward are on the host's count (HOST_OPS_GROUPED_FC2_BIAS)."""
     forward, backward = GROUPED_FC2_BIAS_WORDS
     per_copy = word * tokens * layer.hidden_size
     return forward * per_copy, backward * per_copy

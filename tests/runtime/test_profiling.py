@@ -6,6 +6,7 @@ test run itself holds it already (validation/heavy_lock.py: a nested flock would
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 
@@ -169,6 +170,35 @@ def test_count_host_ops_prints_each_layer_and_core():
     for shape in ("GPT", "LLaMA-style (RMSNorm, SwiGLU, RoPE, GQA)"):
         unfused, flash = ops[(shape, "unfused")], ops[(shape, "flash")]
         assert flash[2] < unfused[2] / 2 and flash[0] < unfused[0]
+
+
+def test_the_moe_and_mla_host_op_constants_are_the_counts_of_megatron_core():
+    """cost/moe.py's and cost/layer_kernels.py's op counts are what validation/count_moe_host_ops.py counts now."""
+    from megatron_auto.cost.layer_kernels import MLA_HOST_OPS
+    from megatron_auto.cost.moe import (HOST_OPS_GROUPED_FC2_BIAS, HOST_OPS_PREPROCESS, HOST_OPS_ROUTED,
+                                        HOST_OPS_ROUTER)
+
+    done = run_script(["-m", "validation.count_moe_host_ops"], {"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin",
+                                                                "PYTHONWARNINGS": "ignore", "MASTER_PORT": "29575"}, 300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    numbers = [[int(n) for n in re.findall(r"\d+", line)] for line in done.stdout.splitlines()]
+    table = {dispatcher: [row for row, line in zip(numbers, done.stdout.splitlines()) if f"| {dispatcher} |" in line]
+             for dispatcher in HOST_OPS_ROUTED}
+    for dispatcher, (forward, per_forward, backward, per_backward) in HOST_OPS_ROUTED.items():
+        four, eight, base = table[dispatcher]
+        assert four == [4, forward + 4 * per_forward, backward + 4 * per_backward, *HOST_OPS_ROUTER,
+                        HOST_OPS_PREPROCESS[dispatcher]]
+        assert eight[:3] == [8, forward + 8 * per_forward, backward + 8 * per_backward]
+        assert base == [forward, per_forward, backward, per_backward]
+    bias = next(row for row, line in zip(numbers, done.stdout.splitlines()) if "_apply_bias" in line)
+    forward, per_forward, backward, per_backward = HOST_OPS_GROUPED_FC2_BIAS
+    assert bias == [4, forward + 4 * per_forward, backward + 4 * per_backward,
+                    8, forward + 8 * per_forward, backward + 8 * per_backward]
+    layers = {line.split(" | ")[0].lstrip("| "): row[-2:] for row, line in zip(numbers, done.stdout.splitlines())
+              if "attention |" in line or "MLA" in line}
+    standard = layers["standard attention"]
+    assert [a - b for a, b in zip(layers["MLA with q_lora_rank"], standard)] == list(MLA_HOST_OPS[True])
+    assert [a - b for a, b in zip(layers["MLA without"], standard)] == list(MLA_HOST_OPS[False])
 
 
 def test_layer_memory_check_matches_the_formula_on_the_cpu(tmp_path):
