@@ -19,8 +19,8 @@ On CPU, `--tiny` runs the same code on hidden 64 (tests/test_measure_host_floor.
 then the CPU's kernel time, not a host floor.
 
 The `moe` structure is GPT-OSS 120B's layer as one GPU of its EP8 recipe holds it (16 experts of width h, top-4,
-all local here): its row tells whether a MoE layer's router, dispatcher and experts have a host floor of their
-own, which the cost model does not price (cost/moe.py; issue 37, the GPT-OSS row's -20.7%).
+all local here): its row tells whether the host floor the cost model gives a MoE layer's router, dispatcher and
+experts (their ops counted on the CPU: cost/moe.py, expert_host_seconds) holds on a GPU (issue 37, the GPT-OSS row).
 """
 from __future__ import annotations
 
@@ -163,8 +163,8 @@ def layer_parameters(job) -> int:
 def priced_layer_pass_s(model: ModelSpec, case: Case, shape: Shape) -> float:
     """What the cost model prices for one layer's forward, backward and recompute of one micro-batch at
     this shape on dgx-h100-80gb, in bf16: a MoE layer's dense part (attention, norms, router) floored as a
-    layer's, and its routed experts beside it (cost/moe.py, which prices no host floor for them: what a MoE
-    case measures against)."""
+    layer's, and its routed experts beside it with their own floor (cost/moe.py, expert_host_seconds: what a MoE
+    case measures)."""
     layer, cluster = model.layers[0], CLUSTER_PRESETS["dgx-h100-80gb"]
     dense = dataclasses.replace(layer, moe=None) if layer.moe is not None else layer
     times = layer_compute_times(dense, shape.seq_length, 1, 1, False, cluster, 2, case.backend)

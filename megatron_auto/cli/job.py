@@ -82,7 +82,8 @@ def training_spec(args: argparse.Namespace, cluster_name: str, global_batch_size
         spec = TrainingSpec.for_precision(precision, global_batch_size, memory_budget_bytes=budget, **kernels, **moe,
                                           **fp8_options(args, precision), **recipe_options(args, precision, on_gpu))
         if ep_overlap_arg(args) == "search":
-            replace(spec, moe_ep_overlap=True)  # what Megatron-Core refuses beside it, refused now, not mid-search
+            # Built and dropped: TrainingSpec's checks refuse now, not mid-search, what Megatron-Core refuses beside it.
+            replace(spec, moe_ep_overlap=True)
         if cp_comm_type_arg(args) == "search" and not spec.fused_norms:
             raise UserError("--cp-comm-type search weighs Transformer Engine's CP attention; the local spec's "
                             "(--transformer-impl local) all-gathers K and V whatever the type")

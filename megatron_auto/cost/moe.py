@@ -179,10 +179,10 @@ HOST_OPS_PREPROCESS = {"alltoall": 14, "allgather": 1}
 def expert_host_ops(layer: LayerSpec, strategy: LayerStrategy, training: TrainingSpec) -> tuple[int, int]:
     """(forward, backward) host ops of the routed side on one GPU (HOST_OPS_ROUTED): SequentialMLP's ops repeat
     for each of the E/ep local experts; a grouped GEMM runs all of them as one expert's. The flex dispatcher is
-    counted as alltoall, the Python it shares. The fc2 bias of grouped experts adds its per-expert ops."""
+    counted as alltoall, the Python it shares (_counted_dispatcher). The fc2 bias of grouped experts adds its
+    per-expert ops."""
     local = layer.moe.num_experts // strategy.ep
-    forward, per_forward, backward, per_backward = HOST_OPS_ROUTED.get(training.moe_token_dispatcher,
-                                                                       HOST_OPS_ROUTED["alltoall"])
+    forward, per_forward, backward, per_backward = HOST_OPS_ROUTED[_counted_dispatcher(training)]
     kernels = 1 if training.moe_grouped_gemm else local
     captured_forward, captured_backward = _graphed_routed_ops(strategy, training)
     forward = forward + per_forward * kernels - captured_forward
@@ -205,8 +205,13 @@ def _graphed_routed_ops(strategy: LayerStrategy, training: TrainingSpec) -> tupl
     if "moe_router" in scopes:
         forward, backward = HOST_OPS_ROUTER[0] - 1, HOST_OPS_ROUTER[1] - 1
         if "moe_preprocess" in scopes:
-            forward += HOST_OPS_PREPROCESS.get(training.moe_token_dispatcher, HOST_OPS_PREPROCESS["alltoall"]) - 1
+            forward += HOST_OPS_PREPROCESS[_counted_dispatcher(training)] - 1
     return forward, backward
+
+
+def _counted_dispatcher(training: TrainingSpec) -> str:
+    """The dispatcher whose counts stand for training's: allgather's own, alltoall's for alltoall and flex."""
+    return "allgather" if training.moe_token_dispatcher == "allgather" else "alltoall"
 
 
 def expert_host_seconds(layer: LayerSpec, strategy: LayerStrategy, cluster: ClusterSpec,
